@@ -1,0 +1,29 @@
+"""aiomnn: an asyncio-native neural-network inference runtime, built on MNN's design.
+
+Everything public is re-exported here; other modules are private.
+"""
+
+from .config import BackendConfig, ForwardType, ScheduleConfig
+from .errors import AiomnnError, BackendError, InputError, ModelError, UnsupportedOpError
+from .interpreter import InputInfo, Interpreter
+from .runtime import RuntimeInfo, available_backends, create_runtime
+from .session import Session
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AiomnnError",
+    "BackendConfig",
+    "BackendError",
+    "ForwardType",
+    "InputError",
+    "InputInfo",
+    "Interpreter",
+    "ModelError",
+    "RuntimeInfo",
+    "ScheduleConfig",
+    "Session",
+    "UnsupportedOpError",
+    "available_backends",
+    "create_runtime",
+]

@@ -1,0 +1,158 @@
+"""What every backend implements: Backend, Execution and the op registry.
+
+A pipeline asks its Backend to create an Execution for each node
+(`on_create`), which returns None when the op or its shapes are not
+supported there; the backup backend is asked next. Memory comes from
+`acquire(tensor, storage)`, planned by the pipeline's arena.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
+
+import numpy as np
+
+from .config import BackendConfig, ForwardType
+from .errors import ModelError
+from .graph import Node
+from .memory import Arena, Block, StorageType
+
+if TYPE_CHECKING:
+    from .fence import Fence
+    from .pipeline import Segment
+    from .runtime import Runtime
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A value as the planner sees it. shape is None where it is only known at run time."""
+
+    name: str
+    dtype: np.dtype | None = None
+    shape: tuple[int, ...] | None = None
+    const: Any = None  # the value, where it is known at resize time
+    kind: str = "tensor"
+    block: Block | None = None  # planned memory, where the backend plans it
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+    @property
+    def nbytes(self) -> int | None:
+        if self.shape is None or self.dtype is None or self.dtype == object:
+            return None
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class Execution:
+    """One node, ready to run on one backend."""
+
+    def on_resize(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
+        """Plan for the current shapes: scratch memory, kernel arguments, recorded commands."""
+
+    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        raise NotImplementedError
+
+
+class Backend:
+    """One pipeline's view of a device. Made by its Runtime."""
+
+    type: ForwardType
+
+    def __init__(self, runtime: "Runtime", config: BackendConfig):
+        self.runtime = runtime
+        self.config = config
+        self.arena = Arena()
+        self.blocks: list[Block] = []
+
+    # Creation -----------------------------------------------------------
+    def on_create(self, node: Node, inputs: list[Tensor], outputs: list[Tensor]) -> Execution | None:
+        raise NotImplementedError
+
+    # Memory -------------------------------------------------------------
+    def acquire(self, nbytes: int, storage: StorageType = StorageType.DYNAMIC) -> Block:
+        block = self.arena.acquire(nbytes) if storage is StorageType.DYNAMIC else Block(nbytes, storage)
+        self.blocks.append(block)
+        return block
+
+    def acquire_tensor(self, tensor: Tensor, execution: Execution) -> Block | None:
+        """Plan an activation's memory; None where its size is unknown or the backend allocates itself."""
+        n = tensor.nbytes
+        return None if n is None else self.acquire(n)
+
+    def release(self, block: Block) -> None:
+        if block.storage is StorageType.DYNAMIC:
+            self.arena.release(block)
+
+    def clear_buffers(self) -> None:
+        """Forget every dynamic block; the next resize plans afresh."""
+        self.arena = Arena()
+        self.blocks = [b for b in self.blocks if b.storage is StorageType.STATIC]
+
+    # Lifecycle hooks -----------------------------------------------------
+    def on_resize_begin(self) -> None:
+        self.clear_buffers()
+
+    def on_resize_end(self) -> None:
+        """The plan is final: give every block its real memory."""
+
+    def on_execute_begin(self) -> None:
+        pass
+
+    def on_execute_end(self) -> None:
+        pass
+
+    # Running ------------------------------------------------------------
+    def submit(self, segment: "Segment", values: dict[str, Any]) -> "Fence":
+        """Start a segment's steps; the fence completes when its outputs are in `values` on the host."""
+        raise NotImplementedError
+
+
+K = TypeVar("K")
+
+
+class OpRegistry(Generic[K]):
+    """Maps (domain, op type) to implementations by the opset version they appeared in.
+
+    Lookup takes the newest implementation whose version is at most the model's opset.
+    """
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        self._ops: dict[tuple[str, str], list[tuple[int, K]]] = {}
+
+    def register(self, op_type: str, since: int = 1, domain: str = "") -> Callable[[K], K]:
+        def add(impl: K) -> K:
+            versions = self._ops.setdefault((domain, op_type), [])
+            if any(v == since for v, _ in versions):
+                raise ValueError(f"{self.backend}: {op_type} version {since} registered twice")
+            versions.append((since, impl))
+            versions.sort(key=lambda vi: vi[0])
+            return impl
+
+        return add
+
+    def lookup(self, node: Node) -> K | None:
+        versions = self._ops.get((node.domain, node.op_type))
+        if not versions:
+            return None
+        found = None
+        for since, impl in versions:
+            if since <= node.opset:
+                found = impl
+        return found
+
+    def versions(self, op_type: str, domain: str = "") -> list[int]:
+        return [v for v, _ in self._ops.get((domain, op_type), [])]
+
+    def op_types(self) -> list[tuple[str, str]]:
+        return sorted(self._ops)
+
+
+def unsupported(node: Node, why: str) -> ModelError:
+    return ModelError(f"{node}, opset {node.opset}: {why}")

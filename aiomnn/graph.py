@@ -1,0 +1,363 @@
+"""Parse and check an ONNX model into an immutable graph.
+
+Models are untrusted: nothing here pickles or evaluates, external data is read
+only from inside the model's directory, and every failure is a ModelError
+that names the node, the op and the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
+
+from .errors import ModelError
+
+#: Refuse any single initializer larger than this before allocating it.
+MAX_TENSOR_BYTES = 1 << 34
+MAX_SUBGRAPH_DEPTH = 32
+
+Dim = int | str | None
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """A named value's declared type: a tensor's dtype and shape, or another kind."""
+
+    name: str
+    kind: str = "tensor"  # tensor, sequence, optional, map, sparse or unknown
+    dtype: np.dtype | None = None
+    shape: tuple[Dim, ...] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    name: str
+    op_type: str
+    domain: str
+    inputs: tuple[str, ...]  # "" marks an omitted optional input
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any]
+    opset: int
+    implicit: tuple[str, ...] = ()  # outer-scope values its subgraphs read
+
+    def __str__(self) -> str:
+        return f"node {self.name!r} ({self.op_type})"
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    name: str
+    nodes: tuple[Node, ...]  # topological order
+    inputs: tuple[ValueInfo, ...]  # graph inputs that are not initializers
+    outputs: tuple[ValueInfo, ...]
+    initializers: Mapping[str, np.ndarray]
+    value_info: Mapping[str, ValueInfo]
+    opsets: Mapping[str, int]
+    outer: frozenset[str] = field(default_factory=frozenset)  # names read from enclosing graphs
+
+    @property
+    def input_names(self) -> list[str]:
+        return [v.name for v in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [v.name for v in self.outputs]
+
+
+def load_model(data: bytes, base_dir: Path | None) -> Graph:
+    """Parse serialized ModelProto bytes into a checked Graph."""
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:  # protobuf raises DecodeError and sometimes others
+        raise ModelError(f"not a valid ONNX model: {exc}") from None
+    if not model.HasField("graph"):
+        raise ModelError("not a valid ONNX model: it has no graph")
+    opsets: dict[str, int] = {}
+    for imp in model.opset_import:
+        domain = "" if imp.domain in ("", "ai.onnx") else imp.domain
+        opsets[domain] = int(imp.version)
+    if not opsets:
+        # IR version < 3 models predate opset_import; they mean opset 1.
+        opsets[""] = 1
+    if model.functions:
+        names = ", ".join(f.name for f in model.functions)
+        raise ModelError(f"model-local functions are not supported yet: {names}")
+    return _Parser(opsets, base_dir).graph(model.graph, outer=frozenset(), depth=0)
+
+
+def tensor_to_array(t: TensorProto, base_dir: Path | None) -> np.ndarray:
+    """A TensorProto as a numpy array, with size and path checks."""
+    where = f"tensor {t.name!r}" if t.name else "tensor"
+    if t.data_type == TensorProto.UNDEFINED or t.data_type not in _KNOWN_TYPES:
+        raise ModelError(f"{where} has unknown data type {t.data_type}")
+    dims = list(t.dims)
+    if any(d < 0 for d in dims):
+        raise ModelError(f"{where} has a negative dimension {dims}")
+    count = math.prod(dims)
+    itemsize = max(1, helper.tensor_dtype_to_np_dtype(t.data_type).itemsize)
+    if count * itemsize > MAX_TENSOR_BYTES:
+        raise ModelError(f"{where} declares {count} elements ({count * itemsize} bytes), over the limit")
+    if t.data_location == TensorProto.EXTERNAL:
+        t = _inline_external(t, base_dir, where)
+    elif t.HasField("raw_data") and t.data_type != TensorProto.STRING:
+        need = (count * _bits(t.data_type) + 7) // 8
+        if len(t.raw_data) != need:
+            raise ModelError(f"{where}: raw data holds {len(t.raw_data)} bytes, its shape {dims} needs {need}")
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as exc:
+        raise ModelError(f"{where} cannot be decoded: {exc}") from None
+    if arr.size != count:
+        raise ModelError(f"{where} holds {arr.size} values, its shape {dims} needs {count}")
+    return arr
+
+
+def dtype_of(elem_type: int, where: str) -> np.dtype:
+    if elem_type not in _KNOWN_TYPES or elem_type == TensorProto.UNDEFINED:
+        raise ModelError(f"{where} has unknown element type {elem_type}")
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+_KNOWN_TYPES = set(TensorProto.DataType.values())
+_SUB_BYTE = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.FLOAT4E2M1: 4}
+for _name, _bits_ in (("INT2", 2), ("UINT2", 2)):
+    if hasattr(TensorProto, _name):
+        _SUB_BYTE[getattr(TensorProto, _name)] = _bits_
+
+
+def _bits(data_type: int) -> int:
+    return _SUB_BYTE.get(data_type) or 8 * helper.tensor_dtype_to_np_dtype(data_type).itemsize
+
+
+def _inline_external(t: TensorProto, base_dir: Path | None, where: str) -> TensorProto:
+    info = {e.key: e.value for e in t.external_data}
+    location = info.get("location")
+    if not location:
+        raise ModelError(f"{where} uses external data without a location")
+    if base_dir is None:
+        raise ModelError(f"{where} uses external data, which needs a model loaded from a file")
+    root = base_dir.resolve()
+    path = (root / location).resolve()
+    if not path.is_relative_to(root) or os.path.isabs(location):
+        raise ModelError(f"{where}: external data path {location!r} points outside the model's directory")
+    if not path.is_file():
+        raise ModelError(f"{where}: external data file {location!r} does not exist")
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else path.stat().st_size - offset
+    except ValueError:
+        raise ModelError(f"{where}: external data offset/length are not integers") from None
+    if offset < 0 or length < 0 or offset + length > path.stat().st_size:
+        raise ModelError(f"{where}: external data range {offset}+{length} exceeds the file {location!r}")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        raw = f.read(length)
+    inline = TensorProto()
+    inline.CopyFrom(t)
+    del inline.external_data[:]
+    inline.data_location = TensorProto.DEFAULT
+    inline.raw_data = raw
+    need = (math.prod(t.dims) * _bits(t.data_type) + 7) // 8
+    if len(raw) != need:
+        raise ModelError(f"{where}: external data holds {len(raw)} bytes, its shape needs {need}")
+    return inline
+
+
+class _Parser:
+    def __init__(self, opsets: dict[str, int], base_dir: Path | None):
+        self.opsets = opsets
+        self.base_dir = base_dir
+
+    def graph(self, g: onnx.GraphProto, outer: frozenset[str], depth: int) -> Graph:
+        if depth > MAX_SUBGRAPH_DEPTH:
+            raise ModelError(f"subgraphs nest deeper than {MAX_SUBGRAPH_DEPTH} levels")
+        inits: dict[str, np.ndarray] = {}
+        for t in g.initializer:
+            if not t.name:
+                raise ModelError(f"graph {g.name!r} has an initializer without a name")
+            inits[t.name] = tensor_to_array(t, self.base_dir)
+        for st in g.sparse_initializer:
+            name = st.values.name
+            inits[name] = self.sparse_to_dense(st, name)
+        value_info = {v.name: value_info_of(v) for v in list(g.value_info) + list(g.input) + list(g.output)}
+        inputs = tuple(value_info_of(v) for v in g.input if v.name not in inits)
+        outputs = tuple(value_info_of(v) for v in g.output)
+
+        defined = set(outer) | set(inits) | {v.name for v in inputs}
+        local = set(inits) | {v.name for v in inputs}
+        nodes = []
+        producers: dict[str, int] = {}
+        for i, n in enumerate(g.node):
+            node = self.node(n, i, g, outer | frozenset(local) | self._all_outputs(g), depth)
+            for o in node.outputs:
+                if not o:
+                    continue
+                if o in producers or o in local:
+                    raise ModelError(f"{node} writes {o!r}, which is already defined; ONNX values are assigned once")
+                producers[o] = len(nodes)
+            nodes.append(node)
+        order = self.toposort(nodes, producers, defined, g.name)
+        for v in outputs:
+            if v.name not in producers and v.name not in local and v.name not in outer:
+                raise ModelError(f"graph output {v.name!r} is produced by no node")
+        reads = {x for n in nodes for x in n.inputs + n.implicit if x}
+        reads |= {v.name for v in outputs}
+        used_outer = frozenset(x for x in reads if x in outer and x not in local and x not in producers)
+        return Graph(
+            name=g.name,
+            nodes=tuple(order),
+            inputs=inputs,
+            outputs=outputs,
+            initializers=MappingProxyType(inits),
+            value_info=MappingProxyType(value_info),
+            opsets=MappingProxyType(dict(self.opsets)),
+            outer=used_outer,
+        )
+
+    @staticmethod
+    def _all_outputs(g: onnx.GraphProto) -> frozenset[str]:
+        return frozenset(o for n in g.node for o in n.output if o)
+
+    def node(self, n: onnx.NodeProto, index: int, g: onnx.GraphProto, scope: frozenset[str], depth: int) -> Node:
+        name = n.name or f"{n.op_type}_{index}"
+        domain = "" if n.domain in ("", "ai.onnx") else n.domain
+        if not n.op_type:
+            raise ModelError(f"node {name!r} of graph {g.name!r} has no op type")
+        if domain not in self.opsets:
+            raise ModelError(f"node {name!r} ({n.op_type}) uses domain {domain!r}, which the model does not import")
+        attrs: dict[str, Any] = {}
+        implicit: set[str] = set()
+        for a in n.attribute:
+            if a.ref_attr_name:
+                raise ModelError(f"node {name!r} ({n.op_type}): attribute references belong in functions only")
+            value = self.attribute(a, name, n.op_type, scope, depth)
+            if isinstance(value, Graph):
+                implicit |= value.outer
+            elif isinstance(value, list) and value and isinstance(value[0], Graph):
+                for sub in value:
+                    implicit |= sub.outer
+            attrs[a.name] = value
+        return Node(
+            name=name,
+            op_type=n.op_type,
+            domain=domain,
+            inputs=tuple(n.input),
+            outputs=tuple(n.output),
+            attrs=MappingProxyType(attrs),
+            opset=self.opsets[domain],
+            implicit=tuple(sorted(implicit - set(n.input))),
+        )
+
+    def attribute(self, a: AttributeProto, node: str, op: str, scope: frozenset[str], depth: int) -> Any:
+        t = a.type
+        if t == AttributeProto.FLOAT:
+            return float(a.f)
+        if t == AttributeProto.INT:
+            return int(a.i)
+        if t == AttributeProto.STRING:
+            return a.s.decode("utf-8", errors="replace")
+        if t == AttributeProto.TENSOR:
+            return tensor_to_array(a.t, self.base_dir)
+        if t == AttributeProto.SPARSE_TENSOR:
+            return self.sparse_to_dense(a.sparse_tensor, f"attribute {a.name}")
+        if t == AttributeProto.GRAPH:
+            return self.graph(a.g, scope, depth + 1)
+        if t == AttributeProto.FLOATS:
+            return [float(x) for x in a.floats]
+        if t == AttributeProto.INTS:
+            return [int(x) for x in a.ints]
+        if t == AttributeProto.STRINGS:
+            return [s.decode("utf-8", errors="replace") for s in a.strings]
+        if t == AttributeProto.TENSORS:
+            return [tensor_to_array(x, self.base_dir) for x in a.tensors]
+        if t == AttributeProto.GRAPHS:
+            return [self.graph(x, scope, depth + 1) for x in a.graphs]
+        if t == AttributeProto.TYPE_PROTO:
+            return a.tp
+        if t == AttributeProto.TYPE_PROTOS:
+            return list(a.type_protos)
+        raise ModelError(f"node {node!r} ({op}): attribute {a.name!r} has unknown type {t}")
+
+    def sparse_to_dense(self, st: onnx.SparseTensorProto, where: str) -> np.ndarray:
+        values = tensor_to_array(st.values, self.base_dir)
+        indices = tensor_to_array(st.indices, self.base_dir).astype(np.int64)
+        dims = tuple(int(d) for d in st.dims)
+        if any(d < 0 for d in dims) or math.prod(dims) * values.itemsize > MAX_TENSOR_BYTES:
+            raise ModelError(f"sparse {where} has invalid dims {dims}")
+        dense = np.zeros(dims, dtype=values.dtype)
+        try:
+            if indices.ndim == 1:
+                dense.reshape(-1)[indices] = values
+            else:
+                dense[tuple(indices.T)] = values
+        except (IndexError, ValueError) as exc:
+            raise ModelError(f"sparse {where} has invalid indices: {exc}") from None
+        return dense
+
+    @staticmethod
+    def toposort(nodes: list[Node], producers: dict[str, int], defined: set[str], graph: str) -> list[Node]:
+        """Kahn's algorithm, stable for models that are already sorted."""
+        deps: list[set[int]] = []
+        for node in nodes:
+            d = set()
+            for x in node.inputs + node.implicit:
+                if not x:
+                    continue
+                if x in producers:
+                    d.add(producers[x])
+                elif x not in defined:
+                    raise ModelError(f"{node} reads {x!r}, which no node, input or initializer of graph {graph!r} defines")
+            deps.append(d)
+        users: list[list[int]] = [[] for _ in nodes]
+        for i, d in enumerate(deps):
+            for j in d:
+                users[j].append(i)
+        pending = [len(d) for d in deps]
+        import heapq
+
+        ready = [i for i, p in enumerate(pending) if p == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            i = heapq.heappop(ready)
+            order.append(nodes[i])
+            for u in users[i]:
+                pending[u] -= 1
+                if pending[u] == 0:
+                    heapq.heappush(ready, u)
+        if len(order) != len(nodes):
+            stuck = [str(nodes[i]) for i, p in enumerate(pending) if p > 0][:5]
+            raise ModelError(f"graph {graph!r} has a cycle through {', '.join(stuck)}")
+        return order
+
+
+def value_info_of(v: onnx.ValueInfoProto) -> ValueInfo:
+    tp = v.type
+    which = tp.WhichOneof("value")
+    if which == "tensor_type":
+        tt = tp.tensor_type
+        dtype = dtype_of(tt.elem_type, f"value {v.name!r}") if tt.elem_type else None
+        shape = None
+        if tt.HasField("shape"):
+            shape = tuple(_dim(d) for d in tt.shape.dim)
+        return ValueInfo(v.name, "tensor", dtype, shape)
+    kinds = {"sequence_type": "sequence", "optional_type": "optional", "map_type": "map",
+             "sparse_tensor_type": "sparse"}
+    return ValueInfo(v.name, kinds.get(which or "", "unknown"))
+
+
+def _dim(d: onnx.TensorShapeProto.Dimension) -> Dim:
+    if d.HasField("dim_value"):
+        return int(d.dim_value) if d.dim_value >= 0 else None
+    if d.HasField("dim_param") and d.dim_param:
+        return d.dim_param
+    return None

@@ -1,0 +1,214 @@
+"""A pipeline: encode shapes, allocate executions and memory, execute.
+
+encode  infers every tensor's shape and dtype from the input shapes, and
+        computes on the CPU whatever depends only on shapes and constants.
+alloc   asks the main backend for an Execution per node, then the backup;
+        plans memory with reference counts so activations reuse buffers.
+execute runs consecutive steps of one backend as one segment: a CPU segment
+        on a worker thread, a GPU segment as one submission; each is awaited
+        through a Fence.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import shapes
+from .backend import Backend, Execution, Tensor
+from .errors import AiomnnError, BackendError, ModelError, UnsupportedOpError
+from .fence import Fence
+from .graph import Graph, Node
+from .memory import Block
+
+log = logging.getLogger("aiomnn")
+
+#: Ops whose value changes from run to run; never folded.
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
+                    "Multinomial"}
+
+
+@dataclass(eq=False)
+class Step:
+    node: Node
+    backend: Backend
+    execution: Execution
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(eq=False)
+class Segment:
+    """Consecutive steps on one backend, run as one unit."""
+
+    backend: Backend
+    steps: list[Step]
+    needs: list[str]  # values it reads that come from outside the segment
+    frees: list[list[str]]  # per step: values whose last use it is (on the host)
+
+
+class Pipeline:
+    def __init__(self, graph: Graph, main: Backend, backup: Backend):
+        self.graph = graph
+        self.main = main
+        self.backup = backup
+        self.tensors: dict[str, Tensor] = {}
+        self.segments: list[Segment] = []
+        self.consts: dict[str, Any] = {}
+        self.pending: Fence | None = None
+
+    @property
+    def backends(self) -> list[Backend]:
+        return [self.main] if self.main is self.backup else [self.main, self.backup]
+
+    # encode -----------------------------------------------------------------
+    def encode(self, input_shapes: dict[str, tuple[int, ...]]) -> None:
+        g = self.graph
+        tensors: dict[str, Tensor] = {}
+        for v in g.inputs:
+            tensors[v.name] = Tensor(v.name, v.dtype, input_shapes.get(v.name), kind=v.kind)
+        for name, arr in g.initializers.items():
+            tensors[name] = Tensor(name, arr.dtype, arr.shape, const=arr)
+        for node in g.nodes:
+            ins = [tensors[x] if x else None for x in node.inputs]
+            if self._foldable(node, ins, tensors):
+                values = self.fold(node, ins, [tensors[x] for x in node.implicit])
+                for name, v in zip(node.outputs, values):
+                    if name:
+                        tensors[name] = const_tensor(name, v)
+                continue
+            try:
+                outs = shapes.infer(node, ins)
+            except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError) as exc:
+                raise ModelError(f"{node}: cannot infer its output shapes from {[t and t.shape for t in ins]}: {exc}") from None
+            for i, name in enumerate(node.outputs):
+                if not name:
+                    continue
+                if outs is None or i >= len(outs):
+                    tensors[name] = Tensor(name, kind="unknown")
+                elif isinstance(outs[i], Tensor):
+                    t = outs[i]
+                    tensors[name] = Tensor(name, t.dtype, tuple(t.shape), t.const)
+                else:
+                    dtype, shape = outs[i]
+                    tensors[name] = Tensor(name, np.dtype(dtype) if dtype is not None else None,
+                                           tuple(int(d) for d in shape))
+        self.tensors = tensors
+
+    @staticmethod
+    def _foldable(node: Node, ins: list[Tensor | None], tensors: dict[str, Tensor]) -> bool:
+        if node.op_type in NONDETERMINISTIC:
+            return False
+        return all(t is None or t.is_const for t in ins) and all(tensors[x].is_const for x in node.implicit)
+
+    def fold(self, node: Node, ins: list[Tensor | None], implicit: list[Tensor]) -> list[Any]:
+        """Compute a node whose inputs are all known now, on the CPU backup."""
+        exe = self.backup.on_create(node, ins, [Tensor(o) for o in node.outputs])
+        if exe is None:
+            raise UnsupportedOpError(f"{node}, opset {node.opset}: no backend supports this op")
+        try:
+            exe.on_resize(ins, [])
+            return list(exe.on_execute([t.const if t is not None else None for t in ins] + [t.const for t in implicit], []))
+        except AiomnnError:
+            raise
+        except Exception as exc:
+            raise ModelError(f"{node}: failed while computing it from constants: {type(exc).__name__}: {exc}") from None
+
+    # alloc ------------------------------------------------------------------
+    def alloc(self) -> None:
+        steps: list[Step] = []
+        for node in self.graph.nodes:
+            if all(not o or self.tensors[o].is_const for o in node.outputs):
+                continue
+            ins = [self.tensors[x] if x else None for x in node.inputs + node.implicit]
+            outs = [self.tensors[o] if o else Tensor("") for o in node.outputs]
+            backend, exe = self.main, self.main.on_create(node, ins, outs)
+            if exe is None and self.backup is not self.main:
+                backend, exe = self.backup, self.backup.on_create(node, ins, outs)
+            if exe is None:
+                raise UnsupportedOpError(f"{node}, opset {node.opset}: no backend supports this op "
+                                         f"with inputs {[t and (t.dtype, t.shape) for t in ins]}")
+            steps.append(Step(node, backend, exe, node.inputs + node.implicit, node.outputs))
+
+        # Reference counts: where each value is last read.
+        last_use: dict[str, int] = {}
+        for i, s in enumerate(steps):
+            for x in s.inputs:
+                if x:
+                    last_use[x] = i
+        keep = set(self.graph.output_names)
+
+        for b in self.backends:
+            b.on_resize_begin()
+        blocks: dict[str, tuple[Backend, Block]] = {}
+        for i, s in enumerate(steps):
+            outs = [self.tensors[o] if o else Tensor("") for o in s.outputs]
+            for o, t in zip(s.outputs, outs):
+                t.block = None if (not o or o in keep) else s.backend.acquire_tensor(t, s.execution)
+                if t.block is not None:
+                    blocks[o] = (s.backend, t.block)
+            s.execution.on_resize([self.tensors[x] if x else None for x in s.inputs], outs)
+            dead = [x for x in set(s.inputs) if x and last_use.get(x) == i]
+            dead += [o for o in s.outputs if o and o not in last_use]  # produced but never read
+            for x in dead:
+                if x in blocks:
+                    owner, blk = blocks.pop(x)
+                    owner.release(blk)
+        for b in self.backends:
+            b.on_resize_end()
+        self.segments = self._segments(steps, last_use, keep)
+        self.consts = {name: t.const for name, t in self.tensors.items() if t.is_const}
+
+    @staticmethod
+    def _segments(steps: list[Step], last_use: dict[str, int], keep: set[str]) -> list[Segment]:
+        segments: list[Segment] = []
+        for i, s in enumerate(steps):
+            if not segments or segments[-1].backend is not s.backend:
+                segments.append(Segment(s.backend, [], [], []))
+            seg = segments[-1]
+            seg.steps.append(s)
+            seg.frees.append([x for x in dict.fromkeys(s.inputs) if x and last_use.get(x) == i and x not in keep])
+        for seg in segments:
+            made = {o for s in seg.steps for o in s.outputs}
+            seg.needs = list(dict.fromkeys(x for s in seg.steps for x in s.inputs if x and x not in made))
+        return segments
+
+    def memory_report(self) -> dict[str, int]:
+        """Planned activation bytes: the arena peak versus the sum over every tensor."""
+        peak = sum(b.arena.size for b in self.backends)
+        total = sum(b.arena.requested for b in self.backends)
+        return {"peak_bytes": peak, "sum_bytes": total}
+
+    # execute ----------------------------------------------------------------
+    async def execute(self, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+        if self.pending is not None and not self.pending.done:
+            await self.pending.settle()  # a cancelled run still owns the buffers
+        values: dict[str, Any] = dict(self.consts)
+        values.update(feeds)
+        for seg in self.segments:
+            fence = seg.backend.submit(seg, values)
+            self.pending = fence
+            try:
+                await fence.wait()
+            except AiomnnError:
+                raise
+            except BaseException as exc:
+                fence.cancel()
+                if isinstance(exc, Exception):
+                    raise BackendError(f"{seg.backend.type} run failed: {type(exc).__name__}: {exc}") from exc
+                raise
+        return {name: values[name] for name in self.graph.output_names}
+
+
+def const_tensor(name: str, value: Any) -> Tensor:
+    if isinstance(value, np.ndarray):
+        return Tensor(name, value.dtype, value.shape, const=value)
+    if isinstance(value, list):
+        return Tensor(name, const=value, kind="sequence")
+    if isinstance(value, np.generic):
+        arr = np.asarray(value)
+        return Tensor(name, arr.dtype, arr.shape, const=arr)
+    return Tensor(name, const=value, kind="unknown")

@@ -1,0 +1,208 @@
+"""Session: the awaitable face of a pipeline.
+
+Runs on one session are serialised in FIFO order, because the pipeline's
+activations belong to it; runs on different sessions proceed concurrently.
+A run whose shapes differ from the current plan resizes first.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Mapping
+
+import anyio
+import numpy as np
+
+from .config import ForwardType, ScheduleConfig
+from .errors import AiomnnError, InputError
+from .graph import Graph, ValueInfo
+from .pipeline import Pipeline
+from .runtime import RuntimeInfo
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("aiomnn")
+
+
+class Session:
+    def __init__(self, graph: Graph, config: ScheduleConfig, runtime: RuntimeInfo, owns_runtime: bool):
+        self.graph = graph
+        self.config = config
+        self.runtime_info = runtime
+        self._owns_runtime = owns_runtime
+        self._lock = anyio.Lock()
+        self._closed = False
+        self._shapes: dict[str, tuple[int, ...]] | None = None
+        main_rt: Runtime = runtime.runtime_for(config)
+        self.main_runtime = main_rt
+        main = main_rt.new_backend(config.backend_config)
+        backup_rt = runtime.runtimes.get(config.backup_type, runtime.cpu)
+        backup = main if backup_rt is main_rt else backup_rt.new_backend(config.backend_config)
+        self.pipeline = Pipeline(graph, main, backup)
+        self._inputs = {v.name: v for v in graph.inputs}
+
+    # Public API ---------------------------------------------------------------
+    @property
+    def backend_types(self) -> list[ForwardType]:
+        """The forward type each pipeline runs on right now."""
+        p = self.pipeline
+        used = {seg.backend.type for seg in p.segments}
+        return [p.main.type if p.main.type in used or not used else p.backup.type]
+
+    @property
+    def input_shapes(self) -> dict[str, tuple[int, ...]] | None:
+        return dict(self._shapes) if self._shapes is not None else None
+
+    def memory_report(self) -> dict[str, int]:
+        return self.pipeline.memory_report()
+
+    def has_async_work(self) -> bool:
+        return False
+
+    async def wait_async_resize(self) -> None:
+        """Wait until background work (GPU tuning) has ended and the session is on its final backend."""
+        self._check_open()
+
+    async def resize(self, shapes: Mapping[str, Any]) -> None:
+        self._check_open()
+        full = self._complete_shapes(shapes)
+        async with self._lock:
+            await self._resize_locked(full)
+
+    async def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        self._check_open()
+        arrays = self._check_feeds(feeds)
+        shapes = {name: a.shape for name, a in arrays.items()}
+        async with self._lock:
+            self._check_open()
+            if shapes != self._shapes:
+                await self._resize_locked(shapes)
+            outputs = await self.pipeline.execute(arrays)
+        return _own_outputs(outputs, arrays)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        async with self._lock:
+            pending = self.pipeline.pending
+            if pending is not None and not pending.done:
+                with anyio.CancelScope(shield=True):
+                    await pending.settle()
+            for b in self.pipeline.backends:
+                b.clear_buffers()
+        if self._owns_runtime:
+            self.runtime_info.close()
+
+    async def __aenter__(self) -> "Session":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # Internals ----------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AiomnnError("the session is closed")
+
+    async def _resize_locked(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        p = self.pipeline
+        if p.pending is not None and not p.pending.done:
+            await p.pending.settle()
+        self._shapes = None
+        try:
+            p.encode(shapes)
+            p.alloc()
+        except BaseException:
+            p.segments = []
+            raise
+        limit = self.config.backend_config.memory_limit
+        if limit is not None and p.memory_report()["peak_bytes"] > limit:
+            p.segments = []
+            for b in p.backends:
+                b.clear_buffers()
+            raise InputError(f"the plan for shapes {shapes} needs {p.memory_report()['peak_bytes']} bytes "
+                             f"of activations, over the memory limit of {limit}")
+        self._shapes = shapes
+
+    def _complete_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+        unknown = set(shapes) - set(self._inputs)
+        if unknown:
+            raise InputError(f"unknown input(s) {sorted(unknown)}; the model's inputs are {list(self._inputs)}")
+        out = {}
+        for name, v in self._inputs.items():
+            if name not in shapes:
+                raise InputError(f"missing shape for input {name!r}")
+            try:
+                shape = tuple(int(d) for d in shapes[name])
+            except (TypeError, ValueError):
+                raise InputError(f"input {name!r}: shape {shapes[name]!r} is not a sequence of integers") from None
+            _check_shape(v, shape)
+            out[name] = shape
+        return out
+
+    def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if not isinstance(feeds, Mapping):
+            raise InputError(f"feeds must be a mapping of input name to array, not {type(feeds).__name__}")
+        unknown = set(feeds) - set(self._inputs)
+        if unknown:
+            raise InputError(f"unknown input(s) {sorted(unknown)}; the model's inputs are {list(self._inputs)}")
+        arrays = {}
+        for name, v in self._inputs.items():
+            if name not in feeds:
+                raise InputError(f"missing input {name!r}")
+            arrays[name] = _as_array(v, feeds[name])
+            _check_shape(v, arrays[name].shape)
+        return arrays
+
+
+def _as_array(v: ValueInfo, value: Any) -> Any:
+    if v.kind != "tensor":
+        return value  # sequences and optionals pass through as Python values
+    want = v.dtype
+    if not isinstance(value, np.ndarray):
+        if isinstance(value, np.generic):
+            value = np.asarray(value)
+        else:
+            try:
+                value = np.asarray(value, dtype=want)
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise InputError(f"input {v.name!r}: cannot convert {type(value).__name__} to {want}: {exc}") from None
+    if want is not None and value.dtype != want:
+        if value.dtype.newbyteorder("=") == want:
+            value = value.astype(want)  # same type in the other byte order
+        else:
+            raise InputError(f"input {v.name!r} must have dtype {want}, not {value.dtype}")
+    if not value.flags.c_contiguous or not value.flags.aligned:
+        value = np.ascontiguousarray(value)
+    return value
+
+
+def _check_shape(v: ValueInfo, shape: tuple[int, ...]) -> None:
+    if any(d < 0 for d in shape):
+        raise InputError(f"input {v.name!r}: shape {shape} has a negative dimension")
+    if v.shape is None:
+        return
+    if len(shape) != len(v.shape):
+        raise InputError(f"input {v.name!r} must have rank {len(v.shape)} (shape {_fmt(v.shape)}), "
+                         f"not rank {len(shape)} ({shape})")
+    for i, (want, got) in enumerate(zip(v.shape, shape)):
+        if isinstance(want, int) and want != got:
+            raise InputError(f"input {v.name!r}: dimension {i} must be {want} (shape {_fmt(v.shape)}), "
+                             f"not {got}")
+
+
+def _fmt(shape) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _own_outputs(outputs: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Outputs the caller owns: never a view of a feed, a constant or a planned buffer."""
+    owned = {}
+    for name, v in outputs.items():
+        if isinstance(v, np.ndarray) and (v.base is not None or not v.flags.writeable
+                                           or any(v is f for f in feeds.values())):
+            v = v.copy()
+        owned[name] = v
+    return owned

@@ -1,0 +1,1 @@
+"""Device backends, one package per forward type, each imported on first use."""

@@ -1,0 +1,19 @@
+"""Every CPU op, one module per family. Importing this package registers them all."""
+
+from . import (  # noqa: F401
+    control,
+    conv,
+    elementwise,
+    logic,
+    matmul,
+    normalization,
+    pool,
+    quantize,
+    random,
+    recurrent,
+    reduce,
+    resize,
+    sequence,
+    signal,
+    tensor,
+)
