@@ -3,7 +3,9 @@
 from . import (  # noqa: F401
     control,
     conv,
+    detection,
     elementwise,
+    linalg,
     logic,
     matmul,
     normalization,
@@ -16,4 +18,5 @@ from . import (  # noqa: F401
     sequence,
     signal,
     tensor,
+    text,
 )
