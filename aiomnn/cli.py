@@ -1,0 +1,264 @@
+"""The `aiomnn` command: demo, run, info, models, conformance."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+
+
+def demo_model(channels: int = 16, classes: int = 10) -> bytes:
+    """A small deterministic CNN with a dynamic batch: conv, pooling, residual add, classifier."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32), name)
+
+    c = channels
+    inits = [weight("w1", c, 3, 3, 3), weight("b1", c), weight("w2", c, 1, 3, 3), weight("b2", c),
+             weight("w3", 2 * c, c, 1, 1), weight("b3", 2 * c), weight("w4", 2 * c, 2 * c, 3, 3), weight("b4", 2 * c),
+             weight("fc", 2 * c, classes), weight("fcb", classes)]
+    nodes = [
+        helper.make_node("Conv", ["image", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=c),
+        helper.make_node("HardSwish", ["c2"], ["h2"]),
+        helper.make_node("Conv", ["h2", "w3", "b3"], ["c3"]),
+        helper.make_node("Relu", ["c3"], ["r3"]),
+        helper.make_node("MaxPool", ["r3"], ["p3"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p3", "w4", "b4"], ["c4"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c4", "p3"], ["s4"]),
+        helper.make_node("Relu", ["s4"], ["r4"]),
+        helper.make_node("GlobalAveragePool", ["r4"], ["g"]),
+        helper.make_node("Flatten", ["g"], ["f"]),
+        helper.make_node("Gemm", ["f", "fc", "fcb"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "aiomnn-demo",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, 64, 64])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", classes])],
+        inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+class Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, total: int, width: int = 30):
+        self.total, self.width, self.done = total, width, 0
+        self.tty = sys.stderr.isatty()
+
+    def step(self) -> None:
+        self.done += 1
+        if self.tty or self.done == self.total or self.done % max(1, self.total // 10) == 0:
+            filled = self.width * self.done // self.total
+            end = "\n" if self.done == self.total else ("\r" if self.tty else "\n")
+            sys.stderr.write(f"  [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total}{end}")
+            sys.stderr.flush()
+
+
+async def serve(make_feeds: Callable[[int], dict[str, np.ndarray]], call: Callable[[dict], Awaitable[Any]],
+                requests: int, concurrency: int) -> dict[str, float]:
+    """Serve `requests` calls from `concurrency` tasks while a 1 ms ticker measures event-loop lag."""
+    latencies: list[float] = []
+    lags: list[float] = []
+    progress = Progress(requests)
+    next_id = iter(range(requests))
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        while not stop.is_set():
+            t = time.perf_counter()
+            await asyncio.sleep(0.001)
+            lags.append(max(0.0, time.perf_counter() - t - 0.001))
+
+    async def worker() -> None:
+        for i in next_id:
+            feeds = make_feeds(i)
+            t = time.perf_counter()
+            await call(feeds)
+            latencies.append(time.perf_counter() - t)
+            progress.step()
+
+    tick = asyncio.create_task(ticker())
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - start
+    stop.set()
+    await tick
+    lat = np.array(latencies) * 1e3
+    lag = np.array(lags or [0.0]) * 1e3
+    return {"throughput": requests / elapsed, "p50": float(np.percentile(lat, 50)),
+            "p99": float(np.percentile(lat, 99)), "lag_p99": float(np.percentile(lag, 99))}
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    import aiomnn
+
+    net = aiomnn.Interpreter.from_bytes(demo_model())
+    config = aiomnn.ScheduleConfig(type=args.backend, num_threads=args.threads)
+    async with await net.create_session(config) as session:
+        rng = np.random.default_rng(1)
+        images = rng.standard_normal((16, 1, 3, 64, 64)).astype(np.float32)
+        await session.run({"image": images[0]})  # plan once before timing
+        print(f"aiomnn demo: {args.requests} requests, {args.concurrency} concurrent tasks")
+        print(f"backend: {', '.join(str(t) for t in session.backend_types)}")
+        stats = await serve(lambda i: {"image": images[i % 16]}, session.run, args.requests, args.concurrency)
+        if session.has_async_work():
+            print("GPU tuning still running in the background; requests were served on the CPU")
+    _print_stats(stats)
+    return 0
+
+
+def _print_stats(stats: dict[str, float]) -> None:
+    print(f"throughput: {stats['throughput']:.1f} req/s")
+    print(f"latency: p50 {stats['p50']:.2f} ms, p99 {stats['p99']:.2f} ms")
+    print(f"event-loop lag p99: {stats['lag_p99']:.2f} ms")
+
+
+def _parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for item in items:
+        name, _, dims = item.rpartition("=")
+        if not name or not dims:
+            raise SystemExit(f"--shape wants name=1x3x224x224, not {item!r}")
+        shapes[name] = tuple(int(d) for d in dims.lower().split("x"))
+    return shapes
+
+
+def random_feeds(inputs: dict, shapes: dict[str, tuple[int, ...]], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    feeds = {}
+    for name, (shape, dtype) in inputs.items():
+        if name in shapes:
+            shape = shapes[name]
+        elif shape is None or not all(isinstance(d, int) for d in shape):
+            raise SystemExit(f"input {name!r} has dynamic shape {shape}; give it with --shape {name}=...")
+        dtype = np.dtype(dtype or np.float32)
+        if dtype.kind == "f":
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind == "b":
+            feeds[name] = rng.integers(0, 2, shape).astype(dtype)
+        else:
+            feeds[name] = rng.integers(0, 10, shape).astype(dtype)
+    return feeds
+
+
+async def _run(args: argparse.Namespace) -> int:
+    import aiomnn
+
+    net = aiomnn.Interpreter.from_file(args.model)
+    feeds = random_feeds(net.inputs, _parse_shapes(args.shape), np.random.default_rng(0))
+    config = aiomnn.ScheduleConfig(type=args.backend, num_threads=args.threads)
+    async with await net.create_session(config) as session:
+        t = time.perf_counter()
+        outputs = await session.run(feeds)
+        first = (time.perf_counter() - t) * 1e3
+        print(f"backend: {', '.join(str(t) for t in session.backend_types)}")
+        for name, value in outputs.items():
+            print(f"output {name}: shape {getattr(value, 'shape', None)} dtype {getattr(value, 'dtype', None)}")
+        print(f"first run (with planning): {first:.2f} ms")
+        report = session.memory_report()
+        print(f"planned activations: peak {report['peak_bytes']} bytes, sum {report['sum_bytes']} bytes")
+        if args.requests:
+            stats = await serve(lambda i: feeds, session.run, args.requests, args.concurrency)
+            _print_stats(stats)
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    import aiomnn
+    from aiomnn.runtime import BACKEND_MODULES, probe
+
+    for t in BACKEND_MODULES:
+        devices = probe(t)
+        if devices:
+            for d in devices:
+                kind = "" if t is aiomnn.ForwardType.CPU else (" (gpu)" if d.is_gpu else " (cpu device: by name only)")
+                print(f"{t.value:7s} {d.name}{kind}")
+        else:
+            print(f"{t.value:7s} not available")
+    chosen = aiomnn.runtime.resolve_type(aiomnn.ScheduleConfig())
+    print(f"auto -> {chosen.value}")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    from . import models
+
+    if args.action == "fetch":
+        models.fetch(args.names or None)
+    else:
+        for name, spec in models.MODELS.items():
+            p = models.cache_dir() / spec.filename
+            state = "fetched" if p.is_file() else "missing"
+            print(f"{name:8s} {state:8s} {p}  input {spec.input} {spec.shapes}")
+    return 0
+
+
+def _conformance(args: argparse.Namespace) -> int:
+    from . import conformance
+
+    kinds = [k for k in args.kinds.split(",") if k]
+    outcomes = asyncio.run(conformance.run_suite(args.backend, kinds, match=args.match))
+    print(conformance.report(outcomes, list_failures=args.list_failures))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="aiomnn", description="asyncio-native inference runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="serve a small CNN from concurrent tasks and report latency")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(fn=lambda a: asyncio.run(_demo(a)))
+
+    p = sub.add_parser("run", help="run a model on random inputs")
+    p.add_argument("model")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--shape", action="append", default=[], help="name=1x3x224x224 (repeatable)")
+    p.add_argument("--requests", type=int, default=0)
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(fn=lambda a: asyncio.run(_run(a)))
+
+    p = sub.add_parser("info", help="list backends and devices")
+    p.set_defaults(fn=_info)
+
+    p = sub.add_parser("models", help="fetch or list the public real models")
+    p.add_argument("action", choices=["fetch", "list"])
+    p.add_argument("names", nargs="*")
+    p.set_defaults(fn=_models)
+
+    p = sub.add_parser("conformance", help="run the ONNX backend test suite")
+    p.add_argument("--backend", default="cpu")
+    p.add_argument("--kinds", default="node,simple,pytorch-converted,pytorch-operator")
+    p.add_argument("--match", default=None, help="regex on case names")
+    p.add_argument("--list-failures", action="store_true")
+    p.set_defaults(fn=_conformance)
+
+    args = parser.parse_args(argv)
+    from .errors import AiomnnError
+
+    try:
+        return args.fn(args)
+    except AiomnnError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

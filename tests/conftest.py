@@ -1,0 +1,28 @@
+"""Shared fixtures: event-loop flavours for the public API, and the real models."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from aiomnn import models
+
+LOOPS = [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), pytest.param("asyncio", id="asyncio"),
+         pytest.param("trio", id="trio")]
+
+
+@pytest.fixture(params=LOOPS)
+def anyio_backend(request):
+    """Public-API tests run under uvloop, the stdlib asyncio loop and trio."""
+    return request.param
+
+
+def model_path(name: str):
+    """A fetched real model; in CI a missing model is an error, elsewhere a skip."""
+    try:
+        return models.path(name)
+    except FileNotFoundError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(exc))
