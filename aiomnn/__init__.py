@@ -3,6 +3,7 @@
 Everything public is re-exported here; other modules are private.
 """
 
+from .batching import BatchingSession
 from .config import BackendConfig, ForwardType, ScheduleConfig
 from .errors import AiomnnError, BackendError, InputError, ModelError, UnsupportedOpError
 from .interpreter import InputInfo, Interpreter
@@ -15,6 +16,7 @@ __all__ = [
     "AiomnnError",
     "BackendConfig",
     "BackendError",
+    "BatchingSession",
     "ForwardType",
     "InputError",
     "InputInfo",

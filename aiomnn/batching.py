@@ -1,0 +1,122 @@
+"""Dynamic batching: concurrent single-item runs gathered into one batched run.
+
+    async with aiomnn.BatchingSession(session, max_batch=8, max_delay_ms=2) as batched:
+        out = await batched.run({"x": x})   # x has batch 1; out has batch 1
+
+One worker task gathers requests: it takes the first waiting request, then
+whatever else arrives within max_delay_ms, up to max_batch items, stacks
+requests of the same shape along axis 0, runs them once and splits the
+outputs back. A caller that is cancelled only withdraws its own request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import anyio
+import numpy as np
+
+from .errors import AiomnnError, InputError
+from .session import Session
+
+
+@dataclass(eq=False)
+class _Request:
+    feeds: dict[str, np.ndarray]
+    size: int
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: dict[str, np.ndarray] | None = None
+    error: BaseException | None = None
+    withdrawn: bool = False
+
+
+class BatchingSession:
+    def __init__(self, session: Session, max_batch: int = 8, max_delay_ms: float = 2.0):
+        if max_batch < 1:
+            raise AiomnnError(f"max_batch must be at least 1, not {max_batch}")
+        for v in session.graph.inputs:
+            if v.shape is None or not v.shape or isinstance(v.shape[0], int):
+                raise AiomnnError(f"input {v.name!r} has no dynamic batch dimension (shape {v.shape}); "
+                                  "dynamic batching needs one")
+        self.session = session
+        self.max_batch = max_batch
+        self.max_delay = max_delay_ms / 1000
+        self.batches = 0  # how many batched runs were made
+        self._send, self._receive = anyio.create_memory_object_stream[_Request](math.inf)
+        self._tasks: anyio.abc.TaskGroup | None = None
+
+    async def __aenter__(self) -> "BatchingSession":
+        self._tasks = anyio.create_task_group()
+        await self._tasks.__aenter__()
+        self._tasks.start_soon(self._worker)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self._tasks is not None
+        self._send.close()  # the worker drains what is queued, then ends
+        await self._tasks.__aexit__(*exc)
+        self._tasks = None
+
+    async def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if self._tasks is None:
+            raise AiomnnError("use BatchingSession inside `async with`")
+        arrays = {k: np.asarray(v) for k, v in feeds.items()}
+        sizes = {a.shape[0] if a.ndim else None for a in arrays.values()}
+        if len(sizes) != 1 or None in sizes:
+            raise InputError(f"every input needs the same batch size along axis 0, got {sizes}")
+        req = _Request(arrays, sizes.pop())
+        await self._send.send(req)
+        try:
+            await req.done.wait()
+        except BaseException:
+            req.withdrawn = True
+            raise
+        if req.error is not None:
+            raise req.error
+        assert req.result is not None
+        return req.result
+
+    async def _worker(self) -> None:
+        async with self._receive:
+            async for first in self._receive:
+                batch = [first]
+                with anyio.move_on_after(self.max_delay):
+                    while sum(r.size for r in batch) < self.max_batch:
+                        batch.append(await self._receive.receive())
+                await self._run_batch(batch)
+
+    async def _run_batch(self, batch: list[_Request]) -> None:
+        groups: dict[tuple, list[_Request]] = {}
+        for r in batch:
+            if not r.withdrawn:
+                key = tuple(sorted((k, a.shape[1:], a.dtype.str) for k, a in r.feeds.items()))
+                groups.setdefault(key, []).append(r)
+        for reqs in groups.values():
+            try:
+                if len(reqs) == 1:
+                    outs = await self.session.run(reqs[0].feeds)
+                    reqs[0].result = outs
+                else:
+                    feeds = {k: np.concatenate([r.feeds[k] for r in reqs]) for k in reqs[0].feeds}
+                    outs = await self.session.run(feeds)
+                    self._split(reqs, outs)
+                self.batches += 1
+            except Exception as exc:
+                for r in reqs:
+                    r.error = exc
+            for r in reqs:
+                r.done.set()
+
+    @staticmethod
+    def _split(reqs: list[_Request], outs: dict[str, np.ndarray]) -> None:
+        total = sum(r.size for r in reqs)
+        for name, v in outs.items():
+            if not isinstance(v, np.ndarray) or v.ndim == 0 or v.shape[0] != total:
+                raise AiomnnError(f"output {name!r} has shape {getattr(v, 'shape', None)}, "
+                                  f"not a batch of {total}: this model cannot be batched")
+        start = 0
+        for r in reqs:
+            r.result = {name: v[start:start + r.size].copy() for name, v in outs.items()}
+            start += r.size
