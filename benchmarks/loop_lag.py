@@ -1,0 +1,70 @@
+"""Event-loop lag while serving a real model: aiomnn against onnxruntime, in one run.
+
+16 concurrent requests of a public model while a 1 ms ticker measures how late
+the loop wakes it. Three cases side by side:
+  aiomnn                 await session.run(...)
+  onnxruntime direct     sess.run(...) called inside the coroutine (blocks the loop)
+  onnxruntime executor   await loop.run_in_executor(None, sess.run, ...)
+
+    python benchmarks/loop_lag.py [--model cls] [--requests 400] [--concurrency 16] [--threads 2] [--uvloop]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import numpy as np
+import onnxruntime as ort
+
+import aiomnn
+from aiomnn import models
+from aiomnn.cli import serve
+
+
+async def main(args: argparse.Namespace) -> None:
+    spec = models.MODELS[args.model]
+    path = models.path(args.model)
+    x = np.random.default_rng(0).random(spec.shapes[0], dtype=np.float32)
+    feeds = {spec.input: x}
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = args.threads
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    loop = asyncio.get_running_loop()
+
+    async def ort_direct(f):
+        return sess.run(None, f)
+
+    async def ort_executor(f):
+        return await loop.run_in_executor(None, sess.run, None, f)
+
+    net = aiomnn.Interpreter.from_file(path)
+    async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=args.threads)) as session:
+        await session.run(feeds)
+        sess.run(None, feeds)
+        rows = []
+        for label, call in (("aiomnn", session.run), ("onnxruntime direct", ort_direct),
+                            ("onnxruntime executor", ort_executor)):
+            stats = await serve(lambda i: feeds, call, args.requests, args.concurrency)
+            rows.append((label, stats))
+    print(f"\nmodel {args.model} {spec.shapes[0]}, {args.requests} requests, {args.concurrency} concurrent, "
+          f"{args.threads} threads, loop {'uvloop' if args.uvloop else 'asyncio'}")
+    print(f"{'case':22s} {'lag p50 ms':>10s} {'lag p99 ms':>10s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s}")
+    for label, s in rows:
+        print(f"{label:22s} {s['lag_p50']:10.2f} {s['lag_p99']:10.2f} {s['throughput']:8.1f} {s['p50']:8.2f} {s['p99']:8.2f}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="cls", choices=list(models.MODELS))
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--uvloop", action="store_true")
+    a = p.parse_args()
+    if a.uvloop:
+        import uvloop
+
+        uvloop.run(main(a))
+    else:
+        asyncio.run(main(a))
