@@ -1,0 +1,142 @@
+"""An async OCR service: PP-OCRv4 detection and recognition behind Starlette.
+
+Both sessions share one runtime (its worker threads and devices). Every request
+runs detection, then recognises all found text lines concurrently; different
+requests run concurrently too, and the event loop keeps serving throughout.
+
+    python -m pip install -e ".[examples]" && aiomnn models fetch
+    python examples/ocr_service.py --port 8000
+    curl --data-binary @image.npy http://127.0.0.1:8000/ocr   # an HxWx3 uint8 array saved with np.save
+
+The request body is a .npy file (loaded with allow_pickle=False); the answer is
+JSON with each text line's box and its recognised text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import time
+from contextlib import asynccontextmanager
+
+import numpy as np
+import onnx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+import aiomnn
+from aiomnn import models
+
+MEAN, STD = 0.5, 0.5
+
+
+def resize_nearest(img: np.ndarray, h: int, w: int) -> np.ndarray:
+    rows = (np.arange(h) * img.shape[0] / h).astype(np.int64)
+    cols = (np.arange(w) * img.shape[1] / w).astype(np.int64)
+    return img[rows][:, cols]
+
+
+def to_input(img: np.ndarray) -> np.ndarray:
+    x = (img.astype(np.float32) / 255 - MEAN) / STD
+    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
+
+
+def text_lines(prob: np.ndarray, threshold: float = 0.3, min_height: int = 3) -> list[tuple[int, int, int, int]]:
+    """Boxes (top, bottom, left, right) of text lines in a detection map, by row then column projection."""
+    mask = prob > threshold
+    rows = np.flatnonzero(mask.any(axis=1))
+    boxes = []
+    if rows.size == 0:
+        return boxes
+    breaks = np.flatnonzero(np.diff(rows) > 1)
+    for top, bottom in zip(np.r_[rows[0], rows[breaks + 1]], np.r_[rows[breaks], rows[-1]]):
+        if bottom - top + 1 < min_height:
+            continue
+        cols = np.flatnonzero(mask[top:bottom + 1].any(axis=0))
+        boxes.append((int(top), int(bottom) + 1, int(cols[0]), int(cols[-1]) + 1))
+    return boxes
+
+
+class OCR:
+    def __init__(self, det: aiomnn.Session, rec: aiomnn.Session, charset: list[str]):
+        self.det, self.rec, self.charset = det, rec, charset
+
+    @classmethod
+    async def open(cls, runtime: aiomnn.RuntimeInfo) -> "OCR":
+        det_net = aiomnn.Interpreter.from_file(models.path("det"))
+        rec_path = models.path("rec")
+        rec_net = aiomnn.Interpreter.from_file(rec_path)
+        meta = {p.key: p.value for p in onnx.load(str(rec_path), load_external_data=False).metadata_props}
+        charset = ["<blank>"] + meta.get("character", "").splitlines() + [" "]
+        config = aiomnn.ScheduleConfig(type="auto")
+        det = await det_net.create_session(config, runtime)
+        rec = await rec_net.create_session(config, runtime)
+        return cls(det, rec, charset)
+
+    async def close(self) -> None:
+        await self.det.close()
+        await self.rec.close()
+
+    async def read(self, img: np.ndarray) -> list[dict]:
+        h, w = img.shape[:2]
+        scale = min(1.0, 640 / max(h, w))
+        dh, dw = max(32, int(round(h * scale / 32)) * 32), max(32, int(round(w * scale / 32)) * 32)
+        prob = (await self.det.run({"x": to_input(resize_nearest(img, dh, dw))}))["sigmoid_0.tmp_0"][0, 0]
+        boxes = [(int(t * h / dh), int(np.ceil(b * h / dh)), int(l * w / dw), int(np.ceil(r * w / dw)))
+                 for t, b, l, r in text_lines(prob)]
+        texts = await asyncio.gather(*(self.recognise(img[t:b, l:r]) for t, b, l, r in boxes))
+        return [{"box": [t, b, l, r], "text": text} for (t, b, l, r), text in zip(boxes, texts)]
+
+    async def recognise(self, crop: np.ndarray) -> str:
+        width = int(np.clip(round(48 * crop.shape[1] / max(crop.shape[0], 1) / 8) * 8, 16, 320))
+        probs = (await self.rec.run({"x": to_input(resize_nearest(crop, 48, width))}))["softmax_11.tmp_0"][0]
+        best = probs.argmax(axis=1)
+        keep = (best != 0) & np.r_[True, best[1:] != best[:-1]]  # CTC: drop blanks and repeats
+        return "".join(self.charset[i] if i < len(self.charset) else "?" for i in best[keep])
+
+
+def create_app() -> Starlette:
+    state: dict[str, OCR] = {}
+
+    @asynccontextmanager
+    async def lifespan(app):
+        runtime = aiomnn.create_runtime([aiomnn.ScheduleConfig(type="auto")])
+        state["ocr"] = await OCR.open(runtime)
+        try:
+            yield
+        finally:
+            await state["ocr"].close()
+            runtime.close()
+
+    async def ocr(request: Request) -> JSONResponse:
+        body = await request.body()
+        try:
+            img = np.load(io.BytesIO(body), allow_pickle=False)
+        except Exception as exc:
+            return JSONResponse({"error": f"body is not a .npy array: {exc}"}, status_code=400)
+        if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or min(img.shape[:2]) < 8:
+            return JSONResponse({"error": f"want an HxWx3 uint8 image, got {img.dtype} {img.shape}"}, status_code=400)
+        t = time.perf_counter()
+        try:
+            lines = await state["ocr"].read(img)
+        except aiomnn.AiomnnError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=422)
+        return JSONResponse({"lines": lines, "ms": round((time.perf_counter() - t) * 1e3, 2)})
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse({"ok": True, "backends": [str(t) for t in state["ocr"].det.backend_types]})
+
+    return Starlette(routes=[Route("/ocr", ocr, methods=["POST"]), Route("/health", health)], lifespan=lifespan)
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    a = p.parse_args()
+    uvicorn.run(create_app(), host=a.host, port=a.port)
