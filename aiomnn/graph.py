@@ -89,8 +89,9 @@ def load_model(data: bytes, base_dir: Path | None) -> Graph:
         # IR version < 3 models predate opset_import; they mean opset 1.
         opsets[""] = 1
     if model.functions:
-        names = ", ".join(f.name for f in model.functions)
-        raise ModelError(f"model-local functions are not supported yet: {names}")
+        from .functions import inline_functions
+
+        inline_functions(model, opsets)
     return _Parser(opsets, base_dir).graph(model.graph, outer=frozenset(), depth=0)
 
 
