@@ -53,7 +53,7 @@ def load_cases(kinds: Iterable[str] = KINDS) -> list[Case]:
         for t in tests:
             if t.model is not None:
                 model = t.model
-                data = [(list(i), list(o)) for i, o in t.data_sets]
+                data = [([_as_value(v) for v in i], [_as_value(v) for v in o]) for i, o in t.data_sets]
             else:
                 path = os.path.join(t.model_dir, "model.onnx")
                 model = onnx.load(path)
@@ -61,6 +61,14 @@ def load_cases(kinds: Iterable[str] = KINDS) -> list[Case]:
             ops = tuple(sorted({n.op_type for n in model.graph.node}))
             cases.append(Case(t.name, kind, model.SerializeToString(), t.model_dir, data, t.rtol, t.atol, ops))
     return cases
+
+
+def _as_value(v: Any) -> Any:
+    """Generated cases hold some tensors (float8, int4, ...) as TensorProto; make them arrays."""
+    import onnx
+    from onnx import numpy_helper
+
+    return numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else v
 
 
 def _read_data_set(folder: str) -> tuple[list[Any], list[Any]]:

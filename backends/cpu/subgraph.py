@@ -23,7 +23,7 @@ from aiomnn import shapes
 from aiomnn.backend import Execution, Tensor
 from aiomnn.errors import AiomnnError, BackendError
 from aiomnn.graph import Graph, Node
-from aiomnn.pipeline import NONDETERMINISTIC
+from aiomnn.pipeline import is_nondeterministic
 
 from .kernel import OPS, Unsupported, create
 
@@ -203,17 +203,6 @@ class Subgraph:
         if info.dtype is not None and info.dtype != t.dtype:
             return None
         return t.dtype, tuple(t.shape)
-
-
-def is_nondeterministic(node: Node) -> bool:
-    """True when the node, or any node of its subgraphs, draws random numbers: never compute it ahead."""
-    if node.op_type in NONDETERMINISTIC:
-        return True
-    for value in node.attrs.values():
-        for sub in value if isinstance(value, list) else [value]:
-            if isinstance(sub, Graph) and any(is_nondeterministic(n) for n in sub.nodes):
-                return True
-    return False
 
 
 def _fetch(src: tuple[int, Any], values: dict[str, Any], outer: Mapping[str, Any]) -> Any:
