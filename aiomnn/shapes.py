@@ -76,14 +76,14 @@ def _unary(node, ins):
     x = ins[0]
     dtype = BOOL if node.op_type in ("IsNaN", "IsInf") else x.dtype
     outs = [(dtype, x.shape)]
-    if node.op_type == "PRelu":
+    if node.op_type == "PRelu" and node.opset >= 7:
         outs = [(x.dtype, broadcast(x.shape, ins[1].shape, node=node))]
     if node.op_type == "LayerNormalization" and len(node.outputs) > 1:
         axis = node.attrs.get("axis", -1) % len(x.shape)
         stat = x.shape[:axis] + (1,) * (len(x.shape) - axis)
         outs += [(np.dtype(np.float32), stat)] * (len(node.outputs) - 1)
     if node.op_type == "Dropout" and len(node.outputs) > 1:
-        outs.append((BOOL, x.shape))
+        outs.append((BOOL if node.opset >= 10 else x.dtype, x.shape))
     if node.op_type == "BatchNormalization" and len(node.outputs) > 1:
         raise _Unknown
     return outs
@@ -92,12 +92,16 @@ def _unary(node, ins):
 @shape_fn("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Mod", "BitShift",
           "BitwiseAnd", "BitwiseOr", "BitwiseXor")
 def _binary(node, ins):
+    if node.opset < 7 and node.attrs.get("broadcast", 0):
+        return [(ins[0].dtype, ins[0].shape)]  # old-style: B aligns with A at `axis`
     shapes = [t.shape for t in ins if t is not None]
     return [(ins[0].dtype, broadcast(*shapes, node=node))]
 
 
 @shape_fn("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor")
 def _compare(node, ins):
+    if node.opset < 7 and node.attrs.get("broadcast", 0):
+        return [(BOOL, ins[0].shape)]
     return [(BOOL, broadcast(ins[0].shape, ins[1].shape, node=node))]
 
 
@@ -286,7 +290,8 @@ def _reshape(node, ins):
 @shape_fn("Flatten")
 def _flatten(node, ins):
     s = ins[0].shape
-    axis = node.attrs.get("axis", 1) % (len(s) + 1) if s else 0
+    axis = node.attrs.get("axis", 1)
+    axis = axis + len(s) if axis < 0 else axis
     return [(ins[0].dtype, (math.prod(s[:axis]), math.prod(s[axis:])))]
 
 

@@ -1,45 +1,116 @@
-"""Elementwise ops: unary math, activations, and broadcasting binary arithmetic.
+"""Elementwise ops: unary math, activations, broadcasting arithmetic, Cast.
 
 Float ops write into planned buffers (`out=`), so activations reuse memory
 and a run allocates little. Activations are also kept in ACTIVATIONS, in-place
 forms that fused producers (Conv, Gemm, Add) apply to their own output.
+
+float16 and the ml_dtypes floats (bfloat16, float8...) are computed in
+float32 and rounded once at the end.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
+import ml_dtypes
 import numpy as np
+from onnx import TensorProto
 
-from ..kernel import Kernel, op
+from aiomnn.graph import dtype_of
+
+from ..kernel import Kernel, Unsupported, op
+
+FLT_MAX = 3.4028234663852886e38
 
 
-def _erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """erf to float32 precision (Abramowitz-Stegun 7.1.26 is too coarse; use math.erf vectorised)."""
-    r = _ERF(x).astype(x.dtype, copy=False)
-    if out is not None:
-        out[...] = r
+def _ml(*names: str) -> frozenset[np.dtype]:
+    return frozenset(np.dtype(getattr(ml_dtypes, n)) for n in names if hasattr(ml_dtypes, n))
+
+
+#: Float types numpy has no native arithmetic for: computed in float32.
+ML_FLOATS = _ml("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                "float8_e8m0fnu", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")
+#: Sub-byte integer types.
+ML_INTS = _ml("int4", "uint4", "int2", "uint2")
+F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
+BOOL = np.dtype(bool)
+E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+#: float8 types that Cast saturates (E8M0 has its own rounding rules).
+FLOAT8 = _ml("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+
+
+def is_float(dt: np.dtype) -> bool:
+    return dt.kind == "f" or dt in ML_FLOATS
+
+
+def compute_dtype(dt: np.dtype) -> np.dtype:
+    """The dtype arithmetic on `dt` is done in."""
+    return F32 if dt == F16 or dt in ML_FLOATS else dt
+
+
+def widen(x: np.ndarray) -> np.ndarray:
+    dt = compute_dtype(x.dtype)
+    return x if dt == x.dtype else x.astype(dt)
+
+
+def matches(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+    """The planned buffer when it fits this result exactly, else None."""
+    if out is not None and out.shape == shape and out.dtype == dtype:
         return out
-    return r
+    return None
 
 
-_ERF = np.vectorize(math.erf, otypes=[np.float64])
+# --------------------------------------------------------------------------- erf
+_SQRT_PI_2 = 2.0 / math.sqrt(math.pi)
+# Maclaurin series of erf(x)/x in x^2: 2/sqrt(pi) * (-1)^n / (n! (2n+1)); 10 terms reach 1e-13 for |x| < 0.5.
+_ERF_TAYLOR = [_SQRT_PI_2 * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(10)][::-1]
+# Chebyshev fit of erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z/2): fractional error below 1.2e-7.
+_ERFC_CHEB = [0.17087277, -0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
+              0.37409196, 1.00002368, -1.26551223]
 
 
-def hard_sigmoid_(y: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.ndarray:
-    np.multiply(y, alpha, out=y)
-    np.add(y, beta, out=y)
-    return np.clip(y, 0, 1, out=y)
+def _erf64(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    a = np.abs(x)
+    # |x| < 0.5: the series; otherwise 1 - erfc, whose error is then at most ~6e-8 absolute.
+    s = np.minimum(a, 0.5)
+    z = s * s
+    p = np.full_like(z, _ERF_TAYLOR[0])
+    for c in _ERF_TAYLOR[1:]:
+        p *= z
+        p += c
+    p *= s
+    t = 1.0 / (1.0 + 0.5 * a)
+    q = np.full_like(t, _ERFC_CHEB[0])
+    for c in _ERFC_CHEB[1:]:
+        q *= t
+        q += c
+    q -= a * a
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.exp(q, out=q)
+        q *= t
+        big = 1.0 - q
+    r = np.where(a < 0.5, p, big)
+    return np.copysign(r, x, out=r)
 
 
-def hard_swish_(y: np.ndarray) -> np.ndarray:
-    t = np.add(y, 3.0, dtype=y.dtype)
-    np.clip(t, 0, 6, out=t)
-    t *= 1 / 6
-    return np.multiply(y, t, out=y)
+def erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """erf to float32 precision (about 1e-7 relative), for any float dtype."""
+    r = _erf64(x)
+    if out is not None:
+        np.copyto(out, r, casting="unsafe")
+        return out
+    return r.astype(x.dtype if x.dtype.kind == "f" else F32)
 
 
+# Kept for callers of the lead's first version.
+_erf = erf
+
+
+# ------------------------------------------------------------------ activations
 def sigmoid_(y: np.ndarray) -> np.ndarray:
     # 1 / (1 + exp(-y)), computed without overflow warnings for large |y|.
     np.negative(y, out=y)
@@ -49,49 +120,114 @@ def sigmoid_(y: np.ndarray) -> np.ndarray:
     return np.reciprocal(y, out=y)
 
 
+def hard_sigmoid_(y: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.ndarray:
+    np.multiply(y, y.dtype.type(alpha), out=y)
+    np.add(y, y.dtype.type(beta), out=y)
+    return np.clip(y, 0, 1, out=y)
+
+
+def hard_swish_(y: np.ndarray) -> np.ndarray:
+    t = np.multiply(y, y.dtype.type(1 / 6))
+    t += y.dtype.type(0.5)
+    np.clip(t, 0, 1, out=t)
+    return np.multiply(y, t, out=y)
+
+
 def gelu_(y: np.ndarray, approximate: str = "none") -> np.ndarray:
     if approximate == "tanh":
-        t = y * y * y
+        t = y * y
+        t *= y
         t *= 0.044715
         t += y
         t *= math.sqrt(2 / math.pi)
         np.tanh(t, out=t)
+    elif approximate == "none":
+        t = erf(y * y.dtype.type(1 / math.sqrt(2)))
     else:
-        t = _erf(y / math.sqrt(2))
+        raise ValueError(f"Gelu approximate={approximate!r} is not 'none' or 'tanh'")
     t += 1
     t *= 0.5
     return np.multiply(y, t, out=y)
 
 
+def leaky_relu_(y: np.ndarray, alpha: float = 0.01) -> np.ndarray:
+    neg = y < 0
+    np.multiply(y, y.dtype.type(alpha), out=y, where=neg)
+    return y
+
+
+def clip_(y: np.ndarray, min: Any = None, max: Any = None) -> np.ndarray:  # noqa: A002
+    with np.errstate(over="ignore"):
+        if min is not None:
+            np.maximum(y, np.asarray(min).astype(y.dtype), out=y)
+        if max is not None:
+            np.minimum(y, np.asarray(max).astype(y.dtype), out=y)
+    return y
+
+
+def elu_(y: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+    neg = y <= 0
+    with np.errstate(over="ignore"):
+        e = np.expm1(y)
+    e *= y.dtype.type(alpha)
+    np.copyto(y, e, where=neg)
+    return y
+
+
+def fused_clip_(y: np.ndarray, min: Any = None, max: Any = None) -> np.ndarray:  # noqa: A002
+    """Clip as fused: an omitted bound is the type's limit (Clip-6 defaults, Clip-11 semantics)."""
+    if is_float(y.dtype):
+        info = ml_dtypes.finfo(y.dtype)
+        min = info.min if min is None else min  # noqa: A001
+        max = info.max if max is None else max  # noqa: A001
+    return clip_(y, min, max)
+
+
 #: In-place activations, by op type, taking the op's attributes: what fused producers apply.
 ACTIVATIONS: dict[str, Callable[..., np.ndarray]] = {
-    "Relu": lambda y: np.maximum(y, 0, out=y),
-    "LeakyRelu": lambda y, alpha=0.01: np.multiply(y, np.where(y < 0, y.dtype.type(alpha), y.dtype.type(1)), out=y),
-    "Clip": lambda y, min=None, max=None: np.clip(y, min, max, out=y),
+    "Relu": lambda y: np.maximum(y, y.dtype.type(0), out=y),
+    "LeakyRelu": leaky_relu_,
+    "Clip": fused_clip_,
     "Sigmoid": sigmoid_,
     "HardSigmoid": hard_sigmoid_,
     "HardSwish": hard_swish_,
     "Tanh": lambda y: np.tanh(y, out=y),
     "Gelu": gelu_,
+    "Elu": elu_,
 }
 
 
 def apply_activation(y: np.ndarray, activation: tuple[str, dict[str, Any]] | None) -> np.ndarray:
+    """Apply a fused activation to y in place (computing in float32 for float16 and bfloat16)."""
     if activation is None:
         return y
     name, attrs = activation
-    return ACTIVATIONS[name](y, **attrs)
+    fn = ACTIVATIONS[name]
+    if compute_dtype(y.dtype) != y.dtype:
+        w = fn(y.astype(F32), **attrs)
+        np.copyto(y, w, casting="unsafe")
+        return y
+    return fn(y, **attrs)
 
 
 class Unary(Kernel):
-    """An elementwise op with one input that writes its planned output buffer."""
+    """An elementwise op with one input that writes its planned output buffer.
+
+    Subclasses implement apply(y), in place on a copy of the input.
+    """
 
     writes_outputs = True
 
     def run(self, x):
-        out = self.out[0]
-        if out is None or x.dtype != out.dtype:
-            out = np.empty_like(x)
+        out = matches(self.out[0], x.shape, x.dtype)
+        if compute_dtype(x.dtype) != x.dtype:
+            y = self.apply(x.astype(F32))
+            if out is None:
+                return y.astype(x.dtype)
+            np.copyto(out, y, casting="unsafe")
+            return out
+        if out is None:
+            out = np.empty(x.shape, x.dtype)
         np.copyto(out, x)
         return self.apply(out)
 
@@ -99,110 +235,565 @@ class Unary(Kernel):
         raise NotImplementedError
 
 
-def _unary(op_type: str, since: int, fn: Callable[..., np.ndarray]) -> None:
-    """Register an activation under its op type, with its attributes bound at creation."""
+# ------------------------------------------------------------------ unary math
+class Elementwise(Kernel):
+    """One input, one output of the same shape; compute(x, out, **attrs) fills out and returns it."""
 
-    class _Op(Unary):
-        def __init__(self, node, inputs, outputs, **attrs):
-            super().__init__(node, inputs, outputs)
-            self.attrs = attrs
+    writes_outputs = True
+    defaults: dict[str, Any] = {}
+    out_bool = False
 
-        def apply(self, y):
-            return fn(y, **self.attrs)
+    def __init__(self, node, inputs, outputs, **attrs):
+        super().__init__(node, inputs, outputs)
+        attrs.pop("consumed_inputs", None)
+        extra = sorted(set(attrs) - set(self.defaults))
+        if extra:
+            raise Unsupported(f"attribute(s) {', '.join(extra)} not supported")
+        self.attrs = {**self.defaults, **attrs}
 
-    _Op.__name__ = op_type
-    op(op_type, since)(_Op)
+    @staticmethod
+    def compute(x: np.ndarray, out: np.ndarray, **attrs: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def run(self, x):
+        if x.dtype == object or x.dtype in ML_INTS:
+            raise TypeError(f"{self.node.op_type} does not take {x.dtype} input")
+        dt = BOOL if self.out_bool else x.dtype
+        out = matches(self.out[0], x.shape, dt)
+        wide = compute_dtype(x.dtype)
+        with np.errstate(all="ignore"):
+            if wide != x.dtype:
+                r = self.compute(x.astype(wide), np.empty(x.shape, BOOL if self.out_bool else wide), **self.attrs)
+                if out is None:
+                    return r.astype(dt)
+                np.copyto(out, r, casting="unsafe")
+                return out
+            if out is None:
+                out = np.empty(x.shape, dt)
+            return self.compute(x, out, **self.attrs)
 
 
-_unary("Relu", 6, ACTIVATIONS["Relu"])
-_unary("LeakyRelu", 6, ACTIVATIONS["LeakyRelu"])
-_unary("Sigmoid", 6, sigmoid_)
-_unary("HardSigmoid", 6, hard_sigmoid_)
-_unary("HardSwish", 14, hard_swish_)
-_unary("Tanh", 6, ACTIVATIONS["Tanh"])
-_unary("Gelu", 20, gelu_)
+def unary(op_type: str, since: int | tuple[int, ...], compute: Callable[..., np.ndarray], out_bool: bool = False,
+          **defaults: Any) -> type:
+    cls = type(op_type, (Elementwise,), {"compute": staticmethod(compute), "defaults": defaults,
+                                         "out_bool": out_bool})
+    for v in (since,) if isinstance(since, int) else since:
+        op(op_type, v)(cls)
+    return cls
+
+
+def _ufunc(f: np.ufunc) -> Callable[..., np.ndarray]:
+    return lambda x, out: f(x, out=out)
+
+
+for _name, _since, _f in (
+        ("Abs", 1, np.abs), ("Neg", 1, np.negative), ("Sqrt", 1, np.sqrt), ("Exp", 1, np.exp), ("Log", 1, np.log),
+        ("Reciprocal", 1, np.reciprocal), ("Floor", 1, np.floor), ("Ceil", 1, np.ceil), ("Round", 11, np.rint),
+        ("Sign", 9, np.sign), ("Sin", 7, np.sin), ("Cos", 7, np.cos), ("Tan", 7, np.tan), ("Asin", 7, np.arcsin),
+        ("Acos", 7, np.arccos), ("Atan", 7, np.arctan), ("Sinh", 9, np.sinh), ("Cosh", 9, np.cosh),
+        ("Asinh", 9, np.arcsinh), ("Acosh", 9, np.arccosh), ("Atanh", 9, np.arctanh), ("Tanh", 1, np.tanh),
+        ("IsNaN", 9, np.isnan)):
+    unary(_name, _since, _ufunc(_f), out_bool=_name == "IsNaN")
+
+
+def _erf_op(x, out):
+    return erf(x, out)
+
+
+unary("Erf", 9, _erf_op)
+
+
+def _is_inf(x, out, detect_negative=1, detect_positive=1):
+    if x.dtype.kind in "iub":
+        out[...] = False
+        return out
+    if detect_negative and detect_positive:
+        return np.isinf(x, out=out)
+    if detect_positive:
+        return np.isposinf(x, out=out)
+    if detect_negative:
+        return np.isneginf(x, out=out)
+    out[...] = False
+    return out
+
+
+unary("IsInf", 10, _is_inf, out_bool=True, detect_negative=1, detect_positive=1)
+
+
+def _relu(x, out):
+    return np.maximum(x, x.dtype.type(0), out=out)
+
+
+def _leaky_relu(x, out, alpha):
+    np.copyto(out, x)
+    return leaky_relu_(out, alpha)
+
+
+def _elu(x, out, alpha):
+    np.copyto(out, x)
+    return elu_(out, alpha)
+
+
+def _selu(x, out, alpha, gamma):
+    np.copyto(out, x)
+    elu_(out, alpha)
+    return np.multiply(out, x.dtype.type(gamma), out=out)
+
+
+def _celu(x, out, alpha):
+    a = x.dtype.type(alpha)
+    np.divide(x, a, out=out)
+    np.expm1(out, out=out)
+    out *= a
+    np.minimum(out, 0, out=out)
+    out += np.maximum(x, 0)
+    return out
+
+
+def _thresholded_relu(x, out, alpha):
+    out[...] = 0
+    np.copyto(out, x, where=x > x.dtype.type(alpha))
+    return out
+
+
+def _in_place(fn):
+    def compute(x, out, **attrs):
+        np.copyto(out, x)
+        return fn(out, **attrs)
+
+    return compute
+
+
+def _softplus(x, out):
+    return np.logaddexp(x.dtype.type(0), x, out=out)
+
+
+def _softsign(x, out):
+    np.abs(x, out=out)
+    out += 1
+    return np.divide(x, out, out=out)
+
+
+def _mish(x, out):
+    np.logaddexp(x.dtype.type(0), x, out=out)
+    np.tanh(out, out=out)
+    return np.multiply(x, out, out=out)
+
+
+def _swish(x, out, alpha):
+    np.multiply(x, x.dtype.type(alpha), out=out)
+    sigmoid_(out)
+    return np.multiply(x, out, out=out)
+
+
+def _shrink(x, out, lambd, bias):
+    if x.dtype.kind in "iu":
+        y = np.where(x < -lambd, x + bias, np.where(x > lambd, x - bias, 0))
+        np.copyto(out, y, casting="unsafe")
+        return out
+    out[...] = 0
+    np.copyto(out, x + x.dtype.type(bias), where=x < -lambd)
+    np.copyto(out, x - x.dtype.type(bias), where=x > lambd)
+    return out
+
+
+unary("Relu", 1, _relu)
+unary("LeakyRelu", 1, _leaky_relu, alpha=0.01)
+unary("Elu", 1, _elu, alpha=1.0)
+unary("Selu", 1, _selu, alpha=1.673200011253357, gamma=1.0506999492645264)
+unary("Selu", 6, _selu, alpha=1.6732631921768188, gamma=1.0507010221481323)
+unary("Celu", 12, _celu, alpha=1.0)
+unary("ThresholdedRelu", 10, _thresholded_relu, alpha=1.0)
+unary("Sigmoid", 1, _in_place(sigmoid_))
+unary("HardSigmoid", 1, _in_place(hard_sigmoid_), alpha=0.2, beta=0.5)
+unary("HardSwish", 14, _in_place(hard_swish_))
+unary("Softplus", 1, _softplus)
+unary("Softsign", 1, _softsign)
+unary("Mish", 18, _mish)
+unary("Swish", 24, _swish, alpha=1.0)
+unary("Gelu", 20, _in_place(gelu_), approximate="none")
+unary("Shrink", 9, _shrink, lambd=0.5, bias=0.0)
+
+
+@op("SwiGLU", 28)
+def swiglu(a, b, alpha=1.0):
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"SwiGLU takes A and B of one shape and dtype, got {a.dtype}{a.shape} and {b.dtype}{b.shape}")
+    with np.errstate(all="ignore"):
+        w = widen(a)
+        y = _swish(w, np.empty(w.shape, w.dtype), alpha)
+        y *= widen(b)
+    return y.astype(a.dtype, copy=False)
+
+
+@op("PRelu", 7)
+def prelu(x, slope):
+    if compute_dtype(x.dtype) != x.dtype:
+        return prelu(x.astype(F32), slope.astype(F32)).astype(x.dtype)
+    slope = slope.astype(x.dtype, copy=False)
+    return np.where(x < 0, x * slope, x).astype(x.dtype, copy=False)
+
+
+@op("PRelu", 1)
+def prelu_1(x, slope, consumed_inputs=None):
+    # Before opset 7 a slope of C values applies per channel (axis 1).
+    if slope.ndim == 1 and slope.size > 1 and x.ndim >= 2 and slope.size == x.shape[1]:
+        slope = slope.reshape((-1,) + (1,) * (x.ndim - 2))
+    return prelu(x, slope)
+
+
+# ----------------------------------------------------------------------- Clip
+def _clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
+    if compute_dtype(x.dtype) != x.dtype and x.dtype != F16:
+        return _clip(x.astype(F32), lo, hi).astype(x.dtype)
+    y = np.array(x, copy=True)
+    return clip_(y, lo, hi)
+
+
+@op("Clip", 1)
+def clip_1(x, min=None, max=None, consumed_inputs=None):  # noqa: A002
+    return _clip(x, min, max)
 
 
 @op("Clip", 6)
-def clip_6(x, min=-3.4028234663852886e38, max=3.4028234663852886e38):
-    return np.clip(x, x.dtype.type(min), x.dtype.type(max))
+def clip_6(x, min=-FLT_MAX, max=FLT_MAX):  # noqa: A002
+    return _clip(x, min, max)
 
 
 @op("Clip", 11)
 def clip_11(x, lo=None, hi=None):
-    if lo is not None:
-        x = np.maximum(x, lo)
-    if hi is not None:
-        x = np.minimum(x, hi)
-    return np.array(x, copy=True) if lo is None and hi is None else x
+    for b in (lo, hi):
+        if b is not None and np.size(b) != 1:
+            raise ValueError(f"Clip bounds must be scalars, got shape {np.shape(b)}")
+    # An omitted bound is the type's lowest or highest value, so +-inf clamp to the finite range.
+    if lo is None and is_float(x.dtype):
+        lo = np.array(ml_dtypes.finfo(x.dtype).min)
+    if hi is None and is_float(x.dtype):
+        hi = np.array(ml_dtypes.finfo(x.dtype).max)
+    return _clip(x, None if lo is None else lo.reshape(()), None if hi is None else hi.reshape(()))
 
 
-for _name, _ufunc in (("Sqrt", np.sqrt), ("Exp", np.exp), ("Log", np.log), ("Abs", np.abs), ("Neg", np.negative),
-                      ("Floor", np.floor), ("Ceil", np.ceil), ("Reciprocal", np.reciprocal), ("Sin", np.sin),
-                      ("Cos", np.cos), ("Tan", np.tan), ("Sign", np.sign), ("Round", np.round)):
-    op(_name, 6 if _name not in ("Sin", "Cos", "Tan", "Sign", "Round") else 7)(lambda x, _f=_ufunc: _f(x))
+# -------------------------------------------------------------------- Dropout
+class Dropout(Kernel):
+    """Inference Dropout: the identity, with an all-true mask. Training mode needs random draws: refused."""
+
+    def __init__(self, node, inputs, outputs, ratio=0.5, is_test=None, seed=None, consumed_inputs=None):
+        super().__init__(node, inputs, outputs)
+        self.ratio = ratio
+        self.mask = len(node.outputs) > 1 and bool(node.outputs[1])
+        self.mask_bool = node.opset >= 10
+        if node.opset < 7 and is_test == 0 and ratio > 0:
+            raise Unsupported("Dropout in training mode (is_test=0) draws random masks")
+
+    def run(self, x, ratio=None, training_mode=None):
+        if training_mode is not None and bool(np.asarray(training_mode).reshape(-1)[0]):
+            r = self.ratio if ratio is None else float(np.asarray(ratio).reshape(-1)[0])
+            if r != 0:
+                raise ValueError("Dropout with training_mode=True and a nonzero ratio draws random masks: "
+                                 "not supported")
+        if not self.mask:
+            return x
+        return x, np.ones(x.shape, dtype=BOOL if self.mask_bool else x.dtype)
 
 
-@op("Erf", 9)
-def erf(x):
-    return _erf(x)
+op("Dropout", 1)(Dropout)
+
+
+# ------------------------------------------------------------------- Identity
+@op("Identity", 1)
+def identity(x):
+    if isinstance(x, list):
+        return list(x)
+    return x
+
+
+# ------------------------------------------------------------- binary arithmetic
+def legacy_broadcast(a: np.ndarray, b: np.ndarray, broadcast: int, axis: int | None) -> np.ndarray:
+    """Opset < 7 broadcasting: with broadcast=1, B's shape matches A's shape starting at `axis`."""
+    if not broadcast:
+        if a.shape != b.shape:
+            raise ValueError(f"shapes {a.shape} and {b.shape} differ and broadcast=0")
+        return b
+    if axis is None or b.ndim == 0:
+        return b
+    axis = axis % a.ndim if a.ndim else 0
+    if axis + b.ndim > a.ndim:
+        raise ValueError(f"cannot broadcast {b.shape} into {a.shape} at axis {axis}")
+    return b.reshape(b.shape + (1,) * (a.ndim - axis - b.ndim))
+
+
+def _int_div(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Integer division truncating toward zero (C semantics), as ONNX Div on integers does."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        np.floor_divide(a, b, out=out)
+        if a.dtype.kind == "i":
+            fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
+            np.add(out, fix, out=out, casting="unsafe")
+    return out
 
 
 class Binary(Kernel):
-    """A broadcasting binary op. Writes into its planned buffer when the dtypes agree."""
+    """A broadcasting binary op. Writes into its planned buffer when the shape and dtype agree."""
 
     writes_outputs = True
     ufunc: np.ufunc
 
-    def __init__(self, node, inputs, outputs, **attrs):
+    def __init__(self, node, inputs, outputs, broadcast=None, axis=None, consumed_inputs=None, _activation=None):
         super().__init__(node, inputs, outputs)
-        self.activation = attrs.get("_activation")
+        self.activation = _activation
+        self.legacy = node.opset < 7 and broadcast is not None
+        self.broadcast, self.axis = broadcast, axis
+
+    def compute(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+        return self.ufunc(a, b, out=out)
 
     def run(self, a, b):
-        out = self.out[0]
-        if out is not None and out.dtype == a.dtype == b.dtype:
-            y = self.ufunc(a, b, out=out)
-        else:
-            y = self.ufunc(a, b)
-            if y.dtype != a.dtype:
-                y = y.astype(a.dtype)
+        if self.legacy:
+            b = legacy_broadcast(a, b, self.broadcast, self.axis)
+        shape = np.broadcast_shapes(a.shape, b.shape)
+        dt = a.dtype
+        out = matches(self.out[0], shape, dt)
+        wide = compute_dtype(dt)
+        with np.errstate(all="ignore"):
+            if wide != dt or b.dtype != dt:
+                if a.dtype in ML_INTS or a.dtype == object:
+                    raise TypeError(f"{self.node.op_type} does not take {a.dtype} inputs")
+                y = self.compute(a.astype(wide, copy=False), b.astype(wide, copy=False), np.empty(shape, wide))
+                if self.activation:
+                    apply_activation(y, self.activation)
+                if out is None:
+                    return y.astype(dt)
+                np.copyto(out, y, casting="unsafe")
+                return out
+            if out is None:
+                out = np.empty(shape, dt)
+            y = self.compute(a, b, out)
         return apply_activation(y, self.activation) if self.activation else y
 
 
-def _binary(op_type: str, since: int, ufunc: np.ufunc) -> None:
-    _Op = type(op_type, (Binary,), {"ufunc": ufunc})
-    op(op_type, since)(_Op)
+def _binary(op_type: str, ufunc: np.ufunc) -> type:
+    cls = type(op_type, (Binary,), {"ufunc": ufunc})
+    op(op_type, 1)(cls)
+    return cls
 
 
-_binary("Add", 7, np.add)
-_binary("Sub", 7, np.subtract)
-_binary("Mul", 7, np.multiply)
+Add = _binary("Add", np.add)
+Sub = _binary("Sub", np.subtract)
+Mul = _binary("Mul", np.multiply)
 
 
-@op("Div", 7)
 class Div(Binary):
-    def run(self, a, b):
-        if a.dtype.kind in "iu":
-            with np.errstate(divide="ignore"):
-                q = np.trunc(a / b).astype(a.dtype)
-            return q
-        return super().run(a, b)
-
     ufunc = np.divide
 
-
-@op("Pow", 7)
-def pow_(x, y):
-    if x.dtype.kind == "f":
-        return np.power(x, y.astype(x.dtype, copy=False))
-    return np.power(x, y.astype(np.int64)).astype(x.dtype)
-
-
-@op("Equal", 7)
-def equal(a, b):
-    return np.equal(a, b)
+    def compute(self, a, b, out):
+        if a.dtype.kind in "iu":
+            return _int_div(a, b, out)
+        if a.dtype.kind == "b":
+            raise TypeError("Div does not take bool inputs")
+        return np.divide(a, b, out=out)
 
 
-@op("Where", 9)
-def where(c, x, y):
-    return np.where(c, x, y)
+op("Div", 1)(Div)
+
+
+@op("Pow", 1)
+def pow_(x, y, broadcast=None, axis=None):
+    if broadcast is not None:
+        y = legacy_broadcast(x, y, broadcast, axis)
+    with np.errstate(all="ignore"):
+        if is_float(x.dtype):
+            xw = widen(x)
+            yw = y.astype(xw.dtype) if is_float(y.dtype) or y.dtype.kind in "iu" else y
+            return np.power(xw, yw).astype(x.dtype, copy=False)
+        if y.dtype.kind in "iu" and not (y < 0).any():
+            return np.power(x, y.astype(x.dtype, copy=False)).astype(x.dtype, copy=False)
+        r = np.power(x.astype(np.float64), widen(y).astype(np.float64))
+        return r.astype(x.dtype)
+
+
+@op("Mod", 10)
+def mod(a, b, fmod=0):
+    with np.errstate(all="ignore"):
+        if compute_dtype(a.dtype) != a.dtype:
+            return mod(a.astype(F32), b.astype(F32), fmod).astype(a.dtype)
+        if fmod:
+            return np.fmod(a, b)
+        return np.mod(a, b)
+
+
+@op("BitShift", 11)
+def bit_shift(x, y, direction):
+    if direction not in ("LEFT", "RIGHT"):
+        raise ValueError(f"BitShift direction must be LEFT or RIGHT, got {direction!r}")
+    if x.dtype.kind not in "iu":
+        raise TypeError(f"BitShift takes integers, not {x.dtype}")
+    bits = x.dtype.itemsize * 8
+    bad = y >= bits
+    if y.dtype.kind == "i":
+        bad |= y < 0
+    amount = np.where(bad, 0, y).astype(x.dtype)
+    if direction == "LEFT":
+        r = np.left_shift(x, amount)
+        fill = np.zeros((), x.dtype)
+    else:
+        r = np.right_shift(x, amount)
+        fill = np.where(x < 0, x.dtype.type(-1), x.dtype.type(0)) if x.dtype.kind == "i" else np.zeros((), x.dtype)
+    if bad.any():
+        r = np.where(bad, fill, r)
+    return r.astype(x.dtype, copy=False)
+
+
+# ---------------------------------------------------------------- variadic ops
+def _variadic(name: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], mean: bool = False):
+    def compute(*xs, consumed_inputs=None):
+        xs = [x for x in xs if x is not None]
+        if not xs:
+            raise ValueError(f"{name} needs at least one input")
+        dt = xs[0].dtype
+        with np.errstate(all="ignore"):
+            ws = [widen(x) if x.dtype == dt else x.astype(compute_dtype(dt)) for x in xs]
+            r = functools.reduce(fn, ws[1:], ws[0])
+            if len(ws) == 1:
+                r = np.array(r, copy=True)
+            if mean:
+                if r.dtype.kind in "iu":
+                    r = r // len(ws)
+                else:
+                    r = r / r.dtype.type(len(ws))
+        return np.asarray(r).astype(dt, copy=False)
+
+    compute.__name__ = name
+    return compute
+
+
+op("Max", 1)(_variadic("Max", np.maximum))
+op("Min", 1)(_variadic("Min", np.minimum))
+op("Sum", 1)(_variadic("Sum", np.add))
+op("Mean", 1)(_variadic("Mean", np.add, mean=True))
+
+
+# ----------------------------------------------------------------------- Cast
+def _to_e8m0(x: np.ndarray, saturate: int, round_mode: str) -> np.ndarray:
+    """Round float32 values to powers of two (E8M0 codes are a float32's exponent field)."""
+    bits = x.astype(F32).view(np.uint32)
+    e = ((bits >> 23) & 0xFF).astype(np.int32)
+    m = bits & 0x7FFFFF
+    special = e == 0xFF
+    if round_mode == "up":
+        inc = m != 0
+    elif round_mode == "down":
+        inc = np.zeros(e.shape, bool)
+    elif round_mode == "nearest":
+        guard = (m & 0x400000) != 0
+        rest = (m & 0x3FFFFF) != 0
+        inc = guard & (rest | (e > 0))
+    else:
+        raise ValueError(f"Cast round_mode must be up, down or nearest, got {round_mode!r}")
+    inc &= ~special
+    if saturate:
+        inc &= e < 0xFE
+    code = e + inc
+    if saturate:
+        code = np.where(special & (m == 0), 0xFE, code)  # +-inf -> the largest value
+    else:
+        code = np.where((e == 0) & (m == 0), 0xFF, code)  # 0 is below the smallest: NaN
+    return code.astype(np.uint8).view(E8M0)
+
+
+def _parse_number(s: Any, dt: np.dtype) -> Any:
+    s = s.decode() if isinstance(s, bytes) else str(s)
+    t = s.strip()
+    if dt.kind in "iu":
+        try:
+            return int(t)
+        except ValueError:
+            return int(float(t))
+    if dt.kind == "b":
+        low = t.lower()
+        if low in ("true", "false"):
+            return low == "true"
+        return float(t) != 0
+    return float(t)
+
+
+def _to_string(v: Any) -> str:
+    if isinstance(v, (bool, np.bool_)):
+        return "1" if v else "0"
+    if isinstance(v, (np.floating, float)):
+        f = float(v)
+        if math.isnan(f):
+            return "NaN"
+        if math.isinf(f):
+            return "INF" if f > 0 else "-INF"
+        return "%.8g" % f  # as onnxruntime writes floats
+    return str(v)
+
+
+def cast(x: np.ndarray, to: np.dtype, saturate: int = 1, round_mode: str = "up") -> np.ndarray:
+    """ONNX Cast of an array to dtype `to`."""
+    src = x.dtype
+    if src == to:
+        return x
+    with np.errstate(all="ignore"):
+        if to == object:
+            return np.array([_to_string(v) for v in x.reshape(-1).tolist()] if src != object else x.reshape(-1),
+                            dtype=object).reshape(x.shape)
+        if src == object:
+            work = np.float64 if to.kind not in "iub" else (to if to.kind != "b" else bool)
+            if to in ML_INTS:
+                work = np.int64
+            vals = [_parse_number(v, np.dtype(work)) for v in x.reshape(-1)]
+            return cast(np.array(vals, dtype=work).reshape(x.shape), to, saturate, round_mode)
+        if to == E8M0:
+            return _to_e8m0(x, saturate, round_mode)
+        if src in ML_INTS and to not in ML_INTS:
+            x = x.astype(np.int8)
+        if to in FLOAT8 and saturate:
+            info = ml_dtypes.finfo(to)
+            lo, hi = float(info.min), float(info.max)
+            if is_float(src):
+                w = x.astype(F32) if src in ML_FLOATS else x
+                return np.clip(w, lo, hi).astype(to)
+            return np.clip(x.astype(np.float64), lo, hi).astype(to)
+        if src in ML_FLOATS and to not in ML_FLOATS and to.kind != "f":
+            x = x.astype(F32)
+        if src.kind == "b" and to in ML_FLOATS | ML_INTS:
+            x = x.astype(np.int8)
+        return x.astype(to)
+
+
+def _onnx_dtype(to: Any, where: str) -> np.dtype:
+    if isinstance(to, str):  # Cast-1 names the type
+        try:
+            to = TensorProto.DataType.Value(to.upper())
+        except ValueError:
+            raise Unsupported(f"unknown type name {to!r}") from None
+    return dtype_of(int(to), where)
+
+
+class Cast(Kernel):
+    def __init__(self, node, inputs, outputs, to, saturate=1, round_mode="up"):
+        super().__init__(node, inputs, outputs)
+        self.to = _onnx_dtype(to, str(node))
+        self.saturate, self.round_mode = saturate, round_mode
+        if self.to.kind == "c":
+            raise Unsupported("casting to complex types")
+
+    def run(self, x):
+        return cast(x, self.to, self.saturate, self.round_mode)
+
+
+op("Cast", 1)(Cast)
+
+
+@op("CastLike", 15)
+def cast_like(x, like, saturate=1, round_mode="up"):
+    return cast(x, like.dtype, saturate, round_mode)
+
+
+@op("BitCast", 26)
+def bit_cast(x, to):
+    dt = _onnx_dtype(to, "BitCast")
+    if dt.itemsize != x.dtype.itemsize or dt == object or x.dtype == object:
+        raise TypeError(f"BitCast from {x.dtype} to {dt}: the bit widths differ")
+    return (x if x.flags.c_contiguous else x.copy()).view(dt)

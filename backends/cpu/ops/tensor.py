@@ -1,1 +1,674 @@
-"""(to be written)"""
+"""Shape and data movement ops: Reshape, Transpose, Concat, Split, Slice, Gather/Scatter, Pad, ...
+
+Most return numpy views where they can; the CPU backend copies a view of a
+planned buffer for a function kernel. Kernels that write planned buffers
+(Transpose, Concat, Expand) never return a view of an input.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from aiomnn.graph import dtype_of
+
+from ..kernel import Kernel, Unsupported, op
+from .elementwise import matches
+
+I64 = np.dtype(np.int64)
+
+
+def ints(v: Any, what: str = "value") -> list[int]:
+    a = np.asarray(v)
+    if a.dtype.kind not in "iub":
+        raise TypeError(f"{what} must be integers, got {a.dtype}")
+    return [int(i) for i in a.reshape(-1)]
+
+
+def scalar_int(v: Any, what: str) -> int:
+    a = np.asarray(v).reshape(-1)
+    if a.size != 1:
+        raise ValueError(f"{what} must hold one value, got {a.size}")
+    return int(a[0])
+
+
+def norm_axis(a: int, rank: int, what: str = "axis") -> int:
+    if not -rank <= a < rank:
+        raise ValueError(f"{what} {a} is out of range for rank {rank}")
+    return a % rank
+
+
+# -------------------------------------------------------------------- Reshape
+def reshape(x: np.ndarray, shape: list[int], allowzero: int = 0) -> np.ndarray:
+    out = []
+    for i, d in enumerate(shape):
+        if d == 0 and not allowzero:
+            if i >= x.ndim:
+                raise ValueError(f"shape {shape} copies dimension {i}, but the input has rank {x.ndim}")
+            d = x.shape[i]
+        elif d < -1:
+            raise ValueError(f"shape {shape} has a negative dimension")
+        out.append(d)
+    if out.count(-1) > 1:
+        raise ValueError(f"shape {shape} has more than one -1")
+    if -1 in out:
+        rest = math.prod(d for d in out if d != -1)
+        if rest == 0:
+            if x.size != 0:
+                raise ValueError(f"cannot reshape {x.shape} to {shape}")
+            raise ValueError(f"shape {shape}: -1 is ambiguous with a zero dimension")
+        if x.size % rest:
+            raise ValueError(f"cannot reshape {x.shape} to {shape}")
+        out[out.index(-1)] = x.size // rest
+    if math.prod(out) != x.size:
+        raise ValueError(f"cannot reshape {x.shape} to {shape}")
+    return x.reshape(out)
+
+
+@op("Reshape", 1)
+def reshape_1(x, shape=None, consumed_inputs=None):
+    if shape is None:
+        raise ValueError("Reshape-1 needs the shape attribute")
+    return reshape(x, list(shape))
+
+
+@op("Reshape", 5)
+def reshape_5(x, shape, allowzero=0):
+    return reshape(x, ints(shape, "shape"), allowzero)
+
+
+@op("Flatten", 1)
+def flatten(x, axis=1):
+    r = x.ndim
+    if not -r <= axis <= r:
+        raise ValueError(f"Flatten axis {axis} is out of range for rank {r}")
+    if axis < 0:
+        axis += r
+    return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+
+
+class Transpose(Kernel):
+    writes_outputs = True
+
+    def __init__(self, node, inputs, outputs, perm=None):
+        super().__init__(node, inputs, outputs)
+        self.perm = None if perm is None else list(perm)
+
+    def run(self, x):
+        perm = self.perm if self.perm is not None else list(range(x.ndim))[::-1]
+        if sorted(perm) != list(range(x.ndim)):
+            raise ValueError(f"perm {perm} is not a permutation of {x.ndim} axes")
+        t = x.transpose(perm)
+        out = matches(self.out[0], t.shape, x.dtype)
+        if out is None:
+            return t.copy()
+        np.copyto(out, t)
+        return out
+
+
+op("Transpose", 1)(Transpose)
+
+
+class Concat(Kernel):
+    writes_outputs = True
+
+    def __init__(self, node, inputs, outputs, axis=None):
+        super().__init__(node, inputs, outputs)
+        if axis is None:
+            if node.opset >= 4:
+                raise Unsupported("Concat needs the axis attribute")
+            axis = 1
+        self.axis = axis
+
+    def run(self, *xs):
+        xs = [x for x in xs if x is not None]
+        if not xs:
+            raise ValueError("Concat needs at least one input")
+        rank = xs[0].ndim
+        axis = norm_axis(self.axis, rank)
+        dt = xs[0].dtype
+        if any(x.dtype != dt for x in xs):
+            raise TypeError(f"Concat inputs have different dtypes {[str(x.dtype) for x in xs]}")
+        shape = list(xs[0].shape)
+        shape[axis] = sum(x.shape[axis] for x in xs)
+        out = matches(self.out[0], tuple(shape), dt)
+        if out is None or dt == object:
+            return np.concatenate(xs, axis=axis)
+        return np.concatenate(xs, axis=axis, out=out)
+
+
+op("Concat", 1)(Concat)
+
+
+class Split(Kernel):
+    def __init__(self, node, inputs, outputs, axis=0, split=None, num_outputs=None):
+        super().__init__(node, inputs, outputs)
+        self.axis = axis
+        self.attr_split = None if split is None else list(split)
+        self.n = len(node.outputs)
+        self.num_outputs = num_outputs
+        if node.opset >= 13 and split is not None:
+            raise Unsupported("opset 13 takes split as an input")
+        if num_outputs is not None and num_outputs != self.n:
+            raise Unsupported(f"num_outputs={num_outputs} but the node has {self.n} outputs")
+
+    def run(self, x, split=None):
+        axis = norm_axis(self.axis, x.ndim)
+        dim = x.shape[axis]
+        sizes = ints(split, "split") if split is not None and np.size(split) else self.attr_split
+        if sizes is None:
+            if self.num_outputs is not None:
+                size = -(-dim // self.n)
+                sizes = [max(0, min(size, dim - i * size)) for i in range(self.n)]
+            else:
+                if dim % self.n:
+                    raise ValueError(f"Split cannot divide an axis of size {dim} into {self.n} equal parts")
+                sizes = [dim // self.n] * self.n
+        if len(sizes) != self.n or sum(sizes) != dim or any(s < 0 for s in sizes):
+            raise ValueError(f"split {sizes} does not fit an axis of size {dim} and {self.n} outputs")
+        return tuple(np.split(x, np.cumsum(sizes)[:-1], axis=axis))
+
+
+op("Split", 1)(Split)
+
+
+# ---------------------------------------------------------------------- Slice
+def slice_(x: np.ndarray, starts: list[int], ends: list[int], axes: list[int] | None,
+           steps: list[int] | None) -> np.ndarray:
+    if axes is None:
+        axes = list(range(len(starts)))
+    if steps is None:
+        steps = [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ValueError("Slice's starts, ends, axes and steps differ in length")
+    index = [slice(None)] * x.ndim
+    seen = set()
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = norm_axis(a, x.ndim, "Slice axis")
+        if a in seen:
+            raise ValueError(f"Slice axis {a} is repeated")
+        seen.add(a)
+        if st == 0:
+            raise ValueError("Slice step cannot be 0")
+        dim = x.shape[a]
+        if s < 0:
+            s += dim
+        if e < 0:
+            e += dim
+        if st > 0:
+            s = min(max(s, 0), dim)
+            e = min(max(e, 0), dim)
+            index[a] = slice(s, e, st)
+        else:
+            s = min(max(s, 0), dim - 1)
+            e = min(max(e, -1), dim - 1)
+            index[a] = slice(s, None if e < 0 else e, st) if dim else slice(0, 0)
+    return x[tuple(index)]
+
+
+@op("Slice", 1)
+def slice_1(x, starts, ends, axes=None):
+    return slice_(x, list(starts), list(ends), None if axes is None else list(axes), None)
+
+
+@op("Slice", 10)
+def slice_10(x, starts, ends, axes=None, steps=None):
+    return slice_(x, ints(starts, "starts"), ints(ends, "ends"), None if axes is None else ints(axes, "axes"),
+                  None if steps is None else ints(steps, "steps"))
+
+
+# ------------------------------------------------------------- Gather/Scatter
+def _check_indices(idx: np.ndarray, dim: int, what: str) -> np.ndarray:
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"{what} must be integers, got {idx.dtype}")
+    if idx.size and (idx.min() < -dim or idx.max() >= dim):
+        raise IndexError(f"{what} out of range [-{dim}, {dim})")
+    return np.where(idx < 0, idx + dim, idx) if idx.size and idx.dtype.kind == "i" else idx
+
+
+@op("Gather", 1)
+def gather(x, indices, axis=0):
+    axis = norm_axis(axis, x.ndim)
+    idx = _check_indices(np.asarray(indices), x.shape[axis], "Gather indices")
+    return np.take(x, idx, axis=axis)
+
+
+def _element_index(indices: np.ndarray, axis: int) -> tuple[np.ndarray, ...]:
+    """Fancy index addressing data[..., indices[i, j, ...] on axis, ...] for every position of indices."""
+    grids = np.ogrid[tuple(slice(0, d) for d in indices.shape)] if indices.ndim else []
+    return tuple(indices if d == axis else grids[d] for d in range(indices.ndim))
+
+
+def _check_element_shapes(x: np.ndarray, indices: np.ndarray, axis: int, what: str) -> None:
+    if indices.ndim != x.ndim:
+        raise ValueError(f"{what}: indices rank {indices.ndim} differs from data rank {x.ndim}")
+    for d in range(x.ndim):
+        if d != axis and indices.shape[d] > x.shape[d]:
+            raise ValueError(f"{what}: indices shape {indices.shape} exceeds data shape {x.shape}")
+
+
+@op("GatherElements", 11)
+def gather_elements(x, indices, axis=0):
+    axis = norm_axis(axis, x.ndim)
+    _check_element_shapes(x, indices, axis, "GatherElements")
+    idx = _check_indices(indices, x.shape[axis], "GatherElements indices")
+    return x[_element_index(idx, axis)]
+
+
+def _nd_index(x: np.ndarray, indices: np.ndarray, batch_dims: int, what: str) -> tuple[np.ndarray, ...]:
+    k = indices.shape[-1]
+    if indices.ndim < 1 or batch_dims + k > x.ndim:
+        raise ValueError(f"{what}: indices shape {indices.shape} does not fit data shape {x.shape}")
+    if indices.shape[:batch_dims] != x.shape[:batch_dims]:
+        raise ValueError(f"{what}: batch dimensions {indices.shape[:batch_dims]} and {x.shape[:batch_dims]} differ")
+    parts = []
+    for i in range(k):
+        parts.append(_check_indices(indices[..., i], x.shape[batch_dims + i], f"{what} indices"))
+    # Batch dimensions index themselves, broadcast against the rest of indices.
+    inner = indices.ndim - 1 - batch_dims
+    batch = [np.arange(d).reshape((d,) + (1,) * (batch_dims - 1 - j + inner)) for j, d in
+             enumerate(indices.shape[:batch_dims])]
+    return tuple(batch + parts)
+
+
+@op("GatherND", 11)
+def gather_nd(x, indices, batch_dims=0):
+    return x[_nd_index(x, np.asarray(indices), batch_dims, "GatherND")]
+
+
+_REDUCTIONS = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter(out: np.ndarray, index: tuple[np.ndarray, ...], updates: np.ndarray, reduction: str) -> np.ndarray:
+    if reduction == "none":
+        out[index] = updates
+    elif reduction in _REDUCTIONS:
+        _REDUCTIONS[reduction].at(out, index, updates)
+    else:
+        raise ValueError(f"unknown reduction {reduction!r}")
+    return out
+
+
+@op("ScatterND", 11)
+def scatter_nd(x, indices, updates, reduction="none"):
+    index = _nd_index(x, np.asarray(indices), 0, "ScatterND")
+    expect = indices.shape[:-1] + x.shape[indices.shape[-1]:]
+    if updates.shape != expect:
+        raise ValueError(f"ScatterND updates shape {updates.shape}, expected {expect}")
+    return _scatter(np.array(x, copy=True), index, updates, reduction)
+
+
+@op("ScatterElements", 11)
+def scatter_elements(x, indices, updates, axis=0, reduction="none"):
+    axis = norm_axis(axis, x.ndim)
+    _check_element_shapes(x, indices, axis, "ScatterElements")
+    if updates.shape != indices.shape:
+        raise ValueError(f"ScatterElements updates shape {updates.shape} differs from indices {indices.shape}")
+    idx = _check_indices(indices, x.shape[axis], "ScatterElements indices")
+    return _scatter(np.array(x, copy=True), _element_index(idx, axis), updates, reduction)
+
+
+@op("Scatter", 9)
+def scatter(x, indices, updates, axis=0):
+    return scatter_elements(x, indices, updates, axis)
+
+
+# ------------------------------------------------------------ Squeeze & co.
+def squeeze(x: np.ndarray, axes: list[int] | None) -> np.ndarray:
+    if axes is None or not len(axes):
+        return x.reshape([d for d in x.shape if d != 1])
+    ax = {norm_axis(a, x.ndim, "Squeeze axis") for a in axes}
+    for a in ax:
+        if x.shape[a] != 1:
+            raise ValueError(f"Squeeze axis {a} has size {x.shape[a]}, not 1")
+    return x.reshape([d for i, d in enumerate(x.shape) if i not in ax])
+
+
+def unsqueeze(x: np.ndarray, axes: list[int]) -> np.ndarray:
+    rank = x.ndim + len(axes)
+    ax = sorted(norm_axis(a, rank, "Unsqueeze axis") for a in axes)
+    if len(set(ax)) != len(ax):
+        raise ValueError(f"Unsqueeze axes {axes} repeat")
+    shape = list(x.shape)
+    for a in ax:
+        shape.insert(a, 1)
+    return x.reshape(shape)
+
+
+@op("Squeeze", 1)
+def squeeze_1(x, axes=None):
+    return squeeze(x, axes)
+
+
+@op("Squeeze", 13)
+def squeeze_13(x, axes=None):
+    return squeeze(x, None if axes is None else ints(axes, "axes"))
+
+
+@op("Unsqueeze", 1)
+def unsqueeze_1(x, axes):
+    return unsqueeze(x, list(axes))
+
+
+@op("Unsqueeze", 13)
+def unsqueeze_13(x, axes):
+    return unsqueeze(x, ints(axes, "axes"))
+
+
+@op("Shape", 1)
+def shape(x, start=0, end=None):
+    return np.array(np.shape(x)[slice(start, end)], dtype=I64)
+
+
+@op("Size", 1)
+def size(x):
+    return np.array(np.size(x), dtype=I64)
+
+
+# ------------------------------------------------------------------ constants
+class Constant(Kernel):
+    def __init__(self, node, inputs, outputs, value=None, sparse_value=None, value_float=None, value_floats=None,
+                 value_int=None, value_ints=None, value_string=None, value_strings=None):
+        super().__init__(node, inputs, outputs)
+        given = {k: v for k, v in (("value", value), ("sparse_value", sparse_value), ("value_float", value_float),
+                                   ("value_floats", value_floats), ("value_int", value_int),
+                                   ("value_ints", value_ints), ("value_string", value_string),
+                                   ("value_strings", value_strings)) if v is not None}
+        if len(given) != 1:
+            raise Unsupported(f"Constant needs exactly one value attribute, got {sorted(given) or 'none'}")
+        (kind, v), = given.items()
+        if kind in ("value", "sparse_value"):
+            self.value = np.asarray(v)
+        elif kind in ("value_float", "value_floats"):
+            self.value = np.array(v, dtype=np.float32)
+        elif kind in ("value_int", "value_ints"):
+            self.value = np.array(v, dtype=I64)
+        else:
+            self.value = np.array(v, dtype=object)
+
+    def run(self):
+        return self.value
+
+
+op("Constant", 1)(Constant)
+
+
+@op("ConstantOfShape", 9)
+def constant_of_shape(shape, value=None):
+    dims = ints(shape, "shape")
+    if any(d < 0 for d in dims):
+        raise ValueError(f"ConstantOfShape shape {dims} has a negative dimension")
+    if value is None:
+        return np.zeros(dims, dtype=np.float32)
+    v = np.asarray(value)
+    if v.size != 1:
+        raise ValueError("ConstantOfShape value must hold one element")
+    return np.full(dims, v.reshape(()), dtype=v.dtype)
+
+
+@op("Range", 11)
+def range_(start, limit, delta, stash_type=1):
+    dt = np.asarray(start).dtype
+    s, l, d = (np.asarray(v).reshape(()) for v in (start, limit, delta))
+    if dt.kind in "iu":
+        s, l, d = int(s), int(l), int(d)
+        if d == 0:
+            raise ValueError("Range delta cannot be 0")
+        n = max(-(-(l - s) // d), 0)
+        return (s + np.arange(n, dtype=np.int64) * d).astype(dt)
+    # output[i] = start + i * delta, in the input type (float32 for half types unless stash_type=0).
+    work = dt if dt.kind == "f" and dt != np.float16 else np.dtype(np.float32)
+    if stash_type == 0:
+        work = dt
+    s, l, d = (v.astype(work) for v in (s, l, d))
+    if float(d) == 0:
+        raise ValueError("Range delta cannot be 0")
+    with np.errstate(all="ignore"):
+        span = float(np.subtract(l, s, dtype=work))
+    q = span / float(d)
+    if not math.isfinite(q):
+        raise ValueError(f"Range({s}, {l}, {d}) has no finite length")
+    n = max(int(math.ceil(q)), 0)
+    steps = np.arange(n).astype(work)
+    return np.add(np.multiply(steps, d, dtype=work), s, dtype=work).astype(dt)
+
+
+class Expand(Kernel):
+    writes_outputs = True
+
+    def run(self, x, shape):
+        dims = ints(shape, "shape")
+        out_shape = np.broadcast_shapes(x.shape, tuple(dims))
+        out = matches(self.out[0], out_shape, x.dtype)
+        if out is None:
+            return np.array(np.broadcast_to(x, out_shape), copy=True)
+        np.copyto(out, np.broadcast_to(x, out_shape))
+        return out
+
+
+op("Expand", 8)(Expand)
+
+
+@op("Tile", 1)
+def tile_1(x, tiles, axis):
+    reps = [1] * x.ndim
+    reps[norm_axis(scalar_int(axis, "axis"), x.ndim)] = scalar_int(tiles, "tiles")
+    return np.tile(x, reps)
+
+
+@op("Tile", 6)
+def tile(x, repeats):
+    reps = ints(repeats, "repeats")
+    if len(reps) != x.ndim or any(r < 0 for r in reps):
+        raise ValueError(f"Tile repeats {reps} do not fit rank {x.ndim}")
+    return np.tile(x, reps)
+
+
+# ------------------------------------------------------------------------ Pad
+def pad(x: np.ndarray, pads: list[int], mode: str = "constant", value: Any = None,
+        axes: list[int] | None = None) -> np.ndarray:
+    axes = list(range(x.ndim)) if axes is None else [norm_axis(a, x.ndim, "Pad axis") for a in axes]
+    if len(pads) != 2 * len(axes):
+        raise ValueError(f"Pad pads {pads} do not fit {len(axes)} axes")
+    begin, end = [0] * x.ndim, [0] * x.ndim
+    for i, a in enumerate(axes):
+        begin[a], end[a] = pads[i], pads[i + len(axes)]
+    # Negative pads crop first.
+    crop = tuple(slice(max(-b, 0), x.shape[d] - max(-e, 0)) for d, (b, e) in enumerate(zip(begin, end)))
+    if any(b < 0 or e < 0 for b, e in zip(begin, end)):
+        if any(max(-b, 0) + max(-e, 0) > x.shape[d] for d, (b, e) in enumerate(zip(begin, end))):
+            raise ValueError(f"Pad pads {pads} crop more than the input shape {x.shape}")
+        x = x[crop]
+    width = [(max(b, 0), max(e, 0)) for b, e in zip(begin, end)]
+    if mode == "constant":
+        shape = tuple(d + b + e for d, (b, e) in zip(x.shape, width))
+        if value is None:
+            fill = np.zeros((), x.dtype) if x.dtype != object else ""
+        else:
+            fill = np.asarray(value).reshape(-1)
+            if fill.size == 0:
+                fill = np.zeros((), x.dtype) if x.dtype != object else ""
+            else:
+                fill = fill[0] if x.dtype == object else fill[:1].astype(x.dtype).reshape(())
+        out = np.full(shape, fill, dtype=x.dtype)
+        out[tuple(slice(b, b + d) for d, (b, _) in zip(x.shape, width))] = x
+        return out
+    if mode not in ("reflect", "edge", "wrap"):
+        raise ValueError(f"Pad mode {mode!r} is not constant, reflect, edge or wrap")
+    if not any(b or e for b, e in width):
+        return np.array(x, copy=True)
+    for d, (b, e) in enumerate(width):
+        if (b or e) and x.shape[d] == 0:
+            raise ValueError(f"Pad mode {mode} cannot pad an empty axis")
+        if mode == "reflect" and (b or e) and max(b, e) >= x.shape[d]:
+            raise ValueError(f"Pad reflect needs pads smaller than the axis: {width[d]} for size {x.shape[d]}")
+    return np.pad(x, width, mode=mode)
+
+
+@op("Pad", 1)
+def pad_1(x, paddings, mode="constant", value=0.0):
+    return pad(x, list(paddings), mode, np.asarray(value))
+
+
+@op("Pad", 2)
+def pad_2(x, pads, mode="constant", value=0.0):
+    return pad(x, list(pads), mode, np.asarray(value))
+
+
+@op("Pad", 11)
+def pad_11(x, pads, constant_value=None, axes=None, mode="constant"):
+    return pad(x, ints(pads, "pads"), mode, constant_value, None if axes is None else ints(axes, "axes"))
+
+
+# ------------------------------------------------------------- depth & space
+def _check4(x: np.ndarray, what: str) -> None:
+    if x.ndim != 4:
+        raise ValueError(f"{what} takes a 4-D input, got shape {x.shape}")
+
+
+@op("DepthToSpace", 1)
+def depth_to_space(x, blocksize, mode="DCR"):
+    _check4(x, "DepthToSpace")
+    b = blocksize
+    n, c, h, w = x.shape
+    if b <= 0 or c % (b * b):
+        raise ValueError(f"DepthToSpace: channels {c} are not divisible by blocksize^2 = {b * b}")
+    if mode == "DCR":
+        t = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+    elif mode == "CRD":
+        t = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    else:
+        raise ValueError(f"DepthToSpace mode {mode!r} is not DCR or CRD")
+    return t.reshape(n, c // (b * b), h * b, w * b)
+
+
+@op("SpaceToDepth", 1)
+def space_to_depth(x, blocksize, mode="DCR"):
+    _check4(x, "SpaceToDepth")
+    b = blocksize
+    n, c, h, w = x.shape
+    if b <= 0 or h % b or w % b:
+        raise ValueError(f"SpaceToDepth: spatial size {h}x{w} is not divisible by blocksize {b}")
+    t = x.reshape(n, c, h // b, b, w // b, b)
+    if mode == "DCR":
+        t = t.transpose(0, 3, 5, 1, 2, 4)
+    elif mode == "CRD":
+        t = t.transpose(0, 1, 3, 5, 2, 4)
+    else:
+        raise ValueError(f"SpaceToDepth mode {mode!r} is not DCR or CRD")
+    return t.reshape(n, c * b * b, h // b, w // b)
+
+
+# ------------------------------------------------------------- selection ops
+@op("NonZero", 9)
+def non_zero(x):
+    if x.ndim == 0:
+        x = x.reshape(1)
+    if x.dtype == object:
+        x = x.astype(bool)
+    return np.array(np.nonzero(x), dtype=I64).reshape(x.ndim, -1)
+
+
+class Unique(Kernel):
+    def __init__(self, node, inputs, outputs, axis=None, sorted=1):  # noqa: A002
+        super().__init__(node, inputs, outputs)
+        self.axis, self.sorted = axis, bool(sorted)
+
+    def run(self, x):
+        axis = None if self.axis is None else norm_axis(self.axis, x.ndim)
+        y, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True,
+                                              axis=axis)
+        inverse = inverse.reshape(-1)
+        if not self.sorted:
+            order = np.argsort(first, kind="stable")
+            y = np.take(y, order, axis=0 if axis is None else axis)
+            first, counts = first[order], counts[order]
+            rank = np.empty_like(order)
+            rank[order] = np.arange(order.size)
+            inverse = rank[inverse]
+        return y, first.astype(I64), inverse.astype(I64), counts.astype(I64)
+
+
+op("Unique", 11)(Unique)
+
+
+def _one_hot(indices, depth, values, axis, wrap):
+    d = np.asarray(depth).reshape(-1)
+    if d.size != 1:
+        raise ValueError("OneHot depth must hold one value")
+    d = int(d[0])
+    if d < 1:
+        raise ValueError(f"OneHot depth {d} must be positive")
+    v = np.asarray(values).reshape(-1)
+    if v.size != 2:
+        raise ValueError("OneHot values must be [off_value, on_value]")
+    idx = np.asarray(indices)
+    idx = np.trunc(idx).astype(I64) if idx.dtype.kind == "f" else idx.astype(I64)
+    if wrap:
+        idx = np.where(idx < 0, idx + d, idx)
+    rank = idx.ndim + 1
+    axis = norm_axis(axis, rank, "OneHot axis")
+    hot = np.expand_dims(idx, axis) == np.arange(d).reshape((d,) + (1,) * (rank - 1 - axis))
+    return np.where(hot, v[1], v[0]).astype(v.dtype, copy=False)
+
+
+@op("OneHot", 9)
+def one_hot_9(indices, depth, values, axis=-1):
+    return _one_hot(indices, depth, values, axis, wrap=False)
+
+
+@op("OneHot", 11)
+def one_hot_11(indices, depth, values, axis=-1):
+    return _one_hot(indices, depth, values, axis, wrap=True)
+
+
+@op("Trilu", 14)
+def trilu(x, k=None, upper=1):
+    if x.ndim < 2:
+        raise ValueError(f"Trilu needs rank 2 or more, got shape {x.shape}")
+    kk = 0 if k is None else scalar_int(k, "k")
+    return np.triu(x, kk) if upper else np.tril(x, kk)
+
+
+@op("EyeLike", 9)
+def eye_like(x, dtype=None, k=0):
+    if x.ndim != 2:
+        raise ValueError(f"EyeLike takes a 2-D input, got shape {x.shape}")
+    dt = x.dtype if dtype is None else dtype_of(dtype, "EyeLike")
+    return np.eye(x.shape[0], x.shape[1], k, dtype=dt)
+
+
+@op("Compress", 9)
+def compress(x, condition, axis=None):
+    c = np.asarray(condition).reshape(-1).astype(bool)
+    if axis is None:
+        flat = x.reshape(-1)
+        if c.size > flat.size:
+            raise ValueError(f"Compress condition ({c.size}) is longer than the input ({flat.size})")
+        return np.compress(c, flat)
+    axis = norm_axis(axis, x.ndim)
+    if c.size > x.shape[axis]:
+        raise ValueError(f"Compress condition ({c.size}) is longer than axis {axis} ({x.shape[axis]})")
+    return np.compress(c, x, axis=axis)
+
+
+@op("ReverseSequence", 10)
+def reverse_sequence(x, sequence_lens, batch_axis=1, time_axis=0):
+    if x.ndim < 2:
+        raise ValueError(f"ReverseSequence needs rank 2 or more, got shape {x.shape}")
+    b, t = norm_axis(batch_axis, x.ndim), norm_axis(time_axis, x.ndim)
+    if b == t:
+        raise ValueError("ReverseSequence batch_axis and time_axis must differ")
+    lens = np.asarray(sequence_lens).astype(I64).reshape(-1)
+    nb, nt = x.shape[b], x.shape[t]
+    if lens.size != nb or (lens.size and (lens.min() < 0 or lens.max() > nt)):
+        raise ValueError(f"ReverseSequence sequence_lens {lens.tolist()} do not fit {nb} batches of {nt} steps")
+    steps = np.arange(nt)
+    src = np.where(steps[None, :] < lens[:, None], lens[:, None] - 1 - steps[None, :], steps[None, :])  # [nb, nt]
+    shape = [1] * x.ndim
+    shape[b], shape[t] = nb, nt
+    src = src if b < t else src.T
+    src = np.broadcast_to(src.reshape(shape), x.shape)
+    return np.take_along_axis(x, src, axis=t)
