@@ -144,8 +144,10 @@ def run_input_case(seed: int) -> str:
         x = good.copy()
         x.flat[rng.integers(0, x.size, 10)] = rng.choice([np.nan, np.inf, -np.inf])
     elif kind == 1:
-        x = np.zeros([int(d) for d in rng.choice([0, 1, 2, 64, 10**6, -1], size=rng.integers(0, 6))], np.float32) \
-            if rng.random() < 0.5 else np.zeros((int(rng.integers(0, 3)), 3, 64, 64), np.float32)
+        dims = [int(d) for d in rng.choice([0, 1, 2, 3, 64, 10**6], size=rng.integers(0, 6))]
+        # Huge shapes as zero-stride views: the caller's array costs nothing, a careless copy would.
+        x = np.broadcast_to(np.float32(0), dims) if rng.random() < 0.5 else \
+            np.zeros((int(rng.integers(0, 3)), 3, 64, 64), np.float32)
     elif kind == 2:
         x = good.astype(rng.choice([np.float64, np.float16, np.int64, np.int8, np.uint8, np.bool_, np.complex64]))
     elif kind == 3:

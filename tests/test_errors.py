@@ -165,3 +165,15 @@ def test_huge_declared_initializer_is_refused_before_allocation():
     data = make([helper.make_node("Identity", ["w"], ["y"])], [], [fvi("y", None)], [t])
     with pytest.raises(aiomnn.ModelError, match="over the limit"):
         aiomnn.Interpreter.from_bytes(data)
+
+
+async def test_memory_limit_refuses_a_plan_before_allocating():
+    net = aiomnn.Interpreter.from_bytes(demo_model())
+    async with await net.create_session(aiomnn.ScheduleConfig(type="cpu")) as probe:
+        await probe.resize({"image": (1, 3, 64, 64)})
+        one = probe.memory_report()["peak_bytes"]
+    config = aiomnn.ScheduleConfig(type="cpu", backend_config=aiomnn.BackendConfig(memory_limit=2 * one))
+    async with await net.create_session(config) as s:
+        with pytest.raises(aiomnn.InputError, match="over the memory limit"):
+            await s.run({"image": np.zeros((64, 3, 64, 64), np.float32)})
+        await check_still_works(s)

@@ -36,6 +36,10 @@ class CpuBackend(Backend):
             return create(impl, node, inputs, outputs)
         except Unsupported as exc:
             raise ModelError(f"{node}, opset {node.opset}: the CPU backend does not support this: {exc}") from None
+        except AiomnnError:
+            raise
+        except Exception as exc:  # malformed attributes or constant inputs
+            raise ModelError(f"{node}, opset {node.opset}: invalid node: {type(exc).__name__}: {exc}") from None
 
     def why_unsupported(self, node: Node) -> str | None:
         """None when this backend has the op at the node's opset; else the reason."""
