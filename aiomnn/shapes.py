@@ -432,6 +432,8 @@ def _resize(node, ins):
     x = ins[0]
     if node.op_type == "Upsample" or node.opset < 11:
         scales = node.attrs.get("scales") if node.opset < 9 else None
+        if node.opset < 7 and node.op_type == "Upsample":
+            scales = [1.0, 1.0, node.attrs.get("height_scale", 1.0), node.attrs.get("width_scale", 1.0)]
         if scales is None:
             scales = np.asarray(_const(ins[1]), dtype=np.float64).tolist()
         return [(x.dtype, tuple(int(math.floor(d * s)) for d, s in zip(x.shape, scales)))]

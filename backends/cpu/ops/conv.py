@@ -1,1 +1,644 @@
-"""(to be written)"""
+"""Convolutions: Conv, ConvTranspose, DeformConv.
+
+Conv picks one of two paths per input shape, planned once (at resize, or on
+the first run with a new shape) and reused:
+
+* pointwise (1x1 kernel, stride 1, no padding): one GEMM per image and group,
+  weights (Co x Ci) @ input (Ci x HW), written straight into the output;
+* im2col (everything else, depthwise included): the zero-padded input is
+  stored as its stride phases (for stride 1, just the padded input), each a
+  long flat row per channel, so every kernel tap is a contiguous slice and the
+  columns are built at memcpy speed, taps of one phase in one strided copy.
+  Work goes in tiles of whole groups x output rows sized to stay in cache, so
+  a depthwise conv is a few batched matrix-vector products and a big conv
+  never builds its full column matrix. Each tile's GEMM also computes the few
+  columns that wrap around an output row; one strided copy into the output
+  drops them. The columns carry a row of ones per group, so the bias rides in
+  the GEMM for free.
+
+Scratch memory (phases, columns, GEMM tile) is shared by every conv that runs
+on the same worker thread, so it costs the largest single need, not the sum.
+Weights are reshaped/permuted/cast once when they are constant. Bias and a
+fused activation (`_activation`) are applied in place. float16/bfloat16
+compute in float32 and round once at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ..kernel import Kernel, Unsupported, op
+from .elementwise import apply_activation
+
+_NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
+
+#: im2col works in tiles of about this many column elements (2 MiB of float32), to stay in cache.
+_TILE = 1 << 19
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a float kernel computes in: float32/64 as is, narrower floats in float32."""
+    dtype = np.dtype(dtype)
+    if dtype in _NATIVE:
+        return dtype
+    if dtype.kind in "fV" or dtype.name in ("bfloat16", "float16"):
+        return np.dtype(np.float32)
+    raise TypeError(f"unsupported dtype {dtype}")
+
+
+def out_buffer(planned: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The planned output buffer when it fits, else a fresh one."""
+    if planned is not None and planned.shape == tuple(shape) and planned.dtype == dtype:
+        return planned
+    return np.empty(shape, dtype=dtype)
+
+
+def _ints(v: Any, n: int, default: int, what: str) -> list[int]:
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        return [default] * n
+    v = [int(x) for x in v]
+    if len(v) != n:
+        raise Unsupported(f"{what} {v} does not fit {n} spatial dimensions")
+    return v
+
+
+def _const(t: Any) -> Any:
+    return None if t is None else t.const
+
+
+_LOCAL = threading.local()
+
+
+def shared_scratch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, int]:
+    """A scratch array of this shape, carved from a buffer that every kernel running on this thread shares.
+
+    Kernels of one session run one after another, so one buffer per name and thread serves them all
+    and memory stays at the largest single need instead of the sum. Returns (array, token): the token
+    changes when the buffer is replaced (it only grows), so views made on it can be rebuilt.
+    Contents do not survive another kernel's run on the same thread.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    bufs = _LOCAL.__dict__.setdefault("bufs", {})
+    b = bufs.get(name)
+    if b is None or b.nbytes < nbytes:
+        b = np.empty(max(nbytes, 64), np.uint8)
+        bufs[name] = b
+    return b[:nbytes].view(dtype).reshape(shape), id(b)
+
+
+def conv_geometry(spatial: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int],
+                  pads: list[int] | None, auto_pad: str) -> tuple[list[int], list[int]]:
+    """(pads, output spatial sizes) of a convolution, resolving auto_pad."""
+    n = len(spatial)
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0] * (2 * n)
+        for i in range(n):
+            out = -(-spatial[i] // strides[i])
+            total = max(0, (out - 1) * strides[i] + dils[i] * (kernel[i] - 1) + 1 - spatial[i])
+            small, big = total // 2, total - total // 2
+            pads[i], pads[i + n] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * n)
+    elif auto_pad in ("NOTSET", ""):
+        pads = list(pads) if pads else [0] * (2 * n)
+    else:
+        raise Unsupported(f"auto_pad {auto_pad!r}")
+    if len(pads) != 2 * n:
+        raise Unsupported(f"pads {pads} do not fit {n} spatial dimensions")
+    if any(p < 0 for p in pads):
+        raise Unsupported(f"negative pads {pads}")
+    outs = [(spatial[i] + pads[i] + pads[i + n] - dils[i] * (kernel[i] - 1) - 1) // strides[i] + 1 for i in range(n)]
+    return pads, outs
+
+
+def _tap_phases(kernel: list[int], strides: list[int], dils: list[int]):
+    """Group the kernel taps by stride phase.
+
+    Tap t reads padded input s*o + t*d along each axis, i.e. phase (t*d) % s of the input at offset
+    (t*d) // s. Returns (perm, phases): perm lists the original (raveled) tap indices in the grouped
+    order, and phases holds per phase (phase index per axis, first offset per axis, offset step per
+    axis, tap count per axis, position of its first tap in perm).
+    """
+    n = len(kernel)
+    per_axis = []
+    for a in range(n):
+        groups: dict[int, list[int]] = {}
+        for t in range(kernel[a]):
+            groups.setdefault((t * dils[a]) % strides[a], []).append(t)
+        per_axis.append(sorted(groups.items()))
+    perm: list[int] = []
+    phases = []
+    for combo in np.ndindex(*[len(v) for v in per_axis]):
+        sel = [per_axis[a][combo[a]] for a in range(n)]
+        ph = tuple(ph for ph, _ in sel)
+        taps = [ts for _, ts in sel]
+        q0 = tuple((ts[0] * dils[a]) // strides[a] for a, ts in enumerate(taps))
+        qstep = tuple(((ts[1] - ts[0]) * dils[a]) // strides[a] if len(ts) > 1 else 0 for a, ts in enumerate(taps))
+        counts = tuple(len(ts) for ts in taps)
+        phases.append((ph, q0, qstep, counts, len(perm)))
+        for idx in np.ndindex(*counts):
+            perm.append(int(np.ravel_multi_index(tuple(taps[a][idx[a]] for a in range(n)), kernel)))
+    return perm, phases
+
+
+@op("Conv", 1)
+class Conv(Kernel):
+    writes_outputs = True
+
+    def __init__(self, node, inputs, outputs, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                 pads=None, strides=None, _activation=None):
+        super().__init__(node, inputs, outputs)
+        self.auto_pad = auto_pad
+        self.dilations, self.group, self.kernel_shape = dilations, int(group), kernel_shape
+        self.pads, self.strides = pads, strides
+        self.activation = _activation
+        if self.group < 1:
+            raise Unsupported(f"group {group}")
+        self.w_const = _const(inputs[1]) if len(inputs) > 1 else None
+        self.b_const = _const(inputs[2]) if len(inputs) > 2 else None
+        self.has_bias = len(inputs) > 2 and inputs[2] is not None
+        self._packed: dict[str, Any] | None = None
+        if self.w_const is not None and (self.b_const is not None or not self.has_bias):
+            self._packed = self._pack(self.w_const, self.b_const)
+        self._plan: dict[str, Any] | None = None
+        self._plan_key: Any = None
+
+    # Weights -------------------------------------------------------------
+    def _pack(self, w: np.ndarray, b: np.ndarray | None) -> dict[str, Any]:
+        if w.ndim < 3:
+            raise Unsupported(f"weight of rank {w.ndim}")
+        g = self.group
+        co = w.shape[0]
+        if co % g:
+            raise Unsupported(f"{co} output channels do not split into {g} groups")
+        n = w.ndim - 2
+        kernel = list(w.shape[2:])
+        cdt = compute_dtype(w.dtype)
+        kk = math.prod(kernel)
+        kg = w.shape[1] * kk
+        wg = np.ascontiguousarray(w.reshape(g, co // g, kg), dtype=cdt)
+        bias = None if b is None else np.ascontiguousarray(b.reshape(-1), dtype=cdt)
+        if bias is not None and bias.shape[0] != co:
+            raise Unsupported(f"bias of {bias.shape[0]} values for {co} output channels")
+        # im2col weights: taps grouped by stride phase (the column order), plus the bias as an extra
+        # column that meets the columns' row of ones.
+        strides = _ints(self.strides, n, 1, "strides")
+        perm, phases = _tap_phases(kernel, strides, _ints(self.dilations, n, 1, "dilations"))
+        waug = np.empty((g, co // g, kg + 1), cdt)
+        waug[:, :, :kg] = wg.reshape(g, co // g, w.shape[1], kk)[..., perm].reshape(g, co // g, kg)
+        waug[:, :, kg] = 0 if bias is None else bias.reshape(g, co // g)
+        return {"w": wg, "waug": waug, "b": bias, "bcol": None if bias is None else bias.reshape(-1, 1),
+                "phases": phases}
+
+    # Planning -------------------------------------------------------------
+    def on_resize(self, inputs, outputs):
+        x, w = inputs[0], inputs[1]
+        if x is not None and x.shape is not None and w is not None and w.shape is not None and x.dtype is not None:
+            self._make_plan(tuple(x.shape), tuple(w.shape), np.dtype(x.dtype))
+
+    def _make_plan(self, xs: tuple[int, ...], ws: tuple[int, ...], dtype: np.dtype) -> dict[str, Any]:
+        n = len(xs) - 2
+        if n < 1 or len(ws) != n + 2:
+            raise ValueError(f"Conv input {xs} and weight {ws} do not match")
+        g = self.group
+        N, C = xs[0], xs[1]
+        co, cg = ws[0], ws[1]
+        if C != cg * g or co % g:
+            raise ValueError(f"Conv: input channels {C}, weight {ws}, group {g} do not match")
+        kernel = _ints(self.kernel_shape, n, 1, "kernel_shape") if self.kernel_shape else list(ws[2:])
+        if list(ws[2:]) != kernel:
+            raise ValueError(f"Conv: kernel_shape {kernel} does not match weight {ws}")
+        strides = _ints(self.strides, n, 1, "strides")
+        dils = _ints(self.dilations, n, 1, "dilations")
+        pads, outs = conv_geometry(xs[2:], kernel, strides, dils, self.pads, self.auto_pad)
+        if any(o <= 0 for o in outs):
+            raise ValueError(f"Conv: input {xs} is too small for kernel {kernel}")
+        cdt = compute_dtype(dtype)
+        pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
+        plan = dict(n=n, N=N, C=C, co=co, cog=co // g, cg=cg, kernel=kernel, strides=strides, dils=dils,
+                    pads=pads, outs=outs, L=math.prod(outs), cdt=cdt, out_shape=(N, co) + tuple(outs),
+                    spatial=tuple(xs[2:]), path="pointwise" if pointwise else "im2col")
+        if not pointwise:
+            self._plan_tiles(plan)
+        self._plan, self._plan_key = plan, (xs, ws, dtype)
+        return plan
+
+    def _plan_tiles(self, p: dict[str, Any]) -> None:
+        """Plan im2col over the input split into stride phases, in cache-sized tiles.
+
+        The padded input is stored as its s1*...*sn stride phases (for stride 1: just the padded input),
+        each phase image seen as one long row per channel ("flat"). Every kernel tap of one phase is then
+        a contiguous slice of that row, so building the columns runs at memcpy speed, taps grouped by
+        phase in one strided copy per phase. The GEMM also computes the few columns that wrap around each
+        output row; a strided copy into the output drops them. Tiles are whole groups x output rows.
+        """
+        g, n, kernel, outs, strides = self.group, p["n"], p["kernel"], p["outs"], p["strides"]
+        cg, pads, spatial = p["cg"], p["pads"], p["spatial"]
+        kk = math.prod(kernel)
+        kg = cg * kk
+        padded = [spatial[a] + pads[a] + pads[a + n] for a in range(n)]
+        Q = [-(-padded[a] // strides[a]) for a in range(n)]  # a phase image's size
+        pitch = [math.prod(Q[a + 1:]) for a in range(n)]
+        row = pitch[0]  # flat columns per output row
+        tail = sum((outs[a] - 1) * pitch[a] for a in range(1, n)) + 1  # columns the last output row needs
+        rows = outs[0]
+        per_row = (kg + 1) * row
+        if g * per_row * rows <= _TILE:
+            gb, rb = g, rows
+        elif per_row * rows <= _TILE:
+            gb, rb = max(1, _TILE // (per_row * rows)), rows
+        else:
+            gb, rb = 1, max(1, min(rows, _TILE // per_row))
+        width = rb * row
+        descs = []
+        for g0 in range(0, g, gb):
+            g1 = min(g, g0 + gb)
+            for y0 in range(0, rows, rb):
+                y1 = min(rows, y0 + rb)
+                descs.append((g0, g1, y0, y1, (y1 - y0 - 1) * row + tail))
+        # Which stride phases the taps read, and how each is filled from the input and zeroed around it.
+        _, phases = _tap_phases(kernel, strides, p["dils"])
+        used = sorted({ph for ph, *_ in phases})
+        slot = {ph: i for i, ph in enumerate(used)}
+        fills, zeros = [], []
+        for ph in used:
+            dst, src, empty = [slot[ph]], [], False
+            for a in range(n):
+                s_, pb = strides[a], pads[a]
+                y0 = max(0, -(-(pb - ph[a]) // s_))  # first phase position inside the input
+                r0 = s_ * y0 + ph[a] - pb
+                cnt = max(0, -(-(spatial[a] - r0) // s_)) if r0 < spatial[a] else 0
+                cnt = min(cnt, Q[a] - y0)
+                if cnt <= 0:
+                    empty = True
+                    break
+                dst.append(slice(y0, y0 + cnt))
+                src.append(slice(r0, r0 + s_ * (cnt - 1) + 1, s_))
+                pre = (slice(None), slot[ph]) + (slice(None),) * a
+                if y0:
+                    zeros.append(pre + (slice(0, y0),))
+                if y0 + cnt < Q[a]:
+                    zeros.append(pre + (slice(y0 + cnt, Q[a]),))
+            if empty:
+                zeros.append((slice(None), slot[ph]))
+            else:
+                fills.append(((slice(None),) + tuple(dst), (slice(None),) + tuple(src)))
+        p.update(kg=kg, gb=gb, width=width, row=row, tail=tail, descs=descs, bound=None, Q=Q, pitch=pitch,
+                 slot=slot, fills=fills, zeros=zeros, phase_shape=(p["C"], len(used)) + tuple(Q),
+                 cols_shape=(gb, kg + 1, width), acc_shape=(gb, p["cog"], width))
+
+    def _bind(self, p: dict[str, Any], phases) -> tuple[np.ndarray, np.ndarray, list]:
+        """This thread's phase and column scratch, and every tile's views over them."""
+        cdt = p["cdt"]
+        xph, t1 = shared_scratch("conv.phases", p["phase_shape"], cdt)
+        cols, t2 = shared_scratch("conv.cols", p["cols_shape"], cdt)
+        acc_buf, t3 = shared_scratch("conv.acc", p["acc_shape"], cdt)
+        token = (t1, t2, t3)
+        if p["bound"] is not None and p["bound"][0] == token:
+            return xph, cols, p["bound"][1]
+        g, n, outs, cg = self.group, p["n"], p["outs"], p["cg"]
+        kk = math.prod(p["kernel"])
+        kg, width, row, pitch, Q = p["kg"], p["width"], p["row"], p["pitch"], p["Q"]
+        it = cols.itemsize
+        m_all = (outs[0] - 1) * row + p["tail"]
+        qsize = math.prod(Q)
+        # Per phase group: source (C, taps..., m_all) over the phase image, and its first column row.
+        srcs = []
+        for ph, q0, qstep, counts, first in phases:
+            base = p["slot"][ph] * qsize + sum(q0[a] * pitch[a] for a in range(n))
+            flat_ph = xph.reshape(p["C"], -1)[:, base:]
+            src = as_strided(flat_ph, shape=(p["C"],) + counts + (m_all,),
+                             strides=(xph.strides[0],) + tuple(qstep[a] * pitch[a] * it for a in range(n)) + (it,),
+                             writeable=False)
+            cstr, acc = [], width * it
+            for c_ in reversed(counts):
+                cstr.append(acc)
+                acc *= c_
+            cstr.reverse()
+            srcs.append((src.reshape((g, cg) + src.shape[1:]), first, counts, tuple(cstr)))
+        tiles = []
+        for g0, g1, y0, y1, m in p["descs"]:
+            gn = g1 - g0
+            gsl = slice(g0, g1)
+            copies = []
+            for src, first, counts, cstr in srcs:
+                dst = as_strided(cols[:, first:], shape=(gn, cg) + counts + (m,),
+                                 strides=((kg + 1) * width * it, kk * width * it) + cstr + (it,))
+                copies.append((dst, src[(gsl, Ellipsis, slice(y0 * row, y0 * row + m))]))
+            tcols = cols[:gn, :, :m]
+            a = acc_buf[:gn, :, :m]
+            full = acc_buf[:gn, :, : (y1 - y0) * row].reshape((gn, p["cog"], y1 - y0) + tuple(Q[1:]))
+            extract = full[(Ellipsis,) + tuple(slice(0, o) for o in outs[1:])]
+            tiles.append((copies, gsl, tcols[0] if g == 1 else tcols, a[0] if g == 1 else a, extract,
+                          (gsl, slice(None), slice(y0, y1))))
+        p["bound"] = (token, tiles)
+        return xph, cols, tiles
+
+    # Running --------------------------------------------------------------
+    def run(self, x, w, b=None):
+        packed = self._packed
+        if packed is None:
+            packed = self._pack(w, b)
+        p = self._plan
+        key = self._plan_key
+        if key is None or key[0] != x.shape or key[2] != x.dtype or key[1] != w.shape:
+            p = self._make_plan(x.shape, w.shape, x.dtype)
+        cdt = p["cdt"]
+        native = x.dtype == cdt
+        xc = x if native else x.astype(cdt)
+        y = out_buffer(self.out[0], p["out_shape"], cdt) if native else np.empty(p["out_shape"], cdt)
+        if p["path"] == "pointwise":
+            self._pointwise(xc, y, p, packed)
+        else:
+            self._im2col(xc, y, p, packed)
+        if self.activation is not None:
+            apply_activation(y, self.activation)
+        if not native:
+            out = out_buffer(self.out[0], p["out_shape"], x.dtype)
+            out[...] = y
+            return out
+        return y
+
+    def _pointwise(self, x, y, p, packed):
+        g, N, L = self.group, p["N"], p["L"]
+        if g == 1:
+            w2 = packed["w"][0]
+            for i in range(N):
+                yi = y[i].reshape(p["co"], L)
+                np.matmul(w2, x[i].reshape(p["C"], L), out=yi)
+                if packed["b"] is not None:
+                    yi += packed["bcol"]
+            return
+        np.matmul(packed["w"], x.reshape(N, g, p["cg"], L), out=y.reshape(N, g, p["cog"], L))
+        if packed["b"] is not None:
+            y += packed["b"].reshape((-1,) + (1,) * p["n"])
+
+    def _im2col(self, x, y, p, packed):
+        g = self.group
+        waug = packed["waug"]
+        w0 = waug[0]
+        xph, cols, tiles = self._bind(p, packed["phases"])
+        cols[:, p["kg"], :] = 1  # the row of ones that carries the bias
+        for sl in p["zeros"]:
+            xph[sl] = 0
+        outs = tuple(p["outs"])
+        for i in range(p["N"]):
+            xi = x[i]
+            for dst, src in p["fills"]:
+                xph[dst] = xi[src]
+            yv = y[i].reshape((g, p["cog"]) + outs)
+            for copies, gsl, c, acc, extract, out_sel in tiles:
+                for dst, src in copies:
+                    np.copyto(dst, src)
+                np.matmul(w0 if g == 1 else waug[gsl], c, out=acc)
+                np.copyto(yv[out_sel], extract)
+
+
+@op("ConvTranspose", 1)
+class ConvTranspose(Kernel):
+    writes_outputs = True
+
+    def __init__(self, node, inputs, outputs, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                 output_padding=None, output_shape=None, pads=None, strides=None, _activation=None):
+        super().__init__(node, inputs, outputs)
+        self.auto_pad = auto_pad
+        if auto_pad not in ("NOTSET", "", "SAME_UPPER", "SAME_LOWER", "VALID"):
+            raise Unsupported(f"auto_pad {auto_pad!r}")
+        self.dilations, self.group, self.kernel_shape = dilations, int(group), kernel_shape
+        self.output_padding, self.output_shape, self.pads, self.strides = output_padding, output_shape, pads, strides
+        self.activation = _activation
+        self.w_const = _const(inputs[1]) if len(inputs) > 1 else None
+        self.b_const = _const(inputs[2]) if len(inputs) > 2 else None
+        self.has_bias = len(inputs) > 2 and inputs[2] is not None
+        self._packed = None
+        if self.w_const is not None and (self.b_const is not None or not self.has_bias):
+            self._packed = self._pack(self.w_const, self.b_const)
+        self._plan = None
+        self._plan_key = None
+
+    def _pack(self, w, b):
+        g = self.group
+        ci = w.shape[0]
+        if w.ndim < 3 or ci % g:
+            raise Unsupported(f"weight {w.shape} with group {g}")
+        cdt = compute_dtype(w.dtype)
+        cog = w.shape[1]
+        kk = math.prod(w.shape[2:])
+        # (g, Cog*kk, Cig): cols = wt @ x_group.
+        wt = np.ascontiguousarray(w.reshape(g, ci // g, cog * kk).transpose(0, 2, 1), dtype=cdt)
+        bias = None if b is None else np.ascontiguousarray(b.reshape(-1), dtype=cdt)
+        if bias is not None and bias.shape[0] != cog * g:
+            raise Unsupported(f"bias of {bias.shape[0]} values for {cog * g} output channels")
+        return {"wt": wt, "b": bias}
+
+    def on_resize(self, inputs, outputs):
+        x, w = inputs[0], inputs[1]
+        if x is not None and x.shape is not None and w is not None and w.shape is not None and x.dtype is not None:
+            self._make_plan(tuple(x.shape), tuple(w.shape), np.dtype(x.dtype))
+
+    def _make_plan(self, xs, ws, dtype):
+        key = (xs, ws, dtype)
+        if self._plan_key == key:
+            return self._plan
+        n = len(xs) - 2
+        g = self.group
+        N, ci = xs[0], xs[1]
+        if n < 1 or len(ws) != n + 2 or ws[0] != ci or ci % g:
+            raise ValueError(f"ConvTranspose input {xs}, weight {ws}, group {g} do not match")
+        cog = ws[1]
+        co = cog * g
+        kernel = list(ws[2:])
+        if self.kernel_shape and list(self.kernel_shape) != kernel:
+            raise ValueError(f"ConvTranspose: kernel_shape {self.kernel_shape} does not match weight {ws}")
+        strides = _ints(self.strides, n, 1, "strides")
+        dils = _ints(self.dilations, n, 1, "dilations")
+        opad = _ints(self.output_padding, n, 0, "output_padding")
+        ins = xs[2:]
+        full = [strides[i] * (ins[i] - 1) + dils[i] * (kernel[i] - 1) + 1 for i in range(n)]
+        if self.output_shape:
+            outs = [int(v) for v in list(self.output_shape)[-n:]]
+        elif self.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            outs = [ins[i] * strides[i] for i in range(n)]
+        else:
+            outs = None
+        if outs is not None:
+            heads = []
+            for i in range(n):
+                # A requested output larger than the full result is zero-extended at the end (as ORT does).
+                total = max(0, full[i] + opad[i] - outs[i])
+                half = int(total / 2)  # as C: toward zero
+                heads.append(half if self.auto_pad == "SAME_UPPER" else total - half)
+        else:
+            pads = [0] * (2 * n) if self.auto_pad == "VALID" else _ints(self.pads, 2 * n, 0, "pads")
+            heads = pads[:n]
+            outs = [full[i] + opad[i] - pads[i] - pads[i + n] for i in range(n)]
+        if any(o <= 0 for o in outs):
+            raise ValueError(f"ConvTranspose: output size {outs} is not positive")
+        cdt = compute_dtype(dtype)
+        L = math.prod(ins)
+        # Whether output index o maps onto full index o + head for every o: then no crop buffer is needed.
+        exact = all(heads[i] == 0 and outs[i] == full[i] for i in range(n))
+        tiles = all(strides[i] == kernel[i] and dils[i] == 1 for i in range(n))
+        plan = dict(n=n, N=N, ci=ci, co=co, cog=cog, kernel=kernel, strides=strides, dils=dils, ins=ins, full=full,
+                    outs=outs, heads=heads, cdt=cdt, exact=exact, tiles=tiles, L=L,
+                    out_shape=(N, co) + tuple(outs))
+        # The part of the output covered by the full result, and where it comes from.
+        dst, src = [], []
+        for i in range(n):
+            lo = max(0, -heads[i])
+            hi = min(outs[i], full[i] - heads[i])
+            if hi <= lo:
+                lo = hi = 0
+            dst.append(slice(lo, hi))
+            src.append(slice(lo + heads[i], hi + heads[i]))
+        plan["dst"], plan["src"] = tuple(dst), tuple(src)
+        plan["covered"] = all(d.start == 0 and d.stop == outs[i] for i, d in enumerate(dst))
+        self._plan, self._plan_key = plan, key
+        return plan
+
+    def run(self, x, w, b=None):
+        packed = self._packed if self._packed is not None else self._pack(w, b)
+        p = self._make_plan(x.shape, w.shape, x.dtype)
+        cdt = p["cdt"]
+        native = x.dtype == cdt
+        xc = x if native else x.astype(cdt)
+        y = out_buffer(self.out[0], p["out_shape"], cdt) if native else np.empty(p["out_shape"], cdt)
+        g, n, N = self.group, p["n"], p["N"]
+        kernel, strides, dils, ins, full = p["kernel"], p["strides"], p["dils"], p["ins"], p["full"]
+        co, L = p["co"], p["L"]
+        kk = math.prod(kernel)
+        cols, _ = shared_scratch("convt.cols", (g, co // g * kk, L), cdt)
+        colv = cols.reshape((co,) + tuple(kernel) + tuple(ins))
+        for i in range(N):
+            np.matmul(packed["wt"], xc[i].reshape(g, p["ci"] // g, L), out=cols)
+            if p["tiles"]:
+                # Stride == kernel: every output element comes from exactly one tap.
+                target = y[i] if p["exact"] else shared_scratch("convt.full", (co,) + tuple(full), cdt)[0]
+                tv = target.reshape((co,) + tuple(v for a in range(n) for v in (ins[a], kernel[a])))
+                # One copy per tap, so numpy's inner loop runs along an input row, not along a tap.
+                for tap in np.ndindex(*kernel):
+                    sel = (slice(None),) + tuple(v for a in range(n) for v in (slice(None), tap[a]))
+                    np.copyto(tv[sel], colv[(slice(None),) + tap])
+            else:
+                target = y[i] if p["exact"] else shared_scratch("convt.full", (co,) + tuple(full), cdt)[0]
+                target[...] = 0
+                for tap in np.ndindex(*kernel):
+                    sl = (slice(None),) + tuple(
+                        slice(tap[a] * dils[a], tap[a] * dils[a] + strides[a] * (ins[a] - 1) + 1, strides[a])
+                        for a in range(n))
+                    target[sl] += colv[(slice(None),) + tap]
+            if not p["exact"]:
+                yi = y[i]
+                if not p["covered"]:
+                    yi[...] = 0
+                yi[(slice(None),) + p["dst"]] = target[(slice(None),) + p["src"]]
+        if packed["b"] is not None:
+            y += packed["b"].reshape((-1,) + (1,) * n)
+        if self.activation is not None:
+            apply_activation(y, self.activation)
+        if not native:
+            out = out_buffer(self.out[0], p["out_shape"], x.dtype)
+            out[...] = y
+            return out
+        return y
+
+
+@op("DeformConv", 19)
+class DeformConv(Kernel):
+    """Deformable convolution (2-D and any N-D): bilinear sampling into columns, then one GEMM per group."""
+
+    def __init__(self, node, inputs, outputs, dilations=None, group=1, kernel_shape=None, offset_group=1,
+                 pads=None, strides=None):
+        super().__init__(node, inputs, outputs)
+        self.dilations, self.group, self.kernel_shape = dilations, int(group), kernel_shape
+        self.offset_group, self.pads, self.strides = int(offset_group), pads, strides
+
+    def run(self, x, w, offset, b=None, mask=None):
+        cdt = compute_dtype(x.dtype)
+        n = x.ndim - 2
+        N, C = x.shape[:2]
+        spatial = x.shape[2:]
+        co, cg = w.shape[0], w.shape[1]
+        g, og = self.group, self.offset_group
+        kernel = list(self.kernel_shape) if self.kernel_shape else list(w.shape[2:])
+        strides = _ints(self.strides, n, 1, "strides")
+        dils = _ints(self.dilations, n, 1, "dilations")
+        pads, outs = conv_geometry(spatial, kernel, strides, dils, self.pads, "NOTSET")
+        if C != cg * g or co % g or C % og:
+            raise ValueError(f"DeformConv: input {x.shape}, weight {w.shape}, group {g}, offset_group {og}")
+        kk = math.prod(kernel)
+        L = math.prod(outs)
+        xc = x.astype(cdt, copy=False)
+        off = offset.astype(np.float64).reshape(N, og, kk, n, L)
+        msk = None if mask is None else mask.astype(cdt).reshape(N, og, kk, L)
+        # Base sampling position of each tap at each output location, per axis: (kk, L).
+        taps = np.array(list(np.ndindex(*kernel)), dtype=np.float64).reshape(kk, n)
+        grids = np.meshgrid(*[np.arange(o, dtype=np.float64) for o in outs], indexing="ij")
+        base = np.stack([grids[a].reshape(-1) * strides[a] - pads[a] for a in range(n)])  # (n, L)
+        cpg = C // og
+        wg = w.astype(cdt).reshape(g, co // g, cg * kk)
+        y = np.empty((N, co, L), cdt)
+        for i in range(N):
+            cols = np.zeros((C, kk, L), cdt)
+            for o in range(og):
+                pos = base[None, :, :] + (taps * np.array(dils, dtype=np.float64))[:, :, None] + off[i, o]
+                # pos: (kk, n, L) in input coordinates; bilinear (N-linear) interpolation, zero outside.
+                lo = np.floor(pos)
+                frac = pos - lo
+                lo = lo.astype(np.int64)
+                xs = xc[i, o * cpg:(o + 1) * cpg].reshape(cpg, -1)
+                acc = np.zeros((cpg, kk, L), cdt)
+                for corner in np.ndindex(*([2] * n)):
+                    idx = np.zeros((kk, L), np.int64)
+                    wt = np.ones((kk, L), np.float64)
+                    valid = np.ones((kk, L), bool)
+                    for a in range(n):
+                        ia = lo[:, a] + corner[a]
+                        wt *= frac[:, a] if corner[a] else 1 - frac[:, a]
+                        valid &= (ia >= 0) & (ia < spatial[a])
+                        idx = idx * spatial[a] + np.clip(ia, 0, spatial[a] - 1)
+                    wt = np.where(valid, wt, 0).astype(cdt)
+                    acc += xs[:, idx] * wt
+                if msk is not None:
+                    acc *= msk[i, o][None]
+                cols[o * cpg:(o + 1) * cpg] = acc
+            yv = np.matmul(wg, cols.reshape(g, cg * kk, L))
+            y[i] = yv.reshape(co, L)
+        if b is not None:
+            y += b.astype(cdt).reshape(-1, 1)
+        return y.reshape((N, co) + tuple(outs)).astype(x.dtype, copy=False)
+
+
+@op("CausalConvWithState", 27)
+def causal_conv_with_state(x, w, b=None, past_state=None, activation="none"):
+    """Causal depthwise 1-D conv over [past_state, x]; returns (output, the last k-1 positions)."""
+    if activation not in ("none", "silu", "swish"):
+        raise ValueError(f"CausalConvWithState activation {activation!r}: expected none, silu or swish")
+    if x.ndim != 3 or w.ndim != 3 or w.shape[1] != 1 or w.shape[0] != x.shape[1]:
+        raise ValueError(f"CausalConvWithState: input {x.shape} and weight {w.shape} (channels, 1, k) do not match")
+    B, C, L = x.shape
+    k = w.shape[2]
+    cdt = compute_dtype(x.dtype)
+    if past_state is None:
+        past_state = np.zeros((B, C, k - 1), x.dtype)
+    if past_state.shape != (B, C, k - 1):
+        raise ValueError(f"CausalConvWithState: past_state {past_state.shape}, expected {(B, C, k - 1)}")
+    padded = np.concatenate([past_state, x], axis=2)
+    pc = padded.astype(cdt, copy=False)
+    wc = w.astype(cdt).reshape(C, k)
+    y = pc[:, :, 0:L] * wc[:, 0, None]
+    for j in range(1, k):
+        y += pc[:, :, j:j + L] * wc[:, j, None]
+    if b is not None:
+        y += b.astype(cdt).reshape(C, 1)
+    if activation != "none":
+        y = y.astype(x.dtype).astype(np.float32) if x.dtype != cdt else y
+        with np.errstate(over="ignore"):
+            y = y / (1 + np.exp(-y))
+    return y.astype(x.dtype, copy=False), padded[:, :, padded.shape[2] - (k - 1):]

@@ -1,1 +1,158 @@
-"""(to be written)"""
+"""MatMul and Gemm, written into the planned output where it fits.
+
+float16/bfloat16 multiply in float32 (numpy has no BLAS for them) and round
+once. A constant Gemm operand is transposed/scaled once at creation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernel import Kernel, op
+from .conv import out_buffer
+from .elementwise import apply_activation
+
+_BLAS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64), np.dtype(np.complex128))
+
+
+def _wide(dtype: np.dtype) -> np.dtype | None:
+    """The dtype to multiply in, or None to use the input dtype."""
+    dtype = np.dtype(dtype)
+    if dtype in _BLAS or dtype.kind in "iub":
+        return None
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        return np.dtype(np.float32)
+    return None
+
+
+def matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    if not a or not b:
+        raise ValueError("MatMul needs inputs of rank 1 or more")
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise ValueError(f"MatMul shapes {a} and {b} do not match")
+    out = tuple(np.broadcast_shapes(a2[:-2], b2[:-2])) + (a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+@op("MatMul", 1)
+class MatMul(Kernel):
+    writes_outputs = True
+
+    def __init__(self, node, inputs, outputs):
+        super().__init__(node, inputs, outputs)
+        b = inputs[1].const if len(inputs) > 1 and inputs[1] is not None else None
+        self.b_wide = None
+        if b is not None and _wide(b.dtype) is not None:
+            self.b_wide = np.ascontiguousarray(b, dtype=_wide(b.dtype))
+
+    def run(self, a, b):
+        dtype = a.dtype
+        if a.dtype != b.dtype:
+            raise TypeError(f"MatMul inputs have different dtypes {a.dtype} and {b.dtype}")
+        shape = matmul_shape(a.shape, b.shape)
+        wide = _wide(dtype)
+        if wide is not None:
+            aw = a.astype(wide)
+            bw = self.b_wide if self.b_wide is not None and self.b_wide.shape == b.shape else b.astype(wide)
+            out = out_buffer(self.out[0], shape, dtype)
+            out[...] = _matmul(aw, bw, None)
+            return out
+        out = out_buffer(self.out[0], shape, dtype)
+        return _matmul(a, b, out)
+
+
+def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if a.ndim >= 3 and b.ndim == 2 and a.flags.c_contiguous:
+        # (..., M, K) @ (K, N): one GEMM over all rows.
+        rows = a.reshape(-1, a.shape[-1])
+        if out is None:
+            return np.matmul(rows, b).reshape(a.shape[:-1] + (b.shape[1],))
+        np.matmul(rows, b, out=out.reshape(-1, b.shape[1]))
+        return out
+    if out is None:
+        return np.matmul(a, b)
+    if a.ndim == 1 and b.ndim == 1:
+        out[...] = np.dot(a, b)
+        return out
+    np.matmul(a, b, out=out)
+    return out
+
+
+@op("Gemm", 1)
+class Gemm(Kernel):
+    """Y = alpha * A' @ B' + beta * C. Gemm 1-6 carry a `broadcast` attribute: numpy broadcasting covers both
+    of its settings. C is optional from opset 11."""
+
+    writes_outputs = True
+
+    def __init__(self, node, inputs, outputs, alpha=1.0, beta=1.0, transA=0, transB=0, broadcast=0,
+                 _activation=None):
+        super().__init__(node, inputs, outputs)
+        self.alpha, self.beta = float(alpha), float(beta)
+        self.transA, self.transB = int(transA), int(transB)
+        self.activation = _activation
+        b = inputs[1].const if len(inputs) > 1 and inputs[1] is not None else None
+        c = inputs[2].const if len(inputs) > 2 and inputs[2] is not None else None
+        self.b_packed = self._pack_b(b, copy=True) if b is not None and b.ndim == 2 else None
+        self.c_packed = self._pack_c(c) if c is not None else None
+
+    def _pack_b(self, b: np.ndarray, copy: bool = False) -> np.ndarray:
+        """B' in the compute dtype, with alpha folded in for float types."""
+        bt = b.T if self.transB else b
+        if b.dtype.kind in "iub":
+            return np.ascontiguousarray(bt) if copy else bt
+        cdt = _wide(b.dtype) or b.dtype
+        if self.alpha != 1:
+            return np.ascontiguousarray(bt.astype(cdt) * cdt.type(self.alpha))
+        if copy or cdt != b.dtype:
+            return np.ascontiguousarray(bt, dtype=cdt)
+        return bt
+
+    def _pack_c(self, c: np.ndarray) -> np.ndarray | None:
+        """beta * C in the compute dtype; None when beta is 0."""
+        if self.beta == 0:
+            return None
+        if c.dtype.kind in "iub":
+            return c if self.beta == 1 else (c * self.beta).astype(c.dtype)
+        cdt = _wide(c.dtype) or c.dtype
+        if self.beta == 1 and cdt == c.dtype:
+            return c
+        return np.asarray(c.astype(cdt) * cdt.type(self.beta))
+
+    def run(self, a, b, c=None):
+        if a.ndim != 2 or b.ndim != 2:
+            raise ValueError(f"Gemm needs 2-D inputs, got {a.shape} and {b.shape}")
+        dtype = a.dtype
+        wide = _wide(dtype)
+        at = a.T if self.transA else a
+        if wide is not None:
+            at = at.astype(wide)
+        bt = self.b_packed if self.b_packed is not None else self._pack_b(b)
+        m, k = at.shape
+        if bt.shape[0] != k:
+            raise ValueError(f"Gemm shapes {a.shape} and {b.shape} do not match (transA={self.transA}, "
+                             f"transB={self.transB})")
+        shape = (m, bt.shape[1])
+        if wide is None:
+            y = out_buffer(self.out[0], shape, dtype)
+            np.matmul(at, bt, out=y)
+        else:
+            y = np.matmul(at, bt)
+        if self.alpha != 1 and dtype.kind in "iub":
+            y[...] = (y * self.alpha).astype(y.dtype)
+        if c is not None and self.beta != 0:
+            cc = self.c_packed if self.c_packed is not None else self._pack_c(c)
+            np.add(y, cc, out=y, casting="unsafe")
+        if self.activation is not None:
+            apply_activation(y, self.activation)
+        if wide is not None:
+            out = out_buffer(self.out[0], shape, dtype)
+            out[...] = y
+            return out
+        return y

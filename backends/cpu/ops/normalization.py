@@ -1,1 +1,367 @@
-"""(to be written)"""
+"""Softmax family and normalizations.
+
+Softmax, LogSoftmax and Hardmax before opset 13 treat the input as 2-D,
+flattened at `axis` (default 1); from 13 they work along the one `axis`
+(default -1). Statistics are computed in float32 for float16/bfloat16 input
+(the ONNX stash type) and in float64 for float64 input.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..kernel import Kernel, Unsupported, op
+from .conv import out_buffer
+
+
+def _cdt(dtype: np.dtype) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype == np.float64:
+        return dtype
+    if dtype == np.float32:
+        return dtype
+    if dtype.kind in "fV" or dtype.name == "bfloat16":
+        return np.dtype(np.float32)
+    raise TypeError(f"unsupported dtype {dtype}")
+
+
+def _axis(axis: int, rank: int, what: str = "axis") -> int:
+    if not -max(rank, 1) <= axis < max(rank, 1):
+        raise ValueError(f"{what} {axis} is out of range for rank {rank}")
+    return axis % max(rank, 1)
+
+
+# Softmax family ------------------------------------------------------------------
+
+
+class _SoftmaxBase(Kernel):
+    writes_outputs = True
+    kind = "softmax"
+
+    def __init__(self, node, inputs, outputs, axis=None):
+        super().__init__(node, inputs, outputs)
+        self.legacy = node.opset < 13
+        self.axis = (1 if self.legacy else -1) if axis is None else int(axis)
+
+    def run(self, x):
+        if x.ndim == 0:
+            raise ValueError(f"{self.node.op_type} needs an input of rank 1 or more")
+        ax = _axis(self.axis, x.ndim)
+        if self.legacy:
+            lead = math.prod(x.shape[:ax])
+            xv = x.reshape(lead, -1)
+            red = 1
+        else:
+            xv = x
+            red = ax
+        if self.kind == "hardmax":
+            y = np.zeros(xv.shape, x.dtype)
+            if xv.shape[red]:
+                idx = np.expand_dims(np.argmax(xv, axis=red), red)
+                np.put_along_axis(y, idx, 1, axis=red)
+            return y.reshape(x.shape)
+        # float16/bfloat16 compute in their own dtype (with numpy's float accumulation in the sums),
+        # as the ONNX reference does; float32 and float64 natively.
+        cdt = x.dtype if x.dtype.kind == "f" or x.dtype.name == "bfloat16" else _cdt(x.dtype)
+        native = cdt == x.dtype
+        out = out_buffer(self.out[0], x.shape, x.dtype)
+        y = out.reshape(xv.shape) if native else np.empty(xv.shape, cdt)
+        xc = xv if native else xv.astype(cdt)
+        m = np.max(xc, axis=red, keepdims=True)
+        np.subtract(xc, m, out=y)
+        if self.kind == "softmax":
+            np.exp(y, out=y)
+            s = np.sum(y, axis=red, keepdims=True)
+            y /= s
+        else:
+            e = np.exp(y)
+            s = np.log(np.sum(e, axis=red, keepdims=True))
+            y -= s
+        if not native:
+            out[...] = y.reshape(x.shape)
+        return out
+
+
+def _softmax_op(name: str, kind: str) -> None:
+    cls = type(name, (_SoftmaxBase,), {"kind": kind})
+    op(name, 1)(cls)
+    op(name, 13)(type(name + "13", (cls,), {}))
+
+
+_softmax_op("Softmax", "softmax")
+_softmax_op("LogSoftmax", "logsoftmax")
+_softmax_op("Hardmax", "hardmax")
+
+
+# BatchNormalization ----------------------------------------------------------------
+
+
+def _per_channel(p: np.ndarray, x_shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A BatchNormalization parameter shaped to broadcast over x: (C,) per channel, or the non-spatial
+    (C, D1, ...) per activation of the old spatial=0 mode."""
+    p = np.asarray(p, dtype=dtype)
+    rank = len(x_shape)
+    C = x_shape[1] if rank > 1 else 1
+    if p.size == C and (p.ndim <= 1 or p.shape[0] == C):
+        return p.reshape((C,) + (1,) * max(0, rank - 2))
+    if p.shape == tuple(x_shape[1:]) or p.size == math.prod(x_shape[1:]):
+        return p.reshape(x_shape[1:])
+    raise ValueError(f"BatchNormalization parameter of shape {p.shape} does not fit input {x_shape}")
+
+
+@op("BatchNormalization", 1)
+class BatchNormalization(Kernel):
+    """Inference mode, and training mode (opset 14/15 training_mode=1, or before 14 when the statistics
+    outputs are asked for, as ONNX Runtime does; the old saved_var output is the inverse std deviation)."""
+
+    writes_outputs = True
+
+    def __init__(self, node, inputs, outputs, epsilon=1e-5, momentum=0.9, training_mode=0, spatial=1, is_test=0,
+                 consumed_inputs=None):
+        super().__init__(node, inputs, outputs)
+        self.eps, self.momentum = float(epsilon), float(momentum)
+        n_out = sum(1 for t in outputs if t.name)
+        if node.opset >= 14:
+            self.training = bool(training_mode)
+        else:
+            self.training = n_out > 1 and not (node.opset < 7 and is_test)
+        self.spatial = int(spatial)
+        if self.training and not self.spatial:
+            raise Unsupported("training mode with spatial=0")
+        self.n_out = len(outputs)
+        consts = [t.const if t is not None else None for t in inputs[1:5]]
+        self.folded = None
+        if not self.training and all(c is not None for c in consts):
+            self.folded = self._fold(*consts)
+
+    def _fold(self, scale, b, mean, var):
+        """(a, c) with y = x * a + c, in float64 then the compute dtype."""
+        scale, b, mean, var = (np.asarray(v, np.float64) for v in (scale, b, mean, var))
+        a = scale / np.sqrt(var + self.eps)
+        return a, b - mean * a
+
+    def run(self, x, scale, b, mean, var):
+        cdt = _cdt(x.dtype)
+        if self.training:
+            return self._train(x, scale, b, mean, var, cdt)
+        a, c = self.folded if self.folded is not None else self._fold(scale, b, mean, var)
+        a = _per_channel(a, x.shape, cdt)
+        c = _per_channel(c, x.shape, cdt)
+        out = out_buffer(self.out[0], x.shape, x.dtype)
+        if cdt == x.dtype:
+            np.multiply(x, a, out=out)
+            out += c
+        else:
+            out[...] = x.astype(cdt) * a + c
+        return out
+
+    def _train(self, x, scale, b, mean, var, cdt):
+        axes = (0,) + tuple(range(2, x.ndim))
+        xc = x.astype(cdt)
+        bm = xc.mean(axis=axes)
+        bv = ((xc - _per_channel(bm, x.shape, cdt)) ** 2).mean(axis=axes)
+        inv = 1 / np.sqrt(bv + cdt.type(self.eps))
+        y = (xc - _per_channel(bm, x.shape, cdt)) * _per_channel(inv * scale.astype(cdt), x.shape, cdt) \
+            + _per_channel(b, x.shape, cdt)
+        mom = cdt.type(self.momentum)
+        run_mean = (mean.astype(cdt) * mom + bm * (1 - mom)).astype(mean.dtype)
+        run_var = (var.astype(cdt) * mom + bv * (1 - mom)).astype(var.dtype)
+        outs = [y.astype(x.dtype), run_mean, run_var]
+        if self.node.opset < 14:
+            outs += [bm.astype(mean.dtype), inv.astype(var.dtype)]
+        return tuple(outs[: self.n_out])
+
+
+# Layer-like normalizations ----------------------------------------------------------
+
+
+@op("LayerNormalization", 17)
+class LayerNormalization(Kernel):
+    writes_outputs = True
+
+    def __init__(self, node, inputs, outputs, axis=-1, epsilon=1e-5, stash_type=1):
+        super().__init__(node, inputs, outputs)
+        self.axis, self.eps = int(axis), float(epsilon)
+        if int(stash_type) not in (1, 11):
+            raise Unsupported(f"stash_type {stash_type}")
+        # Mean and InvStdDev have the stash type: float32 for stash_type 1, float64 for 11.
+        self.stat_dtype = np.dtype(np.float32 if int(stash_type) == 1 else np.float64)
+        self.n_out = len(outputs)
+
+    def run(self, x, scale, b=None):
+        ax = _axis(self.axis, x.ndim)
+        cdt = _cdt(x.dtype)
+        lead = math.prod(x.shape[:ax])
+        xv = x.reshape(lead, -1).astype(cdt, copy=False)
+        mean = xv.mean(axis=1, keepdims=True)
+        d = xv - mean
+        var = np.einsum("ij,ij->i", d, d)[:, None] / max(1, d.shape[1])
+        inv = 1 / np.sqrt(var + cdt.type(self.eps))
+        d *= inv
+        y = d.reshape(x.shape)
+        y *= scale.astype(cdt, copy=False)
+        if b is not None:
+            y += b.astype(cdt, copy=False)
+        out = out_buffer(self.out[0], x.shape, x.dtype)
+        out[...] = y
+        if self.n_out == 1:
+            return out
+        stat = x.shape[:ax] + (1,) * (x.ndim - ax)
+        sdt = self.stat_dtype
+        return (out, mean.reshape(stat).astype(sdt), inv.reshape(stat).astype(sdt))[: self.n_out]
+
+
+@op("RMSNormalization", 23)
+class RMSNormalization(Kernel):
+    writes_outputs = True
+
+    def __init__(self, node, inputs, outputs, axis=-1, epsilon=1e-5, stash_type=1):
+        super().__init__(node, inputs, outputs)
+        self.axis, self.eps = int(axis), float(epsilon)
+        if int(stash_type) not in (1, 11):
+            raise Unsupported(f"stash_type {stash_type}")
+
+    def run(self, x, scale):
+        ax = _axis(self.axis, x.ndim)
+        cdt = _cdt(x.dtype)
+        lead = math.prod(x.shape[:ax])
+        xv = x.reshape(lead, -1).astype(cdt, copy=False)
+        ms = np.einsum("ij,ij->i", xv, xv)[:, None] / max(1, xv.shape[1])
+        y = (xv * (1 / np.sqrt(ms + cdt.type(self.eps)))).reshape(x.shape)
+        y = y.astype(x.dtype) * scale.astype(x.dtype, copy=False) if x.dtype != cdt else y * scale.astype(cdt)
+        out = out_buffer(self.out[0], x.shape, x.dtype)
+        out[...] = y
+        return out
+
+
+def _normalize_groups(x: np.ndarray, groups: int, eps: float, cdt) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) over every (n, group) slice; x is (N, C, ...)."""
+    N = x.shape[0]
+    xv = x.reshape(N * groups, -1).astype(cdt, copy=True)
+    mean = xv.mean(axis=1, keepdims=True)
+    xv -= mean
+    var = np.einsum("ij,ij->i", xv, xv)[:, None] / max(1, xv.shape[1])
+    xv *= 1 / np.sqrt(var + cdt.type(eps))
+    return xv.reshape(x.shape)
+
+
+@op("InstanceNormalization", 1)
+class InstanceNormalization(Kernel):
+    writes_outputs = True
+
+    def __init__(self, node, inputs, outputs, epsilon=1e-5, consumed_inputs=None):
+        super().__init__(node, inputs, outputs)
+        self.eps = float(epsilon)
+
+    def run(self, x, scale, b):
+        cdt = _cdt(x.dtype)
+        C = x.shape[1]
+        y = _normalize_groups(x, C, self.eps, cdt)
+        bshape = (C,) + (1,) * (x.ndim - 2)
+        y *= scale.astype(cdt).reshape(bshape)
+        y += b.astype(cdt).reshape(bshape)
+        out = out_buffer(self.out[0], x.shape, x.dtype)
+        out[...] = y
+        return out
+
+
+@op("GroupNormalization", 18)
+class GroupNormalization(Kernel):
+    """Opset 18 takes scale and bias per group, opset 21 per channel."""
+
+    writes_outputs = True
+
+    def __init__(self, node, inputs, outputs, num_groups=None, epsilon=1e-5, stash_type=1):
+        super().__init__(node, inputs, outputs)
+        if num_groups is None:
+            raise Unsupported("num_groups is required")
+        self.groups, self.eps = int(num_groups), float(epsilon)
+        if int(stash_type) not in (1, 11):
+            raise Unsupported(f"stash_type {stash_type}")
+        self.per_group = node.opset < 21
+
+    def run(self, x, scale, b):
+        C = x.shape[1]
+        G = self.groups
+        if G <= 0 or C % G:
+            raise ValueError(f"GroupNormalization: {C} channels do not split into {G} groups")
+        cdt = _cdt(x.dtype)
+        y = _normalize_groups(x, G, self.eps, cdt)
+        s, c = scale.astype(cdt).reshape(-1), b.astype(cdt).reshape(-1)
+        if self.per_group and s.size == G:
+            s, c = np.repeat(s, C // G), np.repeat(c, C // G)
+        if s.size != C or c.size != C:
+            raise ValueError(f"GroupNormalization: scale/bias of {s.size}/{c.size} values for {C} channels")
+        bshape = (C,) + (1,) * (x.ndim - 2)
+        y *= s.reshape(bshape)
+        y += c.reshape(bshape)
+        out = out_buffer(self.out[0], x.shape, x.dtype)
+        out[...] = y
+        return out
+
+
+@op("GroupNormalization", 21)
+class GroupNormalization21(GroupNormalization):
+    pass
+
+
+@op("LRN", 1)
+class LRN(Kernel):
+    writes_outputs = True
+
+    def __init__(self, node, inputs, outputs, alpha=1e-4, beta=0.75, bias=1.0, size=None):
+        super().__init__(node, inputs, outputs)
+        if size is None or int(size) < 1:
+            raise Unsupported(f"size {size}")
+        self.alpha, self.beta, self.bias, self.size = float(alpha), float(beta), float(bias), int(size)
+
+    def run(self, x):
+        cdt = _cdt(x.dtype)
+        xc = x.astype(cdt, copy=False)
+        C = x.shape[1]
+        before, after = (self.size - 1) // 2, self.size - 1 - (self.size - 1) // 2
+        sq = np.square(xc)
+        # Window sums over channels: `size` shifted adds over the zero-padded squares (no cumulative
+        # sum, which would lose precision over many channels).
+        padded = np.zeros((x.shape[0], C + self.size - 1) + x.shape[2:], cdt)
+        padded[:, before:before + C] = sq
+        ssum = padded[:, 0:C].copy()
+        for i in range(1, self.size):
+            ssum += padded[:, i:i + C]
+        den = ssum * cdt.type(self.alpha / self.size) + cdt.type(self.bias)
+        if self.beta == 0.75:
+            den = np.sqrt(den * np.sqrt(den))
+        else:
+            den = np.power(den, cdt.type(self.beta))
+        out = out_buffer(self.out[0], x.shape, x.dtype)
+        out[...] = xc / den
+        return out
+
+
+@op("LpNormalization", 1)
+def lp_normalization(x, axis=-1, p=2):
+    if p not in (1, 2):
+        raise ValueError(f"LpNormalization supports p = 1 or 2, not {p}")
+    cdt = _cdt(x.dtype)
+    xc = x.astype(cdt, copy=False)
+    ax = _axis(axis, x.ndim)
+    if p == 1:
+        norm = np.sum(np.abs(xc), axis=ax, keepdims=True)
+    else:
+        norm = np.sqrt(np.sum(xc * xc, axis=ax, keepdims=True))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(norm == 0, cdt.type(0), xc / norm)
+    return y.astype(x.dtype, copy=False)
+
+
+@op("MeanVarianceNormalization", 9)
+def mean_variance_normalization(x, axes=(0, 2, 3)):
+    cdt = _cdt(x.dtype)
+    xc = x.astype(cdt, copy=False)
+    ax = tuple(sorted({_axis(a, x.ndim, "axes") for a in axes}))
+    mean = xc.mean(axis=ax, keepdims=True)
+    d = xc - mean
+    std = np.sqrt(np.mean(d * d, axis=ax, keepdims=True))
+    return (d / (std + cdt.type(1e-9))).astype(x.dtype, copy=False)
