@@ -19,7 +19,7 @@ import numpy as np
 
 from . import shapes
 from .backend import Backend, Execution, Tensor
-from .errors import AiomnnError, BackendError, ModelError, UnsupportedOpError
+from .errors import AiomnnError, BackendError, InputError, ModelError, UnsupportedOpError
 from .fence import Fence
 from .graph import Graph, Node
 from .memory import Block
@@ -59,6 +59,8 @@ class Pipeline:
         self.segments: list[Segment] = []
         self.consts: dict[str, Any] = {}
         self.pending: Fence | None = None
+        self.memory_limit: int | None = None  # bytes of activations a plan may use
+        self.input_shapes: dict[str, tuple[int, ...]] = {}
 
     @property
     def backends(self) -> list[Backend]:
@@ -67,6 +69,7 @@ class Pipeline:
     # encode -----------------------------------------------------------------
     def encode(self, input_shapes: dict[str, tuple[int, ...]]) -> None:
         g = self.graph
+        self.input_shapes = dict(input_shapes)
         tensors: dict[str, Tensor] = {}
         for v in g.inputs:
             tensors[v.name] = Tensor(v.name, v.dtype, input_shapes.get(v.name), kind=v.kind)
@@ -100,7 +103,7 @@ class Pipeline:
 
     @staticmethod
     def _foldable(node: Node, ins: list[Tensor | None], tensors: dict[str, Tensor]) -> bool:
-        if node.op_type in NONDETERMINISTIC:
+        if is_nondeterministic(node):
             return False
         return all(t is None or t.is_const for t in ins) and all(tensors[x].is_const for x in node.implicit)
 
@@ -111,22 +114,42 @@ class Pipeline:
             raise UnsupportedOpError(f"{node}, opset {node.opset}: no backend supports this op")
         try:
             exe.on_resize(ins, [])
-            return list(exe.on_execute([t.const if t is not None else None for t in ins] + [t.const for t in implicit], []))
+            outs = exe.on_execute([t.const if t is not None else None for t in ins] + [t.const for t in implicit], [])
+            return list(outs) if isinstance(outs, tuple) else [outs]
         except AiomnnError:
             raise
         except Exception as exc:
             raise ModelError(f"{node}: failed while computing it from constants: {type(exc).__name__}: {exc}") from None
 
     # alloc ------------------------------------------------------------------
-    def alloc(self) -> None:
-        steps: list[Step] = []
+    def ops(self):
+        """The nodes left to run after encode, each with its input and output tensors."""
         for node in self.graph.nodes:
             if all(not o or self.tensors[o].is_const for o in node.outputs):
                 continue
             ins = [self.tensors[x] if x else None for x in node.inputs + node.implicit]
             outs = [self.tensors[o] if o else Tensor("") for o in node.outputs]
-            backend, exe = self.main, self.main.on_create(node, ins, outs)
-            if exe is None and self.backup is not self.main:
+            yield node, ins, outs
+
+    def measure(self, max_ops: int) -> list[tuple[Node, list, list]]:
+        """Up to max_ops ops that the main backend's runtime must tune before they run well (MNN's onMeasure)."""
+        if self.main is self.backup:
+            return []
+        found = []
+        for node, ins, outs in self.ops():
+            if len(found) >= max_ops:
+                break
+            if self.main.runtime.measure(node, ins, outs):
+                found.append((node, ins, outs))
+        return found
+
+    def alloc(self, fallback: bool = False) -> None:
+        """Create and plan every op; with fallback, all of them on the backup (while the main one is tuned)."""
+        steps: list[Step] = []
+        main = self.backup if fallback else self.main
+        for node, ins, outs in self.ops():
+            backend, exe = main, main.on_create(node, ins, outs)
+            if exe is None and self.backup is not main:
                 backend, exe = self.backup, self.backup.on_create(node, ins, outs)
             if exe is None:
                 raise UnsupportedOpError(f"{node}, opset {node.opset}: no backend supports this op "
@@ -157,10 +180,22 @@ class Pipeline:
                 if x in blocks:
                     owner, blk = blocks.pop(x)
                     owner.release(blk)
-        for b in self.backends:
-            b.on_resize_end()
+        peak = sum(b.arena.size for b in self.backends)
+        if self.memory_limit is not None and peak > self.memory_limit:
+            for b in self.backends:
+                b.clear_buffers()
+            raise InputError(f"the plan for input shapes {self.input_shapes} needs {peak} bytes of activations, "
+                             f"over the memory limit of {self.memory_limit}")
+        try:
+            for b in self.backends:
+                b.on_resize_end()
+        except MemoryError:
+            for b in self.backends:
+                b.clear_buffers()
+            raise BackendError(f"out of memory allocating {peak} bytes of activations "
+                               f"for input shapes {self.input_shapes}") from None
         self.segments = self._segments(steps, last_use, keep)
-        self.consts = {name: t.const for name, t in self.tensors.items() if t.is_const}
+        self.consts = {name: _readonly(t.const) for name, t in self.tensors.items() if t.is_const}
 
     @staticmethod
     def _segments(steps: list[Step], last_use: dict[str, int], keep: set[str]) -> list[Segment]:
@@ -201,6 +236,24 @@ class Pipeline:
                     raise BackendError(f"{seg.backend.type} run failed: {type(exc).__name__}: {exc}") from exc
                 raise
         return {name: values[name] for name in self.graph.output_names}
+
+
+def is_nondeterministic(node: Node) -> bool:
+    """True when the node, or any node of its subgraphs, draws random numbers: never compute it ahead."""
+    if node.op_type in NONDETERMINISTIC:
+        return True
+    for value in node.attrs.values():
+        for sub in value if isinstance(value, list) else [value]:
+            if isinstance(sub, Graph) and any(is_nondeterministic(n) for n in sub.nodes):
+                return True
+    return False
+
+
+def _readonly(value: Any) -> Any:
+    """Constants are shared by every run; kernels and callers must not write them."""
+    if isinstance(value, np.ndarray) and value.flags.writeable:
+        value.flags.writeable = False
+    return value
 
 
 def const_tensor(name: str, value: Any) -> Tensor:

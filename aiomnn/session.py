@@ -40,6 +40,7 @@ class Session:
         backup_rt = runtime.runtimes.get(config.backup_type, runtime.cpu)
         backup = main if backup_rt is main_rt else backup_rt.new_backend(config.backend_config)
         self.pipeline = Pipeline(graph, main, backup)
+        self.pipeline.memory_limit = config.backend_config.memory_limit
         self._inputs = {v.name: v for v in graph.inputs}
 
     # Public API ---------------------------------------------------------------
@@ -58,6 +59,7 @@ class Session:
         return self.pipeline.memory_report()
 
     def has_async_work(self) -> bool:
+        """True while GPU tuning for this session runs in the background (the session runs on the CPU meanwhile)."""
         return False
 
     async def wait_async_resize(self) -> None:
@@ -73,7 +75,7 @@ class Session:
     async def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         self._check_open()
         arrays = self._check_feeds(feeds)
-        shapes = {name: a.shape for name, a in arrays.items()}
+        shapes = {name: a.shape for name, a in arrays.items() if isinstance(a, np.ndarray)}
         async with self._lock:
             self._check_open()
             if shapes != self._shapes:
@@ -117,13 +119,6 @@ class Session:
         except BaseException:
             p.segments = []
             raise
-        limit = self.config.backend_config.memory_limit
-        if limit is not None and p.memory_report()["peak_bytes"] > limit:
-            p.segments = []
-            for b in p.backends:
-                b.clear_buffers()
-            raise InputError(f"the plan for shapes {shapes} needs {p.memory_report()['peak_bytes']} bytes "
-                             f"of activations, over the memory limit of {limit}")
         self._shapes = shapes
 
     def _complete_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -153,7 +148,6 @@ class Session:
             if name not in feeds:
                 raise InputError(f"missing input {name!r}")
             arrays[name] = _as_array(v, feeds[name])
-            _check_shape(v, arrays[name].shape)
         return arrays
 
 
@@ -174,8 +168,12 @@ def _as_array(v: ValueInfo, value: Any) -> Any:
             value = value.astype(want)  # same type in the other byte order
         else:
             raise InputError(f"input {v.name!r} must have dtype {want}, not {value.dtype}")
+    _check_shape(v, value.shape)  # before any copy: a huge zero-stride view must not be materialised here
     if not value.flags.c_contiguous or not value.flags.aligned:
-        value = np.ascontiguousarray(value)
+        try:
+            value = np.ascontiguousarray(value)
+        except MemoryError:
+            raise InputError(f"input {v.name!r} of shape {value.shape} does not fit in memory") from None
     return value
 
 
@@ -199,10 +197,12 @@ def _fmt(shape) -> str:
 
 def _own_outputs(outputs: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[str, Any]:
     """Outputs the caller owns: never a view of a feed, a constant or a planned buffer."""
-    owned = {}
-    for name, v in outputs.items():
+    def own(v: Any) -> Any:
+        if isinstance(v, list):
+            return [own(x) for x in v]
         if isinstance(v, np.ndarray) and (v.base is not None or not v.flags.writeable
                                            or any(v is f for f in feeds.values())):
-            v = v.copy()
-        owned[name] = v
-    return owned
+            return v.copy()
+        return v
+
+    return {name: own(v) for name, v in outputs.items()}
