@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
 
 import numpy as np
@@ -18,23 +19,24 @@ from aiomnn import models
 async def measure(net, runtime, n_sessions: int, batching: bool, feeds: dict, requests: int) -> float:
     config = aiomnn.ScheduleConfig(type="cpu")
     sessions = [await net.create_session(config, runtime) for _ in range(n_sessions)]
-    batchers = [aiomnn.BatchingSession(s, max_batch=8, max_delay_ms=2) for s in sessions] if batching else []
-    for b in batchers:
-        await b.__aenter__()
-    callers = [b.run for b in batchers] if batching else [s.run for s in sessions]
-    for c in callers:
-        await c(feeds)
-    start = time.perf_counter()
-    todo = iter(range(requests))
+    async with contextlib.AsyncExitStack() as stack:
+        if batching:
+            batchers = [await stack.enter_async_context(aiomnn.BatchingSession(s, max_batch=8, max_delay_ms=2))
+                        for s in sessions]
+            callers = [b.run for b in batchers]
+        else:
+            callers = [s.run for s in sessions]
+        for c in callers:
+            await c(feeds)
+        start = time.perf_counter()
+        todo = iter(range(requests))
 
-    async def worker(k: int) -> None:
-        for _ in todo:
-            await callers[k % len(callers)](feeds)
+        async def worker(k: int) -> None:
+            for _ in todo:
+                await callers[k % len(callers)](feeds)
 
-    await asyncio.gather(*(worker(k) for k in range(32)))
-    elapsed = time.perf_counter() - start
-    for b in batchers:
-        await b.__aexit__(None, None, None)
+        await asyncio.gather(*(worker(k) for k in range(32)))
+        elapsed = time.perf_counter() - start
     for s in sessions:
         await s.close()
     return requests / elapsed
