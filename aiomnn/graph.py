@@ -72,6 +72,15 @@ class Graph:
         return [v.name for v in self.outputs]
 
 
+def subgraphs(value: Any) -> list[Graph]:
+    """The subgraphs an attribute value holds: a Graph, or a list of them (GRAPHS)."""
+    if isinstance(value, Graph):
+        return [value]
+    if isinstance(value, list) and value and isinstance(value[0], Graph):
+        return value
+    return []
+
+
 def load_model(data: bytes, base_dir: Path | None) -> Graph:
     """Parse serialized ModelProto bytes into a checked Graph."""
     model = onnx.ModelProto()

@@ -10,7 +10,7 @@ import numpy as np
 
 from .config import ScheduleConfig
 from .errors import ModelError, UnsupportedOpError
-from .graph import Dim, Graph, load_model
+from .graph import Dim, Graph, load_model, subgraphs
 from .optimize import optimize
 from .runtime import RuntimeInfo, create_runtime
 from .session import Session
@@ -100,8 +100,8 @@ def _check_supported(session: Session) -> None:
                 raise UnsupportedOpError(f"{node}, domain {node.domain or 'ai.onnx'} opset {node.opset}: "
                                          f"no backend supports it ({reason})")
             for value in node.attrs.values():
-                for sub in value if isinstance(value, list) else [value]:
-                    if isinstance(sub, Graph):
-                        walk(sub)
+                for sub in subgraphs(value):
+                    walk(sub)
 
     walk(session.graph)
+

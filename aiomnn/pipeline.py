@@ -21,7 +21,7 @@ from . import shapes
 from .backend import Backend, Execution, Tensor
 from .errors import AiomnnError, BackendError, InputError, ModelError, UnsupportedOpError
 from .fence import Fence
-from .graph import Graph, Node
+from .graph import Graph, Node, subgraphs
 from .memory import Block
 
 log = logging.getLogger("aiomnn")
@@ -243,8 +243,8 @@ def is_nondeterministic(node: Node) -> bool:
     if node.op_type in NONDETERMINISTIC:
         return True
     for value in node.attrs.values():
-        for sub in value if isinstance(value, list) else [value]:
-            if isinstance(sub, Graph) and any(is_nondeterministic(n) for n in sub.nodes):
+        for sub in subgraphs(value):
+            if any(is_nondeterministic(n) for n in sub.nodes):
                 return True
     return False
 
@@ -265,3 +265,4 @@ def const_tensor(name: str, value: Any) -> Tensor:
         arr = np.asarray(value)
         return Tensor(name, arr.dtype, arr.shape, const=arr)
     return Tensor(name, const=value, kind="unknown")
+

@@ -9,7 +9,9 @@ from . import (  # noqa: F401
     image,
     linalg,
     logic,
+    loss,
     matmul,
+    ml,
     normalization,
     pool,
     quantize,
@@ -21,4 +23,5 @@ from . import (  # noqa: F401
     signal,
     tensor,
     text,
+    training,
 )
