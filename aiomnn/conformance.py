@@ -12,6 +12,7 @@ import collections
 import glob
 import os
 import warnings
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -75,7 +76,7 @@ def _read_data_set(folder: str) -> tuple[list[Any], list[Any]]:
     def read(prefix: str) -> list[Any]:
         files = sorted(glob.glob(os.path.join(folder, f"{prefix}_*.pb")),
                        key=lambda p: int(p.rsplit("_", 1)[1].split(".")[0]))
-        return [_read_value(open(f, "rb").read()) for f in files]
+        return [_read_value(Path(f).read_bytes()) for f in files]
 
     return read("input"), read("output")
 

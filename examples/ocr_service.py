@@ -85,8 +85,11 @@ class OCR:
         scale = min(1.0, 640 / max(h, w))
         dh, dw = max(32, int(round(h * scale / 32)) * 32), max(32, int(round(w * scale / 32)) * 32)
         prob = (await self.det.run({"x": to_input(resize_nearest(img, dh, dw))}))["sigmoid_0.tmp_0"][0, 0]
-        boxes = [(int(t * h / dh), int(np.ceil(b * h / dh)), int(l * w / dw), int(np.ceil(r * w / dw)))
-                 for t, b, l, r in text_lines(prob)]
+        boxes = []
+        for t, b, l, r in text_lines(prob):
+            pad = int(0.6 * (b - t)) + 1  # the detector marks a shrunk core of each line: grow it back
+            t, b, l, r = max(t - pad, 0), min(b + pad, dh), max(l - pad, 0), min(r + pad, dw)
+            boxes.append((int(t * h / dh), int(np.ceil(b * h / dh)), int(l * w / dw), int(np.ceil(r * w / dw))))
         texts = await asyncio.gather(*(self.recognise(img[t:b, l:r]) for t, b, l, r in boxes))
         return [{"box": [t, b, l, r], "text": text} for (t, b, l, r), text in zip(boxes, texts)]
 
