@@ -1,0 +1,127 @@
+"""Reductions over contiguous axes, global pooling, Softmax and LayerNormalization."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aiomnn import shapes
+
+from .base import CudaOp, Decline, check_tensors, float_inputs, op
+
+REDUCE = {"ReduceSum": (0, False), "ReduceMean": (0, True), "ReduceMax": (1, False), "ReduceMin": (2, False),
+          "ReduceSumSquare": (3, False), "ReduceL2": (4, False), "ReduceL1": (5, False),
+          "GlobalAveragePool": (0, True), "GlobalMaxPool": (1, False)}
+
+
+def prod(xs) -> int:
+    return int(np.prod(list(xs), dtype=np.int64))
+
+
+def rows_launch(exe: CudaOp, name: str, rows: int, R: int, args: tuple):
+    """A reduce/softmax launch: a block per row when rows are few and long, else a warp per row."""
+    be = exe.be
+    if name == "reduce" and R >= 2048 and rows < 4 * be.rt.sm_count:
+        return be.launcher(be.static("reduce_block"), rows * 256, args, block=256, grid=rows)
+    kern = be.static(f"{name}_warp")
+    return be.launcher(kern, rows * 32, args, block=128)
+
+
+class Reduce(CudaOp):
+    def __init__(self, be, node, ins, outs):
+        super().__init__(be, node, ins, outs)
+        check_tensors(ins[:1], outs)
+        if not float_inputs(ins[:1]):
+            raise Decline("float32 only")
+        s = self.in_shape(0)
+        t = node.op_type
+        self.code, mean = REDUCE[t]
+        if t.startswith("Global"):
+            axes = list(range(2, len(s)))
+        else:
+            axes = shapes.reduce_axes(node, ins, len(s))
+            if axes is None:
+                raise Decline("axes unknown")
+        if not axes or axes != list(range(axes[0], axes[-1] + 1)):
+            raise Decline("reduced axes must be one contiguous range")
+        self.outer, self.R, self.inner = prod(s[: axes[0]]), prod(s[axes[0]: axes[-1] + 1]), prod(s[axes[-1] + 1:])
+        if self.R == 0:
+            raise Decline("empty reduction")
+        self.post = 1.0 / self.R if mean else 1.0
+
+    def bind(self):
+        x, y = self.be.view(self.in_names[0]), self.be.view(self.out_names[0])
+        if self.outer * self.inner == 0:
+            return
+        if self.inner == 1:
+            args = (x, y, np.uint32(self.outer), np.uint32(self.R), np.int32(self.code), np.float32(self.post))
+            self.launches = [rows_launch(self, "reduce", self.outer, self.R, args)]
+        else:
+            args = (x, y, np.uint32(self.outer), np.uint32(self.R), np.uint32(self.inner), np.int32(self.code),
+                    np.float32(self.post))
+            self.launches = [self.be.launcher(self.be.static("reduce_cols"), self.outer * self.inner, args)]
+
+
+for _t in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2", "ReduceL1"):
+    op(_t)(Reduce)
+op("GlobalAveragePool")(Reduce)
+op("GlobalMaxPool")(Reduce)
+
+
+class Softmax(CudaOp):
+    def __init__(self, be, node, ins, outs):
+        super().__init__(be, node, ins, outs)
+        check_tensors(ins, outs)
+        if not float_inputs(ins):
+            raise Decline("float32 only")
+        s = self.in_shape(0)
+        if not s:
+            raise Decline("scalar softmax")
+        if node.opset < 13:
+            axis = node.attrs.get("axis", 1) % len(s)
+            self.outer, self.R, self.inner = prod(s[:axis]), prod(s[axis:]), 1
+        else:
+            axis = node.attrs.get("axis", -1) % len(s)
+            self.outer, self.R, self.inner = prod(s[:axis]), s[axis], prod(s[axis + 1:])
+        self.log = node.op_type == "LogSoftmax"
+
+    def bind(self):
+        x, y = self.be.view(self.in_names[0]), self.be.view(self.out_names[0])
+        if self.outer * self.inner * self.R == 0:
+            return
+        if self.inner == 1:
+            args = (x, y, np.uint32(self.outer), np.uint32(self.R), np.int32(self.log))
+            self.launches = [rows_launch(self, "softmax", self.outer, self.R, args)]
+        else:
+            args = (x, y, np.uint32(self.outer), np.uint32(self.R), np.uint32(self.inner), np.int32(self.log))
+            self.launches = [self.be.launcher(self.be.static("softmax_cols"), self.outer * self.inner, args)]
+
+
+op("Softmax")(Softmax)
+op("LogSoftmax")(Softmax)
+
+
+@op("LayerNormalization", 17)
+class LayerNorm(CudaOp):
+    def __init__(self, be, node, ins, outs):
+        super().__init__(be, node, ins, outs)
+        check_tensors(ins, outs[:1])
+        if not float_inputs(ins) or any(o.name for o in outs[1:]):
+            raise Decline("float32 only, no Mean/InvStdDev outputs")
+        s = self.in_shape(0)
+        axis = node.attrs.get("axis", -1) % len(s)
+        self.rows, self.R = prod(s[:axis]), prod(s[axis:])
+        for i in (1, 2):
+            if i < len(ins) and ins[i] is not None:
+                if prod(ins[i].shape) != self.R:
+                    raise Decline("scale and bias must cover the normalized axes")
+        self.eps = float(node.attrs.get("epsilon", 1e-5))
+
+    def bind(self):
+        x, y = self.be.view(self.in_names[0]), self.be.view(self.out_names[0])
+        g = self.be.view(self.in_names[1])
+        b = self.be.view(self.in_names[2]) if len(self.in_names) > 2 and self.in_names[2] else None
+        if self.rows * self.R == 0:
+            return
+        null = np.uintp(0)
+        args = (x, g, b if b is not None else null, y, np.uint32(self.rows), np.uint32(self.R), np.float32(self.eps))
+        self.launches = [self.be.launcher(self.be.static("layernorm_warp"), self.rows * 32, args, block=128)]

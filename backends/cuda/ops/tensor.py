@@ -1,0 +1,222 @@
+"""Moving data: Reshape and friends (aliases), Transpose, Slice, Concat, Split, Gather, Cast."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from aiomnn.graph import dtype_of
+
+from ..kernels import CTYPES, MAX_COPY_RANK, cast_source, collapse
+from .base import F32, CudaOp, Decline, check_tensors, op
+from .elementwise import Copy
+
+
+def cstrides(shape) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(list(shape)):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+def copy_launch(exe: CudaOp, src, dst, dims, sstr, dstr, sbase: int = 0, dbase: int = 0):
+    """A launch of the strided copy kernel: dst[dbase + c.dstr] = src[sbase + c.sstr] over dims."""
+    total = int(np.prod(dims, dtype=np.int64)) if dims else 1
+    if total == 0:
+        return None
+    dims2, (ss, ds) = collapse(list(dims) or [1], [list(sstr) or [0], list(dstr) or [0]])
+    if len(dims2) > MAX_COPY_RANK:
+        raise Decline("copy of rank over 8")
+    pad = [0] * (MAX_COPY_RANK - len(dims2))
+    meta = [len(dims2)] + dims2 + pad + ss + pad + ds + pad + [int(sbase), int(dbase)]
+    be = exe.be
+    kern = be.rt.static_kernel(f"copy{src.dtype.itemsize}", False)
+    m = be.meta(meta, exe.keep)
+    return be.launcher(kern, total, (src, dst, m, np.uint32(total)))
+
+
+class Alias(CudaOp):
+    """Output 0 is input 0 with another shape; shares its block when the planner allows."""
+
+    alias = True
+
+    def __init__(self, be, node, ins, outs):
+        super().__init__(be, node, ins, outs)
+        check_tensors(ins[:1], outs[:1])
+        if len([o for o in outs if o.name]) != 1 or not outs[0].name:
+            raise Decline("extra outputs (a Dropout mask)")
+        if ins[0].dtype != outs[0].dtype:
+            raise Decline("dtype changes")
+
+    def bind(self):
+        src, dst = self.be.view(self.in_names[0]), self.be.view(self.out_names[0])
+        if src.data.ptr != dst.data.ptr and dst.nbytes:
+            import cupy
+
+            stream, n = self.be.stream, int(dst.nbytes)
+            s, d = src.data.ptr, dst.data.ptr
+
+            def go():
+                cupy.cuda.runtime.memcpyAsync(d, s, n, 3, stream.ptr)
+
+            self.launches = [go]
+
+
+for _t in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"):
+    op(_t)(Alias)
+
+
+@op("Transpose")
+class Transpose(CudaOp):
+    def __init__(self, be, node, ins, outs):
+        super().__init__(be, node, ins, outs)
+        check_tensors(ins, outs)
+        s = self.in_shape(0)
+        self.perm = list(self.attrs.get("perm", list(range(len(s)))[::-1]))
+
+    def bind(self):
+        s = self.in_shape(0)
+        st = cstrides(s)
+        dims = [s[p] for p in self.perm]
+        fn = copy_launch(self, self.be.view(self.in_names[0]), self.be.view(self.out_names[0]), dims,
+                         [st[p] for p in self.perm], cstrides(dims))
+        self.launches = [fn] if fn else []
+
+
+@op("Slice")
+class Slice(CudaOp):
+    def __init__(self, be, node, ins, outs):
+        super().__init__(be, node, ins, outs)
+        check_tensors(ins[:1], outs)
+        s = self.in_shape(0)
+        if node.opset >= 10:
+            vals = [self.const(i) if i < len(ins) and ins[i] is not None else None for i in range(1, 5)]
+            if any(v is None and i < len(ins) and ins[i] is not None for i, v in zip(range(1, 5), vals)):
+                raise Decline("Slice parameters must be constants")
+            starts, ends, axes, steps = (None if v is None else [int(x) for x in v.reshape(-1)] for v in vals)
+        else:
+            a = self.attrs
+            starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
+        axes = [a % len(s) for a in axes] if axes is not None else list(range(len(starts)))
+        steps = steps if steps is not None else [1] * len(starts)
+        st = cstrides(s)
+        self.sbase = 0
+        self.sstr = list(st)
+        self.dims = list(s)
+        for b, e, ax, sp in zip(starts, ends, axes, steps):
+            r = range(*slice(b, e, sp).indices(s[ax]))
+            self.dims[ax] = len(r)
+            if len(r):
+                self.sbase += r.start * st[ax]
+            self.sstr[ax] = st[ax] * sp
+
+    def bind(self):
+        fn = copy_launch(self, self.be.view(self.in_names[0]), self.be.view(self.out_names[0]), self.dims,
+                         self.sstr, cstrides(self.dims), self.sbase)
+        self.launches = [fn] if fn else []
+
+
+@op("Concat")
+class Concat(CudaOp):
+    def __init__(self, be, node, ins, outs):
+        super().__init__(be, node, ins, outs)
+        check_tensors(ins, outs)
+        self.axis = self.attrs["axis"] % len(self.out_shape)
+
+    def bind(self):
+        out = self.be.view(self.out_names[0])
+        ost = cstrides(self.out_shape)
+        off = 0
+        self.launches = []
+        for t in self.ins:
+            if t is None:
+                continue
+            s = tuple(t.shape)
+            fn = copy_launch(self, self.be.view(t.name), out, list(s), cstrides(s), ost, 0, off * ost[self.axis])
+            if fn:
+                self.launches.append(fn)
+            off += s[self.axis]
+
+
+@op("Split")
+class Split(CudaOp):
+    def __init__(self, be, node, ins, outs):
+        super().__init__(be, node, ins, outs)
+        check_tensors(ins[:1], [o for o in outs if o.name])
+        self.axis = self.attrs.get("axis", 0) % len(self.in_shape(0))
+
+    def bind(self):
+        s = self.in_shape(0)
+        st = cstrides(s)
+        src = self.be.view(self.in_names[0])
+        off = 0
+        self.launches = []
+        for t in self.outs:
+            if t.shape is None:
+                raise Decline("unknown split")
+            if t.name:
+                fn = copy_launch(self, src, self.be.view(t.name), list(t.shape), st, cstrides(t.shape),
+                                 off * st[self.axis])
+                if fn:
+                    self.launches.append(fn)
+            off += t.shape[self.axis]
+
+
+@op("Gather")
+class Gather(CudaOp):
+    def __init__(self, be, node, ins, outs):
+        super().__init__(be, node, ins, outs)
+        check_tensors(ins, outs)
+        if ins[1].dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
+            raise Decline("indices must be int32 or int64")
+        if ins[1].dtype == np.dtype(np.int32) and not ins[1].is_const:
+            raise Decline("runtime int32 indices")
+        s = self.in_shape(0)
+        self.axis = self.attrs.get("axis", 0) % len(s)
+        if be.dev_dtype(ins[0].dtype).itemsize not in (1, 2, 4, 8):
+            raise Decline("element size")
+
+    def bind(self):
+        s = self.in_shape(0)
+        outer = int(np.prod(s[: self.axis], dtype=np.int64))
+        inner = int(np.prod(s[self.axis + 1:], dtype=np.int64))
+        nidx = int(np.prod(self.ins[1].shape, dtype=np.int64))
+        if self.ins[1].is_const:
+            import cupy
+
+            idx = cupy.asarray(np.asarray(self.ins[1].const, dtype=np.int64).reshape(-1))
+            self.keep.append(idx)
+        else:
+            idx = self.be.view(self.in_names[1])
+        src, dst = self.be.view(self.in_names[0]), self.be.view(self.out_names[0])
+        total = outer * nidx * inner
+        if not total:
+            return
+        kern = self.be.rt.static_kernel(f"copy{src.dtype.itemsize}_gather", False)
+        self.launches = [self.be.launcher(kern, total, (src, idx, dst, np.uint32(outer), np.uint32(s[self.axis]),
+                                                        np.uint32(nidx), np.uint32(inner)))]
+
+
+class CastOp(CudaOp):
+    def __init__(self, be, node, ins, outs):
+        super().__init__(be, node, ins, outs)
+        check_tensors(ins, outs)
+        for t in (ins[0], outs[0]):
+            if be.dev_dtype(t.dtype).name not in CTYPES:
+                raise Decline(f"cast of {t.dtype}")
+
+    def bind(self):
+        src, dst = self.be.view(self.in_names[0]), self.be.view(self.out_names[0])
+        n = int(src.size)
+        if not n:
+            return
+        kern = self.be.rt.kernel(cast_source(src.dtype.name, dst.dtype.name), False, "cast")
+        self.launches = [self.be.launcher(kern, n, (src, dst, np.uint32(n)))]
+
+
+@op("Cast")
+def make_cast(be, node, ins, outs):
+    to = dtype_of(node.attrs["to"], str(node))
+    if ins[0] is not None and ins[0].dtype == F32 and to == F32:
+        return Copy(be, node, ins, outs)
+    return CastOp(be, node, ins, outs)

@@ -1,0 +1,122 @@
+"""The CUDA runtime: one device, its memory pool, compiled kernels and uploaded weights.
+
+Sessions on one runtime share these. Each session's backend has its own
+stream, arena and graphs.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import cupy
+import numpy as np
+
+from aiomnn.config import BackendConfig, ForwardType, ScheduleConfig
+from aiomnn.runtime import Device, Runtime
+
+from . import kernels
+
+BLOCK = 256
+
+
+class CudaRuntime(Runtime):
+    type = ForwardType.CUDA
+
+    def __init__(self, config: ScheduleConfig, device: Device):
+        super().__init__(config, device)
+        self.index = getattr(device, "index", config.backend_config.device_id)
+        self.device = cupy.cuda.Device(self.index)
+        self.device_info = device
+        with self.device:
+            self.pool = cupy.cuda.MemoryPool()
+            props = cupy.cuda.runtime.getDeviceProperties(self.index)
+        self.sm_count = int(props.get("multiProcessorCount", 100))
+        self.arch = f"{props['major']}{props['minor']}"
+        self._modules: dict[tuple[str, bool], cupy.RawModule] = {}
+        self._kernels: dict[tuple[str, bool, str], Any] = {}
+        self._weights: dict[tuple[int, str], Any] = {}
+        self._klock = threading.RLock()
+
+    # Backends --------------------------------------------------------------
+    def new_backend(self, config: BackendConfig):
+        from .backend import CudaBackend
+
+        return CudaBackend(self, config)
+
+    # Memory ----------------------------------------------------------------
+    def malloc(self, nbytes: int):
+        """Device memory from this runtime's pool (at least one byte)."""
+        with self.device:
+            return self.pool.malloc(max(int(nbytes), 1))
+
+    def upload(self, arr: np.ndarray, dtype: np.dtype, key: Any = None) -> "cupy.ndarray":
+        """A weight on the device, converted to dtype; uploaded once per array (STATIC)."""
+        src = arr if key is None else None
+        k = (key if key is not None else id(arr), np.dtype(dtype).str)
+        with self._klock:
+            hit = self._weights.get(k)
+            if hit is not None:
+                return hit
+        host = np.ascontiguousarray(np.asarray(arr).astype(dtype, copy=False))
+        with self.device, cupy.cuda.using_allocator(self.pool.malloc):
+            dev = cupy.empty(host.shape, dtype=host.dtype)
+            if host.size:
+                dev.set(host)
+        with self._klock:
+            self._weights[k] = dev
+        if src is not None and isinstance(src, np.ndarray):
+            try:
+                weakref.finalize(src, self._weights.pop, k, None)
+            except TypeError:  # pragma: no cover - not weak-referenceable
+                pass
+        return dev
+
+    # Kernels ---------------------------------------------------------------
+    def _options(self, half: bool) -> tuple[str, ...]:
+        opts = ("-std=c++17",)
+        return opts + (("-DAIOMNN_HALF",) if half else ())
+
+    def static_kernel(self, name: str, half: bool):
+        """A fixed kernel of kernels.STATIC (or COPY), compiled once per storage type."""
+        src = kernels.COPY if name.startswith("copy") else kernels.STATIC
+        half = half and not name.startswith("copy")
+        key = (src is kernels.COPY, half)
+        with self._klock:
+            mod = self._modules.get(key)
+            if mod is None:
+                with self.device:
+                    mod = cupy.RawModule(code=kernels.PRELUDE + src, options=self._options(half))
+                self._modules[key] = mod
+            k = (name, half, "static")
+            fn = self._kernels.get(k)
+            if fn is None:
+                with self.device:
+                    fn = mod.get_function(name)
+                self._kernels[k] = fn
+            return fn
+
+    def kernel(self, source: str, half: bool, name: str = "fused"):
+        """A generated kernel, compiled once per source text."""
+        k = (source, half, name)
+        with self._klock:
+            fn = self._kernels.get(k)
+            if fn is None:
+                with self.device:
+                    mod = cupy.RawModule(code=kernels.PRELUDE + source, options=self._options(half))
+                    fn = mod.get_function(name)
+                self._kernels[k] = fn
+            return fn
+
+    def measure(self, node, inputs, outputs) -> bool:
+        return False
+
+    def gc(self, level: int = 0) -> None:
+        with self.device:
+            self.pool.free_all_blocks()
+
+    def close(self) -> None:
+        with self._klock:
+            self._weights.clear()
+        self.gc()

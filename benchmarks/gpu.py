@@ -1,0 +1,498 @@
+"""GPU benchmark: aiomnn CUDA against torch eager and torch.compile(mode="reduce-overhead").
+
+For each public model at batch 1 and 8 it prints median milliseconds per run:
+- aiomnn fp32 and fp16 (precision="low"): `await session.run(numpy)`, numpy in and out;
+- torch eager and torch.compile with CUDA graphs, numpy in and out, and with the
+  input already on the GPU (device).
+The torch models come from a small interpreter of the ONNX graph written here
+(shape-only subgraphs are folded first by aiomnn's encode step), checked
+against onnxruntime before timing.
+
+Then the host cost of a run for a 300-op and a 30-op model, and the latency an
+await adds for each way of learning that the GPU finished (AIOMNN_CUDA_WAIT).
+
+    python benchmarks/gpu.py [--models det,cls] [--batches 1,8] [--no-compile] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import aiomnn
+from aiomnn import models
+from aiomnn.config import BackendConfig, ScheduleConfig
+from aiomnn.models import MODELS
+from aiomnn.pipeline import Pipeline
+
+
+# --------------------------------------------------------------------------------------------
+# ONNX -> torch, for the baseline only.
+
+
+def onnx_to_torch(path, input_name, shape, device="cuda"):
+    import torch
+    import torch.nn.functional as F
+
+    net = aiomnn.Interpreter.from_file(path)
+    graph = net.graph
+    rt = aiomnn.create_runtime(ScheduleConfig(type="cpu", num_threads=2))
+    cpu = rt.cpu.new_backend(BackendConfig())
+    p = Pipeline(graph, cpu, cpu)
+    p.encode({input_name: tuple(shape)})
+    consts = {k: np.asarray(t.const) for k, t in p.tensors.items() if t.is_const}
+    rt.close()
+    nodes = [n for n in graph.nodes if not all(not o or o in consts for o in n.outputs)]
+    outputs = graph.output_names
+
+    class Module(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = {}
+            for n in nodes:
+                for x in n.inputs:
+                    if x and x in consts and consts[x].dtype.kind == "f" and x not in self.w:
+                        self.w[x] = torch.from_numpy(np.array(consts[x])).to(device)
+            # Constant parameters as Python values, so the traced forward touches no numpy.
+            self.k = {}
+            for n in nodes:
+                self.k[id(n)] = {x: (float(consts[x].reshape(-1)[0]) if consts[x].dtype.kind == "f" and consts[x].size == 1
+                                     else np.asarray(consts[x]).tolist())
+                                 for x in n.inputs if x and x in consts and consts[x].size <= 64}
+            self.sl = {}
+            for n in nodes:
+                if n.op_type == "Slice":
+                    shp = p.tensors[n.inputs[0]].shape
+                    i = n.inputs
+                    starts = np.asarray(consts[i[1]]).tolist()
+                    ends = np.asarray(consts[i[2]]).tolist()
+                    axes = np.asarray(consts[i[3]]).tolist() if len(i) > 3 and i[3] else list(range(len(starts)))
+                    steps = np.asarray(consts[i[4]]).tolist() if len(i) > 4 and i[4] else [1] * len(starts)
+                    idx = [slice(None)] * len(shp)
+                    for s0, e0, ax, st in zip(starts, ends, axes, steps):
+                        if st < 0:
+                            raise NotImplementedError("negative slice steps")
+                        ax %= len(shp)
+                        idx[ax] = slice(*slice(s0, e0, st).indices(shp[ax]))
+                    self.sl[id(n)] = tuple(idx)
+            self.idx = {id(n): torch.as_tensor(np.asarray(consts[n.inputs[1]]).reshape(-1), device=device)
+                        for n in nodes if n.op_type == "Gather" and n.inputs[1] in consts}
+
+        def forward(self, inp):
+            env = {input_name: inp}
+
+            def t(name):
+                return env[name] if name in env else self.w[name]
+
+            for n in nodes:
+                a, i = dict(n.attrs), n.inputs
+                kn = self.k[id(n)]
+
+                def c(name, default=None, kn=kn):
+                    return kn[name] if name and name in kn else default
+
+                op = n.op_type
+                if op == "Conv":
+                    pads = list(a.get("pads", [0, 0, 0, 0]))
+                    x = t(i[0])
+                    if pads[0] != pads[2] or pads[1] != pads[3]:
+                        x = F.pad(x, (pads[1], pads[3], pads[0], pads[2]))
+                        pads = [0, 0, 0, 0]
+                    y = F.conv2d(x, t(i[1]), t(i[2]) if len(i) > 2 and i[2] else None, tuple(a.get("strides", [1, 1])),
+                                 (pads[0], pads[1]), tuple(a.get("dilations", [1, 1])), a.get("group", 1))
+                elif op == "ConvTranspose":
+                    pads = a.get("pads", [0, 0, 0, 0])
+                    y = F.conv_transpose2d(t(i[0]), t(i[1]), t(i[2]) if len(i) > 2 and i[2] else None,
+                                           tuple(a.get("strides", [1, 1])), (pads[0], pads[1]),
+                                           tuple(a.get("output_padding", [0, 0])), a.get("group", 1),
+                                           tuple(a.get("dilations", [1, 1])))
+                elif op == "BatchNormalization":
+                    y = F.batch_norm(t(i[0]), t(i[3]), t(i[4]), t(i[1]), t(i[2]), False, 0.0, a.get("epsilon", 1e-5))
+                elif op in ("Add", "Sub", "Mul", "Div", "Pow"):
+                    fn = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div, "Pow": torch.pow}[op]
+                    y = fn(t(i[0]), t(i[1]))
+                elif op == "Sqrt":
+                    y = torch.sqrt(t(i[0]))
+                elif op == "Clip":
+                    lo = c(i[1]) if len(i) > 1 else a.get("min")
+                    hi = c(i[2]) if len(i) > 2 else a.get("max")
+                    y = torch.clamp(t(i[0]), None if lo is None else float(lo), None if hi is None else float(hi))
+                elif op == "Relu":
+                    y = F.relu(t(i[0]))
+                elif op == "Sigmoid":
+                    y = torch.sigmoid(t(i[0]))
+                elif op == "HardSigmoid":
+                    y = torch.clamp(t(i[0]) * a.get("alpha", 0.2) + a.get("beta", 0.5), 0.0, 1.0)
+                elif op == "HardSwish":
+                    y = F.hardswish(t(i[0]))
+                elif op == "GlobalAveragePool":
+                    y = torch.mean(t(i[0]), dim=(2, 3), keepdim=True)
+                elif op == "AveragePool":
+                    pads = a.get("pads", [0, 0, 0, 0])
+                    y = F.avg_pool2d(t(i[0]), a["kernel_shape"], a.get("strides", a["kernel_shape"]), (pads[0], pads[1]),
+                                     bool(a.get("ceil_mode", 0)), bool(a.get("count_include_pad", 0)))
+                elif op == "MaxPool":
+                    pads = a.get("pads", [0, 0, 0, 0])
+                    y = F.max_pool2d(t(i[0]), a["kernel_shape"], a.get("strides", a["kernel_shape"]), (pads[0], pads[1]),
+                                     tuple(a.get("dilations", [1, 1])), bool(a.get("ceil_mode", 0)))
+                elif op == "Resize":
+                    out_hw = tuple(p.tensors[n.outputs[0]].shape[2:])
+                    mode = a.get("mode", "nearest")
+                    ctm = a.get("coordinate_transformation_mode", "half_pixel")
+                    if mode == "nearest" and ctm == "asymmetric" and a.get("nearest_mode") == "floor":
+                        y = F.interpolate(t(i[0]), size=out_hw, mode="nearest")
+                    elif mode == "linear" and ctm in ("half_pixel", "align_corners"):
+                        y = F.interpolate(t(i[0]), size=out_hw, mode="bilinear", align_corners=ctm == "align_corners")
+                    else:
+                        raise NotImplementedError(f"Resize {mode}/{ctm}")
+                elif op == "Concat":
+                    y = torch.cat([t(x) for x in i if x], dim=a["axis"])
+                elif op == "Split":
+                    sizes = [p.tensors[o].shape[a.get("axis", 0)] for o in n.outputs]
+                    y = tuple(torch.split(t(i[0]), sizes, dim=a.get("axis", 0)))
+                elif op == "Slice":
+                    y = t(i[0])[self.sl[id(n)]]
+                elif op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+                    y = t(i[0]).reshape(p.tensors[n.outputs[0]].shape)
+                elif op == "Transpose":
+                    x = t(i[0])
+                    y = x.permute(*a.get("perm", list(range(x.dim()))[::-1]))
+                elif op == "ReduceMean":
+                    axes = a.get("axes") or (c(i[1]) if len(i) > 1 else None)
+                    y = torch.mean(t(i[0]), dim=tuple(axes), keepdim=bool(a.get("keepdims", 1)))
+                elif op == "MatMul":
+                    y = torch.matmul(t(i[0]), t(i[1]))
+                elif op == "Gemm":
+                    A, B = t(i[0]), t(i[1])
+                    A = A.t() if a.get("transA", 0) else A
+                    B = B.t() if a.get("transB", 0) else B
+                    y = a.get("alpha", 1.0) * (A @ B)
+                    if len(i) > 2 and i[2]:
+                        y = y + a.get("beta", 1.0) * t(i[2])
+                elif op == "Softmax":
+                    x = t(i[0])
+                    axis = a.get("axis", 1 if n.opset < 13 else -1) % x.dim()
+                    if n.opset < 13 and axis != x.dim() - 1:
+                        y = F.softmax(x.reshape(*x.shape[:axis], -1), -1).reshape(x.shape)
+                    else:
+                        y = F.softmax(x, axis)
+                elif op == "Cast":
+                    y = t(i[0]).to({1: torch.float32, 7: torch.int64, 6: torch.int32}[a["to"]])
+                elif op in ("Identity", "Dropout"):
+                    y = t(i[0])
+                elif op == "Expand":
+                    x = t(i[0])
+                    y = x.expand(tuple(p.tensors[n.outputs[0]].shape))
+                elif op == "Gather":
+                    y = torch.index_select(t(i[0]), a.get("axis", 0), self.idx[id(n)]).reshape(p.tensors[n.outputs[0]].shape)
+                else:
+                    raise NotImplementedError(op)
+                if isinstance(y, tuple):
+                    for o, v in zip(n.outputs, y):
+                        env[o] = v
+                else:
+                    env[n.outputs[0]] = y
+            return tuple(env[o] for o in outputs)
+
+    return Module().eval()
+
+
+# --------------------------------------------------------------------------------------------
+# Timing.
+
+
+def median_ms(samples):
+    return statistics.median(samples) * 1e3
+
+
+def time_sync(fn, n, warmup=5):
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return median_ms(out)
+
+
+async def time_async(fn, n, warmup=5):
+    for _ in range(warmup):
+        await fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await fn()
+        out.append(time.perf_counter() - t0)
+    return median_ms(out)
+
+
+def rel_error(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def sample_input(name, shape):
+    """Seeded input; for det a page of dark word blocks (on pure noise its map is ~1e-12 everywhere)."""
+    rng = np.random.default_rng(sum(shape))
+    if name != "det":
+        return rng.random(shape, dtype=np.float32)
+    n, c, h, w = shape
+    page = np.ones((h, w), np.float32)
+    for top in range(16, h - 32, 48):
+        x = 16
+        while x < w - 48:
+            bw = int(rng.integers(8, 40))
+            page[top:top + 24, x:x + bw] = -1.0
+            x += bw + 10
+    page += 0.1 * rng.standard_normal((h, w)).astype(np.float32)
+    return np.ascontiguousarray(np.broadcast_to(page, shape))
+
+
+async def bench_aiomnn(name, shape, precision, n):
+    spec = MODELS[name]
+    net = aiomnn.Interpreter.from_file(models.path(name))
+    x = sample_input(name, shape)
+    cfg = ScheduleConfig(type="cuda", backend_config=BackendConfig(precision=precision))
+    t0 = time.perf_counter()
+    async with await net.create_session(cfg) as s:
+        await s.resize({spec.input: shape})
+        t_resize = time.perf_counter() - t0
+        out = await s.run({spec.input: x})
+        ms = await time_async(lambda: s.run({spec.input: x}), n)
+        summary = dict(s.pipeline.main.summary)
+    return ms, t_resize, out, summary
+
+
+def bench_torch(name, shape, n, compile_):
+    import torch
+
+    spec = MODELS[name]
+    path = models.path(name)
+    x = sample_input(name, shape)
+    model = onnx_to_torch(path, spec.input, shape)
+    res = {}
+    with torch.no_grad():
+        xd = torch.from_numpy(x).cuda()
+
+        def e2e(m):
+            return lambda: [o.cpu().numpy() for o in m(torch.from_numpy(x).cuda())]
+
+        def dev(m):
+            def go():
+                m(xd)
+                torch.cuda.synchronize()
+            return go
+
+        ref = [o.cpu().numpy() for o in model(xd)]
+        res["eager"] = (time_sync(e2e(model), n), time_sync(dev(model), n))
+        if compile_:
+            t0 = time.perf_counter()
+            cm = torch.compile(model, mode="reduce-overhead", dynamic=False)
+            for _ in range(3):
+                cm(xd)
+            torch.cuda.synchronize()
+            res["compile_s"] = time.perf_counter() - t0
+            res["compile"] = (time_sync(e2e(cm), n), time_sync(dev(cm), n))
+    return res, ref
+
+
+def chain_model(n_ops, c=8, hw=16):
+    """A chain of n_ops 3x3 convs, each followed by a Relu (fused): n_ops kernels."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    nodes, inits = [], []
+    x = "x"
+    for k in range(n_ops):
+        w = f"w{k}"
+        inits.append(numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float32), w))
+        nodes.append(helper.make_node("Conv", [x, w], [f"c{k}"], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{k}"], [f"r{k}"]))
+        x = f"r{k}"
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, c, hw, hw))],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, (1, c, hw, hw))], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+async def host_cost(n=300):
+    """Host time of a run: wall time of submit() and CPU seconds per run, for 30 and 300 ops."""
+    out = {}
+    for ops in (30, 300):
+        net = aiomnn.Interpreter.from_bytes(chain_model(ops))
+        async with await net.create_session(ScheduleConfig(type="cuda")) as s:
+            be = s.pipeline.main
+            x = {"x": np.random.default_rng(0).random((1, 8, 16, 16), dtype=np.float32)}
+            submit_times = []
+            orig = be.submit
+
+            def timed(seg, values):
+                t0 = time.perf_counter()
+                f = orig(seg, values)
+                submit_times.append(time.perf_counter() - t0)
+                return f
+
+            be.submit = timed
+            for _ in range(20):
+                await s.run(x)
+            submit_times.clear()
+            c0 = time.process_time()
+            wall = await time_async(lambda: s.run(x), n, warmup=0)
+            cpu = (time.process_time() - c0) / n
+            out[ops] = {"kernels": be.summary["launches"], "submit_us": statistics.median(submit_times) * 1e6,
+                        "cpu_us_per_run": cpu * 1e6, "wall_ms": wall}
+    return out
+
+
+async def await_lag(n=500):
+    """Latency from GPU completion to the awaiting task, per AIOMNN_CUDA_WAIT mode."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "tiny",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 16))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 16))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    net = aiomnn.Interpreter.from_bytes(m.SerializeToString())
+    x = {"x": np.ones((1, 16), np.float32)}
+    res = {}
+    for mode in ("hostfunc", "graph", "thread"):
+        os.environ["AIOMNN_CUDA_WAIT"] = mode
+        async with await net.create_session(ScheduleConfig(type="cuda")) as s:
+            await s.run(x)
+            be = s.pipeline.main
+            run = next(iter(be._runs.values()))
+            stream = be.stream
+
+            def blocking():
+                run.graph.launch(stream)
+                stream.synchronize()
+
+            base = [0.0] * n
+            fence_t = [0.0] * n
+            for k in range(n):
+                t0 = time.perf_counter()
+                blocking()
+                base[k] = time.perf_counter() - t0
+            from aiomnn.fence import Fence
+
+            for k in range(n):
+                t0 = time.perf_counter()
+                f = Fence()
+                be.launch(run, f)
+                await f.wait()
+                fence_t[k] = time.perf_counter() - t0
+            session_ms = await time_async(lambda: s.run(x), n)
+        fence_t.sort()
+        res[mode] = {"blocking_sync_us": statistics.median(base) * 1e6,
+                     "await_us": statistics.median(fence_t) * 1e6,
+                     "await_p90_us": fence_t[int(0.9 * n)] * 1e6,
+                     "lag_us": (statistics.median(fence_t) - statistics.median(base)) * 1e6,
+                     "session_run_us": session_ms * 1e3}
+    os.environ.pop("AIOMNN_CUDA_WAIT", None)
+    return res
+
+
+async def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="det,cls,yolov8n,rec")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--n", type=int, default=50)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--skip-extra", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    import cupy
+
+    dev = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    dev = dev.decode() if isinstance(dev, bytes) else dev
+    print(f"device: {dev}", flush=True)
+    rows, results = [], {"device": dev, "models": {}}
+    if not args.skip_extra:
+        results["host_cost"] = await host_cost()
+        print("host cost:", json.dumps(results["host_cost"]), flush=True)
+        results["await_lag"] = await await_lag()
+        print("await lag (asyncio):", json.dumps(results["await_lag"]), flush=True)
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            import threading
+
+            box = {}
+            t = threading.Thread(target=lambda: box.update(r=uvloop.run(await_lag())))
+            t.start()
+            t.join()
+            results["await_lag_uvloop"] = box.get("r")
+            print("await lag (uvloop):", json.dumps(results["await_lag_uvloop"]), flush=True)
+
+    import onnxruntime as ort
+
+    for name in args.models.split(","):
+        spec = MODELS[name]
+        base = spec.shapes[0]
+        oracle = ort.InferenceSession(str(models.path(name)), providers=["CPUExecutionProvider"])
+        for b in [int(v) for v in args.batches.split(",")]:
+            shape = (b,) + tuple(base[1:])
+            x = sample_input(name, shape)
+            want = oracle.run(None, {spec.input: x})
+            r = {}
+            ms32, rs32, out32, summary = await bench_aiomnn(name, shape, "normal", args.n)
+            ms16, rs16, out16, _ = await bench_aiomnn(name, shape, "low", args.n)
+            outs = list(out32)
+            r.update(aiomnn_fp32=ms32, aiomnn_fp16=ms16, resize_s=rs32, kernels=summary["launches"],
+                     fused=summary["fused"], graphs=summary["graphs"],
+                     err_fp32=max(rel_error(out32[k], w) for k, w in zip(outs, want)),
+                     err_fp16=max(rel_error(out16[k], w) for k, w in zip(outs, want)))
+            if not args.no_torch:
+                try:
+                    tr, ref = bench_torch(name, shape, args.n, not args.no_compile)
+                    r["err_torch"] = max(rel_error(a, w) for a, w in zip(ref, want))
+                    r["eager"], r["eager_dev"] = tr["eager"]
+                    if "compile" in tr:
+                        r["compile"], r["compile_dev"] = tr["compile"]
+                        r["compile_s"] = tr["compile_s"]
+                except Exception as exc:  # report and go on
+                    r["torch_error"] = f"{type(exc).__name__}: {exc}"
+            results["models"][f"{name} b{b}"] = r
+            if args.out:
+                os.makedirs(args.out, exist_ok=True)
+                with open(os.path.join(args.out, "gpu_bench.json"), "w") as fh:
+                    json.dump(results, fh, indent=1, default=float)
+            print(f"{name} b{b} {json.dumps(r, default=float)}", flush=True)
+            rows.append((f"{name} {'x'.join(map(str, shape))}", r))
+    def f(v):
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+    lines = [f"device: {dev}", "",
+             "| model | aiomnn fp32 | aiomnn fp16 | torch eager | eager (device) | torch.compile | compile (device) |"
+             " kernels | err fp32 | err fp16 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, r in rows:
+        lines.append(f"| {label} | {f(r.get('aiomnn_fp32'))} | {f(r.get('aiomnn_fp16'))} | {f(r.get('eager'))} | "
+                     f"{f(r.get('eager_dev'))} | {f(r.get('compile'))} | {f(r.get('compile_dev'))} | {r.get('kernels')} | "
+                     f"{r.get('err_fp32', 0):.1e} | {r.get('err_fp16', 0):.1e} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gpu_bench.json"), "w") as fh:
+            json.dump(results, fh, indent=1, default=float)
+        with open(os.path.join(args.out, "gpu_bench.md"), "w") as fh:
+            fh.write(table + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))

@@ -1,0 +1,475 @@
+"""The CUDA backend: import guard and code generation everywhere; ops and real models where a GPU is.
+
+Without cupy or a GPU (CI), only the tests that need neither run; the rest
+skip with the reason. Per-op results are checked against the CPU backend
+(onnxruntime where the CPU backend lacks the op), the public models against
+onnxruntime: relative error ||a - b|| / ||b|| at most 1e-4 in fp32 and 1e-2
+in fp16 (precision="low").
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import aiomnn
+from aiomnn.backends.cuda import kernels
+from aiomnn.models import MODELS
+
+from .conftest import model_path
+
+
+def _gpu_reason() -> str | None:
+    try:
+        import cupy  # noqa: F401
+    except Exception as exc:
+        return f"cupy is not importable here ({type(exc).__name__}: {exc})"
+    from aiomnn.backends import cuda
+
+    if not cuda.probe():
+        return "cupy is installed but no CUDA device is visible"
+    return None
+
+
+GPU_REASON = _gpu_reason()
+needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a CUDA GPU: {GPU_REASON}")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def rel_error(a: np.ndarray, b: np.ndarray) -> float:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+# --------------------------------------------------------------------------------------------
+# No GPU needed.
+
+
+def test_import_aiomnn_does_not_import_cupy():
+    code = ("import sys, aiomnn, aiomnn.backends.cuda\n"
+            "assert 'cupy' not in sys.modules, 'cupy imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_probe_without_cupy_is_empty():
+    code = ("import sys\nsys.modules['cupy'] = None\n"
+            "from aiomnn.backends import cuda\nassert cuda.probe() == []\n"
+            "import aiomnn\nassert aiomnn.ForwardType.CUDA not in aiomnn.available_backends()\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cuda_request_falls_back_without_gpu():
+    if GPU_REASON is None:
+        pytest.skip("a GPU is present")
+    code = ("import sys\nsys.modules['cupy'] = None\nimport aiomnn\n"
+            "rt = aiomnn.create_runtime(aiomnn.ScheduleConfig(type='cuda'))\n"
+            "assert aiomnn.ForwardType.CUDA not in rt.runtimes\nrt.close()\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_collapse_merges_contiguous_dims():
+    dims, st = kernels.collapse([2, 3, 4, 5], [[60, 20, 5, 1], [0, 1, 0, 0]])
+    assert dims == [2, 3, 20] and st == [[60, 20, 1], [0, 1, 0]]
+    dims, st = kernels.collapse([1, 8, 1, 1], [[0, 1, 0, 0]])
+    assert dims == [8] and st == [[1]]
+
+
+def test_generated_source_depends_on_structure_only():
+    a = kernels.Expr("Add", (kernels.Val("x", (4,)), kernels.Lit(3.0)))
+    b = kernels.Expr("Add", (kernels.Val("y", (9,)), kernels.Lit(0.5)))
+    srcs = []
+    for root in (a, b):
+        plans = [kernels.LeafPlan(leaf, "lit" if isinstance(leaf, kernels.Lit) else "c",
+                                  meta=[kernels.float_bits(leaf.value)] if isinstance(leaf, kernels.Lit) else [])
+                 for leaf in kernels.leaves(root).values()]
+        src, meta = kernels.generate(root, plans, 1)
+        srcs.append(src)
+        assert meta[1] == kernels.float_bits(root.args[1].value)
+    assert srcs[0] == srcs[1]
+
+
+def test_substitute_shares_a_value_used_twice():
+    x = kernels.Val("x", (2,))
+    y = kernels.Expr("Mul", (x, kernels.Expr("Clip", (kernels.Expr("Add", (x, kernels.Lit(3.0))),),
+                                                        (("lo", 0.0), ("hi", 6.0)))))
+    conv = kernels.Expr("Relu", (kernels.Val("c", (2,)),))
+    z = kernels.substitute(y, "x", conv)
+    assert kernels.vals(z) == ["c"]
+    plans = [kernels.LeafPlan(leaf, "lit" if isinstance(leaf, kernels.Lit) else "c",
+                              meta=[0] if isinstance(leaf, kernels.Lit) else [])
+             for leaf in kernels.leaves(z).values()]
+    src, _ = kernels.generate(z, plans, 1)
+    assert src.count("fmaxf(l0, 0.f)") == 1  # the producer is computed once
+
+
+# --------------------------------------------------------------------------------------------
+# Per-op tests on the GPU.
+
+
+def make_model(op_type, inputs, outputs, attrs=None, inits=None, opset=17, extra_nodes=()):
+    """One node (plus extra nodes) with named inputs {name: array or (shape, dtype)} and outputs."""
+    vi = []
+    feeds = {}
+    for name, v in inputs.items():
+        arr = v
+        vi.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
+        feeds[name] = arr
+    init = [numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()]
+    node_inputs = list(inputs) + list(inits or {})
+    if op_type is not None:
+        nodes = [helper.make_node(op_type, node_inputs if not extra_nodes else node_inputs, outputs, **(attrs or {}))]
+    else:
+        nodes = []
+    nodes = list(nodes) + list(extra_nodes)
+    outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs]
+    graph = helper.make_graph(nodes, "t", vi, outs, init)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model.SerializeToString(), feeds
+
+
+async def run_on(data, feeds, kind, precision="normal"):
+    net = aiomnn.Interpreter.from_bytes(data)
+    cfg = aiomnn.ScheduleConfig(type=kind, num_threads=2, backend_config=aiomnn.BackendConfig(precision=precision))
+    async with await net.create_session(cfg) as s:
+        out = await s.run(feeds)
+        again = await s.run(feeds)
+        summary = dict(getattr(s.pipeline.main, "summary", {}))
+    for k in out:
+        np.testing.assert_array_equal(out[k], again[k])
+    return out, summary
+
+
+async def oracle(data, feeds):
+    try:
+        out, _ = await run_on(data, feeds, "cpu")
+        return out
+    except aiomnn.UnsupportedOpError:
+        ort = pytest.importorskip("onnxruntime")
+        sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        return dict(zip(names, sess.run(None, feeds)))
+
+
+async def check(data, feeds, tol=1e-4, precision="normal", all_cuda=True):
+    want = await oracle(data, feeds)
+    got, summary = await run_on(data, feeds, "cuda", precision)
+    if all_cuda:
+        assert summary.get("declined") == {}, summary
+    for k, w in want.items():
+        g = got[k]
+        assert g.shape == w.shape and g.dtype == w.dtype, (k, g.shape, w.shape, g.dtype, w.dtype)
+        if w.dtype.kind in "iub":
+            np.testing.assert_array_equal(g, w)
+        else:
+            assert rel_error(g, w) <= tol, f"{k}: relative error {rel_error(g, w):.3e}"
+    return summary
+
+
+rng = np.random.default_rng(0)
+
+
+def r(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def conv_case(x, w, b=None, **attrs):
+    inits = {"w": w}
+    if b is not None:
+        inits["b"] = b
+    return make_model("Conv", {"x": x}, ["y"], attrs, inits)
+
+
+OP_CASES = {
+    "conv3x3": lambda: conv_case(r(1, 8, 17, 19), r(16, 8, 3, 3), r(16), pads=[1, 1, 1, 1]),
+    "conv3x3_s2_b2": lambda: conv_case(r(2, 3, 32, 30), r(16, 3, 3, 3), r(16), strides=[2, 2], pads=[1, 1, 1, 1]),
+    "conv1x1": lambda: conv_case(r(2, 24, 9, 7), r(40, 24, 1, 1), r(40)),
+    "conv1x1_s2": lambda: conv_case(r(1, 24, 9, 7), r(8, 24, 1, 1), strides=[2, 2]),
+    "conv_1x3_asym": lambda: conv_case(r(1, 6, 5, 20), r(10, 6, 1, 3), pads=[0, 1, 0, 1]),
+    "conv_dilated": lambda: conv_case(r(1, 4, 20, 20), r(6, 4, 3, 3), dilations=[2, 2], pads=[2, 2, 2, 2]),
+    "depthwise3x3": lambda: conv_case(r(2, 16, 20, 18), r(16, 1, 3, 3), r(16), group=16, pads=[1, 1, 1, 1]),
+    "depthwise5x5_s21": lambda: conv_case(r(1, 12, 24, 30), r(12, 1, 5, 5), r(12), group=12, pads=[2, 2, 2, 2],
+                                          strides=[2, 1]),
+    "grouped": lambda: conv_case(r(1, 8, 10, 10), r(12, 4, 3, 3), r(12), group=2, pads=[1, 1, 1, 1]),
+    "conv_same_upper": lambda: conv_case(r(1, 3, 11, 11), r(4, 3, 3, 3), auto_pad="SAME_UPPER", strides=[2, 2]),
+    "convtranspose_k2s2": lambda: make_model("ConvTranspose", {"x": r(2, 8, 7, 9)}, ["y"], {"strides": [2, 2]},
+                                             {"w": r(8, 4, 2, 2), "b": r(4)}),
+    "convtranspose_k3s2p1": lambda: make_model("ConvTranspose", {"x": r(1, 4, 6, 5)}, ["y"],
+                                               {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]},
+                                               {"w": r(4, 6, 3, 3)}),
+    "maxpool2": lambda: make_model("MaxPool", {"x": r(1, 4, 10, 11)}, ["y"], {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    "maxpool5_same": lambda: make_model("MaxPool", {"x": r(2, 4, 10, 10)}, ["y"],
+                                        {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}),
+    "maxpool_ceil": lambda: make_model("MaxPool", {"x": r(1, 3, 9, 9)}, ["y"],
+                                       {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    "avgpool_excl": lambda: make_model("AveragePool", {"x": r(1, 5, 12, 10)}, ["y"],
+                                       {"kernel_shape": [3, 2], "strides": [3, 2]}),
+    "avgpool_incl_pad": lambda: make_model("AveragePool", {"x": r(1, 3, 8, 8)}, ["y"],
+                                           {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    "gap": lambda: make_model("GlobalAveragePool", {"x": r(2, 7, 45, 50)}, ["y"]),
+    "gmp": lambda: make_model("GlobalMaxPool", {"x": r(1, 7, 5, 6)}, ["y"]),
+    "resize_nearest_x2": lambda: make_model("Resize", {"x": r(1, 3, 5, 7)}, ["y"],
+                                            {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                                             "nearest_mode": "floor"},
+                                            {"roi": np.zeros(0, np.float32),
+                                             "scales": np.array([1, 1, 2, 2], np.float32)}),
+    "resize_nearest_sizes": lambda: make_model("Resize", {"x": r(1, 2, 6, 9)}, ["y"], {"mode": "nearest"},
+                                               {"roi": np.zeros(0, np.float32), "scales": np.zeros(0, np.float32),
+                                                "sizes": np.array([1, 2, 10, 5], np.int64)}),
+    "resize_linear": lambda: make_model("Resize", {"x": r(1, 3, 5, 7)}, ["y"], {"mode": "linear"},
+                                        {"roi": np.zeros(0, np.float32),
+                                         "scales": np.array([1, 1, 2.5, 1.5], np.float32)}),
+    "resize_linear_align": lambda: make_model("Resize", {"x": r(1, 3, 5, 7)}, ["y"],
+                                              {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+                                              {"roi": np.zeros(0, np.float32), "scales": np.zeros(0, np.float32),
+                                               "sizes": np.array([1, 3, 9, 4], np.int64)}),
+    "softmax_last": lambda: make_model("Softmax", {"x": r(3, 5, 77)}, ["y"], {"axis": -1}),
+    "softmax_axis1": lambda: make_model("Softmax", {"x": r(1, 16, 4, 50)}, ["y"], {"axis": 1}),
+    "softmax_opset11": lambda: make_model("Softmax", {"x": r(2, 3, 4)}, ["y"], {"axis": 1}, opset=11),
+    "logsoftmax": lambda: make_model("LogSoftmax", {"x": r(4, 300)}, ["y"], {"axis": 1}),
+    "layernorm": lambda: make_model("LayerNormalization", {"x": r(2, 7, 96)}, ["y"], {"axis": -1, "epsilon": 1e-5},
+                                    {"g": r(96), "b": r(96)}),
+    "reducemean_last": lambda: make_model("ReduceMean", {"x": r(2, 40, 120)}, ["y"], {"axes": [-1]}, opset=12),
+    "reducesum_hw": lambda: make_model("ReduceSum", {"x": r(2, 3, 64, 70)}, ["y"], {"keepdims": 0},
+                                       {"axes": np.array([2, 3], np.int64)}),
+    "reducemax_mid": lambda: make_model("ReduceMax", {"x": r(2, 9, 5)}, ["y"], {"axes": [1]}, opset=13),
+    "reducemin_all": lambda: make_model("ReduceMin", {"x": r(3, 4, 5)}, ["y"], {}, opset=13),
+    "matmul_2d": lambda: make_model("MatMul", {"a": r(33, 65), "b": r(65, 17)}, ["y"]),
+    "matmul_3d_weight": lambda: make_model("MatMul", {"a": r(2, 40, 120)}, ["y"], inits={"w": r(120, 360)}),
+    "matmul_4d": lambda: make_model("MatMul", {"a": r(1, 8, 40, 15), "b": r(1, 8, 15, 40)}, ["y"]),
+    "matmul_bcast": lambda: make_model("MatMul", {"a": r(3, 10, 6), "b": r(1, 6, 4)}, ["y"]),
+    "gemm": lambda: make_model("Gemm", {"a": r(4, 30)}, ["y"], {"transB": 1, "alpha": 0.5, "beta": 2.0},
+                               {"w": r(20, 30), "c": r(20)}),
+    "concat": lambda: make_model("Concat", {"a": r(1, 3, 4, 5), "b": r(1, 2, 4, 5), "c": r(1, 1, 4, 5)}, ["y"],
+                                 {"axis": 1}),
+    "concat_int": lambda: make_model("Concat", {"a": np.arange(6).reshape(2, 3), "b": np.arange(4).reshape(2, 2)},
+                                     ["y"], {"axis": -1}),
+    "slice_steps": lambda: make_model("Slice", {"x": r(5, 12, 7)}, ["y"], {},
+                                      {"s": np.array([1, 10, 0], np.int64), "e": np.array([4, 1, 7], np.int64),
+                                       "a": np.array([0, 1, 2], np.int64), "st": np.array([1, -3, 2], np.int64)}),
+    "split": lambda: make_model("Split", {"x": r(2, 9, 4)}, ["y0", "y1"], {"axis": 1},
+                                {"sp": np.array([4, 5], np.int64)}),
+    "transpose": lambda: make_model("Transpose", {"x": r(2, 3, 4, 5)}, ["y"], {"perm": [0, 2, 3, 1]}),
+    "reshape": lambda: make_model("Reshape", {"x": r(2, 3, 4)}, ["y"], {}, {"s": np.array([6, -1], np.int64)}),
+    "gather_const": lambda: make_model("Gather", {"x": r(5, 6, 3)}, ["y"], {"axis": 1},
+                                       {"i": np.array([[0, 5], [-1, 2]], np.int64)}),
+    "gather_runtime": lambda: make_model("Gather", {"x": r(7, 4), "i": np.array([3, 0, 6, 6], np.int64)}, ["y"],
+                                         {"axis": 0}),
+    "cast_to_int": lambda: make_model("Cast", {"x": (r(3, 4) * 10)}, ["y"], {"to": TensorProto.INT64}),
+    "cast_from_int": lambda: make_model("Cast", {"x": np.arange(12).reshape(3, 4)}, ["y"], {"to": TensorProto.FLOAT}),
+    "expand": lambda: make_model("Expand", {"x": r(3, 1)}, ["y"], {}, {"s": np.array([2, 3, 4], np.int64)}),
+    "add_bcast": lambda: make_model("Add", {"a": r(2, 3, 4, 5), "b": r(3, 1, 5)}, ["y"]),
+    "sub_scalar": lambda: make_model("Sub", {"a": r(2, 3)}, ["y"], inits={"b": np.array(1.5, np.float32)}),
+    "mul_channel": lambda: make_model("Mul", {"a": r(2, 8, 6, 6), "b": r(2, 8, 1, 1)}, ["y"]),
+    "div": lambda: make_model("Div", {"a": r(4, 5), "b": np.abs(r(4, 5)) + 0.5}, ["y"]),
+    "pow2": lambda: make_model("Pow", {"a": r(4, 5)}, ["y"], inits={"p": np.array(2.0, np.float32)}),
+    "pow_runtime": lambda: make_model("Pow", {"a": np.abs(r(4, 5)) + 0.1, "p": r(4, 5)}, ["y"]),
+    "clip": lambda: make_model("Clip", {"x": r(3, 7)}, ["y"], {},
+                               {"lo": np.array(-0.5, np.float32), "hi": np.array(0.7, np.float32)}),
+    "hardsigmoid": lambda: make_model("HardSigmoid", {"x": r(3, 7)}, ["y"], {"alpha": 0.16666, "beta": 0.5}),
+    "leakyrelu": lambda: make_model("LeakyRelu", {"x": r(3, 7)}, ["y"], {"alpha": 0.1}),
+    "batchnorm": lambda: make_model("BatchNormalization", {"x": r(2, 6, 4, 5)}, ["y"], {"epsilon": 1e-3},
+                                    {"s": r(6), "bb": r(6), "m": r(6), "v": np.abs(r(6)) + 0.5}),
+    "sum3": lambda: make_model("Sum", {"a": r(3, 4), "b": r(4), "c": r(3, 1)}, ["y"]),
+    "max2": lambda: make_model("Max", {"a": r(3, 4), "b": r(3, 4)}, ["y"]),
+}
+for _u in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Exp", "Neg", "Abs", "Erf", "Softplus", "Floor"):
+    OP_CASES[_u.lower()] = (lambda u: lambda: make_model(u, {"x": r(4, 33)}, ["y"]))(_u)
+OP_CASES["sqrt"] = lambda: make_model("Sqrt", {"x": np.abs(r(4, 33))}, ["y"])
+OP_CASES["log"] = lambda: make_model("Log", {"x": np.abs(r(4, 33)) + 0.1}, ["y"])
+OP_CASES["reciprocal"] = lambda: make_model("Reciprocal", {"x": np.abs(r(4, 33)) + 0.5}, ["y"])
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", sorted(OP_CASES))
+async def test_op_fp32(case):
+    data, feeds = OP_CASES[case]()
+    await check(data, feeds)
+
+
+CONV_CASES = ["conv3x3", "conv3x3_s2_b2", "conv1x1", "conv1x1_s2", "conv_1x3_asym", "conv_dilated", "conv_same_upper",
+              "grouped"]
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.parametrize("algo", ["gemm", "im2col", "direct"])
+@pytest.mark.parametrize("case", CONV_CASES)
+async def test_conv_algorithms(case, algo, monkeypatch):
+    """Each conv algorithm on each case (small convs otherwise all take the direct path)."""
+    from aiomnn.backends.cuda.ops import conv
+
+    monkeypatch.setattr(conv, "DIRECT_MACS", 0)
+    monkeypatch.setattr(conv, "FORCE_ALGO", None if algo == "gemm" else algo)
+    data, feeds = OP_CASES[case]()
+    await check(data, feeds)
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", ["conv3x3", "conv1x1", "depthwise3x3", "convtranspose_k2s2", "maxpool2", "gap",
+                                  "resize_linear", "softmax_last", "layernorm", "matmul_4d", "gemm", "batchnorm",
+                                  "add_bcast", "hardswish", "concat", "transpose", "reducemean_last"])
+async def test_op_fp16(case):
+    data, feeds = OP_CASES[case]()
+    await check(data, feeds, tol=1e-2, precision="low")
+
+
+def fused_block():
+    """Conv -> HardSwish written out (Add, Clip, Mul, Div) -> SE gate (GAP, 1x1 conv, HardSigmoid, Mul) -> residual,
+    then an elementwise chain."""
+    c = 8
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c", "three"], ["c3"]),
+        helper.make_node("Clip", ["c3", "zero", "six"], ["cc"]),
+        helper.make_node("Mul", ["c", "cc"], ["cm"]),
+        helper.make_node("Div", ["cm", "six"], ["h"]),
+        helper.make_node("GlobalAveragePool", ["h"], ["g"]),
+        helper.make_node("Conv", ["g", "w2", "b2"], ["g2"]),
+        helper.make_node("HardSigmoid", ["g2"], ["gs"], alpha=0.2, beta=0.5),
+        helper.make_node("Mul", ["h", "gs"], ["se"]),
+        helper.make_node("Conv", ["se", "wd"], ["d"], group=c, pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+        helper.make_node("Relu", ["d"], ["dr"]),
+        helper.make_node("Add", ["dr", "x"], ["h2"]),
+        # A chain no graph rewrite collapses: h2 is read twice, then four elementwise ops.
+        helper.make_node("Sub", ["h2", "half"], ["s1"]),
+        helper.make_node("Mul", ["s1", "h2"], ["m"]),
+        helper.make_node("Tanh", ["m"], ["t"]),
+        helper.make_node("Abs", ["t"], ["a"]),
+        helper.make_node("Add", ["a", "x"], ["y"]),
+    ]
+    inits = {"w": r(c, c, 3, 3), "b": r(c), "three": np.array(3.0, np.float32), "zero": np.array(0.0, np.float32),
+             "six": np.array(6.0, np.float32), "w2": r(c, c, 1, 1), "b2": r(c), "wd": r(c, 1, 3, 3),
+             "half": np.array(0.5, np.float32)}
+    return make_model(None, {"x": r(2, c, 12, 12)}, ["y"], inits=inits, extra_nodes=nodes)
+
+
+@needs_gpu
+@pytest.mark.anyio
+async def test_elementwise_chains_fuse():
+    data, feeds = fused_block()
+    summary = await check(data, feeds)
+    assert summary["fused"] >= 5, summary  # the final chain, conv epilogues
+    assert summary["graphs"] == 1
+
+
+def mixed_model():
+    """GPU ops, then an op the CUDA backend declines (Where), then GPU ops: three segments."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Neg", ["a"], ["na"]),
+        helper.make_node("Where", ["cond", "a", "na"], ["w"]),
+        helper.make_node("Sigmoid", ["w"], ["s"]),
+        helper.make_node("Add", ["s", "a"], ["y"]),
+    ]
+    cond = rng.random((3, 4)) > 0.5
+    return make_model(None, {"x": r(3, 4)}, ["y", "a"], inits={"cond": cond}, extra_nodes=nodes)
+
+
+@needs_gpu
+@pytest.mark.anyio
+async def test_declined_op_runs_on_cpu_between_gpu_segments():
+    data, feeds = mixed_model()
+    summary = await check(data, feeds, all_cuda=False)
+    assert summary["declined"] == {"Where": 1} and summary["segments"] == 2, summary
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["hostfunc", "graph", "thread"])
+async def test_wait_modes(mode, monkeypatch):
+    monkeypatch.setenv("AIOMNN_CUDA_WAIT", mode)
+    data, feeds = fused_block()
+    await check(data, feeds)
+
+
+@needs_gpu
+@pytest.mark.anyio
+async def test_sessions_run_concurrently_on_one_runtime():
+    import anyio
+
+    data, feeds = fused_block()
+    want = await oracle(data, feeds)
+    net = aiomnn.Interpreter.from_bytes(data)
+    cfg = aiomnn.ScheduleConfig(type="cuda")
+    rt = aiomnn.create_runtime(cfg)
+    results = {}
+    try:
+        sessions = [await net.create_session(cfg, rt) for _ in range(3)]
+
+        async def go(i, s):
+            for _ in range(5):
+                results[i] = await s.run(feeds)
+
+        async with anyio.create_task_group() as tg:
+            for i, s in enumerate(sessions):
+                tg.start_soon(go, i, s)
+        for s in sessions:
+            await s.close()
+    finally:
+        rt.close()
+    for out in results.values():
+        assert rel_error(out["y"], want["y"]) <= 1e-4
+
+
+@needs_gpu
+@pytest.mark.anyio
+async def test_resize_to_new_shapes():
+    data, _ = fused_block()
+    model = onnx.load_from_string(data)
+    for i, d in enumerate(model.graph.input[0].type.tensor_type.shape.dim):
+        if i != 1:
+            d.dim_param = f"d{i}"
+    net = aiomnn.Interpreter.from_bytes(model.SerializeToString())
+    async with await net.create_session(aiomnn.ScheduleConfig(type="cuda")) as s, \
+            await net.create_session(aiomnn.ScheduleConfig(type="cpu")) as cpu:
+        for shape in [(1, 8, 9, 7), (3, 8, 16, 16), (1, 8, 9, 7)]:
+            x = {"x": r(*shape)}
+            got, want = await s.run(x), await cpu.run(x)
+            assert rel_error(got["y"], want["y"]) <= 1e-4
+
+
+# --------------------------------------------------------------------------------------------
+# The public models against onnxruntime.
+
+MODEL_CASES = [(name, shape) for name, spec in MODELS.items() for shape in spec.shapes]
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.models
+@pytest.mark.parametrize("precision,tol", [("normal", 1e-4), ("low", 1e-2)], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("name,shape", MODEL_CASES, ids=[f"{n}-{'x'.join(map(str, s))}" for n, s in MODEL_CASES])
+async def test_model_matches_onnxruntime(name, shape, precision, tol):
+    ort = pytest.importorskip("onnxruntime")
+    from .test_models import sample_input
+
+    spec = MODELS[name]
+    path = model_path(name)
+    x = sample_input(name, shape)  # for det a page of word blocks: on noise its map is ~1e-12
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {spec.input: x})
+    net = aiomnn.Interpreter.from_file(path)
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(precision=precision))
+    async with await net.create_session(cfg) as s:
+        got = await s.run({spec.input: x})
+        summary = s.pipeline.main.summary
+    assert summary["declined"] == {}, summary
+    errs = {}
+    for out_name, w in zip(net.output_names, want):
+        g = got[out_name]
+        assert g.shape == w.shape and g.dtype == w.dtype
+        errs[out_name] = rel_error(g, w)
+    print(f"\n{name} {shape} {precision}: {errs} {summary}")
+    assert all(e <= tol for e in errs.values()), errs
