@@ -68,7 +68,8 @@ UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Er
          "Log", "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sin", "Cos", "Elu", "Selu", "Softplus",
          "Softsign", "Mish", "Identity", "Clip", "Dropout", "Softmax", "LogSoftmax", "LayerNormalization",
          "BatchNormalization", "InstanceNormalization", "Sign", "PRelu", "Celu", "ThresholdedRelu", "Not",
-         "IsNaN", "IsInf", "LRN", "Hardmax", "CumSum", "Trilu")
+         "IsNaN", "IsInf", "LRN", "Hardmax", "CumSum", "Trilu", "Swish", "Tan", "Asin", "Acos", "Atan", "Sinh",
+         "Cosh", "Asinh", "Acosh", "Atanh", "Shrink", "BitwiseNot")
 
 
 @shape_fn(*UNARY)
