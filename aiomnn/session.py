@@ -18,6 +18,7 @@ from .errors import AiomnnError, InputError
 from .graph import Graph, ValueInfo
 from .pipeline import Pipeline
 from .runtime import RuntimeInfo
+from .tuning import SessionTuning
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -42,6 +43,7 @@ class Session:
         self.pipeline = Pipeline(graph, main, backup)
         self.pipeline.memory_limit = config.backend_config.memory_limit
         self._inputs = {v.name: v for v in graph.inputs}
+        self._tuning = SessionTuning(main_rt, config, runtime.executor)
 
     # Public API ---------------------------------------------------------------
     @property
@@ -60,11 +62,16 @@ class Session:
 
     def has_async_work(self) -> bool:
         """True while GPU tuning for this session runs in the background (the session runs on the CPU meanwhile)."""
-        return False
+        return self._tuning.busy
 
     async def wait_async_resize(self) -> None:
         """Wait until background work (GPU tuning) has ended and the session is on its final backend."""
         self._check_open()
+        await self._tuning.wait()
+        async with self._lock:
+            self._check_open()
+            if self._tuning.handoff_due and self._shapes is not None:
+                await self._resize_locked(self._shapes)
 
     async def resize(self, shapes: Mapping[str, Any]) -> None:
         self._check_open()
@@ -78,7 +85,7 @@ class Session:
         shapes = {name: a.shape for name, a in arrays.items() if isinstance(a, np.ndarray)}
         async with self._lock:
             self._check_open()
-            if shapes != self._shapes:
+            if shapes != self._shapes or self._tuning.handoff_due:
                 await self._resize_locked(shapes)
             outputs = await self.pipeline.execute(arrays)
         return _own_outputs(outputs, arrays)
@@ -87,6 +94,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        self._tuning.close()
         async with self._lock:
             pending = self.pipeline.pending
             if pending is not None and not pending.done:
@@ -115,7 +123,7 @@ class Session:
         self._shapes = None
         try:
             p.encode(shapes)
-            p.alloc()
+            p.alloc(fallback=await self._tuning.prepare(p))
         except BaseException:
             p.segments = []
             raise

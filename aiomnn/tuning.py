@@ -1,0 +1,547 @@
+"""GPU tuning, shared by every GPU backend: the cache, the background job, and a
+session's move from the CPU to the GPU once tuning has ended.
+
+A backend describes each piece of work whose best setting is unknown as a
+TuneTask: a cache key, the candidate settings, and a way to time one. For
+OpenCL a candidate is a local work size; for CUDA it could be an algorithm.
+Everything else lives here and is the same for every backend:
+
+- TuningCache holds results by device and key, loads them from a JSON file
+  (never pickle) and writes that file atomically.
+- Tuner is one runtime's tuning state: its cache, its one background job and
+  the progress callbacks. `pending(tasks)` is what `Runtime.measure` asks.
+- TuningJob is one background thread that times candidates with a
+  threading.Event checked between them, so closing cancels it.
+- SessionTuning is MNN's "turn back to cpu": when a plan has ops that need
+  tuning, the session runs on its CPU backup while the job runs, then
+  re-resizes onto the GPU before its next run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Protocol
+
+from .fence import Fence, offload
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
+    from .config import ScheduleConfig
+    from .pipeline import Pipeline
+    from .runtime import Runtime
+
+log = logging.getLogger("aiomnn.tuning")
+
+SCHEMA = "aiomnn-tuning-cache"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Level:
+    """How hard to tune: candidates tried per task, timed samples per candidate (after one warm-up)."""
+
+    candidates: int
+    samples: int
+
+
+LEVELS = {"fast": Level(4, 2), "normal": Level(8, 3), "heavy": Level(32, 5)}
+
+
+class TuneTask(Protocol):
+    """One piece of tunable work, as a backend describes it."""
+
+    key: str  # what the result is cached under, on this device
+    label: str  # for progress messages: the node and kernel
+
+    def candidates(self, limit: int) -> list[Any]:
+        """At most `limit` JSON-serialisable settings, the backend's default first."""
+
+    def timer(self) -> ContextManager[Callable[[Any, int], float]]:
+        """Set up the work once; yields time(candidate, samples) -> seconds, the best of the samples."""
+
+
+class TuningCancelled(Exception):
+    """The job was cancelled between two candidates."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Reported after each task: how far the job is, and what was chosen."""
+
+    done: int
+    total: int
+    label: str
+    key: str
+    choice: Any
+    seconds: float | None
+
+
+# The cache --------------------------------------------------------------------------------------
+class TuningCache:
+    """Tuning results of one device, by key; other devices' entries in the file are kept as they were."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.path: str | None = None
+        self._lock = threading.Lock()
+        self._entries: dict[str, dict[str, Any]] = {}
+        self._others: dict[str, Any] = {}  # entries of other devices, written back untouched
+        self._dirty = False
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._entries
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._entries.get(key)
+
+    def put(self, key: str, choice: Any, seconds: float | None) -> None:
+        entry = {"choice": choice, "us": None if seconds is None else round(seconds * 1e6, 3)}
+        with self._lock:
+            self._entries[key] = entry
+            self._dirty = True
+
+    def load(self, path: str) -> None:
+        """Use `path` from now on, and take its entries for this device; a bad file is ignored with a warning."""
+        with self._lock:
+            self.path = path
+            self._others = {}
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(64 << 20)
+            except FileNotFoundError:
+                log.info("tuning cache %s does not exist yet; it is written when tuning ends", path)
+                return
+            except OSError as exc:
+                log.warning("cannot read the tuning cache %s (%s); ignoring it", path, exc)
+                self._dirty = True
+                return
+            try:
+                devices = _parse(data)
+            except ValueError as exc:
+                log.warning("ignoring the tuning cache %s: %s; it will be rewritten", path, exc)
+                self._dirty = True
+                return
+            mine = devices.pop(self.device, {})
+            self._others = devices
+            self._entries.update(mine)
+            log.info("tuning cache %s: %d entries for %s", path, len(mine), self.device)
+
+    def save(self) -> None:
+        """Write the file atomically (a temporary file, then os.replace), readable by its owner only."""
+        with self._lock:
+            if self.path is None or not self._dirty:
+                return
+            devices = dict(self._others)
+            devices[self.device] = dict(self._entries)
+            text = json.dumps({"schema": SCHEMA, "version": VERSION, "devices": devices}, indent=1, sort_keys=True)
+            path = self.path
+            self._dirty = False
+        folder = os.path.dirname(os.path.abspath(path))
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".tmp", dir=folder)  # mode 0o600
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, 0o600)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            log.warning("cannot write the tuning cache %s: %s", path, exc)
+            with self._lock:
+                self._dirty = True
+            return
+        log.info("tuning cache written to %s", path)
+
+
+def _parse(data: bytes) -> dict[str, dict[str, dict[str, Any]]]:
+    """The entries of a cache file, by device; ValueError when it is not one of ours."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"not valid JSON ({exc})") from None
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if schema != SCHEMA:
+        raise ValueError(f"not an aiomnn tuning cache (schema {schema!r})")
+    if doc.get("version") != VERSION:
+        raise ValueError(f"version {doc.get('version')!r}, this aiomnn writes version {VERSION}")
+    devices = doc.get("devices")
+    if not isinstance(devices, dict):
+        raise ValueError("it has no 'devices' table")
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for device, entries in devices.items():
+        if not isinstance(entries, dict):
+            raise ValueError(f"the entries of {device!r} are not a table")
+        good = {}
+        for key, entry in entries.items():
+            if not isinstance(entry, dict) or "choice" not in entry or not _is_number_or_none(entry.get("us")):
+                raise ValueError(f"entry {key!r} of {device!r} is malformed")
+            good[key] = {"choice": entry["choice"], "us": entry.get("us")}
+        out[device] = good
+    return out
+
+
+def _is_number_or_none(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+
+
+# Timing one task ---------------------------------------------------------------------------------
+def tune_task(task: TuneTask, level: Level, cancelled: threading.Event) -> tuple[Any, float | None]:
+    """Time the task's candidates; the fastest one and its time. A candidate that fails is skipped."""
+    candidates = task.candidates(level.candidates)
+    best: tuple[Any, float | None] = (candidates[0] if candidates else None, None)
+    with task.timer() as measure:
+        for c in candidates:
+            if cancelled.is_set():
+                raise TuningCancelled
+            try:
+                t = measure(c, level.samples)
+            except Exception as exc:  # e.g. a local size this kernel cannot take
+                log.debug("%s: candidate %r failed: %s", task.label, c, exc)
+                continue
+            if best[1] is None or t < best[1]:
+                best = (c, t)
+    return best
+
+
+# One runtime's tuning ----------------------------------------------------------------------------
+class Tuner:
+    """A runtime's tuning state: the cache, the one background job, progress callbacks."""
+
+    def __init__(self, device: str, name: str):
+        self.name = name
+        self.cache = TuningCache(device)
+        self._lock = threading.Lock()
+        self._job: TuningJob | None = None
+        self._callbacks: list[Callable[[Progress], Any]] = []
+        self.closed = False
+
+    def set_cache_file(self, path: str) -> None:
+        self.cache.load(path)
+
+    def add_progress_callback(self, cb: Callable[[Progress], Any]) -> None:
+        """cb(Progress) is called from the tuning thread after each task."""
+        self._callbacks.append(cb)
+
+    def remove_progress_callback(self, cb: Callable[[Progress], Any]) -> None:
+        with contextlib.suppress(ValueError):
+            self._callbacks.remove(cb)
+
+    def pending(self, tasks: Iterable[TuneTask]) -> list[TuneTask]:
+        """The tasks whose result is not cached."""
+        return [t for t in tasks if t.key not in self.cache]
+
+    @property
+    def busy(self) -> bool:
+        job = self._job
+        return job is not None and not job.done
+
+    def start(self, tasks: list[TuneTask], level: Level) -> "TuningJob":
+        """Queue tasks on the running job, or start one; returns the job that will tune them."""
+        with self._lock:
+            if self.closed:
+                raise RuntimeError(f"the {self.name} runtime is closed")
+            job = self._job
+            if job is None or not job.add(tasks, level, waiter=True):
+                job = TuningJob(self, level)
+                job.add(tasks, level, waiter=True)
+                self._job = job
+                job.start()
+            return job
+
+    def run_now(self, tasks: list[TuneTask], level: Level, cancelled: threading.Event) -> None:
+        """Foreground tuning, on the calling (worker) thread; saves the cache at the end."""
+        try:
+            _run_tasks(self, tasks, level, cancelled)
+        finally:
+            self.cache.save()
+
+    def report(self, progress: Progress) -> None:
+        log.debug("%s tuning %d/%d: %s -> %r (%s us)", self.name, progress.done, progress.total, progress.label,
+                  progress.choice, None if progress.seconds is None else round(progress.seconds * 1e6, 1))
+        for cb in list(self._callbacks):
+            try:
+                cb(progress)
+            except Exception:
+                log.exception("a tuning progress callback failed")
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Cancel the job and wait for its thread to end, so the device can be released."""
+        with self._lock:
+            self.closed = True
+            job = self._job
+        if job is not None:
+            job.cancel()
+            job.join(timeout)
+
+
+def _run_tasks(tuner: Tuner, items: list[TuneTask], level: Level, cancelled: threading.Event,
+               job: "TuningJob | None" = None) -> None:
+    done = 0
+    seen: set[str] = set()
+    queue = list(items)
+    while True:
+        if not queue and job is not None:
+            queue = job.take()
+        if not queue:
+            return
+        task = queue.pop(0)
+        if cancelled.is_set():
+            raise TuningCancelled
+        if task.key in seen or task.key in tuner.cache:
+            continue
+        seen.add(task.key)
+        choice, seconds = tune_task(task, job.levels.get(task.key, level) if job else level, cancelled)
+        tuner.cache.put(task.key, choice, seconds)
+        done += 1
+        total = done + len(queue) + (job.queued() if job is not None else 0)
+        tuner.report(Progress(done, total, task.label, task.key, choice, seconds))
+
+
+class TuningJob:
+    """One background thread that tunes queued tasks until none is left, or it is cancelled."""
+
+    def __init__(self, tuner: Tuner, level: Level):
+        self.tuner = tuner
+        self.level = level
+        self.levels: dict[str, Level] = {}
+        self.cancelled = threading.Event()
+        self.error: BaseException | None = None
+        self.interest = 0  # sessions waiting for this job; none left cancels it
+        self._lock = threading.Lock()
+        self._queue: list[TuneTask] = []
+        self._closing = False  # the thread found the queue empty and is ending
+        self._done = False
+        self._waiters: list[Fence] = []
+        self._thread = threading.Thread(target=self._main, name=f"aiomnn-{tuner.name}-tuning", daemon=True)
+        self.started = time.monotonic()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def succeeded(self) -> bool:
+        return self._done and self.error is None and not self.cancelled.is_set()
+
+    def add(self, tasks: list[TuneTask], level: Level, waiter: bool = False) -> bool:
+        """Queue more tasks; False when the job is ending and cannot take them. A new waiter counts as interest."""
+        with self._lock:
+            if self._closing or self.cancelled.is_set():
+                return False
+            for t in tasks:
+                self.levels.setdefault(t.key, level)
+            self._queue.extend(tasks)
+            self.interest += waiter
+            return True
+
+    def take(self) -> list[TuneTask]:
+        with self._lock:
+            queue, self._queue = self._queue, []
+            if not queue:
+                self._closing = True
+            return queue
+
+    def queued(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def release(self) -> None:
+        """A session no longer waits for this job; the last one to go cancels it."""
+        with self._lock:
+            self.interest -= 1
+            last = self.interest <= 0
+        if last and not self._done:
+            log.info("%s tuning cancelled: no session waits for it any more", self.tuner.name)
+            self.cancel()
+
+    def waiter(self) -> Fence | None:
+        """A fence, on the calling event loop, that completes when the job ends; None if it has ended."""
+        fence = Fence()
+        with self._lock:
+            if self._done:
+                return None
+            self._waiters.append(fence)
+        return fence
+
+    def _main(self) -> None:
+        tuner = self.tuner
+        log.info("%s tuning started", tuner.name)
+        try:
+            _run_tasks(tuner, [], self.level, self.cancelled, job=self)
+        except TuningCancelled:
+            log.info("%s tuning cancelled after %.2f s", tuner.name, time.monotonic() - self.started)
+        except BaseException as exc:  # logged, and the sessions stay on the CPU
+            self.error = exc
+            log.error("%s tuning failed: %s: %s; sessions stay on the CPU", tuner.name, type(exc).__name__, exc,
+                      exc_info=exc)
+        else:
+            log.info("%s tuning finished in %.2f s", tuner.name, time.monotonic() - self.started)
+        finally:
+            try:
+                tuner.cache.save()
+            finally:
+                with self._lock:
+                    self._closing = True
+                    self._done = True
+                    waiters, self._waiters = self._waiters, []
+                for fence in waiters:
+                    fence.signal()
+
+
+# A session's side -------------------------------------------------------------------------------
+class TunableRuntime(Protocol):
+    """What a GPU runtime provides for the session side (OpenCL, Vulkan and CUDA do).
+
+    - `tuner`: its Tuner; `set_cache_file(path)` forwards to `tuner.set_cache_file`.
+    - `tuning_tasks(backend, node, inputs, outputs)`: the op's tunable work, as TuneTasks.
+    - `measure(node, inputs, outputs)`: `bool(tuner.pending(tuning_tasks(...)))` (MNN's onMeasure).
+    - optionally `compile(backend, ops)`: build what a plan needs; run on a worker thread.
+    """
+
+    tuner: Tuner
+
+    def tuning_tasks(self, backend: Any, node: Any, inputs: list, outputs: list) -> list[TuneTask]: ...
+
+
+class SessionTuning:
+    """One session's tuning state: fall back to the CPU while its ops are tuned, then move to the GPU."""
+
+    def __init__(self, runtime: "Runtime", config: "ScheduleConfig", executor: "Executor"):
+        tuner = getattr(runtime, "tuner", None)
+        level = config.backend_config.tuning
+        self.tuner: Tuner | None = tuner if isinstance(tuner, Tuner) and level != "none" else None
+        self.runtime = runtime
+        self.level = LEVELS.get(level, LEVELS["normal"])
+        self.max_ops = config.max_tuning_number
+        self.background = config.background_tuning
+        self.executor = executor
+        self.job: TuningJob | None = None
+        self.failed: BaseException | None = None  # a job that crashed keeps the session on the CPU
+        self._closed = False
+
+    @property
+    def busy(self) -> bool:
+        """Tuning for this session is in flight (has_async_work)."""
+        self._settle()
+        return self.job is not None and not self.job.done
+
+    @property
+    def handoff_due(self) -> bool:
+        """The job ended well: the next run re-resizes onto the GPU."""
+        self._settle()
+        return self.job is not None and self.job.succeeded
+
+    def _settle(self) -> None:
+        job = self.job
+        if job is not None and job.done and not job.succeeded:
+            self.job = None
+            if job.error is not None:
+                self.failed = job.error
+
+    async def prepare(self, pipeline: "Pipeline") -> bool:
+        """Called between encode and alloc; True when this plan must run on the CPU backup.
+
+        First the main runtime builds the kernels the plan needs, on a worker thread (a
+        cold compile takes seconds), so alloc finds them built and never blocks the loop.
+        """
+        if self._closed:
+            return False
+        compile_ = getattr(self.runtime, "compile", None)
+        if compile_ is not None and pipeline.main is not pipeline.backup:
+            await offload(self.executor, compile_, pipeline.main, list(pipeline.ops())).wait()
+        if self.tuner is None:
+            return False
+        self._settle()
+        if self.failed is not None:
+            return True
+        if self.job is not None:
+            if not self.job.done:  # new shapes while tuning: queue their ops too, stay on the CPU
+                tasks = self._tasks(pipeline)
+                if tasks and not self.job.add(tasks, self.level):
+                    self._start(tasks)
+                return True
+            job, self.job = self.job, None
+            job.release()
+            return False  # tuning has ended: this is the hand-off onto the GPU
+        tasks = self._tasks(pipeline)
+        if not tasks:
+            return False
+        if self.background:
+            log.info("%d %s op(s) need tuning; running on the CPU meanwhile (turn back to cpu)",
+                     len({t.label for t in tasks}), pipeline.main.type)
+            self._start(tasks)
+            return True
+        cancelled = threading.Event()
+        fence = offload(self.executor, self.tuner.run_now, tasks, self.level, cancelled)
+        try:
+            await fence.wait()
+        except BaseException:
+            cancelled.set()
+            fence.cancel()
+            raise
+        return False
+
+    def _start(self, tasks: list[TuneTask]) -> None:
+        assert self.tuner is not None
+        if self.job is not None:
+            self.job.release()
+        self.job = self.tuner.start(tasks, self.level)
+
+    def _tasks(self, pipeline: "Pipeline") -> list[TuneTask]:
+        assert self.tuner is not None
+        tasks: list[TuneTask] = []
+        seen: set[str] = set()
+        make = self.runtime.tuning_tasks  # type: ignore[attr-defined]
+        for node, ins, outs in pipeline.measure(self.max_ops):
+            for t in self.tuner.pending(make(pipeline.main, node, ins, outs)):
+                if t.key not in seen:
+                    seen.add(t.key)
+                    tasks.append(t)
+        return tasks
+
+    async def wait(self) -> None:
+        """Until this session's tuning has ended (however it ended)."""
+        job = self.job
+        if job is None:
+            return
+        fence = job.waiter()
+        if fence is not None:
+            await fence.settle()
+        self._settle()
+
+    def close(self) -> None:
+        """The session is closing: stop waiting for the job, which is cancelled if nobody else waits."""
+        self._closed = True
+        job, self.job = self.job, None
+        if job is not None:
+            job.release()

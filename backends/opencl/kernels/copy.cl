@@ -1,0 +1,78 @@
+/* Moving data: strided copies for Transpose, Slice, Concat, Split, Expand and
+ * contiguous copies. Built per element size (-DE=uchar/ushort/uint/ulong), so
+ * they serve every dtype. meta: dims[rank], x strides[rank], y strides[rank]. */
+
+__kernel void copy_nd(BUF(const E, x), BUF(E, y), BUF(const int, meta), const int n, const int rank,
+                      const int xbase, const int ybase) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    SHIFT(x); SHIFT(y); SHIFT(meta);
+    int ix = xbase, iy = ybase, r = i;
+    for (int d = rank - 1; d >= 0; --d) {
+        const int dim = meta[d];
+        const int c = r % dim;
+        r /= dim;
+        ix += c * meta[rank + d];
+        iy += c * meta[2 * rank + d];
+    }
+    y[iy] = x[ix];
+}
+
+__kernel void copy(BUF(const E, x), BUF(E, y), const int n) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    SHIFT(x); SHIFT(y);
+    y[i] = x[i];
+}
+
+#ifdef IDX
+/* Gather along one axis of x viewed as [outer, axis, inner]; indices (-DIDX=int/long) may be negative. */
+__kernel void gather(BUF(const E, x), BUF(const IDX, idx), BUF(E, y), const int n, const int axis_len,
+                     const int n_idx, const int inner) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    SHIFT(x); SHIFT(idx); SHIFT(y);
+    const int in = i % inner;
+    const int j = (i / inner) % n_idx;
+    const int o = i / (inner * n_idx);
+    long k = idx[j];
+    if (k < 0) k += axis_len;
+    k = clamp(k, (long)0, (long)(axis_len - 1));
+    y[i] = x[(o * axis_len + (int)k) * inner + in];
+}
+#endif
+
+/* Pad. meta: out dims[rank], in dims[rank], pads before[rank], in strides[rank].
+ * mode: 0 constant (value[0]), 1 edge, 2 reflect, 3 wrap. */
+__kernel void pad(BUF(const E, x), BUF(E, y), BUF(const E, value), BUF(const int, meta), const int n,
+                  const int rank, const int mode) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    SHIFT(x); SHIFT(y); SHIFT(value); SHIFT(meta);
+    int r = i, off = 0;
+    bool outside = false;
+    for (int d = rank - 1; d >= 0; --d) {
+        const int c = r % meta[d];
+        r /= meta[d];
+        const int len = meta[rank + d];
+        int s = c - meta[2 * rank + d];
+        if (s < 0 || s >= len) {
+            if (mode == 0) outside = true;
+            else if (mode == 1) s = clamp(s, 0, len - 1);
+            else if (mode == 2) {
+                const int period = 2 * (len - 1);
+                if (period == 0) s = 0;
+                else {
+                    s = s % period;
+                    if (s < 0) s += period;
+                    if (s >= len) s = period - s;
+                }
+            } else {
+                s = s % len;
+                if (s < 0) s += len;
+            }
+        }
+        off += s * meta[3 * rank + d];
+    }
+    y[i] = outside ? value[0] : x[off];
+}

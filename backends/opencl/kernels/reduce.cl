@@ -1,0 +1,267 @@
+/* Reductions and Softmax.
+ *
+ * reduce: one output element per work item. meta: kept dims[kr], their input
+ * strides[kr], reduced dims[rr], their input strides[rr]. op: 0 sum, 1 mean,
+ * 2 max, 3 min, 4 prod, 5 sum of squares, 6 L1, 7 L2, 8 log-sum, 9 log-sum-exp.
+ *
+ * softmax: the input viewed as [outer, axis, inner]; one work item per
+ * (outer, inner) row. log != 0 gives LogSoftmax. */
+
+__kernel void reduce(BUF(const T, x), BUF(T, y), BUF(const int, meta), const int n, const int kr, const int rr,
+                     const int count, const int op) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    SHIFT(x); SHIFT(y); SHIFT(meta);
+    int base = 0, r = i;
+    for (int d = kr - 1; d >= 0; --d) {
+        const int dim = meta[d];
+        base += (r % dim) * meta[kr + d];
+        r /= dim;
+    }
+    const __global int* rd = meta + 2 * kr;
+    float m = -INFINITY;
+    if (op == 9) {
+        for (int j = 0; j < count; ++j) {
+            int off = base, q = j;
+            for (int d = rr - 1; d >= 0; --d) {
+                off += (q % rd[d]) * rd[rr + d];
+                q /= rd[d];
+            }
+            m = fmax(m, LD(x, off));
+        }
+        if (isinf(m)) m = 0.0f;
+    }
+    float acc = op == 2 ? -INFINITY : (op == 3 ? INFINITY : (op == 4 ? 1.0f : 0.0f));
+    for (int j = 0; j < count; ++j) {
+        int off = base, q = j;
+        for (int d = rr - 1; d >= 0; --d) {
+            off += (q % rd[d]) * rd[rr + d];
+            q /= rd[d];
+        }
+        const float v = LD(x, off);
+        switch (op) {
+        case 2: acc = (v > acc || v != v) ? v : acc; break;
+        case 3: acc = (v < acc || v != v) ? v : acc; break;
+        case 4: acc *= v; break;
+        case 5: case 7: acc += v * v; break;
+        case 6: acc += fabs(v); break;
+        case 9: acc += exp(v - m); break;
+        default: acc += v; break;
+        }
+    }
+    if (op == 1) acc /= (float)count;
+    else if (op == 7) acc = sqrt(acc);
+    else if (op == 8) acc = log(acc);
+    else if (op == 9) acc = log(acc) + m;
+    ST(y, i, acc);
+}
+
+__kernel void softmax(BUF(const T, x), BUF(T, y), const int outer, const int axis, const int inner, const int log_) {
+    const int in = get_global_id(0);
+    const int out = get_global_id(1);
+    if (in >= inner || out >= outer) return;
+    SHIFT(x); SHIFT(y);
+    const int base = out * axis * inner + in;
+    float m = -INFINITY;
+    for (int j = 0; j < axis; ++j) m = fmax(m, LD(x, base + j * inner));
+    float s = 0.0f;
+    for (int j = 0; j < axis; ++j) s += exp(LD(x, base + j * inner) - m);
+    if (log_) {
+        const float ls = log(s);
+        for (int j = 0; j < axis; ++j) ST(y, base + j * inner, LD(x, base + j * inner) - m - ls);
+    } else {
+        const float inv = 1.0f / s;
+        for (int j = 0; j < axis; ++j) ST(y, base + j * inner, exp(LD(x, base + j * inner) - m) * inv);
+    }
+}
+
+#define GROUP 64
+
+/* Work-group reductions in local memory; every work item of the group gets the result. */
+inline float group_max(__local float* part, float v) {
+    const int lane = get_local_id(0);
+    part[lane] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = GROUP / 2; s > 0; s >>= 1) {
+        if (lane < s) part[lane] = fmax(part[lane], part[lane + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float r = part[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+inline float group_sum(__local float* part, float v) {
+    const int lane = get_local_id(0);
+    part[lane] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = GROUP / 2; s > 0; s >>= 1) {
+        if (lane < s) part[lane] += part[lane + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float r = part[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+/* Softmax of long contiguous rows: one work group of GROUP per row. */
+__kernel void softmax_rows(BUF(const T, x), BUF(T, y), const int rows, const int len, const int log_) {
+    __local float part[GROUP];
+    const int lane = get_local_id(0);
+    const int row = get_global_id(1);
+    SHIFT(x); SHIFT(y);
+    const bool live = row < rows;
+    const __global T* xr = x + (live ? row : 0) * len;
+    float m = -INFINITY;
+    if (live)
+        for (int j = lane; j < len; j += GROUP) m = fmax(m, LD(xr, j));
+    m = group_max(part, m);
+    float s = 0.0f;
+    if (live)
+        for (int j = lane; j < len; j += GROUP) s += exp(LD(xr, j) - m);
+    s = group_sum(part, s);
+    if (!live) return;
+    __global T* yr = y + row * len;
+    if (log_) {
+        const float ls = log(s);
+        for (int j = lane; j < len; j += GROUP) ST(yr, j, LD(xr, j) - m - ls);
+    } else {
+        const float inv = 1.0f / s;
+        for (int j = lane; j < len; j += GROUP) ST(yr, j, exp(LD(xr, j) - m) * inv);
+    }
+}
+
+/* reduce with one work group of GROUP per output element, for long reductions (same meta and ops). */
+__kernel void reduce_wg(BUF(const T, x), BUF(T, y), BUF(const int, meta), const int n, const int kr, const int rr,
+                        const int count, const int op) {
+    __local float part[GROUP];
+    const int lane = get_local_id(0);
+    const int i = get_global_id(1);
+    SHIFT(x); SHIFT(y); SHIFT(meta);
+    const bool live = i < n;
+    int base = 0, r = live ? i : 0;
+    for (int d = kr - 1; d >= 0; --d) {
+        const int dim = meta[d];
+        base += (r % dim) * meta[kr + d];
+        r /= dim;
+    }
+    const __global int* rd = meta + 2 * kr;
+    float m = 0.0f;
+    if (op == 9) {
+        float v = -INFINITY;
+        for (int j = lane; live && j < count; j += GROUP) {
+            int off = base, q = j;
+            for (int d = rr - 1; d >= 0; --d) {
+                off += (q % rd[d]) * rd[rr + d];
+                q /= rd[d];
+            }
+            v = fmax(v, LD(x, off));
+        }
+        m = group_max(part, v);
+        if (isinf(m)) m = 0.0f;
+    }
+    float acc = op == 2 ? -INFINITY : (op == 3 ? INFINITY : (op == 4 ? 1.0f : 0.0f));
+    for (int j = lane; live && j < count; j += GROUP) {
+        int off = base, q = j;
+        for (int d = rr - 1; d >= 0; --d) {
+            off += (q % rd[d]) * rd[rr + d];
+            q /= rd[d];
+        }
+        const float v = LD(x, off);
+        switch (op) {
+        case 2: acc = (v > acc || v != v) ? v : acc; break;
+        case 3: acc = (v < acc || v != v) ? v : acc; break;
+        case 4: acc *= v; break;
+        case 5: case 7: acc += v * v; break;
+        case 6: acc += fabs(v); break;
+        case 9: acc += exp(v - m); break;
+        default: acc += v; break;
+        }
+    }
+    /* Combine the lanes: max/min/prod have their own tree; the rest are sums. */
+    part[lane] = acc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = GROUP / 2; s > 0; s >>= 1) {
+        if (lane < s) {
+            const float a = part[lane], b = part[lane + s];
+            part[lane] = op == 2 ? ((b > a || b != b) ? b : a) : op == 3 ? ((b < a || b != b) ? b : a)
+                       : op == 4 ? a * b : a + b;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lane != 0 || !live) return;
+    acc = part[0];
+    if (op == 1) acc /= (float)count;
+    else if (op == 7) acc = sqrt(acc);
+    else if (op == 8) acc = log(acc);
+    else if (op == 9) acc = log(acc) + m;
+    ST(y, i, acc);
+}
+
+/* LayerNormalization over the last `size` elements of each row; scale and
+ * bias are expanded to `size` on the host. stats: bit 0 writes the mean,
+ * bit 1 the inverse standard deviation of each row. */
+__kernel void layer_norm(BUF(const T, x), BUF(const T, scale), BUF(const T, bias), BUF(T, y),
+                         BUF(T, mean_out), BUF(T, istd_out), const int rows, const int size, const float eps,
+                         const int stats) {
+    const int r = get_global_id(0);
+    if (r >= rows) return;
+    SHIFT(x); SHIFT(scale); SHIFT(bias); SHIFT(y); SHIFT(mean_out); SHIFT(istd_out);
+    const __global T* xr = x + r * size;
+    float mean = 0.0f;
+    for (int j = 0; j < size; ++j) mean += LD(xr, j);
+    mean /= (float)size;
+    float var = 0.0f;
+    for (int j = 0; j < size; ++j) {
+        const float d = LD(xr, j) - mean;
+        var += d * d;
+    }
+    const float inv = 1.0f / sqrt(var / (float)size + eps);
+    __global T* yr = y + r * size;
+    for (int j = 0; j < size; ++j) ST(yr, j, (LD(xr, j) - mean) * inv * LD(scale, j) + LD(bias, j));
+    if (stats & 1) ST(mean_out, r, mean);
+    if (stats & 2) ST(istd_out, r, inv);
+}
+
+/* BatchNormalization (inference) whose parameters are inputs, not constants. */
+__kernel void batch_norm(BUF(const T, x), BUF(const T, scale), BUF(const T, bias), BUF(const T, mean),
+                         BUF(const T, var), BUF(T, y), const int n, const int C, const int inner, const float eps) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    SHIFT(x); SHIFT(scale); SHIFT(bias); SHIFT(mean); SHIFT(var); SHIFT(y);
+    const int c = (i / inner) % C;
+    const float k = LD(scale, c) / sqrt(LD(var, c) + eps);
+    ST(y, i, (LD(x, i) - LD(mean, c)) * k + LD(bias, c));
+}
+
+/* x * scale[c] + bias[c] for channel c of [outer, C, inner]: BatchNormalization
+ * (inference) and InstanceNormalization's affine step. */
+__kernel void channel_affine(BUF(const T, x), BUF(const T, scale), BUF(const T, bias), BUF(T, y),
+                             const int n, const int C, const int inner) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    SHIFT(x); SHIFT(scale); SHIFT(bias); SHIFT(y);
+    const int c = (i / inner) % C;
+    ST(y, i, LD(x, i) * LD(scale, c) + LD(bias, c));
+}
+
+/* InstanceNormalization: one row of `size` elements per (n, c). */
+__kernel void instance_norm(BUF(const T, x), BUF(const T, scale), BUF(const T, bias), BUF(T, y),
+                            const int rows, const int C, const int size, const float eps) {
+    const int r = get_global_id(0);
+    if (r >= rows) return;
+    SHIFT(x); SHIFT(scale); SHIFT(bias); SHIFT(y);
+    const __global T* xr = x + r * size;
+    float mean = 0.0f;
+    for (int j = 0; j < size; ++j) mean += LD(xr, j);
+    mean /= (float)size;
+    float var = 0.0f;
+    for (int j = 0; j < size; ++j) {
+        const float d = LD(xr, j) - mean;
+        var += d * d;
+    }
+    const float k = LD(scale, r % C) / sqrt(var / (float)size + eps);
+    const float b = LD(bias, r % C);
+    __global T* yr = y + r * size;
+    for (int j = 0; j < size; ++j) ST(yr, j, (LD(xr, j) - mean) * k + b);
+}

@@ -1,0 +1,3 @@
+"""Every OpenCL op, one module per family. Importing this package registers them all."""
+
+from . import conv, elementwise, layout, matmul, normalization, pool, reduce, resize  # noqa: F401

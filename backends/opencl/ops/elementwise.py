@@ -1,0 +1,196 @@
+"""Elementwise ops: unary math and activations, broadcasting binary arithmetic,
+comparisons and Where. Activations fused into Conv, Gemm and Add by the
+optimizer use the same codes (kernels/common.cl)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from aiomnn.backend import Tensor
+
+from ..kernel import (Decline, In, Launch, OpContext, Out, act_options, collapse, const_value, f32, i32, meta, op,
+                      require_float)
+
+#: Unary op codes, as in kernels/common.cl.
+UNARY = {"Identity": 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5, "HardSwish": 6,
+         "Tanh": 7, "Gelu": 8, "Sqrt": 10, "Exp": 11, "Log": 12, "Abs": 13, "Neg": 14, "Floor": 15, "Ceil": 16,
+         "Reciprocal": 17, "Sin": 18, "Cos": 19, "Erf": 20, "Elu": 21, "Softplus": 22, "Softsign": 23,
+         "Round": 24, "Sign": 25, "Selu": 26, "Celu": 27, "ThresholdedRelu": 28, "Mish": 29, "Tan": 30,
+         "Asin": 31, "Acos": 32, "Atan": 33, "Sinh": 34, "Cosh": 35, "Asinh": 36, "Acosh": 37, "Atanh": 38,
+         "Swish": 39}
+GELU_TANH = 9
+
+#: Opset each unary op appeared in (or changed its float semantics in).
+SINCE = {"Relu": 6, "LeakyRelu": 6, "Sigmoid": 6, "HardSigmoid": 6, "HardSwish": 14, "Tanh": 6, "Gelu": 20,
+         "Sqrt": 6, "Exp": 6, "Log": 6, "Abs": 6, "Neg": 6, "Floor": 6, "Ceil": 6, "Reciprocal": 6, "Sin": 7,
+         "Cos": 7, "Erf": 9, "Elu": 6, "Softplus": 1, "Softsign": 1, "Round": 11, "Sign": 9, "Selu": 6,
+         "Celu": 12, "ThresholdedRelu": 10, "Mish": 18, "Tan": 7, "Asin": 7, "Acos": 7, "Atan": 7, "Sinh": 9,
+         "Cosh": 9, "Asinh": 9, "Acosh": 9, "Atanh": 9, "Swish": 24, "Identity": 1}
+
+FLOAT_MAX = 3.4028234663852886e38
+
+
+def activation(attrs: dict[str, Any] | Any) -> tuple[int, float, float]:
+    """(code, p0, p1) of a node's fused `_activation`; (0, 0, 0) when it has none."""
+    fused = attrs.get("_activation") if hasattr(attrs, "get") else None
+    if fused is None:
+        return 0, 0.0, 0.0
+    name, a = fused
+    return unary_params(name, dict(a))
+
+
+def unary_params(name: str, a: dict[str, Any]) -> tuple[int, float, float]:
+    if name not in UNARY:
+        raise Decline(f"activation {name}")
+    code = UNARY[name]
+    if name == "LeakyRelu":
+        return code, float(a.get("alpha", 0.01)), 0.0
+    if name == "Clip":
+        lo, hi = a.get("min"), a.get("max")
+        return code, -FLOAT_MAX if lo is None else float(lo), FLOAT_MAX if hi is None else float(hi)
+    if name == "HardSigmoid":
+        return code, float(a.get("alpha", 0.2)), float(a.get("beta", 0.5))
+    if name == "Elu":
+        return code, float(a.get("alpha", 1.0)), 0.0
+    if name == "Selu":
+        return code, float(a.get("alpha", 1.67326319217681884765625)), float(a.get("gamma", 1.05070102214813232421875))
+    if name == "Celu":
+        return code, float(a.get("alpha", 1.0)), 0.0
+    if name in ("ThresholdedRelu", "Swish"):
+        return code, float(a.get("alpha", 1.0)), 0.0
+    if name == "Gelu":
+        approx = a.get("approximate", "none")
+        approx = approx.decode() if isinstance(approx, bytes) else approx
+        return (GELU_TANH if approx == "tanh" else code), 0.0, 0.0
+    extra = set(a) - {"_activation"}
+    if extra:
+        raise Decline(f"{name} attributes {sorted(extra)}")
+    return code, 0.0, 0.0
+
+
+def unary_launch(ctx: OpContext, x: Tensor, code: int, p0: float = 0.0, p1: float = 0.0) -> Launch:
+    n = math.prod(x.shape)
+    return Launch("elementwise", "unary", [In(0), Out(0), *i32(n), *f32(p0, p1)], (n,), act_options(code))
+
+
+def _unary(name: str) -> None:
+    def plan(ctx, node, ins, outs):
+        require_float(ins[0], outs[0])
+        code, p0, p1 = unary_params(name, dict(node.attrs))
+        return [unary_launch(ctx, ins[0], code, p0, p1)]
+
+    op(name, SINCE[name])(plan)
+
+
+for _name in SINCE:
+    if _name != "Identity":
+        _unary(_name)
+
+
+@op("Clip", 6)
+def clip_6(ctx, node, ins, outs):
+    require_float(ins[0], outs[0])
+    lo, hi = node.attrs.get("min", -FLOAT_MAX), node.attrs.get("max", FLOAT_MAX)
+    return [unary_launch(ctx, ins[0], UNARY["Clip"], lo, hi)]
+
+
+@op("Clip", 11)
+def clip_11(ctx, node, ins, outs):
+    require_float(ins[0], outs[0], *ins[1:3])
+    given = [len(ins) > i and ins[i] is not None and bool(ins[i].name) for i in (1, 2)]
+    if any(g and ins[i + 1].const is None for i, g in enumerate(given)):
+        n = math.prod(ins[0].shape)
+        bufs = [In(i) if given[i - 1] else In(0) for i in (1, 2)]
+        return [Launch("elementwise", "clip_t", [In(0), *bufs, Out(0), *i32(n, given[0] | given[1] << 1)], (n,))]
+    lo = float(const_value(ins[1], "Clip bound").reshape(-1)[0]) if given[0] else -math.inf
+    hi = float(const_value(ins[2], "Clip bound").reshape(-1)[0]) if given[1] else math.inf
+    return [unary_launch(ctx, ins[0], UNARY["Clip"], lo, hi)]
+
+
+# Broadcasting -------------------------------------------------------------------------------------
+def broadcast_table(out_shape: tuple[int, ...], *shapes: tuple[int, ...]) -> tuple[list[int], list[list[int]]]:
+    """Collapsed output dims and, per input, its strides along them (0 where it broadcasts)."""
+    rank = len(out_shape)
+    per = []
+    for s in shapes:
+        s = (1,) * (rank - len(s)) + tuple(s)
+        st, acc = [0] * rank, 1
+        for d in range(rank - 1, -1, -1):
+            st[d] = 0 if s[d] == 1 and out_shape[d] != 1 else acc
+            acc *= s[d]
+        per.append(st)
+    return collapse(list(out_shape), *per)
+
+
+BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Max": 5, "Min": 6, "PRelu": 7}
+
+
+def binary_launch(ctx: OpContext, node, a: Tensor, b: Tensor, y: Tensor, code: int,
+                  act: tuple[int, float, float] = (0, 0.0, 0.0)) -> Launch:
+    dims, (sa, sb) = broadcast_table(y.shape, a.shape, b.shape)
+    n = math.prod(y.shape)
+    tail = [*f32(act[1], act[2])]
+    if len(dims) == 1:
+        return Launch("elementwise", "binary_flat", [In(0), In(1), Out(0), *i32(n, sa[0], sb[0], code), *tail], (n,),
+                      act_options(act[0]))
+    return Launch("elementwise", "binary", [In(0), In(1), Out(0), meta(("bin",), dims, sa, sb),
+                                            *i32(n, len(dims), code), *tail], (n,), act_options(act[0]))
+
+
+def _binary(name: str, since: int) -> None:
+    def plan(ctx, node, ins, outs):
+        if len([t for t in ins if t is not None]) != 2:
+            raise Decline("two inputs only")
+        require_float(ins[0], ins[1], outs[0])
+        act = activation(node.attrs) if name == "Add" else (0, 0.0, 0.0)
+        extra = set(node.attrs) - {"_activation"}
+        if extra:
+            raise Decline(f"attributes {sorted(extra)}")
+        return [binary_launch(ctx, node, ins[0], ins[1], outs[0], BINARY[name], act)]
+
+    op(name, since)(plan)
+
+
+for _name, _since in (("Add", 7), ("Sub", 7), ("Mul", 7), ("Div", 7), ("Pow", 7), ("Max", 8), ("Min", 8),
+                      ("PRelu", 7)):
+    _binary(_name, _since)
+
+
+@op("Mod", 10)
+def mod(ctx, node, ins, outs):
+    if not node.attrs.get("fmod", 0):
+        raise Decline("integer Mod")
+    require_float(ins[0], ins[1], outs[0])
+    return [binary_launch(ctx, node, ins[0], ins[1], outs[0], 8)]
+
+
+def _compare(name: str, code: int, since: int) -> None:
+    def plan(ctx, node, ins, outs):
+        require_float(ins[0], ins[1])
+        y = outs[0]
+        dims, (sa, sb) = broadcast_table(y.shape, ins[0].shape, ins[1].shape)
+        n = math.prod(y.shape)
+        return [Launch("elementwise", "compare", [In(0), In(1), Out(0), meta(("cmp",), dims, sa, sb),
+                                                  *i32(n, len(dims), code)], (n,))]
+
+    op(name, since)(plan)
+
+
+for _name, _code in (("Equal", 0), ("Less", 1), ("Greater", 2), ("LessOrEqual", 3), ("GreaterOrEqual", 4)):
+    _compare(_name, _code, 12 if _name in ("LessOrEqual", "GreaterOrEqual") else 7)
+
+
+@op("Where", 9)
+def where(ctx, node, ins, outs):
+    if ins[0].dtype != np.dtype(bool):
+        raise Decline("condition must be bool")
+    require_float(ins[1], ins[2], outs[0])
+    y = outs[0]
+    dims, per = broadcast_table(y.shape, ins[0].shape, ins[1].shape, ins[2].shape)
+    n = math.prod(y.shape)
+    return [Launch("elementwise", "where_", [In(0), In(1), In(2), Out(0), meta(("where",), dims, *per),
+                                             *i32(n, len(dims))], (n,))]
+

@@ -1,0 +1,126 @@
+"""Local-size tuning for OpenCL kernels, as aiomnn.tuning TuneTasks.
+
+A kernel's key names the kernel and a hash of its source, its build options,
+its work size and its integer arguments (the shapes it works on). Timing runs
+the kernel on zero-filled buffers of the real sizes (index tables and weights
+are the real ones) on a queue of its own, with profiling events, and drops
+the first sample of each candidate: a new program's first launch is slow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from typing import Any, Iterator
+
+import numpy as np
+import pyopencl as cl
+
+from aiomnn.backend import Tensor
+from aiomnn.graph import Node
+from aiomnn.tuning import Tuner
+
+from .kernel import Const, Decline, In, Launch, OpContext, Out, Scratch, plan
+
+
+def launch_key(runtime: Any, ctx: OpContext, launch: Launch) -> str:
+    _, src_hash = runtime.source(launch.program)
+    ints = [int(a) for a in launch.args if isinstance(a, np.integer)]
+    digest = hashlib.sha1(repr(ints).encode()).hexdigest()[:12]
+    options = " ".join(ctx.options + launch.options)
+    size = "x".join(map(str, launch.size))
+    return f"{launch.program}.{launch.kernel}@{src_hash}|{options}|{size}|{digest}"
+
+
+def cached_local_size(runtime: Any, tuner: Tuner, ctx: OpContext, launch: Launch) -> tuple[int, ...] | None:
+    """The tuned local size of this launch, if the cache has a usable one."""
+    entry = tuner.cache.get(launch_key(runtime, ctx, launch))
+    choice = entry and entry.get("choice")
+    if (isinstance(choice, list) and len(choice) == len(launch.size)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in choice)
+            and int(np.prod(choice)) <= runtime.max_work_group
+            and all(v <= m for v, m in zip(choice, runtime.max_work_items))):
+        return tuple(choice)
+    return None
+
+
+def tasks_for(runtime: Any, ctx: OpContext, node: Node, inputs: list, outputs: list) -> list["KernelTuneTask"]:
+    try:
+        launches = plan(ctx, node, inputs, outputs)
+    except Decline:
+        return []
+    if not isinstance(launches, list):
+        return []
+    return [KernelTuneTask(runtime, ctx, node, inputs, outputs, l) for l in launches if l.tune]
+
+
+class KernelTuneTask:
+    """Which local size runs this launch fastest on this device."""
+
+    def __init__(self, runtime: Any, ctx: OpContext, node: Node, inputs: list, outputs: list, launch: Launch):
+        self.runtime = runtime
+        self.ctx = ctx
+        self.inputs = inputs
+        self.outputs = outputs
+        self.launch = launch
+        self.key = launch_key(runtime, ctx, launch)
+        self.label = f"{node} {launch.kernel} {launch.size}"
+
+    def candidates(self, limit: int) -> list[Any]:
+        return [list(c) for c in self.runtime.local_candidates(self.launch.size, limit)]
+
+    @contextlib.contextmanager
+    def timer(self) -> Iterator[Any]:
+        rt, launch = self.runtime, self.launch
+        queue = cl.CommandQueue(rt.context, rt.cl_device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        kernel = cl.Kernel(rt.program(launch.program, self.ctx.options + launch.options), launch.kernel)
+        buffers = []
+
+        def zeros(nbytes: int) -> cl.Buffer:
+            buf = cl.Buffer(rt.context, cl.mem_flags.READ_WRITE, max(nbytes, 4))
+            cl.enqueue_fill_buffer(queue, buf, np.uint8(0), 0, max(nbytes, 4))
+            buffers.append(buf)
+            return buf
+
+        def size_of(t: Tensor) -> int:
+            n = self.ctx.storage(t.dtype).itemsize
+            for d in t.shape:
+                n *= d
+            return n
+
+        args: list[Any] = []
+        for a in launch.args:
+            if isinstance(a, In):
+                args += [zeros(size_of(self.inputs[a.index])), np.int32(0)]
+            elif isinstance(a, Out):
+                args += [zeros(size_of(self.outputs[a.index])), np.int32(0)]
+            elif isinstance(a, Scratch):
+                args += [zeros(a.nbytes), np.int32(0)]
+            elif isinstance(a, Const):
+                data = np.ascontiguousarray(a.make())
+                if a.floats and data.dtype == np.float32:
+                    data = data.astype(self.ctx.storage(data.dtype))
+                buf = rt.pool.upload(data)
+                buffers.append(buf)
+                args += [buf, np.int32(0)]
+            else:
+                args.append(a)
+        kernel.set_args(*args)
+
+        def time(candidate: Any, samples: int) -> float:
+            lws = tuple(candidate)
+            gws = rt.global_size(launch.size, lws)
+            best = float("inf")
+            for i in range(samples + 1):
+                ev = cl.enqueue_nd_range_kernel(queue, kernel, gws, lws)
+                ev.wait()
+                if i:  # the first launch pays for the program's first use
+                    best = min(best, (ev.profile.end - ev.profile.start) * 1e-9)
+            return best
+
+        try:
+            yield time
+        finally:
+            queue.finish()
+            for buf in buffers:
+                buf.release()

@@ -1,0 +1,506 @@
+"""The Vulkan backend: plans device memory, records command buffers, submits runs.
+
+Resize (the pipeline's alloc):
+  on_create     picks an op's shader plan, or declines (None: the CPU runs it).
+  acquire_tensor  activations get arena offsets; Reshape-like ops alias their input.
+  on_resize     each execution fixes its dispatches: kernel, bindings (Locs), push
+                constants and grid.
+  on_resize_end creates the arena, io and aux buffers, one descriptor pool sized to
+                the plan, and writes every descriptor set.
+  prepare_segments (or the first submit of a segment) records the segment's command
+                buffer: input copies, every dispatch with a barrier after it, output
+                copies, and its VkSubmitInfo.
+
+Run (submit): copy the segment's host inputs into mapped memory, one
+vkQueueSubmit, and return an aiomnn Fence. The queue's waiter thread sees the
+completion, copies outputs into the values dict, and signals the fence.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import vulkan as vk
+
+from aiomnn.backend import Backend, Execution, Tensor
+from aiomnn.config import ForwardType
+from aiomnn.errors import BackendError
+from aiomnn.fence import Fence
+from aiomnn.graph import Node
+from aiomnn.memory import Arena, Block, StorageType
+
+from .memory import Loc, align_up, upload
+from .queue import Submission
+
+if TYPE_CHECKING:
+    from aiomnn.pipeline import Segment
+
+    from .runtime import VulkanRuntime
+
+log = logging.getLogger("aiomnn.vulkan")
+ffi, lib = vk.ffi, vk.lib
+
+F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
+
+_COMPUTE = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+_TRANSFER = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+_HOST = vk.VK_PIPELINE_STAGE_HOST_BIT
+_SHADER_RW = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
+_TRANSFER_RW = vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+
+
+class Dispatch:
+    """One recorded compute dispatch."""
+
+    __slots__ = ("kernel", "locs", "push", "groups", "set")
+
+    def __init__(self, kernel, locs: list[Loc], push: bytes, groups: tuple[int, int, int]):
+        self.kernel, self.locs, self.push, self.groups = kernel, locs, push, groups
+        self.set = None
+
+
+class Record:
+    """A segment's recorded command buffers (a ring, grown only if one is still pending) and its host copies."""
+
+    __slots__ = ("slots", "uploads", "downloads", "pops", "make", "key")
+
+    def __init__(self, make, uploads, downloads, pops, key):
+        self.make = make  # records one more command buffer for this segment
+        self.slots: list[Submission] = [make()]
+        self.uploads = uploads  # (name, host view, shape)
+        self.downloads = downloads  # (name, host view)
+        self.pops = pops  # host values whose last use is in this segment (known once a run brings the segment)
+        self.key = key
+
+    @staticmethod
+    def key_of(exes: list, uploads: list[str], downloads: list[str]) -> tuple:
+        return tuple(id(e) for e in exes), tuple(uploads), tuple(downloads)
+
+    def slot(self) -> Submission:
+        for s in self.slots:
+            if not s.pending:
+                return s
+        s = self.make()
+        self.slots.append(s)
+        return s
+
+
+class VulkanBackend(Backend):
+    type = ForwardType.VULKAN
+
+    def __init__(self, runtime: "VulkanRuntime", config, dry: bool = False):
+        super().__init__(runtime, config)
+        self.dry = dry  # plans launches only (for tuning): no weight uploads, no device memory
+        self.rt = runtime
+        self.ctx = runtime.ctx
+        self.queue = runtime.queue
+        self.fp16 = config.precision == "low" and self.ctx.storage16
+        self.store = F16 if self.fp16 else F32
+        self.align = max(64, self.ctx.min_offset_align)
+        self._last_value = 0
+        self._records: dict[Any, Record] = {}
+        self._cmds: list = []
+        self._subs: list[Submission] = []
+        self._arena_buf = self._io_dev = self._io_host = self._aux_buf = None
+        self._extra_bufs: list = []
+        self._desc_pool = None
+        self.predicted_hits = 0  # segments whose commands were recorded at resize (for tests)
+        self._reset_plan()
+
+    # Planning state -----------------------------------------------------------------
+    def _reset_plan(self) -> None:
+        self.arena = Arena(self.align)
+        self.blocks = []
+        self._mine: dict[int, Block] = {}  # arena blocks this backend handed out
+        self._alias_root: dict[int, Block] = {}  # alias block -> the arena block it shares
+        self._alias_loc: dict[int, Loc] = {}  # alias block -> an io Loc it shares
+        self._refs: dict[int, int] = {}  # root block -> aliases still alive
+        self._locs: dict[str, Loc] = {}
+        self._produced: set[str] = set()
+        self._host_inputs: dict[str, tuple[Loc, tuple[int, ...]]] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._io_size = 0
+        self._aux: list[tuple[Loc, bytes]] = []
+        self._aux_size = 0
+        self._exes: list = []
+        self._predicted: dict[tuple, Record] = {}
+
+    def nbytes(self, t: Tensor) -> int:
+        return int(np.prod(t.shape, dtype=np.int64)) * self.store.itemsize
+
+    # Creation -----------------------------------------------------------------------
+    def on_create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution | None:
+        from .ops import create
+
+        return create(self, node, inputs, outputs)
+
+    # Memory -------------------------------------------------------------------------
+    def acquire_tensor(self, tensor: Tensor, execution: Execution) -> Block | None:
+        if tensor.shape is None:
+            return None
+        src = getattr(execution, "alias_of", None)
+        if src is not None:
+            loc = self.locate(src)
+            if loc.region == "arena":
+                root = self._alias_root.get(id(src.block), src.block)
+                block = Block(root.size, StorageType.DYNAMIC, root.offset)
+                self._alias_root[id(block)] = root
+                self._refs[id(root)] = self._refs.get(id(root), 0) + 1
+                return block
+            if loc.region == "io":
+                block = Block(loc.nbytes, StorageType.DYNAMIC_SEPARATE, loc.offset)
+                self._alias_loc[id(block)] = loc
+                return block
+        block = self.acquire(max(self.nbytes(tensor), 1))
+        self._mine[id(block)] = block
+        return block
+
+    def release(self, block: Block) -> None:
+        if id(block) in self._alias_loc:
+            return
+        root = self._alias_root.pop(id(block), block)
+        n = self._refs.get(id(root), 0)
+        if n:
+            self._refs[id(root)] = n - 1
+            return
+        if id(root) in self._mine:
+            self.arena.release(root)
+
+    def locate_output(self, t: Tensor) -> Loc:
+        self._produced.add(t.name)
+        return self.locate(t)
+
+    def locate(self, t: Tensor) -> Loc:
+        """Where a tensor lives on the device, deciding it on first sight."""
+        loc = self._locs.get(t.name)
+        if loc is not None:
+            return loc
+        n = self.nbytes(t)
+        if t.is_const and self.dry:
+            loc = Loc("static", 0, n)
+        elif t.is_const:
+            loc = self.rt.static.get(t.const, self.store)
+        elif t.block is not None and id(t.block) in self._alias_loc:
+            loc = self._alias_loc[id(t.block)]
+        elif t.block is not None and (id(t.block) in self._mine or id(t.block) in self._alias_root):
+            loc = Loc("arena", t.block.offset, n)
+        else:
+            off = align_up(self._io_size, self.align)
+            self._io_size = off + max(n, 1)
+            loc = Loc("io", off, n)
+            if t.name not in self._produced:
+                self._host_inputs[t.name] = (loc, tuple(t.shape))
+        self._locs[t.name] = loc
+        self._shapes[t.name] = tuple(t.shape)
+        return loc
+
+    def aux(self, data: np.ndarray) -> Loc:
+        """A small table made on the host for this plan (uploaded at on_resize_end)."""
+        raw = np.ascontiguousarray(data).tobytes()
+        off = align_up(self._aux_size, self.align)
+        self._aux_size = off + max(len(raw), 4)
+        loc = Loc("aux", off, len(raw))
+        self._aux.append((loc, raw))
+        return loc
+
+    def buffer_of(self, loc: Loc):
+        if loc.region == "arena":
+            return self._arena_buf
+        if loc.region == "io":
+            return self._io_dev
+        if loc.region == "aux":
+            return self._aux_buf
+        return loc.buffer
+
+    def host_view(self, loc: Loc, shape: tuple[int, ...]) -> np.ndarray:
+        buf = {"arena": self._arena_buf, "io": self._io_dev}[loc.region]
+        return buf.view(loc.offset, self.store, shape)
+
+    # Lifecycle ----------------------------------------------------------------------
+    def clear_buffers(self) -> None:
+        """Free everything planned for the current shapes (the weights stay in the runtime's pool)."""
+        if self.rt.closed:  # the device is gone, and everything made on it
+            self._subs, self._cmds, self._records, self._desc_pool = [], [], {}, None
+            self._arena_buf = self._io_dev = self._io_host = self._aux_buf = None
+            self._extra_bufs = []
+            self._reset_plan()
+            return
+        if self._last_value:
+            self.queue.wait_value(self._last_value)
+        for s in self._subs:
+            s.destroy()
+        self._subs = []
+        self.ctx.free_command_buffers(self._cmds)
+        self._cmds = []
+        self._records = {}
+        self._predicted = {}
+        if self._desc_pool is not None:
+            vk.vkDestroyDescriptorPool(self.ctx.device, self._desc_pool, None)
+            self._desc_pool = None
+        for b in (self._arena_buf, self._io_dev, self._io_host, self._aux_buf, *self._extra_bufs):
+            if b is not None:
+                b.destroy()
+        self._arena_buf = self._io_dev = self._io_host = self._aux_buf = None
+        self._extra_bufs = []
+        self._reset_plan()
+
+    def on_resize_begin(self) -> None:
+        self.clear_buffers()
+
+    def on_resize_end(self) -> None:
+        try:
+            self._allocate()
+        except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory) as exc:
+            raise MemoryError(f"Vulkan: {type(exc).__name__}") from None
+
+    def _allocate(self) -> None:
+        ctx = self.ctx
+        if self.arena.size:
+            self._arena_buf = ctx.device_buffer(self.arena.size)
+        if self._io_size:
+            self._io_dev = ctx.device_buffer(self._io_size)
+            self._io_host = self._io_dev if ctx.unified else ctx.host_buffer(self._io_size)
+        if self._aux:
+            self._aux_buf = ctx.device_buffer(self._aux_size)
+            data = np.zeros(self._aux_size, np.uint8)
+            for loc, raw in self._aux:
+                data[loc.offset: loc.offset + len(raw)] = np.frombuffer(raw, np.uint8)
+            upload(ctx, self.queue, self._aux_buf, 0, data)
+        self._write_descriptors()
+        if not self.dry:
+            self._predict()
+
+    def _write_descriptors(self) -> None:
+        dispatches = [d for e in self._exes for d in e.dispatches]
+        if not dispatches:
+            return
+        dev = self.ctx.device
+        total = sum(d.kernel.nbind for d in dispatches)
+        size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=total)
+        self._desc_pool = vk.vkCreateDescriptorPool(dev, vk.VkDescriptorPoolCreateInfo(
+            maxSets=len(dispatches), poolSizeCount=1, pPoolSizes=[size]), None)
+        sets = vk.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
+            descriptorPool=self._desc_pool, descriptorSetCount=len(dispatches),
+            pSetLayouts=[d.kernel.set_layout for d in dispatches]))
+        # Raw structures: the wrappers cost tens of microseconds per struct.
+        infos = ffi.new("VkDescriptorBufferInfo[]", total)
+        writes = ffi.new("VkWriteDescriptorSet[]", total)
+        k = 0
+        for i, d in enumerate(dispatches):
+            d.set = sets[i]
+            for j, loc in enumerate(d.locs):
+                buf = self.buffer_of(loc)
+                if buf is None:
+                    raise BackendError(f"no device buffer for {loc}")
+                infos[k].buffer = buf.handle
+                infos[k].offset = loc.offset
+                infos[k].range = max(loc.nbytes, 4)
+                w = writes[k]
+                w.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
+                w.dstSet = d.set
+                w.dstBinding = j
+                w.descriptorCount = 1
+                w.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+                w.pBufferInfo = infos + k
+                k += 1
+        lib.vkUpdateDescriptorSets(dev, total, writes, 0, ffi.NULL)
+
+    # Recording ----------------------------------------------------------------------
+    def prepare_segments(self, segments: list["Segment"]) -> None:
+        """Record every segment of this backend from the pipeline's own segments (exact; no prediction)."""
+        for seg in segments:
+            if seg.backend is self and seg not in self._records:
+                self._records[seg] = self._record_segment(seg)
+
+    def _predict(self) -> None:
+        """Record, at resize, the segments this plan will most likely have.
+
+        The backend does not see the pipeline's segments (consecutive steps on one backend)
+        until the first run, so it predicts them: its executions in order, split before one that
+        reads a host value no earlier execution read (one the CPU made in between, most likely;
+        graph inputs are usually read first). A run checks that its segment is the one predicted
+        (same executions, inputs and outputs); if not, that segment is recorded then.
+        """
+        groups: list[list] = []
+        seen: set[str] = set()
+        for exe in self._exes:
+            fresh = [n for n in exe.in_names if n in self._host_inputs and n not in seen]
+            if not groups or (fresh and any(groups)):
+                groups.append([])
+            seen.update(fresh)
+            groups[-1].append(exe)
+        for exes in groups:
+            made = {o for e in exes for o in e.out_names}
+            needs = list(dict.fromkeys(n for e in exes for n in e.in_names if n not in made))
+            uploads = [n for n in needs if n in self._host_inputs]
+            downloads = [o for e in exes for o in e.out_names if self._locs[o].region == "io"]
+            rec = self._build(exes, uploads, downloads, pops=None)
+            self._predicted[rec.key] = rec
+
+    def _record_segment(self, seg: "Segment") -> Record:
+        freed = {x for fr in seg.frees for x in fr}
+        exes = [s.execution for s in seg.steps]
+        uploads = [n for n in seg.needs if n in self._host_inputs]
+        made = [o for s in seg.steps for o in s.outputs if o]
+        downloads = [n for n in made if n not in freed and n in self._locs]
+        pops = [x for x in seg.needs if x in freed]
+        key = Record.key_of(exes, uploads, downloads)
+        rec = self._predicted.pop(key, None)
+        if rec is not None:
+            rec.pops = pops
+            self.predicted_hits += 1
+            return rec
+        return self._build(exes, uploads, downloads, pops)
+
+    def _build(self, exes: list, upload_names: list[str], download_names: list[str], pops: list[str] | None) -> Record:
+        uploads = [(n, *self._host_inputs[n]) for n in upload_names]
+        downloads = [(n, self._locs[n], self._shapes[n]) for n in download_names]
+        dispatches = [d for e in exes for d in e.dispatches]
+        staged = not self.ctx.unified
+        up_views = [(n, self._io_host.view(loc.offset, self.store, shape), shape) for n, loc, shape in uploads]
+        if staged and downloads:
+            rb_size = 0
+            rb_offsets = []
+            for _, loc, _ in downloads:
+                off = align_up(rb_size, self.align)
+                rb_offsets.append(off)
+                rb_size = off + max(loc.nbytes, 1)
+            readback = self.ctx.host_buffer(rb_size, readback=True)
+            self._extra_bufs.append(readback)
+            down_views = [(n, readback.view(off, self.store, shape))
+                          for (n, _, shape), off in zip(downloads, rb_offsets)]
+        else:
+            readback, rb_offsets = None, []
+            down_views = [(n, self.host_view(loc, shape)) for n, loc, shape in downloads]
+
+        def make() -> Submission:
+            cmd = self.ctx.command_buffers(1)[0]
+            self._cmds.append(cmd)
+            vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
+            # Earlier submissions' writes (other segments, other runs) become visible here.
+            everything = _SHADER_RW | _TRANSFER_RW
+            _barrier(cmd, _COMPUTE | _TRANSFER, _COMPUTE | _TRANSFER, everything, everything)
+            if staged and uploads:
+                regions = [vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=loc.offset, size=max(loc.nbytes, 1))
+                           for _, loc, _ in uploads]
+                vk.vkCmdCopyBuffer(cmd, self._io_host.handle, self._io_dev.handle, len(regions), regions)
+                _barrier(cmd, _TRANSFER, _COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, _SHADER_RW)
+            bound = None
+            for d in dispatches:
+                k = d.kernel
+                if k.pipeline is not bound:
+                    vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, k.pipeline)
+                    bound = k.pipeline
+                lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, k.layout, 0, 1,
+                                            ffi.new("VkDescriptorSet[1]", [d.set]), 0, ffi.NULL)
+                lib.vkCmdPushConstants(cmd, k.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(d.push),
+                                       ffi.from_buffer(d.push))
+                lib.vkCmdDispatch(cmd, *d.groups)
+                _barrier(cmd, _COMPUTE, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, _SHADER_RW)
+            if readback is not None:
+                _barrier(cmd, _COMPUTE, _TRANSFER, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_TRANSFER_READ_BIT)
+                for (_, loc, _), off in zip(downloads, rb_offsets):
+                    region = vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=off, size=max(loc.nbytes, 1))
+                    vk.vkCmdCopyBuffer(cmd, self.buffer_of(loc).handle, readback.handle, 1, [region])
+                _barrier(cmd, _TRANSFER, _HOST, vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+            else:
+                _barrier(cmd, _COMPUTE, _HOST, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+            vk.vkEndCommandBuffer(cmd)
+            sub = Submission(self.queue, cmd)
+            self._subs.append(sub)
+            return sub
+
+        return Record(make, up_views, down_views, pops, Record.key_of(exes, upload_names, download_names))
+
+    def profile(self, segment: "Segment", values: dict[str, Any], repeat: int = 3) -> list[tuple[str, str, float]]:
+        """Device time of every dispatch of a segment, in seconds: (node name, kernel, best of `repeat`).
+
+        Blocking; for tools and tuning, not for serving. Inputs are taken from `values`.
+        """
+        dispatches = [(s.node, d) for s in segment.steps for d in s.execution.dispatches]
+        if not dispatches:
+            return []
+        rec = self._records.get(segment) or self._record_segment(segment)
+        self._records[segment] = rec
+        for name, view, shape in rec.uploads:
+            np.copyto(view, values[name], casting="unsafe")
+        dev = self.ctx.device
+        n = 2 * len(dispatches)
+        pool = vk.vkCreateQueryPool(dev, vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP,
+                                                                  queryCount=n), None)
+        best = [math.inf] * len(dispatches)
+        try:
+            for _ in range(repeat):
+                def record(cmd):
+                    vk.vkCmdResetQueryPool(cmd, pool, 0, n)
+                    _barrier(cmd, _COMPUTE | _TRANSFER, _COMPUTE, _SHADER_RW | _TRANSFER_RW, _SHADER_RW)
+                    for i, (_, d) in enumerate(dispatches):
+                        k = d.kernel
+                        vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, k.pipeline)
+                        lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, k.layout, 0, 1,
+                                                    ffi.new("VkDescriptorSet[1]", [d.set]), 0, ffi.NULL)
+                        lib.vkCmdPushConstants(cmd, k.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(d.push),
+                                               ffi.from_buffer(d.push))
+                        lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 2 * i)
+                        lib.vkCmdDispatch(cmd, *d.groups)
+                        lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 2 * i + 1)
+                        _barrier(cmd, _COMPUTE, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, _SHADER_RW)
+
+                self.ctx.run_once(record, self.queue)
+                data = ffi.new("uint64_t[]", n)
+                r = lib.vkGetQueryPoolResults(dev, pool, 0, n, 8 * n, data, 8,
+                                              vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+                if r != vk.VK_SUCCESS:
+                    raise BackendError(f"vkGetQueryPoolResults: VkResult {r}")
+                for i in range(len(dispatches)):
+                    dt = (data[2 * i + 1] - data[2 * i]) * self.ctx.timestamp_period * 1e-9
+                    best[i] = min(best[i], dt)
+        finally:
+            vk.vkDestroyQueryPool(dev, pool, None)
+        return [(node.name, d.kernel.name, t) for (node, d), t in zip(dispatches, best)]
+
+    # Running ------------------------------------------------------------------------
+    def submit(self, segment: "Segment", values: dict[str, Any]) -> Fence:
+        fence = Fence()
+        try:
+            rec = self._records.get(segment)
+            if rec is None:
+                rec = self._records[segment] = self._record_segment(segment)
+            for name, view, shape in rec.uploads:
+                v = values[name]
+                if v.shape != shape:
+                    raise BackendError(f"input {name!r} has shape {v.shape}, the plan has {shape}")
+                np.copyto(view, v, casting="unsafe")
+            sub = rec.slot()
+            done = functools.partial(_finish, rec, values, fence, self.fp16)
+            self._last_value = self.queue.submit(sub, done)
+        except BaseException as exc:
+            fence.signal(error=exc)
+        return fence
+
+
+def _finish(rec: Record, values: dict[str, Any], fence: Fence, fp16: bool, err: BaseException | None) -> None:
+    """On the waiter thread: the segment completed; copy its outputs to the host and signal."""
+    if err is not None:
+        fence.signal(error=BackendError(f"the Vulkan run failed: {err}"))
+        return
+    try:
+        for name, view in rec.downloads:
+            values[name] = view.astype(F32) if fp16 else view.copy()
+        for name in rec.pops:
+            values.pop(name, None)
+    except BaseException as exc:
+        fence.signal(error=exc)
+        return
+    fence.signal()
+
+
+def _barrier(cmd, src_stage: int, dst_stage: int, src_access: int, dst_access: int) -> None:
+    mb = ffi.new("VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER, "srcAccessMask": src_access,
+                                      "dstAccessMask": dst_access})
+    lib.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, mb, 0, ffi.NULL, 0, ffi.NULL)

@@ -1,0 +1,370 @@
+"""The Vulkan device layer: instance, physical devices, one logical device with a
+compute queue, buffers, compute kernels and the pipeline cache.
+
+Everything here speaks to the `vulkan` cffi binding. Calls on the hot path
+(submit, semaphore waits) go to `vk.lib` directly with structures built once;
+the Python wrappers cost tens of microseconds each and are used only at setup.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import vulkan as vk
+
+log = logging.getLogger("aiomnn.vulkan")
+ffi, lib = vk.ffi, vk.lib
+
+SHADER_DIR = Path(__file__).resolve().parent / "shaders"
+
+# Device types, best first: discrete GPU, integrated GPU, virtual GPU, then CPU (lavapipe, SwiftShader).
+_TYPE_RANK = {vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: 0, vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: 1,
+              vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: 2, vk.VK_PHYSICAL_DEVICE_TYPE_CPU: 3,
+              vk.VK_PHYSICAL_DEVICE_TYPE_OTHER: 4}
+_GPU_TYPES = {vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU, vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU,
+              vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU}
+
+_HOST_VISIBLE = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+_HOST_COHERENT = vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+_HOST_CACHED = vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT
+_DEVICE_LOCAL = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
+
+_BUFFER_USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                 | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+
+#: Bindings per kernel: output first, then inputs (see shaders/*.comp).
+KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "conv": 4, "convt": 4, "matmul": 4, "matmul_direct": 4,
+                   "pool": 2,
+                   "reduce": 2, "softmax": 2, "layernorm": 4, "resize": 3}
+#: Kernels whose workgroup size is fixed in the shader (tiles in shared memory).
+FIXED_LOCAL = {"matmul": (16, 16, 1)}
+PUSH_BYTES = 128  # the minimum every device guarantees
+
+
+def version_str(v: int) -> str:
+    return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
+
+
+@dataclass(frozen=True)
+class PhysicalInfo:
+    index: int  # in vkEnumeratePhysicalDevices order
+    name: str
+    type: int
+    api: int
+    is_gpu: bool
+
+
+_instance = None
+_instance_lock = threading.Lock()
+
+
+def instance():
+    """The process's VkInstance, created on first use (Vulkan 1.2 where the loader has it)."""
+    global _instance
+    with _instance_lock:
+        if _instance is None:
+            api = vk.VK_MAKE_VERSION(1, 1, 0)
+            try:
+                loader = vk.vkEnumerateInstanceVersion()
+                api = min(loader, vk.VK_MAKE_VERSION(1, 3, 0))
+            except Exception:  # a 1.0 loader has no vkEnumerateInstanceVersion
+                pass
+            app = vk.VkApplicationInfo(pApplicationName="aiomnn", applicationVersion=1, pEngineName="aiomnn",
+                                       engineVersion=1, apiVersion=api)
+            _instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
+        return _instance
+
+
+def physical_devices() -> list[tuple[PhysicalInfo, Any]]:
+    """Devices with a compute queue, best first: discrete, integrated, virtual GPU, then CPU."""
+    found = []
+    for i, pd in enumerate(vk.vkEnumeratePhysicalDevices(instance())):
+        props = vk.vkGetPhysicalDeviceProperties(pd)
+        if props.apiVersion < vk.VK_MAKE_VERSION(1, 1, 0):
+            continue
+        families = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
+        if not any(f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT for f in families):
+            continue
+        info = PhysicalInfo(i, props.deviceName, props.deviceType, props.apiVersion,
+                            props.deviceType in _GPU_TYPES)
+        found.append((info, pd))
+    found.sort(key=lambda ip: (_TYPE_RANK.get(ip[0].type, 9), ip[0].index))
+    return found
+
+
+class Buffer:
+    """A VkBuffer with its own memory; `host` is a uint8 view of its mapping when host-visible."""
+
+    def __init__(self, ctx: "Context", size: int, memory_type: int):
+        self.ctx = ctx
+        self.size = size = max(16, int(size))
+        dev = ctx.device
+        self.handle = vk.vkCreateBuffer(dev, vk.VkBufferCreateInfo(size=size, usage=_BUFFER_USAGE,
+                                                                   sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        req = vk.vkGetBufferMemoryRequirements(dev, self.handle)
+        mt = ctx.pick_memory(req.memoryTypeBits, memory_type)
+        try:
+            self.memory = vk.vkAllocateMemory(dev, vk.VkMemoryAllocateInfo(allocationSize=req.size,
+                                                                           memoryTypeIndex=mt), None)
+        except Exception:
+            vk.vkDestroyBuffer(dev, self.handle, None)
+            raise
+        vk.vkBindBufferMemory(dev, self.handle, self.memory, 0)
+        self.host_visible = bool(ctx.memory_flags[mt] & _HOST_VISIBLE)
+        self.host: np.ndarray | None = None
+        if self.host_visible:
+            mapped = vk.vkMapMemory(dev, self.memory, 0, size, 0)
+            self.host = np.frombuffer(mapped, dtype=np.uint8)
+        self._finalizer = weakref.finalize(self, Buffer._free, dev, self.handle, self.memory, self.host_visible)
+        ctx.buffers.add(self)
+
+    def view(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return self.host[offset: offset + n].view(dtype).reshape(shape)
+
+    @staticmethod
+    def _free(dev, handle, memory, mapped) -> None:
+        if mapped:
+            vk.vkUnmapMemory(dev, memory)
+        vk.vkDestroyBuffer(dev, handle, None)
+        vk.vkFreeMemory(dev, memory, None)
+
+    def destroy(self) -> None:
+        self.host = None
+        self._finalizer()
+
+
+class Kernel:
+    """A compute pipeline for one shader, storage variant, workgroup size and specialization.
+
+    Specialization constants 0-2 are the workgroup size; 3 on are the shader's own
+    (op codes, fused activation, rank), so the driver compiles only the branch used.
+    """
+
+    def __init__(self, ctx: "Context", name: str, fp16: bool, local: tuple[int, int, int],
+                 consts: tuple[int, ...] = ()):
+        self.name, self.fp16, self.local, self.consts = name, fp16, local, consts
+        self.nbind = KERNEL_BINDINGS[name]
+        dev = ctx.device
+        bindings = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                    descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
+                    for i in range(self.nbind)]
+        self.set_layout = vk.vkCreateDescriptorSetLayout(
+            dev, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=self.nbind, pBindings=bindings), None)
+        push = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=PUSH_BYTES)
+        self.layout = vk.vkCreatePipelineLayout(
+            dev, vk.VkPipelineLayoutCreateInfo(setLayoutCount=1, pSetLayouts=[self.set_layout],
+                                               pushConstantRangeCount=1, pPushConstantRanges=[push]), None)
+        module = ctx.shader_module(name + ("_fp16" if fp16 else ""))
+        values = list(local) + list(consts)
+        entries = [vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4) for i in range(len(values))]
+        data = struct.pack(f"<{len(values)}i", *values)
+        self._spec_data = ffi.new("char[]", data)
+        spec = vk.VkSpecializationInfo(mapEntryCount=len(values), pMapEntries=entries, dataSize=len(data),
+                                       pData=self._spec_data)
+        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module,
+                                                   pName="main", pSpecializationInfo=spec)
+        info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
+        self.pipeline = vk.vkCreateComputePipelines(dev, ctx.pipeline_cache, 1, [info], None)[0]
+        self._dev = dev
+
+    def destroy(self) -> None:
+        vk.vkDestroyPipeline(self._dev, self.pipeline, None)
+        vk.vkDestroyPipelineLayout(self._dev, self.layout, None)
+        vk.vkDestroyDescriptorSetLayout(self._dev, self.set_layout, None)
+
+
+class Context:
+    """One logical device on one physical device, with its compute queue."""
+
+    def __init__(self, info: PhysicalInfo, physical: Any, cache_data: bytes | None = None):
+        self.info = info
+        self.physical = physical
+        props = vk.vkGetPhysicalDeviceProperties(physical)
+        self.props = props
+        limits = props.limits
+        self.min_offset_align = int(limits.minStorageBufferOffsetAlignment)
+        self.max_range = int(limits.maxStorageBufferRange)
+        self.max_groups = [int(v) for v in limits.maxComputeWorkGroupCount]
+        self.max_invocations = int(limits.maxComputeWorkGroupInvocations)
+        self.timestamp_period = float(limits.timestampPeriod)
+
+        families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)
+        compute = [i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT]
+        dedicated = [i for i in compute if not families[i].queueFlags & vk.VK_QUEUE_GRAPHICS_BIT]
+        self.family = (dedicated or compute)[0]
+        self.family_queue_count = int(families[self.family].queueCount)
+        self.timestamps = int(families[self.family].timestampValidBits) > 0  # what profiling and tuning time with
+
+        # Features: timeline semaphores (1.2) and 16-bit storage (1.1).
+        self.timeline = False
+        self.storage16 = False
+        enable_chain = None
+        if props.apiVersion >= vk.VK_MAKE_VERSION(1, 2, 0):
+            f11 = vk.VkPhysicalDeviceVulkan11Features()
+            f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f11)
+            vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=f12))
+            self.timeline = bool(f12.timelineSemaphore)
+            self.storage16 = bool(f11.storageBuffer16BitAccess)
+            e11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=int(self.storage16))
+            enable_chain = vk.VkPhysicalDeviceVulkan12Features(pNext=e11, timelineSemaphore=int(self.timeline))
+        else:
+            f16 = vk.VkPhysicalDevice16BitStorageFeatures()
+            vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=f16))
+            self.storage16 = bool(f16.storageBuffer16BitAccess)
+            enable_chain = vk.VkPhysicalDevice16BitStorageFeatures(storageBuffer16BitAccess=int(self.storage16))
+
+        qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=[1.0])
+        self.device = vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(
+            pNext=enable_chain, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo]), None)
+
+        # Memory: a device-local type, a host-visible coherent type, and whether they are one (UMA, lavapipe).
+        mp = vk.vkGetPhysicalDeviceMemoryProperties(physical)
+        self.memory_flags = [int(mp.memoryTypes[i].propertyFlags) for i in range(mp.memoryTypeCount)]
+        host_coherent = _HOST_VISIBLE | _HOST_COHERENT
+        shared = [i for i, f in enumerate(self.memory_flags) if f & (_DEVICE_LOCAL | host_coherent)
+                  == (_DEVICE_LOCAL | host_coherent)]
+        device_local = [i for i, f in enumerate(self.memory_flags) if f & _DEVICE_LOCAL]
+        host = [i for i, f in enumerate(self.memory_flags) if f & host_coherent == host_coherent]
+        if not host:
+            raise RuntimeError("the device has no host-visible coherent memory")
+        # A discrete GPU's host-visible device memory (BAR) is slow to read back: stage there instead.
+        self.unified = bool(shared) and (info.type != vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU or not device_local)
+        if not device_local:
+            self.unified = True
+        # Debugging knobs, so the staged path and the fence path can be exercised on lavapipe too.
+        if os.environ.get("AIOMNN_VULKAN_FORCE_STAGING"):
+            self.unified = False
+        if os.environ.get("AIOMNN_VULKAN_NO_TIMELINE"):
+            self.timeline = False
+        self.device_flags = (_DEVICE_LOCAL | host_coherent) if self.unified else _DEVICE_LOCAL
+        self.host_flags = host_coherent
+        self.readback_flags = host_coherent | _HOST_CACHED
+
+        self.queue_handle = vk.vkGetDeviceQueue(self.device, self.family, 0)
+        self.command_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
+            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.family), None)
+        self.pool_lock = threading.Lock()  # command pools are externally synchronised
+        self.pipeline_cache = self._create_cache(cache_data)
+        self.buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
+        self._modules: dict[str, Any] = {}
+        self._kernels: dict[tuple, Kernel] = {}
+        self._kernel_lock = threading.Lock()
+
+    # Memory --------------------------------------------------------------
+    def pick_memory(self, type_bits: int, want: int) -> int:
+        """The memory type with all of `want` and the fewest other properties (plain VRAM over BAR memory)."""
+        for flags in (want, want & ~_HOST_CACHED, want & ~_DEVICE_LOCAL, self.host_flags):
+            fits = [i for i, f in enumerate(self.memory_flags) if type_bits & (1 << i) and f & flags == flags]
+            if fits:
+                return min(fits, key=lambda i: (bin(self.memory_flags[i] & ~flags).count("1"), i))
+        raise RuntimeError(f"no memory type fits bits {type_bits:#x}")
+
+    def device_buffer(self, size: int) -> Buffer:
+        return Buffer(self, size, self.device_flags)
+
+    def host_buffer(self, size: int, readback: bool = False) -> Buffer:
+        return Buffer(self, size, self.readback_flags if readback else self.host_flags)
+
+    # Pipelines ------------------------------------------------------------
+    def _create_cache(self, data: bytes | None):
+        if data and not self.cache_data_fits(data):
+            log.warning("ignoring a Vulkan pipeline cache made for another device or driver")
+            data = None
+        if data:
+            self._cache_init = ffi.new("char[]", data)
+            info = vk.VkPipelineCacheCreateInfo(initialDataSize=len(data), pInitialData=self._cache_init)
+        else:
+            info = vk.VkPipelineCacheCreateInfo()
+        try:
+            return vk.vkCreatePipelineCache(self.device, info, None)
+        except Exception:
+            return vk.vkCreatePipelineCache(self.device, vk.VkPipelineCacheCreateInfo(), None)
+
+    def cache_data_fits(self, data: bytes) -> bool:
+        """Whether pipeline-cache bytes carry this device's header (vendor, device, cache UUID)."""
+        if len(data) < 32:
+            return False
+        size, version, vendor, device = struct.unpack_from("<4I", data, 0)
+        uuid = bytes(data[16:32])
+        return (size >= 32 and version == vk.VK_PIPELINE_CACHE_HEADER_VERSION_ONE
+                and vendor == self.props.vendorID and device == self.props.deviceID
+                and uuid == bytes(ffi.buffer(self.props.pipelineCacheUUID)))
+
+    def cache_bytes(self) -> bytes:
+        """The pipeline cache's contents, to save and pass back as cache_data in a later process."""
+        n = ffi.new("size_t*")
+        if lib.vkGetPipelineCacheData(self.device, self.pipeline_cache, n, ffi.NULL) != vk.VK_SUCCESS:
+            return b""
+        buf = ffi.new("char[]", n[0])
+        if lib.vkGetPipelineCacheData(self.device, self.pipeline_cache, n, buf) != vk.VK_SUCCESS:
+            return b""
+        return bytes(ffi.buffer(buf, n[0]))
+
+    def shader_module(self, name: str):
+        mod = self._modules.get(name)
+        if mod is None:
+            code = (SHADER_DIR / f"{name}.spv").read_bytes()
+            mod = vk.vkCreateShaderModule(self.device, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code),
+                                          None)
+            self._modules[name] = mod
+        return mod
+
+    def kernel(self, name: str, fp16: bool = False, local: tuple[int, int, int] = (64, 1, 1),
+               consts: tuple[int, ...] = ()) -> Kernel:
+        local = FIXED_LOCAL.get(name, local)
+        consts = tuple(int(c) for c in consts)
+        key = (name, fp16, local, consts)
+        k = self._kernels.get(key)
+        if k is None:
+            with self._kernel_lock:
+                k = self._kernels.get(key)
+                if k is None:
+                    k = self._kernels[key] = Kernel(self, name, fp16, local, consts)
+        return k
+
+    # Command buffers ------------------------------------------------------
+    def command_buffers(self, n: int) -> list:
+        with self.pool_lock:
+            bufs = vk.vkAllocateCommandBuffers(self.device, vk.VkCommandBufferAllocateInfo(
+                commandPool=self.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=n))
+        return [bufs[i] for i in range(n)]
+
+    def free_command_buffers(self, bufs: list) -> None:
+        if bufs:
+            with self.pool_lock:
+                vk.vkFreeCommandBuffers(self.device, self.command_pool, len(bufs), bufs)
+
+    def run_once(self, record, queue) -> None:
+        """Record and run a one-off command buffer, waiting for it (uploads at resize time)."""
+        cmd = self.command_buffers(1)[0]
+        try:
+            vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+                flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+            record(cmd)
+            vk.vkEndCommandBuffer(cmd)
+            queue.run_blocking(cmd)
+        finally:
+            self.free_command_buffers([cmd])
+
+    def destroy(self) -> None:
+        vk.vkDeviceWaitIdle(self.device)
+        for b in list(self.buffers):
+            b.destroy()
+        for k in self._kernels.values():
+            k.destroy()
+        self._kernels.clear()
+        for m in self._modules.values():
+            vk.vkDestroyShaderModule(self.device, m, None)
+        self._modules.clear()
+        vk.vkDestroyPipelineCache(self.device, self.pipeline_cache, None)
+        vk.vkDestroyCommandPool(self.device, self.command_pool, None)
+        vk.vkDestroyDevice(self.device, None)

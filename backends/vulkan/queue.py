@@ -1,0 +1,198 @@
+"""The compute queue: submissions built once, a timeline semaphore (or fences),
+and one waiter thread per queue that reports completions.
+
+A Submission wraps one recorded command buffer with its VkSubmitInfo, built
+once at record time; submitting it again costs one vkQueueSubmit. With a
+timeline semaphore every submission signals the queue's next value, and the
+waiter blocks in vkWaitSemaphores (outside the GIL) for the oldest pending
+value, then runs the callbacks of everything that value covers. Without one,
+each Submission has a VkFence and the waiter blocks on that. Callbacks run on
+the waiter thread: they must be short and must not block (they read outputs
+and signal an aiomnn Fence, which only schedules work on the event loop).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import vulkan as vk
+
+log = logging.getLogger("aiomnn.vulkan")
+ffi, lib = vk.ffi, vk.lib
+
+_WAIT_NS = 100_000_000  # the waiter wakes this often to notice a close
+
+
+def _error(result: int, what: str) -> Exception:
+    cls = vk.exception_codes.get(result)
+    return cls(f"{what}: VkResult {result}") if cls else RuntimeError(f"{what}: VkResult {result}")
+
+
+class Submission:
+    """One command buffer and its prebuilt VkSubmitInfo (plus a fence when there is no timeline)."""
+
+    __slots__ = ("queue", "cmd", "_cmds", "_values", "_sems", "_tinfo", "info", "fence", "_fences", "value")
+
+    def __init__(self, queue: "Queue", cmd: Any):
+        self.queue = queue
+        self.cmd = cmd
+        self._cmds = ffi.new("VkCommandBuffer[1]", [cmd])
+        self.value = 0  # the queue value of its latest submission; done once queue.completed reaches it
+        if queue.timeline:
+            self._values = ffi.new("uint64_t[1]")
+            self._sems = ffi.new("VkSemaphore[1]", [queue.semaphore])
+            self._tinfo = ffi.new("VkTimelineSemaphoreSubmitInfo*", {
+                "sType": vk.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+                "signalSemaphoreValueCount": 1, "pSignalSemaphoreValues": self._values})
+            self.info = ffi.new("VkSubmitInfo*", {
+                "sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "pNext": self._tinfo, "commandBufferCount": 1,
+                "pCommandBuffers": self._cmds, "signalSemaphoreCount": 1, "pSignalSemaphores": self._sems})
+            self.fence = ffi.NULL
+            self._fences = None
+        else:
+            self._values = self._sems = self._tinfo = None
+            self.info = ffi.new("VkSubmitInfo*", {
+                "sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1, "pCommandBuffers": self._cmds})
+            self.fence = vk.vkCreateFence(queue.device, vk.VkFenceCreateInfo(), None)
+            self._fences = ffi.new("VkFence[1]", [self.fence])
+
+    @property
+    def pending(self) -> bool:
+        return self.value > self.queue.completed
+
+    def destroy(self) -> None:
+        if self._fences is not None:
+            vk.vkDestroyFence(self.queue.device, self.fence, None)
+            self._fences = None
+
+
+Callback = Callable[[BaseException | None], None]
+
+
+class Queue:
+    def __init__(self, device: Any, handle: Any, timeline: bool):
+        self.device = device
+        self.handle = handle
+        self.timeline = timeline
+        self._cond = threading.Condition(threading.Lock())
+        self._pending: collections.deque[tuple[int, Submission, Callback]] = collections.deque()
+        self.submitted = 0
+        self.completed = 0
+        self.closed = False
+        self.semaphore = None
+        if timeline:
+            tinfo = vk.VkSemaphoreTypeCreateInfo(semaphoreType=vk.VK_SEMAPHORE_TYPE_TIMELINE, initialValue=0)
+            self.semaphore = vk.vkCreateSemaphore(device, vk.VkSemaphoreCreateInfo(pNext=tinfo), None)
+            self._wait_sems = ffi.new("VkSemaphore[1]", [self.semaphore])
+            self._wait_values = ffi.new("uint64_t[1]")
+            self._wait_info = ffi.new("VkSemaphoreWaitInfo*", {
+                "sType": vk.VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, "semaphoreCount": 1,
+                "pSemaphores": self._wait_sems, "pValues": self._wait_values})
+            self._counter = ffi.new("uint64_t*")
+        #: perf_counter() when the waiter last saw work complete (for measuring wake-up lag).
+        self.last_completion = 0.0
+        self._thread = threading.Thread(target=self._wait_loop, name="aiomnn-vulkan-waiter", daemon=True)
+        self._thread.start()
+
+    def submit(self, sub: Submission, callback: Callback) -> int:
+        """Submit a recorded command buffer; callback(error) runs on the waiter thread when it completes."""
+        with self._cond:
+            if self.closed:
+                raise RuntimeError("the Vulkan queue is closed")
+            if sub.pending:
+                raise RuntimeError("a command buffer still pending was submitted again")
+            value = self.submitted + 1
+            if self.timeline:
+                sub._values[0] = value
+            else:
+                lib.vkResetFences(self.device, 1, sub._fences)
+            r = lib.vkQueueSubmit(self.handle, 1, sub.info, sub.fence)
+            if r != vk.VK_SUCCESS:
+                raise _error(r, "vkQueueSubmit")
+            self.submitted = sub.value = value
+            self._pending.append((value, sub, callback))
+            self._cond.notify()
+        return value
+
+    def run_blocking(self, cmd: Any) -> None:
+        """Submit a one-off command buffer and block until it completes (resize-time uploads)."""
+        sub = Submission(self, cmd)
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def finished(err: BaseException | None) -> None:
+            if err is not None:
+                errors.append(err)
+            done.set()
+
+        try:
+            self.submit(sub, finished)
+            done.wait()
+        finally:
+            sub.destroy()
+        if errors:
+            raise errors[0]
+
+    def wait_value(self, value: int, timeout: float = 30.0) -> bool:
+        """Block until everything up to `value` has completed (used when freeing resources)."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while self.completed < value:
+                left = end - time.monotonic()
+                if left <= 0 or self.closed:
+                    return self.completed >= value
+                self._cond.wait(min(left, 0.1))
+        return True
+
+    def _wait_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self.closed:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                value, sub, _ = self._pending[0]
+            err: BaseException | None = None
+            if self.timeline:
+                self._wait_values[0] = value
+                r = lib.vkWaitSemaphores(self.device, self._wait_info, _WAIT_NS)
+                if r == vk.VK_SUCCESS:
+                    if lib.vkGetSemaphoreCounterValue(self.device, self.semaphore, self._counter) == vk.VK_SUCCESS:
+                        value = max(value, int(self._counter[0]))
+            else:
+                r = lib.vkWaitForFences(self.device, 1, sub._fences, vk.VK_TRUE, _WAIT_NS)
+            if r == vk.VK_TIMEOUT:
+                continue
+            if r != vk.VK_SUCCESS:
+                err = _error(r, "waiting for the GPU")
+            now = time.perf_counter()
+            with self._cond:
+                ready = []
+                while self._pending and (err is not None or self._pending[0][0] <= value):
+                    ready.append(self._pending.popleft())
+                if err is None:
+                    self.completed = max(self.completed, value)
+                else:
+                    self.completed = self.submitted  # the device is lost: nothing more will finish
+                self.last_completion = now
+                self._cond.notify_all()
+            for _, _, cb in ready:
+                try:
+                    cb(err)
+                except BaseException:  # a callback's failure must not kill the waiter
+                    log.exception("a Vulkan completion callback failed")
+
+    def close(self) -> None:
+        """Wait for submitted work, stop the waiter and destroy the semaphore."""
+        self.wait_value(self.submitted)
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+        if self.semaphore is not None:
+            vk.vkDestroySemaphore(self.device, self.semaphore, None)
+            self.semaphore = None

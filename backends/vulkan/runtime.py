@@ -1,0 +1,158 @@
+"""The Vulkan runtime: what the sessions on one device share.
+
+It owns the logical device and its compute queue (with the waiter thread),
+the compiled pipelines and the VkPipelineCache, and the weight pool. Backends
+(one per pipeline) plan their activations into their own arena buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import weakref
+from typing import Any
+
+from aiomnn.config import BackendConfig, ForwardType, ScheduleConfig
+from aiomnn.graph import Node
+from aiomnn.runtime import Device, Runtime
+from aiomnn.tuning import Tuner
+
+from . import device as vkdev
+from .backend import VulkanBackend
+from .memory import StaticPool
+from .queue import Queue
+
+log = logging.getLogger("aiomnn.vulkan")
+PIPELINE_SUFFIX = ".vkpipelines"
+
+
+class VulkanRuntime(Runtime):
+    type = ForwardType.VULKAN
+
+    def __init__(self, config: ScheduleConfig, device: Device):
+        super().__init__(config, device)
+        found = vkdev.physical_devices()
+        index = getattr(device, "index", None)
+        match = [ip for ip in found if ip[0].index == index] if index is not None else \
+            [ip for ip in found if ip[0].name == device.name]
+        if not match:
+            raise RuntimeError(f"Vulkan device {device.name!r} is gone")
+        info, physical = match[0]
+        self.ctx = vkdev.Context(info, physical)
+        self.queue = Queue(self.ctx.device, self.ctx.queue_handle, self.ctx.timeline)
+        self.static = StaticPool(self.ctx, self.queue)
+        identity = (f"vulkan|{info.name}|{self.ctx.props.vendorID:04x}:{self.ctx.props.deviceID:04x}"
+                    f"|driver {self.ctx.props.driverVersion}|api {vkdev.version_str(info.api)}")
+        self.identity = identity
+        self.tuner = Tuner(identity, "vulkan")
+        #: Tune on CPU implementations too (tests use it; by default only GPUs are tuned).
+        self.tune_cpu_devices = bool(os.environ.get("AIOMNN_VULKAN_TUNE_CPU"))
+        self._backends: weakref.WeakSet[VulkanBackend] = weakref.WeakSet()
+        self.closed = False
+        log.info("Vulkan runtime on %s (api %s, %s memory, %s, fp16 storage %s)", info.name,
+                 vkdev.version_str(info.api), "unified" if self.ctx.unified else "device-local + staging",
+                 "timeline semaphore" if self.ctx.timeline else "fences", self.ctx.storage16)
+
+    @property
+    def supports_fp16(self) -> bool:
+        return self.ctx.storage16
+
+    def new_backend(self, config: BackendConfig) -> VulkanBackend:
+        if self.closed:
+            raise RuntimeError("the Vulkan runtime is closed")
+        backend = VulkanBackend(self, config)
+        self._backends.add(backend)
+        return backend
+
+    # Tuning ---------------------------------------------------------------------------
+    def tuned_choice(self, launch) -> Any:
+        """The workgroup choice the tuning cache holds for a launch, or None for the default."""
+        entry = self.tuner.cache.get(launch.key)
+        return None if entry is None else entry.get("choice")
+
+    def tuning_tasks(self, backend: Any, node: Node, inputs: list, outputs: list) -> list:
+        """The launches of this op whose workgroup size can be tuned, as TuneTasks."""
+        from .tune import tasks_for
+
+        return tasks_for(self, node, inputs, outputs)
+
+    def measure(self, node: Node, inputs: list, outputs: list) -> bool:
+        """Whether this op has launches whose workgroup size is not tuned yet (GPUs only: on CPU
+        implementations such as lavapipe the size matters little, so they go straight to their defaults)."""
+        if not (self.ctx.info.is_gpu or self.tune_cpu_devices) or not self.ctx.timestamps:
+            return False
+        return bool(self.tuner.pending(self.tuning_tasks(None, node, inputs, outputs)))
+
+    def set_cache_file(self, path) -> None:
+        """Tuning results go to `path` (the core's JSON cache); compiled pipelines to `path` + '.vkpipelines'."""
+        super().set_cache_file(path)
+        self.tuner.set_cache_file(self.cache_file)
+        try:
+            with open(self.cache_file + PIPELINE_SUFFIX, "rb") as f:
+                data = f.read(256 << 20)
+        except OSError:
+            return
+        if not self.set_cache_bytes(data):
+            log.warning("ignoring %s: a pipeline cache for another device or driver", self.cache_file + PIPELINE_SUFFIX)
+
+    def save_pipeline_cache(self) -> None:
+        """Write the pipeline cache next to the tuning cache, atomically (a temporary file, then rename)."""
+        if not self.cache_file:
+            return
+        data = self.get_cache_bytes()
+        if not data:
+            return
+        path = self.cache_file + PIPELINE_SUFFIX
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".vkpipelines-", dir=os.path.dirname(os.path.abspath(path)))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("cannot write the Vulkan pipeline cache %s: %s", path, exc)
+
+    # The pipeline cache, for the runtime's cache file ----------------------------------
+    def get_cache_bytes(self) -> bytes:
+        """The VkPipelineCache's data (compiled pipelines), to store in the runtime's cache file."""
+        return self.ctx.cache_bytes()
+
+    def set_cache_bytes(self, data: bytes) -> bool:
+        """Merge pipeline-cache data saved by an earlier process; False (and ignored) when it does not fit."""
+        if not data or not self.ctx.cache_data_fits(data):
+            return False
+        import vulkan as vk
+
+        buf = vk.ffi.new("char[]", bytes(data))
+        try:
+            src = vk.vkCreatePipelineCache(self.ctx.device, vk.VkPipelineCacheCreateInfo(
+                initialDataSize=len(data), pInitialData=buf), None)
+        except Exception as exc:
+            log.warning("ignoring unreadable Vulkan pipeline-cache data: %s", exc)
+            return False
+        try:
+            vk.vkMergePipelineCaches(self.ctx.device, self.ctx.pipeline_cache, 1, [src])
+        finally:
+            vk.vkDestroyPipelineCache(self.ctx.device, src, None)
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        c = self.ctx
+        return {"device": c.info.name, "api": vkdev.version_str(c.info.api), "unified_memory": c.unified,
+                "timeline_semaphore": c.timeline, "fp16_storage": c.storage16, "queue_family": c.family,
+                "weights_bytes": self.static.bytes}
+
+    def gc(self, level: int = 0) -> None:
+        pass  # weights leave the pool with their graphs; pipelines are kept for reuse
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.tuner.close()
+        for backend in list(self._backends):  # sessions left open: free what they made on the device
+            backend.clear_buffers()
+        self.closed = True
+        self.save_pipeline_cache()
+        self.queue.close()
+        self.static.clear()
+        self.ctx.destroy()

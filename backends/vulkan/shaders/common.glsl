@@ -1,0 +1,137 @@
+// Shared by every aiomnn Vulkan shader. Storage is float, or float16_t when
+// built with -DFP16 (arithmetic stays in float32 either way).
+#ifdef FP16
+#extension GL_EXT_shader_16bit_storage : require
+#define STORE float16_t
+#else
+#define STORE float
+#endif
+
+#define INF uintBitsToFloat(0x7f800000u)
+#define NAN_ uintBitsToFloat(0x7fc00000u)
+
+// erf to about 1e-7: a Maclaurin series below 0.5, else 1 - erfc with a Chebyshev fit.
+float erf_(float x) {
+    float a = abs(x);
+    if (a < 0.5) {
+        float z = a * a;
+        float p = -1.0 / 1320.0 * 1.1283791670955126;  // n = 5 term of 2/sqrt(pi) (-1)^n / (n! (2n+1))
+        p = p * z + 1.0 / 216.0 * 1.1283791670955126;
+        p = p * z - 1.0 / 42.0 * 1.1283791670955126;
+        p = p * z + 1.0 / 10.0 * 1.1283791670955126;
+        p = p * z - 1.0 / 3.0 * 1.1283791670955126;
+        p = p * z + 1.1283791670955126;
+        return x * p;
+    }
+    float t = 1.0 / (1.0 + 0.5 * a);
+    float q = 0.17087277;
+    q = q * t - 0.82215223;
+    q = q * t + 1.48851587;
+    q = q * t - 1.13520398;
+    q = q * t + 0.27886807;
+    q = q * t - 0.18628806;
+    q = q * t + 0.09678418;
+    q = q * t + 0.37409196;
+    q = q * t + 1.00002368;
+    q = q * t - 1.26551223;
+    float r = 1.0 - t * exp(q - a * a);
+    return x < 0.0 ? -r : r;
+}
+
+float tanh_(float x) {
+    float a = abs(x);
+    float r;
+    if (a < 0.0625) {
+        float z = a * a;
+        r = a * (1.0 + z * (-1.0 / 3.0 + z * (2.0 / 15.0 - z * 17.0 / 315.0)));
+    } else {
+        float e = exp(-2.0 * a);
+        r = (1.0 - e) / (1.0 + e);
+    }
+    return x < 0.0 ? -r : r;
+}
+
+float sigmoid_(float x) {
+    return 1.0 / (1.0 + exp(-x));
+}
+
+float softplus_(float x) {
+    return x > 20.0 ? x : log(1.0 + exp(x));
+}
+
+// Unary operations and fused activations share one numbering (see ops.py UNARY).
+float unary_op(float x, int op, float a, float b) {
+    switch (op) {
+    case 0: return x;                                        // identity
+    case 1: return max(x, 0.0);                              // Relu
+    case 2: return x < 0.0 ? x * a : x;                      // LeakyRelu(alpha)
+    case 3: return min(max(x, a), b);                        // Clip(min, max)
+    case 4: return sigmoid_(x);                              // Sigmoid
+    case 5: return clamp(x * a + b, 0.0, 1.0);               // HardSigmoid(alpha, beta)
+    case 6: return x * clamp(x / 6.0 + 0.5, 0.0, 1.0);       // HardSwish
+    case 7: return tanh_(x);                                 // Tanh
+    case 8: return x > 0.0 ? x : a * (exp(x) - 1.0);         // Elu(alpha)
+    case 9: return 0.5 * x * (1.0 + erf_(x * 0.7071067811865476));  // Gelu
+    case 10: {                                               // Gelu, tanh approximation
+        float u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+        return 0.5 * x * (1.0 + tanh_(u));
+    }
+    case 11: return x > 0.0 ? b * x : b * a * (exp(x) - 1.0);  // Selu(alpha, gamma)
+    case 12: return softplus_(x);                             // Softplus
+    case 13: return x / (1.0 + abs(x));                       // Softsign
+    case 14: return max(0.0, x) + min(0.0, a * (exp(x / a) - 1.0));  // Celu(alpha)
+    case 15: return x > a ? x : 0.0;                          // ThresholdedRelu(alpha)
+    case 16: return x * tanh_(softplus_(x));                  // Mish
+    case 17: return x * sigmoid_(a * x);                      // Swish(alpha)
+    case 20: return sqrt(x);
+    case 21: return exp(x);
+    case 22: return log(x);
+    case 23: return -x;
+    case 24: return abs(x);
+    case 25: return 1.0 / x;
+    case 26: return floor(x);
+    case 27: return ceil(x);
+    case 28: return roundEven(x);
+    case 29: return sin(x);
+    case 30: return cos(x);
+    case 31: return erf_(x);
+    case 32: return sign(x);
+    case 33: return x * a + b;                                // scale and shift
+    case 34: return tan(x);
+    case 35: return asin(x);
+    case 36: return acos(x);
+    case 37: return atan(x);
+    case 38: return sinh(x);
+    case 39: return cosh(x);
+    case 40: return asinh(x);
+    case 41: return acosh(x);
+    case 42: return atanh(x);
+    }
+    return x;
+}
+
+// pow as ONNX means it: a negative base with an integral exponent keeps its sign.
+float pow_(float x, float y) {
+    if (y == 0.0) return 1.0;
+    if (y == 1.0) return x;
+    if (y == 2.0) return x * x;
+    if (y == 0.5) return sqrt(x);
+    if (x >= 0.0) return pow(x, y);
+    if (floor(y) != y) return NAN_;
+    float r = pow(-x, y);
+    return mod(y, 2.0) == 1.0 ? -r : r;
+}
+
+float binary_op(float x, float y, int op) {
+    switch (op) {
+    case 0: return x + y;
+    case 1: return x - y;
+    case 2: return x * y;
+    case 3: return x / y;
+    case 4: return pow_(x, y);
+    case 5: return (isnan(x) || isnan(y)) ? NAN_ : max(x, y);
+    case 6: return (isnan(x) || isnan(y)) ? NAN_ : min(x, y);
+    case 7: return x < 0.0 ? x * y : x;                        // PRelu(x, slope)
+    }
+    return x;
+}

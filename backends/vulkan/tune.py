@@ -1,0 +1,128 @@
+"""Workgroup-size tuning for Vulkan dispatches, as aiomnn.tuning TuneTasks.
+
+An op is planned on a dry backend (no device memory, no weight uploads) to
+learn its launches. Timing runs one launch on zero-filled buffers of the real
+sizes, bracketed by GPU timestamps, once to warm up and then `samples` times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Iterator
+
+import vulkan as vk
+
+from aiomnn.graph import Node
+
+from .launch import Launch
+
+ffi, lib = vk.ffi, vk.lib
+
+
+def tasks_for(runtime: Any, node: Node, inputs: list, outputs: list) -> list["LaunchTuneTask"]:
+    from .backend import VulkanBackend
+    from .ops import create
+
+    backend = runtime.__dict__.get("_dry_backend")
+    if backend is None:
+        backend = runtime._dry_backend = VulkanBackend(runtime, runtime.config.backend_config, dry=True)
+    backend._reset_plan()
+    op = create(backend, node, inputs, outputs)
+    if op is None:
+        return []
+    try:
+        if op.alias_of is not None:
+            return []
+        op.on_resize(inputs, outputs)
+    except Exception:
+        return []
+    finally:
+        backend._reset_plan()
+    return [LaunchTuneTask(runtime, node, launch) for launch in op.launches if launch.tunable]
+
+
+class LaunchTuneTask:
+    """Which workgroup size (or matmul kernel) runs this launch fastest on this device."""
+
+    def __init__(self, runtime: Any, node: Node, launch: Launch):
+        self.runtime = runtime
+        self.launch = launch
+        self.key = launch.key
+        self.label = f"{node} {launch.kernel} {launch.work}"
+
+    def candidates(self, limit: int) -> list[Any]:
+        return self.launch.choices(limit)
+
+    @contextlib.contextmanager
+    def timer(self) -> Iterator[Any]:
+        rt, launch = self.runtime, self.launch
+        ctx = rt.ctx
+        dev = ctx.device
+        buffers = []
+        for loc in launch.locs:
+            buf = ctx.device_buffer(max(loc.nbytes, 16))
+            if buf.host is not None:
+                buf.host[:] = 0
+            else:
+                ctx.run_once(lambda cmd, b=buf: vk.vkCmdFillBuffer(cmd, b.handle, 0, b.size, 0), rt.queue)
+            buffers.append(buf)
+        nb = len(buffers)
+        pool = vk.vkCreateDescriptorPool(dev, vk.VkDescriptorPoolCreateInfo(
+            flags=vk.VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT, maxSets=1, poolSizeCount=1,
+            pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=nb)]),
+            None)
+        queries = vk.vkCreateQueryPool(dev, vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP,
+                                                                     queryCount=64), None)
+
+        def time(candidate: Any, samples: int) -> float:
+            name, local, groups = launch.resolve(candidate)
+            if any(g > m for g, m in zip(groups, ctx.max_groups)):
+                raise ValueError(f"grid {groups} over the device's limit")
+            kernel = ctx.kernel(name, launch.fp16, local, launch.consts)
+            vk.vkResetDescriptorPool(dev, pool, 0)
+            dset = vk.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
+                descriptorPool=pool, descriptorSetCount=1, pSetLayouts=[kernel.set_layout]))[0]
+            infos = [vk.VkDescriptorBufferInfo(buffer=b.handle, offset=0, range=max(loc.nbytes, 4))
+                     for b, loc in zip(buffers, launch.locs)]
+            writes = [vk.VkWriteDescriptorSet(dstSet=dset, dstBinding=i, descriptorCount=1,
+                                              descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[info])
+                      for i, info in enumerate(infos)]
+            vk.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
+            n = min(samples + 1, 32)
+
+            def record(cmd) -> None:
+                vk.vkCmdResetQueryPool(cmd, queries, 0, 2 * n)
+                vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline)
+                lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 0, 1,
+                                            ffi.new("VkDescriptorSet[1]", [dset]), 0, ffi.NULL)
+                lib.vkCmdPushConstants(cmd, kernel.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(launch.push),
+                                       ffi.from_buffer(launch.push))
+                mb = ffi.new("VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                                                  "srcAccessMask": vk.VK_ACCESS_SHADER_WRITE_BIT,
+                                                  "dstAccessMask": vk.VK_ACCESS_SHADER_READ_BIT
+                                                  | vk.VK_ACCESS_SHADER_WRITE_BIT})
+                for i in range(n):
+                    lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries, 2 * i)
+                    lib.vkCmdDispatch(cmd, *groups)
+                    lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries, 2 * i + 1)
+                    lib.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                                             vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, mb, 0, ffi.NULL, 0,
+                                             ffi.NULL)
+
+            ctx.run_once(record, rt.queue)
+            data = ffi.new("uint64_t[]", 2 * n)
+            r = lib.vkGetQueryPoolResults(dev, queries, 0, 2 * n, 16 * n, data, 8,
+                                          vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+            if r != vk.VK_SUCCESS:
+                raise RuntimeError(f"vkGetQueryPoolResults: VkResult {r}")
+            times = [(data[2 * i + 1] - data[2 * i]) * ctx.timestamp_period * 1e-9 for i in range(1, n)]
+            return min(times) if times else math.inf
+
+        try:
+            yield time
+        finally:
+            vk.vkDestroyQueryPool(dev, queries, None)
+            vk.vkDestroyDescriptorPool(dev, pool, None)
+            for b in buffers:
+                b.destroy()

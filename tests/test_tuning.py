@@ -1,0 +1,361 @@
+"""Background GPU tuning with CPU fallback, end to end on OpenCL (PoCL here), and the tuning cache.
+
+The lifecycle: a session whose ops need tuning serves its first runs on the CPU while
+one background job tunes; wait_async_resize() ends on the GPU; the results go to the
+cache file, so a second runtime with that file starts on the GPU at once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import stat
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import aiomnn
+from aiomnn import tuning
+from aiomnn.config import ForwardType
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+# The cache alone: no device needed ----------------------------------------------------------------
+def test_cache_round_trip_is_atomic_and_private(tmp_path):
+    path = tmp_path / "cache.json"
+    cache = tuning.TuningCache("dev A")
+    cache.load(str(path))
+    cache.put("k1", [8, 8, 1], 12e-6)
+    cache.save()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == tuning.SCHEMA and doc["version"] == tuning.VERSION
+    assert doc["devices"]["dev A"]["k1"]["choice"] == [8, 8, 1]
+    assert [p.name for p in tmp_path.iterdir()] == ["cache.json"]  # no temporary file left behind
+
+    other = tuning.TuningCache("dev B")  # another device keeps dev A's entries when it writes
+    other.load(str(path))
+    assert "k1" not in other
+    other.put("k2", None, None)
+    other.save()
+    again = tuning.TuningCache("dev A")
+    again.load(str(path))
+    assert again.get("k1")["choice"] == [8, 8, 1] and "k2" not in again
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"schema": "aiomnn-tuning-cache", "version": 1, "devi',
+                                     b'{"schema": "someone-else", "version": 1, "devices": {}}',
+                                     b'{"schema": "aiomnn-tuning-cache", "version": 99, "devices": {}}',
+                                     b'{"schema": "aiomnn-tuning-cache", "version": 1, "devices": {"d": {"k": 3}}}',
+                                     b"\xff\xfe\x00", b"[]"],
+                         ids=["garbage", "truncated", "foreign", "future", "malformed", "binary", "list"])
+def test_bad_cache_is_ignored_with_a_warning_and_rewritten(tmp_path, caplog, content):
+    path = tmp_path / "cache.json"
+    path.write_bytes(content)
+    cache = tuning.TuningCache("dev")
+    with caplog.at_level(logging.WARNING, logger="aiomnn.tuning"):
+        cache.load(str(path))
+    assert len(cache) == 0
+    assert any("ignoring the tuning cache" in r.getMessage() for r in caplog.records)
+    cache.save()  # rewritten even before anything new is tuned
+    assert json.loads(path.read_text())["schema"] == tuning.SCHEMA
+
+
+# The lifecycle on OpenCL --------------------------------------------------------------------------
+def _opencl():
+    pytest.importorskip("pyopencl", reason="pyopencl is not installed")
+    from aiomnn.runtime import probe
+
+    if not probe(ForwardType.OPENCL):
+        pytest.skip("no OpenCL device (pyopencl found no platform with a usable device)")
+
+
+def _model() -> bytes:
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
+    w2 = (rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["b"]),
+             helper.make_node("Sigmoid", ["b"], ["y"])]
+    graph = helper.make_graph(nodes, "tune", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def _reference(x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    model = _model()
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def _config(**kw) -> aiomnn.ScheduleConfig:
+    return aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(tuning="fast"), num_threads=2, **kw)
+
+
+class Gate:
+    """A progress callback that holds the tuning job after its first task until released."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.reports: list[tuning.Progress] = []
+
+    def __call__(self, progress: tuning.Progress) -> None:
+        self.reports.append(progress)
+        self.release.wait(60)
+
+
+X = np.random.default_rng(1).standard_normal((1, 3, 12, 12)).astype(np.float32)
+
+
+@pytest.mark.anyio
+async def test_cpu_first_then_gpu_then_warm_cache(tmp_path):
+    _opencl()
+    pytest.importorskip("onnxruntime")
+    want = _reference(X)
+    path = tmp_path / "tuning.json"
+    net = aiomnn.Interpreter.from_bytes(_model())
+    config = _config()
+
+    info = aiomnn.create_runtime(config)
+    info.set_cache_file(path)
+    gate = Gate()
+    info.runtimes[ForwardType.OPENCL].tuner.add_progress_callback(gate)
+    try:
+        session = await net.create_session(config, info)
+        assert session.has_async_work()
+        out = await session.run({"x": X})  # served at once, on the CPU
+        assert session.backend_types == [ForwardType.CPU]
+        assert session.has_async_work()
+        np.testing.assert_allclose(out["y"], want, rtol=1e-4, atol=1e-5)
+
+        gate.release.set()
+        await session.wait_async_resize()
+        assert not session.has_async_work()
+        assert session.backend_types == [ForwardType.OPENCL]
+        out = await session.run({"x": X})
+        assert session.backend_types == [ForwardType.OPENCL]
+        np.testing.assert_allclose(out["y"], want, rtol=1e-4, atol=1e-5)
+        assert gate.reports and gate.reports[-1].done == gate.reports[-1].total
+        await session.close()
+    finally:
+        gate.release.set()
+        info.close()
+
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    doc = json.loads(path.read_text())
+    (entries,) = doc["devices"].values()
+    assert len(entries) == 2 and all(isinstance(e["choice"], list) for e in entries.values())
+
+    # A fresh process with the warm cache goes straight to the GPU.
+    code = (
+        "import asyncio, sys, aiomnn, numpy as np\n"
+        "async def main():\n"
+        "    config = aiomnn.ScheduleConfig(type='opencl', backend_config=aiomnn.BackendConfig(tuning='fast'))\n"
+        "    info = aiomnn.create_runtime(config)\n"
+        "    info.set_cache_file(sys.argv[1])\n"
+        "    net = aiomnn.Interpreter.from_bytes(open(sys.argv[2], 'rb').read())\n"
+        "    s = await net.create_session(config, info)\n"
+        "    busy, types = s.has_async_work(), [t.value for t in s.backend_types]\n"
+        "    await s.run({'x': np.zeros((1, 3, 12, 12), np.float32)})\n"
+        "    print(busy, types, [t.value for t in s.backend_types])\n"
+        "    await s.close(); info.close()\n"
+        "asyncio.run(main())\n")
+    (tmp_path / "model.onnx").write_bytes(_model())
+    done = subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "model.onnx")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "False ['opencl'] ['opencl']"
+
+    # So does a fresh runtime in this process.
+    info = aiomnn.create_runtime(config)
+    info.set_cache_file(path)
+    try:
+        session = await net.create_session(config, info)
+        assert not session.has_async_work()
+        assert session.backend_types == [ForwardType.OPENCL]
+        out = await session.run({"x": X})
+        assert session.backend_types == [ForwardType.OPENCL]
+        np.testing.assert_allclose(out["y"], want, rtol=1e-4, atol=1e-5)
+        await session.wait_async_resize()  # nothing to wait for
+        await session.close()
+    finally:
+        info.close()
+
+
+@pytest.mark.anyio
+async def test_corrupt_cache_is_ignored_and_rewritten(tmp_path, caplog):
+    _opencl()
+    path = tmp_path / "tuning.json"
+    path.write_text('{"schema": "aiomnn-tuning-cache", "version": 1, "devices": {"x": ')
+    net = aiomnn.Interpreter.from_bytes(_model())
+    config = _config()
+    info = aiomnn.create_runtime(config)
+    try:
+        with caplog.at_level(logging.WARNING, logger="aiomnn.tuning"):
+            info.set_cache_file(path)
+        assert any("ignoring the tuning cache" in r.getMessage() for r in caplog.records)
+        session = await net.create_session(config, info)
+        assert session.has_async_work()
+        await session.wait_async_resize()
+        assert session.backend_types == [ForwardType.OPENCL]
+        await session.close()
+    finally:
+        info.close()
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == tuning.SCHEMA and len(next(iter(doc["devices"].values()))) == 2
+
+
+@pytest.mark.anyio
+async def test_sessions_share_one_tuning_job(tmp_path):
+    _opencl()
+    net = aiomnn.Interpreter.from_bytes(_model())
+    config = _config()
+    info = aiomnn.create_runtime(config)
+    tuner = info.runtimes[ForwardType.OPENCL].tuner
+    gate = Gate()
+    tuner.add_progress_callback(gate)
+    try:
+        first = await net.create_session(config, info)
+        second = await net.create_session(config, info)
+        assert first._tuning.job is second._tuning.job  # one job per runtime
+        await first.close()  # the other session still waits: the job goes on
+        assert not second._tuning.job.cancelled.is_set()
+        gate.release.set()
+        await second.wait_async_resize()
+        assert second.backend_types == [ForwardType.OPENCL] and len(tuner.cache) == 2
+        await second.close()
+    finally:
+        gate.release.set()
+        info.close()
+
+
+@pytest.mark.anyio
+async def test_closing_the_session_cancels_tuning(tmp_path):
+    _opencl()
+    net = aiomnn.Interpreter.from_bytes(_model())
+    config = _config()
+    info = aiomnn.create_runtime(config)
+    info.set_cache_file(tmp_path / "tuning.json")
+    tuner = info.runtimes[ForwardType.OPENCL].tuner
+    gate = Gate()
+    tuner.add_progress_callback(gate)
+    try:
+        session = await net.create_session(config, info)
+        assert session.has_async_work()
+        job = session._tuning.job
+        await session.close()
+        assert job.cancelled.is_set()
+        gate.release.set()
+        job.join(30)
+        assert job.done and not job.succeeded
+        assert len(tuner.cache) < 2  # it stopped before the second op
+    finally:
+        gate.release.set()
+        info.close()
+
+
+@pytest.mark.anyio
+async def test_closing_the_runtime_cancels_tuning(tmp_path):
+    _opencl()
+    net = aiomnn.Interpreter.from_bytes(_model())
+    config = _config()
+    info = aiomnn.create_runtime(config)
+    tuner = info.runtimes[ForwardType.OPENCL].tuner
+    gate = Gate()
+    tuner.add_progress_callback(gate)
+    session = await net.create_session(config, info)
+    job = session._tuning.job
+    threading.Timer(0.5, gate.release.set).start()
+    info.close()  # cancels, and waits for the job's thread
+    assert job.done and job.cancelled.is_set()
+    gate.release.set()
+
+
+@pytest.mark.anyio
+async def test_foreground_tuning_resizes_straight_onto_the_gpu(tmp_path):
+    _opencl()
+    net = aiomnn.Interpreter.from_bytes(_model())
+    config = _config(background_tuning=False)
+    info = aiomnn.create_runtime(config)
+    info.set_cache_file(tmp_path / "tuning.json")
+    try:
+        session = await net.create_session(config, info)
+        assert not session.has_async_work()
+        assert session.backend_types == [ForwardType.OPENCL]
+        assert len(info.runtimes[ForwardType.OPENCL].tuner.cache) == 2
+        await session.close()
+    finally:
+        info.close()
+    assert (tmp_path / "tuning.json").exists()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skipif(
+    importlib.util.find_spec("trio") is None, reason="trio is not installed"))])
+async def test_max_tuning_number_caps_the_ops_tuned(tmp_path, anyio_backend):
+    _opencl()
+    net = aiomnn.Interpreter.from_bytes(_model())
+    config = _config(max_tuning_number=1)
+    info = aiomnn.create_runtime(config)
+    try:
+        session = await net.create_session(config, info)
+        await session.wait_async_resize()
+        assert session.backend_types == [ForwardType.OPENCL]  # the untuned op runs with its default local size
+        assert len(info.runtimes[ForwardType.OPENCL].tuner.cache) == 1
+        await session.close()
+    finally:
+        info.close()
+
+
+@pytest.mark.anyio
+async def test_a_crashing_tuning_job_leaves_the_session_on_the_cpu(monkeypatch, caplog):
+    _opencl()
+    from aiomnn.backends.opencl import tune
+
+    def broken(self):
+        raise RuntimeError("the device fell over")
+
+    monkeypatch.setattr(tune.KernelTuneTask, "timer", broken)
+    net = aiomnn.Interpreter.from_bytes(_model())
+    config = _config()
+    info = aiomnn.create_runtime(config)
+    try:
+        with caplog.at_level(logging.ERROR, logger="aiomnn.tuning"):
+            session = await net.create_session(config, info)
+            await session.wait_async_resize()
+        assert not session.has_async_work()
+        assert session.backend_types == [ForwardType.CPU]
+        assert any("the device fell over" in r.getMessage() for r in caplog.records)
+        await session.run({"x": X})
+        assert session.backend_types == [ForwardType.CPU]
+        await session.close()
+    finally:
+        info.close()
+
+
+@pytest.mark.anyio
+async def test_tuning_none_never_tunes():
+    _opencl()
+    net = aiomnn.Interpreter.from_bytes(_model())
+    config = aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(tuning="none"))
+    info = aiomnn.create_runtime(config)
+    try:
+        session = await net.create_session(config, info)
+        assert not session.has_async_work() and session.backend_types == [ForwardType.OPENCL]
+        assert len(info.runtimes[ForwardType.OPENCL].tuner.cache) == 0
+        await session.close()
+    finally:
+        info.close()

@@ -1,0 +1,625 @@
+"""The Vulkan backend: every shader against the CPU backend and onnxruntime, the
+CPU fallback between segments, fp16 storage, the staged and fence paths,
+awaiting without blocking the loop, tuning, the shader build check and the
+public real models.
+
+Each op case asserts that the node under test ran on Vulkan, so a silent
+fallback to the CPU cannot pass for a working shader. On this machine the
+device is lavapipe (Mesa's CPU implementation); keep shapes small.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import aiomnn
+from aiomnn.config import ForwardType
+from aiomnn.runtime import probe
+
+from .conftest import model_path
+
+if not probe(ForwardType.VULKAN):
+    pytest.skip("no Vulkan device: the `vulkan` binding, the loader (libvulkan1) or a driver "
+                "(mesa-vulkan-drivers for lavapipe) is missing", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none"), num_threads=2)
+CPU = aiomnn.ScheduleConfig(type="cpu", num_threads=2)
+F = TensorProto.FLOAT
+
+try:
+    import onnxruntime as ort
+except ImportError:  # the CPU backend is the oracle then
+    ort = None
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    info = aiomnn.create_runtime(CONFIG)
+    yield info
+    info.close()
+
+
+# Cases ----------------------------------------------------------------------------------------
+@dataclass
+class Case:
+    id: str
+    nodes: list
+    inputs: dict  # name -> shape (float32) or array
+    on_vulkan: tuple  # op types that must run on Vulkan
+    inits: dict = field(default_factory=dict)
+    opset: int = 17
+    rtol: float = 1e-4
+    atol: float = 1e-5
+    positive: bool = False  # inputs drawn from (0.1, 2): Log, Sqrt, Pow
+    oracle: bool = True  # also compare with onnxruntime (which may lack the newest opsets)
+
+    def model(self) -> bytes:
+        ins = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(self.feeds()[k].dtype),
+                                             self.feeds()[k].shape) for k in self.inputs]
+        outs = [helper.make_tensor_value_info(o, F, None) for o in self.nodes[-1].output if o]
+        inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in self.inits.items()]
+        g = helper.make_graph(self.nodes, self.id, ins, outs, inits)
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", self.opset)], ir_version=8)
+        return model.SerializeToString()
+
+    def feeds(self) -> dict:
+        rng = np.random.default_rng(sum(map(ord, self.id)))
+        out = {}
+        for k, v in self.inputs.items():
+            if isinstance(v, np.ndarray):
+                out[k] = v
+            elif self.positive:
+                out[k] = rng.uniform(0.1, 2.0, v).astype(np.float32)
+            else:
+                out[k] = rng.standard_normal(v).astype(np.float32)
+        return out
+
+
+def n(op, ins, outs, **attrs):
+    return helper.make_node(op, ins, outs, **attrs)
+
+
+def r(*shape, seed=0, scale=0.5):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
+
+
+def unary(op, opset=17, positive=False, **attrs):
+    return Case(f"{op.lower()}", [n(op, ["x"], ["y"], **attrs)], {"x": (2, 3, 5, 7)}, (op,), opset=opset,
+                positive=positive)
+
+
+X4 = (2, 3, 6, 7)
+CASES = [
+    *[unary(op) for op in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Neg", "Abs", "Exp", "Erf", "Softplus",
+                           "Softsign", "Floor", "Ceil", "Sin", "Cos", "Selu")],
+    unary("Mish", opset=18),
+    unary("Sqrt", positive=True), unary("Log", positive=True), unary("Reciprocal", positive=True),
+    Case("hardsigmoid", [n("HardSigmoid", ["x"], ["y"], alpha=0.3, beta=0.4)], {"x": X4}, ("HardSigmoid",)),
+    Case("leakyrelu", [n("LeakyRelu", ["x"], ["y"], alpha=0.2)], {"x": X4}, ("LeakyRelu",)),
+    Case("elu", [n("Elu", ["x"], ["y"], alpha=0.7)], {"x": X4}, ("Elu",)),
+    Case("gelu_tanh", [n("Gelu", ["x"], ["y"], approximate="tanh")], {"x": X4}, ("Gelu",), opset=20),
+    Case("gelu", [n("Gelu", ["x"], ["y"])], {"x": X4}, ("Gelu",), opset=20),
+    Case("clip13", [n("Clip", ["x", "lo", "hi"], ["y"])], {"x": X4}, ("Clip",),
+         {"lo": np.float32(-0.5), "hi": np.float32(0.7)}, opset=13),
+    Case("clip6", [n("Clip", ["x"], ["y"], min=-0.2, max=0.3)], {"x": X4}, ("Clip",), opset=6),
+    # Binary with broadcasting.
+    Case("add_bcast_last", [n("Add", ["x", "b"], ["y"])], {"x": X4, "b": (7,)}, ("Add",)),
+    Case("sub_bcast_channel", [n("Sub", ["x", "b"], ["y"])], {"x": X4, "b": (3, 1, 1)}, ("Sub",)),
+    Case("mul_outer", [n("Mul", ["a", "b"], ["y"])], {"a": (1, 3, 1, 5), "b": (2, 1, 4, 1)}, ("Mul",)),
+    Case("div_scalar_const", [n("Div", ["x", "d"], ["y"])], {"x": X4}, ("Div",), {"d": np.float32(3.0)}),
+    Case("pow_square", [n("Pow", ["x", "p"], ["y"])], {"x": X4}, ("Pow",), {"p": np.float32(2.0)}),
+    Case("pow_tensor", [n("Pow", ["x", "p"], ["y"])], {"x": X4, "p": (7,)}, ("Pow",), positive=True),
+    Case("max3", [n("Max", ["a", "b", "c"], ["y"])], {"a": (3, 4), "b": (4,), "c": (3, 1)}, ("Max",)),
+    Case("min2", [n("Min", ["a", "b"], ["y"])], {"a": (3, 4), "b": (3, 4)}, ("Min",)),
+    Case("sum3", [n("Sum", ["a", "b", "c"], ["y"])], {"a": (2, 5), "b": (2, 5), "c": (5,)}, ("Sum",)),
+    Case("mean3", [n("Mean", ["a", "b", "c"], ["y"])], {"a": (2, 5), "b": (2, 5), "c": (5,)}, ("Mean",)),
+    Case("prelu", [n("PRelu", ["x", "s"], ["y"])], {"x": X4}, ("PRelu",), {"s": r(3, 1, 1, seed=3)}),
+    Case("add_relu_fused", [n("Add", ["a", "b"], ["s"]), n("Relu", ["s"], ["y"])], {"a": X4, "b": X4}, ("Add",)),
+    Case("silu_becomes_swish", [n("Sigmoid", ["x"], ["s"]), n("Mul", ["x", "s"], ["y"])], {"x": X4}, ("Swish",)),
+    Case("swish_alpha", [n("Swish", ["x"], ["y"], alpha=0.7)], {"x": X4}, ("Swish",), opset=24, oracle=False),
+    Case("conv_silu_fused", [n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Sigmoid", ["c"], ["s"]),
+                             n("Mul", ["c", "s"], ["y"])], {"x": (1, 3, 7, 7)}, ("Conv",),
+         {"w": r(4, 3, 3, 3, seed=1), "b": r(4, seed=2)}),
+    # Convolutions.
+    Case("conv3x3", [n("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])], {"x": (1, 3, 9, 10)}, ("Conv",),
+         {"w": r(8, 3, 3, 3, seed=1), "b": r(8, seed=2)}),
+    Case("conv_stride2_asym", [n("Conv", ["x", "w"], ["y"], strides=[2, 2], pads=[0, 1, 2, 1])],
+         {"x": (1, 4, 11, 12)}, ("Conv",), {"w": r(6, 4, 3, 3, seed=1)}),
+    Case("conv_dilated_groups", [n("Conv", ["x", "w", "b"], ["y"], dilations=[2, 2], group=2, pads=[2, 2, 2, 2])],
+         {"x": (2, 4, 9, 9)}, ("Conv",), {"w": r(6, 2, 3, 3, seed=1), "b": r(6, seed=2)}),
+    Case("conv_depthwise5x5", [n("Conv", ["x", "w", "b"], ["y"], group=5, pads=[2, 2, 2, 2])],
+         {"x": (1, 5, 8, 9)}, ("Conv",), {"w": r(5, 1, 5, 5, seed=1), "b": r(5, seed=2)}),
+    Case("conv1x1_relu", [n("Conv", ["x", "w", "b"], ["c"]), n("Relu", ["c"], ["y"])], {"x": (2, 6, 5, 7)},
+         ("Conv",), {"w": r(10, 6, 1, 1, seed=1), "b": r(10, seed=2)}),
+    Case("conv1x1_hardswish", [n("Conv", ["x", "w"], ["c"]), n("HardSwish", ["c"], ["y"])], {"x": (1, 70, 3, 30)},
+         ("Conv",), {"w": r(65, 70, 1, 1, seed=1)}),
+    Case("conv_same_upper", [n("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])],
+         {"x": (1, 2, 7, 8)}, ("Conv",), {"w": r(3, 2, 3, 3, seed=1)}),
+    Case("conv1d", [n("Conv", ["x", "w", "b"], ["y"], pads=[1, 2], strides=[2])], {"x": (2, 3, 17)}, ("Conv",),
+         {"w": r(4, 3, 4, seed=1), "b": r(4, seed=2)}),
+    Case("conv_dynamic_weight", [n("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+         {"x": (1, 3, 6, 6), "w": (2, 3, 3, 3)}, ("Conv",)),
+    Case("conv_bn_clip", [n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                          n("BatchNormalization", ["c", "s", "bb", "m", "v"], ["d"]),
+                          n("Clip", ["d", "lo", "hi"], ["y"])], {"x": (1, 3, 8, 8)}, ("Conv",),
+         {"w": r(4, 3, 3, 3, seed=1), "b": r(4, seed=2), "s": r(4, seed=3) + 1, "bb": r(4, seed=4),
+          "m": r(4, seed=5), "v": np.abs(r(4, seed=6)) + 0.5, "lo": np.float32(0), "hi": np.float32(6)}),
+    Case("convtranspose_s2k2", [n("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2])], {"x": (1, 4, 5, 6)},
+         ("ConvTranspose",), {"w": r(4, 3, 2, 2, seed=1), "b": r(3, seed=2)}),
+    Case("convtranspose_pads_outpad", [n("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1],
+                                         output_padding=[1, 1])], {"x": (1, 2, 4, 5)}, ("ConvTranspose",),
+         {"w": r(2, 3, 3, 3, seed=1)}),
+    Case("convtranspose_group_relu", [n("ConvTranspose", ["x", "w"], ["c"], group=2, strides=[2, 1]),
+                                      n("Relu", ["c"], ["y"])], {"x": (2, 4, 3, 4)}, ("ConvTranspose",),
+         {"w": r(4, 1, 3, 2, seed=1)}),
+    Case("batchnorm_standalone", [n("Relu", ["x"], ["t"]), n("BatchNormalization", ["t", "s", "b", "m", "v"], ["y"])],
+         {"x": X4}, ("BatchNormalization",),
+         {"s": r(3, seed=3) + 1, "b": r(3, seed=4), "m": r(3, seed=5), "v": np.abs(r(3, seed=6)) + 0.5}),
+    # Pooling and reductions.
+    Case("maxpool3s2", [n("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])],
+         {"x": (1, 3, 9, 10)}, ("MaxPool",)),
+    Case("maxpool_ceil", [n("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)],
+         {"x": (1, 2, 7, 7)}, ("MaxPool",)),
+    Case("maxpool_same5", [n("MaxPool", ["x"], ["y"], kernel_shape=[5, 5], pads=[2, 2, 2, 2])], {"x": (1, 4, 8, 8)},
+         ("MaxPool",)),
+    Case("avgpool_exclude", [n("AveragePool", ["x"], ["y"], kernel_shape=[3, 2], strides=[3, 2], pads=[1, 0, 1, 1])],
+         {"x": (1, 3, 8, 9)}, ("AveragePool",)),
+    Case("avgpool_include", [n("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                               count_include_pad=1)], {"x": (1, 3, 6, 6)}, ("AveragePool",)),
+    Case("globalavgpool", [n("GlobalAveragePool", ["x"], ["y"])], {"x": (2, 5, 7, 9)}, ("GlobalAveragePool",)),
+    Case("globalmaxpool", [n("GlobalMaxPool", ["x"], ["y"])], {"x": (2, 5, 7, 9)}, ("GlobalMaxPool",)),
+    Case("reducemean_last", [n("ReduceMean", ["x"], ["y"], axes=[-1])], {"x": (2, 40, 96)}, ("ReduceMean",), opset=13),
+    Case("reducesum_axes_input", [n("ReduceSum", ["x", "ax"], ["y"], keepdims=0)], {"x": (3, 4, 5, 6)},
+         ("ReduceSum",), {"ax": np.array([1, 2], np.int64)}, opset=13),
+    Case("reducemax_middle", [n("ReduceMax", ["x"], ["y"], axes=[1])], {"x": (3, 300, 5)}, ("ReduceMax",), opset=13),
+    Case("reducel2_all", [n("ReduceL2", ["x"], ["y"], keepdims=0)], {"x": (4, 5, 6)}, ("ReduceL2",), opset=13),
+    Case("reducelogsumexp", [n("ReduceLogSumExp", ["x"], ["y"], axes=[0])], {"x": (6, 5)}, ("ReduceLogSumExp",),
+         opset=13),
+    Case("softmax_last", [n("Softmax", ["x"], ["y"])], {"x": (2, 3, 37)}, ("Softmax",)),
+    Case("softmax_axis1", [n("Softmax", ["x"], ["y"], axis=1)], {"x": (2, 300, 4)}, ("Softmax",)),
+    Case("softmax11_coerced", [n("Softmax", ["x"], ["y"], axis=1)], {"x": (2, 3, 4)}, ("Softmax",), opset=11),
+    Case("logsoftmax", [n("LogSoftmax", ["x"], ["y"])], {"x": (3, 50)}, ("LogSoftmax",)),
+    Case("layernorm", [n("LayerNormalization", ["x", "s", "b"], ["y"], axis=-1, epsilon=1e-5)], {"x": (2, 5, 64)},
+         ("LayerNormalization",), {"s": r(64, seed=1) + 1, "b": r(64, seed=2)}),
+    Case("layernorm_2axes_noscale_bias", [n("LayerNormalization", ["x", "s"], ["y"], axis=-2)], {"x": (3, 4, 10)},
+         ("LayerNormalization",), {"s": r(4, 10, seed=1) + 1}),
+    # Matrix products.
+    Case("matmul2d", [n("MatMul", ["a", "b"], ["y"])], {"a": (70, 33)}, ("MatMul",), {"b": r(33, 65, seed=1)}),
+    Case("matmul_batched_bcast", [n("MatMul", ["a", "b"], ["y"])], {"a": (2, 1, 5, 8), "b": (3, 8, 6)}, ("MatMul",)),
+    Case("matmul_vec", [n("MatMul", ["a", "b"], ["y"])], {"a": (8,), "b": (2, 8, 3)}, ("MatMul",)),
+    Case("matmul_mat_vec", [n("MatMul", ["a", "b"], ["y"])], {"a": (2, 4, 8), "b": (8,)}, ("MatMul",)),
+    Case("gemm_trans_bias", [n("Gemm", ["a", "b", "c"], ["y"], transA=1, transB=1, alpha=0.5, beta=2.0)],
+         {"a": (7, 5)}, ("Gemm",), {"b": r(9, 7, seed=1), "c": r(9, seed=2)}),
+    Case("gemm_col_bias_relu", [n("Gemm", ["a", "b", "c"], ["g"]), n("Relu", ["g"], ["y"])], {"a": (4, 6)},
+         ("Gemm",), {"b": r(6, 3, seed=1), "c": r(4, 1, seed=2)}),
+    # Data movement.
+    Case("concat3", [n("Concat", ["a", "b", "c"], ["y"], axis=1)], {"a": (2, 3, 4), "b": (2, 1, 4), "c": (2, 5, 4)},
+         ("Concat",)),
+    Case("split3", [n("Split", ["x", "s"], ["y0", "y1", "y"], axis=2)], {"x": (2, 3, 9)}, ("Split",),
+         {"s": np.array([2, 3, 4], np.int64)}, opset=13),
+    Case("slice_steps", [n("Slice", ["x", "st", "en", "ax", "sp"], ["y"])], {"x": (4, 9, 10)}, ("Slice",),
+         {"st": np.array([1, -1, 0], np.int64), "en": np.array([4, -8, 9], np.int64),
+          "ax": np.array([0, 1, 2], np.int64), "sp": np.array([2, -2, 3], np.int64)}),
+    Case("transpose5d", [n("Transpose", ["x"], ["y"], perm=[2, 0, 3, 1, 4])], {"x": (2, 3, 4, 2, 5)}, ("Transpose",)),
+    Case("reshape_chain_out", [n("Relu", ["x"], ["t"]), n("Reshape", ["t", "shp"], ["u"]), n("Flatten", ["u"], ["v"]),
+                               n("Unsqueeze", ["v", "ax"], ["w"]), n("Squeeze", ["w", "ax"], ["y"])],
+         {"x": (2, 3, 4)}, ("Relu", "Reshape", "Flatten", "Unsqueeze", "Squeeze"),
+         {"shp": np.array([4, -1], np.int64), "ax": np.array([0], np.int64)}),
+    Case("expand", [n("Expand", ["x", "shp"], ["y"])], {"x": (3, 1, 5)}, ("Expand",),
+         {"shp": np.array([2, 3, 4, 5], np.int64)}),
+    Case("identity_dropout", [n("Dropout", ["x"], ["t"]), n("Identity", ["t"], ["y"])], {"x": X4}, ("Dropout",)),
+    # Resize.
+    Case("resize_nearest_2x", [n("Resize", ["x", "", "sc"], ["y"], mode="nearest")], {"x": (1, 3, 5, 6)}, ("Resize",),
+         {"sc": np.array([1, 1, 2, 2], np.float32)}, opset=13),
+    Case("resize_linear_sizes", [n("Resize", ["x", "", "", "sz"], ["y"], mode="linear")], {"x": (1, 2, 5, 7)},
+         ("Resize",), {"sz": np.array([1, 2, 9, 4], np.int64)}, opset=13),
+    Case("resize_linear_align", [n("Resize", ["x", "", "sc"], ["y"], mode="linear",
+                                   coordinate_transformation_mode="align_corners")], {"x": (2, 2, 4, 5)},
+         ("Resize",), {"sc": np.array([1, 1, 1.5, 2], np.float32)}, opset=13),
+    Case("resize_cubic", [n("Resize", ["x", "", "sc"], ["y"], mode="cubic")], {"x": (1, 2, 6, 6)}, ("Resize",),
+         {"sc": np.array([1, 1, 2, 0.5], np.float32)}, opset=13),
+    Case("resize_nearest_asym_floor", [n("Resize", ["x", "", "sc"], ["y"], mode="nearest", nearest_mode="floor",
+                                         coordinate_transformation_mode="asymmetric")], {"x": (1, 1, 5, 5)},
+         ("Resize",), {"sc": np.array([1, 1, 1.7, 2.4], np.float32)}, opset=13),
+]
+
+
+async def run(data: bytes, feeds: dict, config, runtime=None):
+    """Outputs, and for each node name the backend its step ran on."""
+    net = aiomnn.Interpreter.from_bytes(data)
+    async with await net.create_session(config, runtime) as s:
+        out = await s.run(feeds)
+        again = await s.run(feeds)
+        placed = {st.node.name or st.node.op_type: seg.backend.type.value
+                  for seg in s.pipeline.segments for st in seg.steps}
+        ops = {st.node.op_type: seg.backend.type.value for seg in s.pipeline.segments for st in seg.steps}
+    for k in out:
+        np.testing.assert_array_equal(again[k], out[k])  # recorded commands replay the same
+    return out, placed, ops
+
+
+def oracle(data: bytes, feeds: dict) -> list:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+async def test_op(case, runtime):
+    from aiomnn.shapes import SHAPES
+
+    missing = [op for op in case.on_vulkan if op not in SHAPES]
+    if missing:  # GPU backends decline nodes whose output shapes are unknown at resize
+        pytest.skip(f"aiomnn.shapes has no shape function for {missing}")
+    data, feeds = case.model(), case.feeds()
+    got, _, ops = await run(data, feeds, CONFIG, runtime)
+    for op in case.on_vulkan:
+        assert ops.get(op) == "vulkan", f"{op} did not run on Vulkan: {ops}"
+    want, _, _ = await run(data, feeds, CPU)
+    for k in want:
+        assert got[k].shape == want[k].shape and got[k].dtype == want[k].dtype
+        np.testing.assert_allclose(got[k], want[k], rtol=case.rtol, atol=case.atol, err_msg=f"vs cpu: {k}")
+    if ort is not None and case.oracle:
+        names = [o for o in case.nodes[-1].output if o]
+        for k, w in zip(names, oracle(data, feeds)):
+            np.testing.assert_allclose(got[k], w, rtol=case.rtol, atol=case.atol, err_msg=f"vs onnxruntime: {k}")
+
+
+# Segments and fallback --------------------------------------------------------------------------
+def mixed_model() -> tuple[bytes, dict]:
+    """Vulkan, then a CPU-only op (Pad), then Vulkan again reading a value the first segment left on the device."""
+    nodes = [n("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["r"]),
+             n("Pad", ["r", "pads"], ["p"], mode="reflect"),
+             n("Conv", ["p", "w2"], ["d"]), n("Add", ["d", "r"], ["y"])]
+    g = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", F, (2, 3, 6, 6))],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          [numpy_helper.from_array(r(5, 3, 3, 3, seed=1), "w"),
+                           numpy_helper.from_array(r(5, 5, 3, 3, seed=2), "w2"),
+                           numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    return data, {"x": r(2, 3, 6, 6, seed=9, scale=1.0)}
+
+
+@pytest.mark.anyio
+async def test_fallback_segments(runtime):
+    data, feeds = mixed_model()
+    got, placed, ops = await run(data, feeds, CONFIG, runtime)
+    want, _, _ = await run(data, feeds, CPU)
+    assert ops["Pad"] == "cpu" and ops["Conv"] == "vulkan" and ops["Add"] == "vulkan", ops
+    assert len({seg for seg in placed.values()}) == 2
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.anyio
+async def test_int_inputs_stay_on_cpu(runtime):
+    g = helper.make_graph([n("Add", ["a", "b"], ["y"])], "ints", [helper.make_tensor_value_info("a", 6, (3,)),
+                                                                  helper.make_tensor_value_info("b", 6, (3,))],
+                          [helper.make_tensor_value_info("y", 6, None)])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    got, _, ops = await run(data, {"a": np.array([1, 2, 3], np.int32), "b": np.array([4, 5, 6], np.int32)}, CONFIG,
+                            runtime)
+    assert ops == {"Add": "cpu"}
+    np.testing.assert_array_equal(got["y"], [5, 7, 9])
+
+
+@pytest.mark.anyio
+async def test_new_shapes_replan(runtime):
+    g = helper.make_graph([n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Sigmoid", ["c"], ["y"])], "dyn",
+                          [helper.make_tensor_value_info("x", F, ["N", 3, "H", "W"])],
+                          [helper.make_tensor_value_info("y", F, None)],
+                          [numpy_helper.from_array(r(4, 3, 3, 3, seed=1), "w"), numpy_helper.from_array(r(4), "b")])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    net = aiomnn.Interpreter.from_bytes(data)
+    cpu_net = aiomnn.Interpreter.from_bytes(data)
+    async with await net.create_session(CONFIG, runtime) as s, await cpu_net.create_session(CPU) as c:
+        for shape in [(1, 3, 9, 10), (2, 3, 5, 4), (1, 3, 9, 10)]:
+            x = r(*shape, seed=sum(shape))
+            got, want = await s.run({"x": x}), await c.run({"x": x})
+            np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.anyio
+async def test_outputs_are_owned(runtime):
+    case = next(c for c in CASES if c.id == "relu")
+    net = aiomnn.Interpreter.from_bytes(case.model())
+    async with await net.create_session(CONFIG, runtime) as s:
+        x = case.feeds()["x"]
+        a = (await s.run({"x": x}))["y"]
+        keep = a.copy()
+        b = (await s.run({"x": -x}))["y"]
+        assert a.flags.writeable and a.flags.owndata
+        np.testing.assert_array_equal(a, keep)  # the second run did not write into the first result
+        assert not np.shares_memory(a, b)
+
+
+# fp16 storage, the staged path and fences ----------------------------------------------------------
+SMALL_NET = [c for c in CASES if c.id in ("conv_bn_clip", "softmax_last", "matmul_batched_bcast", "resize_linear_sizes",
+                                          "layernorm", "concat3", "maxpool3s2")]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", SMALL_NET, ids=[c.id for c in SMALL_NET])
+async def test_fp16_storage(case):
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
+    info = aiomnn.create_runtime(config)
+    try:
+        if not info.runtimes[ForwardType.VULKAN].supports_fp16:
+            pytest.skip("the device has no 16-bit storage buffers")
+        data, feeds = case.model(), case.feeds()
+        got, _, ops = await run(data, feeds, config, info)
+        want, _, _ = await run(data, feeds, CPU)
+        for op in case.on_vulkan:
+            assert ops[op] == "vulkan"
+        for k in want:
+            assert got[k].dtype == np.float32
+            err = np.linalg.norm(got[k] - want[k]) / max(np.linalg.norm(want[k]), 1e-12)
+            assert err < 5e-3, f"{k}: fp16 relative error {err:.2e}"
+    finally:
+        info.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("knob", ["AIOMNN_VULKAN_FORCE_STAGING", "AIOMNN_VULKAN_NO_TIMELINE"])
+async def test_staged_and_fence_paths(knob, monkeypatch):
+    """What a discrete GPU (device-local memory with staging copies) or a driver without timeline semaphores takes."""
+    monkeypatch.setenv(knob, "1")
+    info = aiomnn.create_runtime(CONFIG)
+    try:
+        ctx = info.runtimes[ForwardType.VULKAN].ctx
+        assert (not ctx.unified) if knob.endswith("STAGING") else (not ctx.timeline)
+        for data, feeds in [mixed_model(), (CASES[0].model(), CASES[0].feeds())]:
+            got, _, _ = await run(data, feeds, CONFIG, info)
+            want, _, _ = await run(data, feeds, CPU)
+            for k in want:
+                np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
+    finally:
+        info.close()
+
+
+# Awaiting -------------------------------------------------------------------------------------
+def chain_model(length: int, shape=(1, 16, 32, 32)) -> bytes:
+    nodes, prev = [], "x"
+    for i in range(length):
+        nodes.append(n("Sigmoid" if i % 2 else "Tanh", [prev], [f"t{i}"]))
+        prev = f"t{i}"
+    nodes.append(n("Identity", [prev], ["y"]))
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", F, shape)],
+                          [helper.make_tensor_value_info("y", F, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+                                           pytest.param("asyncio", id="asyncio"), pytest.param("trio", id="trio")])
+async def test_loop_keeps_running(anyio_backend, runtime):
+    """While the device works, the event loop serves other tasks (the waiter thread signals the fence)."""
+    net = aiomnn.Interpreter.from_bytes(chain_model(60))
+    x = r(1, 16, 32, 32, seed=1)
+    async with await net.create_session(CONFIG, runtime) as s:
+        await s.run({"x": x})
+        ticks = 0
+        done = False
+
+        async def ticker():
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await anyio.sleep(0.001)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            t = time.perf_counter()
+            for _ in range(3):
+                y = await s.run({"x": x})
+            elapsed = time.perf_counter() - t
+            done = True
+        assert y["y"].shape == x.shape
+        # A blocked loop would tick about once per run; a free one about once per millisecond (or 1.15 ms).
+        assert ticks >= min(10, elapsed / 0.004), (ticks, elapsed)
+
+
+@pytest.mark.anyio
+async def test_concurrent_sessions(runtime):
+    cases = [c for c in CASES if c.id in ("conv3x3", "softmax_axis1", "matmul2d", "resize_cubic")]
+    sessions, feeds, want = [], [], []
+    for c in cases:
+        sessions.append(await aiomnn.Interpreter.from_bytes(c.model()).create_session(CONFIG, runtime))
+        feeds.append(c.feeds())
+        want.append((await run(c.model(), c.feeds(), CPU))[0])
+    results: list = [None] * len(cases)
+
+    async def go(i):
+        outs = []
+        for _ in range(3):
+            outs.append(await sessions[i].run(feeds[i]))
+        results[i] = outs
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(cases)):
+            tg.start_soon(go, i)
+    for i, outs in enumerate(results):
+        for out in outs:
+            for k in want[i]:
+                np.testing.assert_allclose(out[k], want[i][k], rtol=1e-4, atol=1e-5)
+    for s in sessions:
+        await s.close()
+
+
+@pytest.mark.anyio
+async def test_cancelled_run_then_next_run(runtime):
+    net = aiomnn.Interpreter.from_bytes(chain_model(40))
+    x = r(1, 16, 32, 32, seed=2)
+    async with await net.create_session(CONFIG, runtime) as s:
+        want = (await s.run({"x": x}))["y"]
+        with anyio.move_on_after(0.0005):
+            await s.run({"x": -x})
+        got = (await s.run({"x": x}))["y"]
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.anyio
+async def test_ring_never_resubmits_a_pending_buffer(runtime):
+    """Two submissions of one segment in flight: the second gets its own recorded copy of the commands."""
+    net = aiomnn.Interpreter.from_bytes(chain_model(120, (1, 16, 64, 64)))
+    x = r(1, 16, 64, 64, seed=3)
+    async with await net.create_session(CONFIG, runtime) as s:
+        want = (await s.run({"x": x}))["y"]
+        seg = s.pipeline.segments[0]
+        backend = seg.backend
+        first, second = {"x": x}, {"x": x}
+        f1 = backend.submit(seg, first)
+        was_pending = backend._records[seg].slots[0].pending
+        f2 = backend.submit(seg, second)
+        await f1.wait()
+        await f2.wait()
+        assert len(backend._records[seg].slots) == (2 if was_pending else 1)
+        np.testing.assert_array_equal(first["y"], want)
+        np.testing.assert_array_equal(second["y"], want)
+
+
+@pytest.mark.anyio
+async def test_session_closed_after_runtime(runtime):
+    info = aiomnn.create_runtime(CONFIG)
+    case = CASES[0]
+    s = await aiomnn.Interpreter.from_bytes(case.model()).create_session(CONFIG, info)
+    await s.run(case.feeds())
+    info.close()
+    await s.close()  # frees nothing twice, touches no destroyed device
+
+
+# Runtime services -----------------------------------------------------------------------------
+def test_probe_orders_devices_and_marks_cpu_implementations():
+    devices = probe(ForwardType.VULKAN)
+    assert devices
+    ranks = [0 if d.is_gpu else 1 for d in devices]
+    assert ranks == sorted(ranks)
+    for d in devices:
+        if "llvmpipe" in d.name or "SwiftShader" in d.name:
+            assert not d.is_gpu  # AUTO skips it; type="vulkan" by name still uses it
+    if not any(d.is_gpu for d in devices):
+        assert aiomnn.runtime.resolve_type(aiomnn.ScheduleConfig(type="auto")) is not ForwardType.VULKAN
+
+
+def test_pipeline_cache_bytes(runtime):
+    rt = runtime.runtimes[ForwardType.VULKAN]
+    data = rt.get_cache_bytes()
+    assert len(data) >= 32
+    assert rt.set_cache_bytes(data)
+    foreign = bytearray(data)
+    foreign[8:12] = b"\xff\xff\xff\xff"  # another vendor
+    assert not rt.set_cache_bytes(bytes(foreign))
+    assert not rt.set_cache_bytes(b"garbage")
+
+
+@pytest.mark.anyio
+async def test_background_tuning_then_gpu(tmp_path, monkeypatch):
+    """Tuning runs in the background while the session serves on the CPU; a warm cache goes straight to Vulkan."""
+    monkeypatch.setenv("AIOMNN_VULKAN_TUNE_CPU", "1")
+    case = next(c for c in CASES if c.id == "conv1x1_relu")
+    data, feeds = case.model(), case.feeds()
+    want, _, _ = await run(data, feeds, CPU)
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="fast"))
+    cache = tmp_path / "tuning.json"
+    for attempt in range(2):
+        info = aiomnn.create_runtime(config)
+        info.set_cache_file(cache)
+        try:
+            async with await aiomnn.Interpreter.from_bytes(data).create_session(config, info) as s:
+                first = await s.run(feeds)
+                if attempt == 0:
+                    assert s.backend_types == [ForwardType.CPU] and s.has_async_work()
+                else:
+                    assert s.backend_types == [ForwardType.VULKAN] and not s.has_async_work()
+                await s.wait_async_resize()
+                second = await s.run(feeds)
+                assert s.backend_types == [ForwardType.VULKAN]
+            for out in (first, second):
+                np.testing.assert_allclose(out["y"], want["y"], rtol=1e-4, atol=1e-5)
+        finally:
+            info.close()
+        assert cache.exists() and Path(str(cache) + ".vkpipelines").exists()
+
+
+def test_shaders_are_current():
+    r = subprocess.run([sys.executable, str(ROOT / "backends" / "vulkan" / "build_shaders.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.anyio
+async def test_conformance_matches_cpu():
+    """A sample of the ONNX node suite: every case that passes on the CPU passes on Vulkan."""
+    from aiomnn import conformance
+
+    pattern = r"^test_(conv|maxpool|averagepool|softmax|resize_upsample|matmul|gemm|slice|split|transpose|concat|" \
+              r"reduce_mean|layer_normalization|hardswish|clip|prelu|pow|erf|gelu)"
+    cases = conformance.load_cases(["node"])
+    cases = [c for c in cases if __import__("re").search(pattern, c.name)]
+    cpu = {o.case.name: o for o in await conformance.run_suite("cpu", cases=cases)}
+    vk = {o.case.name: o for o in await conformance.run_suite("vulkan", cases=cases)}
+    regressions = [f"{k}: {vk[k].reason}" for k in cpu if cpu[k].passed and not vk[k].passed]
+    assert not regressions, "\n".join(regressions)
+
+
+# The public real models -------------------------------------------------------------------------
+def text_image(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """Dark strokes in lines on a light page, normalised as PP-OCR does (a random image gives det nothing to find)."""
+    rng = np.random.default_rng(seed)
+    img = np.full((h, w, 3), 235.0)
+    for row in range(2, max(3, h - 12), 18):
+        x = 4
+        while x < w - 12:
+            cw = int(rng.integers(3, 9))
+            img[row: row + 10, x: x + cw] = rng.integers(0, 60)
+            x += cw + int(rng.integers(2, 6))
+    img += rng.normal(0, 4, img.shape)
+    x = (img / 255.0 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+    return x.transpose(2, 0, 1)[None].astype(np.float32)
+
+
+MODELS = [("det", (1, 3, 160, 160)), ("rec", (1, 3, 48, 160)), ("cls", (1, 3, 48, 192)), ("yolov8n", (1, 3, 160, 160))]
+
+
+@pytest.mark.models
+@pytest.mark.anyio
+@pytest.mark.parametrize("name,shape", MODELS, ids=[m for m, _ in MODELS])
+async def test_real_model(name, shape, runtime):
+    if ort is None:
+        pytest.skip("onnxruntime is not installed")
+    path = model_path(name)
+    x = text_image(shape[2], shape[3]) if name != "yolov8n" else \
+        np.random.default_rng(0).random(shape, dtype=np.float32)
+    net = aiomnn.Interpreter.from_file(path)
+    async with await net.create_session(CONFIG, runtime) as s:
+        got = await s.run({net.input_names[0]: x})
+        on = [seg.backend.type for seg in s.pipeline.segments for _ in seg.steps]
+        recorded_at_resize = s.pipeline.main.predicted_hits
+    assert on.count(ForwardType.VULKAN) == len(on), f"{on.count(ForwardType.CPU)} steps fell back to the CPU"
+    assert recorded_at_resize == 1, "the run's command buffer was not the one recorded at resize"
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    want = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, {net.input_names[0]: x})
+    for k, w in zip(net.output_names, want):
+        g = got[k]
+        assert g.shape == w.shape and g.dtype == w.dtype
+        err = float(np.linalg.norm(g.astype(np.float64) - w) / np.linalg.norm(w))
+        assert err <= 1e-4, f"{name}: relative error {err:.2e} vs onnxruntime"
+        assert math.isfinite(err)
