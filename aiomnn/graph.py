@@ -206,8 +206,9 @@ class _Parser:
         local = set(inits) | {v.name for v in inputs}
         nodes = []
         producers: dict[str, int] = {}
+        scope = outer | frozenset(local) | self._all_outputs(g)  # what subgraphs of these nodes may read
         for i, n in enumerate(g.node):
-            node = self.node(n, i, g, outer | frozenset(local) | self._all_outputs(g), depth)
+            node = self.node(n, i, g, scope, depth)
             for o in node.outputs:
                 if not o:
                     continue

@@ -12,7 +12,6 @@ import importlib
 import logging
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -138,7 +137,7 @@ class RuntimeInfo:
         self.runtimes = runtimes
         self.cpu = cpu
         self.num_threads = num_threads
-        self.executor = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="aiomnn-cpu")
+        self.executor = cpu.executor  # the CPU runtime's worker threads cap the CPU work in flight
         self.closed = False
 
     def runtime_for(self, config: ScheduleConfig) -> Runtime:
@@ -148,8 +147,16 @@ class RuntimeInfo:
         return self.runtimes[t]
 
     def set_cache_file(self, path: str | os.PathLike) -> None:
+        """Load tuning results (and compiled programs where the driver allows) from path, and save there."""
         for rt in self.runtimes.values():
             rt.set_cache_file(path)
+
+    def add_tuning_callback(self, cb) -> None:
+        """cb(progress) is called from the tuning thread after each tuned kernel, for every GPU runtime."""
+        for rt in self.runtimes.values():
+            tuner = getattr(rt, "tuner", None)
+            if tuner is not None:
+                tuner.add_progress_callback(cb)
 
     def close(self) -> None:
         if self.closed:
@@ -157,7 +164,6 @@ class RuntimeInfo:
         self.closed = True
         for rt in self.runtimes.values():
             rt.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 def create_one(t: ForwardType, config: ScheduleConfig) -> Runtime:

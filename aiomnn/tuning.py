@@ -518,15 +518,21 @@ class SessionTuning:
         self.job = self.tuner.start(tasks, self.level)
 
     def _tasks(self, pipeline: "Pipeline") -> list[TuneTask]:
+        """The tasks of the first max_tuning_number ops that need tuning. Ops past that cap keep their
+        first (default) candidate, recorded in the cache, so a warm cache needs no tuning at all."""
         assert self.tuner is not None
         tasks: list[TuneTask] = []
         seen: set[str] = set()
         make = self.runtime.tuning_tasks  # type: ignore[attr-defined]
-        for node, ins, outs in pipeline.measure(self.max_ops):
+        for i, (node, ins, outs) in enumerate(pipeline.measure(len(pipeline.graph.nodes))):
             for t in self.tuner.pending(make(pipeline.main, node, ins, outs)):
-                if t.key not in seen:
-                    seen.add(t.key)
+                if t.key in seen:
+                    continue
+                seen.add(t.key)
+                if i < self.max_ops:
                     tasks.append(t)
+                else:
+                    self.tuner.cache.put(t.key, t.candidates(1)[0], None)
         return tasks
 
     async def wait(self) -> None:

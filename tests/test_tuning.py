@@ -314,7 +314,10 @@ async def test_max_tuning_number_caps_the_ops_tuned(tmp_path, anyio_backend):
         session = await net.create_session(config, info)
         await session.wait_async_resize()
         assert session.backend_types == [ForwardType.OPENCL]  # the untuned op runs with its default local size
-        assert len(info.runtimes[ForwardType.OPENCL].tuner.cache) == 1
+        cache = info.runtimes[ForwardType.OPENCL].tuner.cache
+        entries = [cache.get(k) for k in list(cache._entries)]
+        assert sum(e["us"] is not None for e in entries) == 1  # one op was timed
+        assert len(entries) > 1  # the others keep their default, recorded so a warm cache needs no tuning
         await session.close()
     finally:
         info.close()
