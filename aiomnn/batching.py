@@ -84,7 +84,10 @@ class BatchingSession:
                 batch = [first]
                 with anyio.move_on_after(self.max_delay):
                     while sum(r.size for r in batch) < self.max_batch:
-                        batch.append(await self._receive.receive())
+                        try:
+                            batch.append(await self._receive.receive())
+                        except anyio.EndOfStream:  # closing: run what was gathered, then stop
+                            break
                 await self._run_batch(batch)
 
     async def _run_batch(self, batch: list[_Request]) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from .config import ForwardType, ScheduleConfig
 from .errors import AiomnnError, InputError
+from .fence import offload
 from .graph import Graph, ValueInfo
 from .pipeline import Pipeline
 from .runtime import RuntimeInfo
@@ -121,13 +122,23 @@ class Session:
         if p.pending is not None and not p.pending.done:
             await p.pending.settle()
         self._shapes = None
-        try:
-            p.encode(shapes)
-            p.alloc(fallback=await self._tuning.prepare(p))
+        try:  # planning folds constants and builds kernels: worker-thread work, off the event loop
+            await self._offload(p.encode, shapes)
+            fallback = await self._tuning.prepare(p)
+            await self._offload(p.alloc, fallback)
         except BaseException:
             p.segments = []
             raise
         self._shapes = shapes
+
+    async def _offload(self, fn: Any, *args: Any) -> Any:
+        fence = offload(self.runtime_info.executor, fn, *args)
+        self.pipeline.pending = fence  # a cancelled resize still owns the pipeline until it ends
+        try:
+            return await fence.wait()
+        except BaseException:
+            fence.cancel()
+            raise
 
     def _complete_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
         unknown = set(shapes) - set(self._inputs)
