@@ -139,6 +139,7 @@ class RuntimeInfo:
         self.num_threads = num_threads
         self.executor = cpu.executor  # the CPU runtime's worker threads cap the CPU work in flight
         self.closed = False
+        self._owners = 0  # sessions that made this RuntimeInfo for themselves, and their clones
 
     def runtime_for(self, config: ScheduleConfig) -> Runtime:
         t = resolve_type(config)
@@ -157,6 +158,15 @@ class RuntimeInfo:
             tuner = getattr(rt, "tuner", None)
             if tuner is not None:
                 tuner.add_progress_callback(cb)
+
+    def retain(self) -> None:
+        self._owners += 1
+
+    def release(self) -> None:
+        """One owner is done; the last one closes the runtimes."""
+        self._owners -= 1
+        if self._owners <= 0:
+            self.close()
 
     def close(self) -> None:
         if self.closed:

@@ -33,6 +33,8 @@ class Session:
         self.config = config
         self.runtime_info = runtime
         self._owns_runtime = owns_runtime
+        if owns_runtime:
+            runtime.retain()
         self._lock = anyio.Lock()
         self._closed = False
         self._shapes: dict[str, tuple[int, ...]] | None = None
@@ -91,6 +93,20 @@ class Session:
             outputs = await self.pipeline.execute(arrays)
         return _own_outputs(outputs, arrays)
 
+    async def clone(self) -> "Session":
+        """A session on the same model, config and runtime. It shares the weights (the graph's
+        constant tensors) and the runtime's threads and caches; its activations are its own, so
+        it runs concurrently with this one."""
+        self._check_open()
+        twin = Session(self.graph, self.config, self.runtime_info, owns_runtime=self._owns_runtime)
+        if self._shapes is not None:
+            try:
+                await twin.resize(self._shapes)
+            except BaseException:
+                await twin.close()
+                raise
+        return twin
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -104,7 +120,7 @@ class Session:
             for b in self.pipeline.backends:
                 b.clear_buffers()
         if self._owns_runtime:
-            self.runtime_info.close()
+            self.runtime_info.release()
 
     async def __aenter__(self) -> "Session":
         return self

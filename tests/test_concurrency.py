@@ -147,3 +147,26 @@ async def test_batching_needs_a_dynamic_batch_dimension():
     async with await net.create_session() as s:
         with pytest.raises(aiomnn.AiomnnError, match="dynamic batch"):
             aiomnn.BatchingSession(s)
+
+
+async def test_clone_shares_weights_and_runs_on_its_own(net):
+    s = await net.create_session(aiomnn.ScheduleConfig(type="cpu"))
+    twin = await s.clone()
+    assert twin.graph is s.graph  # the same constant tensors, not copies
+    assert twin.pipeline is not s.pipeline  # its own activations
+    a, b = feed(4, 11), feed(4, 12)
+    want_a, want_b = (await s.run(a))["y"], (await s.run(b))["y"]
+    got = {}
+
+    async def call(key, session, f):
+        got[key] = (await session.run(f))["y"]
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, "a", s, a)
+        tg.start_soon(call, "b", twin, b)
+    np.testing.assert_array_equal(got["a"], want_a)
+    np.testing.assert_array_equal(got["b"], want_b)
+    await s.close()  # the clone keeps the runtime they share alive
+    np.testing.assert_array_equal((await twin.run(a))["y"], want_a)
+    await twin.close()
+    assert twin.runtime_info.closed
