@@ -2,7 +2,8 @@
 
 16 concurrent requests of a public model while a 1 ms ticker measures how late
 the loop wakes it. Three cases side by side:
-  aiomnn                 await session.run(...)
+  aiomnn                 await session.run(...)           (one session: runs queue in order)
+  aiomnn batching        await BatchingSession(...).run(...) (concurrent requests share batched runs)
   onnxruntime direct     sess.run(...) called inside the coroutine (blocks the loop)
   onnxruntime executor   await loop.run_in_executor(None, sess.run, ...)
 
@@ -43,10 +44,11 @@ async def main(args: argparse.Namespace) -> None:
         await session.run(feeds)
         sess.run(None, feeds)
         rows = []
-        for label, call in (("aiomnn", session.run), ("onnxruntime direct", ort_direct),
-                            ("onnxruntime executor", ort_executor)):
-            stats = await serve(lambda i: feeds, call, args.requests, args.concurrency)
-            rows.append((label, stats))
+        async with aiomnn.BatchingSession(session, max_batch=args.concurrency, max_delay_ms=2) as batched:
+            for label, call in (("aiomnn", session.run), ("aiomnn batching", batched.run),
+                                ("onnxruntime direct", ort_direct), ("onnxruntime executor", ort_executor)):
+                stats = await serve(lambda i: feeds, call, args.requests, args.concurrency)
+                rows.append((label, stats))
     print(f"\nmodel {args.model} {spec.shapes[0]}, {args.requests} requests, {args.concurrency} concurrent, "
           f"{args.threads} threads, loop {'uvloop' if args.uvloop else 'asyncio'}")
     print(f"{'case':22s} {'lag p50 ms':>10s} {'lag p99 ms':>10s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s}")
