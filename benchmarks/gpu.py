@@ -30,7 +30,7 @@ import numpy as np
 import aiomnn
 from aiomnn import models
 from aiomnn.config import BackendConfig, ScheduleConfig
-from aiomnn.models import MODELS
+from aiomnn.models import MODELS, sample_input
 from aiomnn.pipeline import Pipeline
 
 
@@ -239,23 +239,6 @@ def rel_error(a, b):
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-def sample_input(name, shape):
-    """Seeded input; for det a page of dark word blocks (on pure noise its map is ~1e-12 everywhere)."""
-    rng = np.random.default_rng(sum(shape))
-    if name != "det":
-        return rng.random(shape, dtype=np.float32)
-    n, c, h, w = shape
-    page = np.ones((h, w), np.float32)
-    for top in range(16, h - 32, 48):
-        x = 16
-        while x < w - 48:
-            bw = int(rng.integers(8, 40))
-            page[top:top + 24, x:x + bw] = -1.0
-            x += bw + 10
-    page += 0.1 * rng.standard_normal((h, w)).astype(np.float32)
-    return np.ascontiguousarray(np.broadcast_to(page, shape))
 
 
 async def bench_aiomnn(name, shape, precision, n):

@@ -6,32 +6,13 @@ import numpy as np
 import pytest
 
 import aiomnn
-from aiomnn.models import MODELS
+from aiomnn.models import MODELS, sample_input
 
 from .conftest import model_path
 
 ort = pytest.importorskip("onnxruntime")
 
 CASES = [(name, shape) for name, spec in MODELS.items() for shape in spec.shapes]
-
-
-def sample_input(name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Seeded random input. For det it is a seeded random page of dark word blocks with noise: on pure
-    noise the detector's map is ~1e-12 everywhere, and onnxruntime's Sigmoid (about 1e-7 absolute error)
-    flushes it to 0, so a relative error there would measure only the oracle's approximation."""
-    rng = np.random.default_rng(sum(shape))
-    if name != "det":
-        return rng.random(shape, dtype=np.float32)
-    n, c, h, w = shape
-    page = np.ones((h, w), np.float32)
-    for top in range(16, h - 32, 48):
-        x = 16
-        while x < w - 48:
-            bw = int(rng.integers(8, 40))
-            page[top:top + 24, x:x + bw] = -1.0
-            x += bw + 10
-    page += 0.1 * rng.standard_normal((h, w)).astype(np.float32)
-    return np.ascontiguousarray(np.broadcast_to(page, shape))
 
 
 def rel_error(a: np.ndarray, b: np.ndarray) -> float:

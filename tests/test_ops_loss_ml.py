@@ -5,7 +5,6 @@ onnxruntime has no Adagrad/Adam/Momentum kernels: those are checked against the 
 
 from __future__ import annotations
 
-import asyncio
 
 import numpy as np
 import onnxruntime as ort
@@ -13,6 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
+
+from .oracle import run_aiomnn
 
 ML = "ai.onnx.ml"
 TRAINING = "ai.onnx.preview.training"
@@ -31,18 +32,8 @@ def _model(op: str, inputs: list[np.ndarray], outputs: int, opsets: dict[str, in
     return helper.make_model(graph, opset_imports=imports, ir_version=9).SerializeToString()
 
 
-async def _run_aiomnn(data: bytes, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    net = aiomnn.Interpreter.from_bytes(data)
-    session = await net.create_session(aiomnn.ScheduleConfig(type="cpu"))
-    try:
-        out = await session.run(feeds)
-    finally:
-        await session.close()
-    return [out[name] for name in net.output_names]
-
-
 def _aiomnn(data: bytes, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    return asyncio.run(_run_aiomnn(data, {f"in{i}": x for i, x in enumerate(inputs)}))
+    return run_aiomnn(data, {f"in{i}": x for i, x in enumerate(inputs)})
 
 
 def _check(op: str, inputs: list[np.ndarray], outputs: int, opsets: dict[str, int], domain: str = "",

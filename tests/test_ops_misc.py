@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 
 import numpy as np
 import onnxruntime as ort
@@ -10,6 +9,8 @@ import pytest
 from onnx import helper
 
 import aiomnn
+
+from .oracle import run_aiomnn
 
 
 def _model(op: str, inputs: list[np.ndarray | None], outputs: int | list[bool], opset: int, **attrs) -> bytes:
@@ -29,16 +30,6 @@ def _model(op: str, inputs: list[np.ndarray | None], outputs: int | list[bool], 
     return model.SerializeToString()
 
 
-async def _run_aiomnn(data: bytes, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    net = aiomnn.Interpreter.from_bytes(data)
-    session = await net.create_session(aiomnn.ScheduleConfig(type="cpu"))
-    try:
-        out = await session.run(feeds)
-    finally:
-        await session.close()
-    return [out[name] for name in net.output_names]
-
-
 def _check(op: str, inputs: list[np.ndarray | None], outputs: int | list[bool], opset: int, rtol: float = 1e-4,
            atol: float = 1e-5, **attrs) -> None:
     data = _model(op, inputs, outputs, opset, **attrs)
@@ -46,7 +37,7 @@ def _check(op: str, inputs: list[np.ndarray | None], outputs: int | list[bool], 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     expected = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = asyncio.run(_run_aiomnn(data, feeds))
+    got = run_aiomnn(data, feeds)
     assert len(got) == len(expected)
     for e, g in zip(expected, got):
         assert g.dtype == e.dtype and g.shape == e.shape, (g.dtype, g.shape, e.dtype, e.shape)
