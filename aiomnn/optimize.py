@@ -1,8 +1,19 @@
-"""Graph rewrites that keep results the same: fold BatchNormalization into
-the Conv before it, and fuse an activation into the op that produces its input.
+"""Graph rewrites that keep results the same (up to float rounding).
+
+* Per-channel affine ops after a Conv or ConvTranspose (BatchNormalization,
+  Mul or Add by a constant) fold into its weights and bias.
+* A Mul by a scalar constant before a Conv folds into its weights (zero
+  padding scales to zero); an Add of a scalar constant before a Conv that
+  reads no padding folds into its bias. Mul(a) -> Add(b) before a padded Conv
+  becomes Add(b / a) -> Conv with its weights scaled by a.
+* Spelled-out activations become one node: x * Clip(x + 3, 0, 6) / 6 and
+  x * HardSigmoid(x; 1/6, 1/2) become HardSwish(x), x * Sigmoid(x) becomes
+  Swish(x).
+* An activation then fuses into the op that produces its input.
 
 A fused activation travels as the internal attribute `_activation`, a pair
-(op type, attributes), which every backend's Conv, Gemm and Add understand.
+(op type, attributes) with a standard ONNX op type, which every backend's
+Conv, ConvTranspose, Gemm and Add apply or decline.
 """
 
 from __future__ import annotations
@@ -15,34 +26,21 @@ import numpy as np
 from .graph import Graph, Node
 
 FUSABLE_INTO = {"Conv", "ConvTranspose", "Gemm", "Add"}
-FUSABLE_ACTIVATIONS = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip"}
+FUSABLE_ACTIVATIONS = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Swish", "Tanh", "Clip"}
+#: Opsets where the synthesized activation ops exist.
+SINCE = {"HardSwish": 14, "Swish": 24}
 
 
 def optimize(graph: Graph) -> Graph:
-    nodes = list(graph.nodes)
-    consts = dict(graph.initializers)
-    _fold_batchnorm(nodes, consts, graph)
-    _fuse_activations(nodes, consts, graph)
-    return Graph(graph.name, tuple(nodes), graph.inputs, graph.outputs, MappingProxyType(consts),
+    g = _Rewriter(graph)
+    g.fold_output_affine()
+    g.fold_input_affine()
+    g.fuse_hard_swish()
+    g.fuse_swish()
+    g.fuse_activations()
+    nodes = tuple(n for n in g.nodes if n is not None)
+    return Graph(graph.name, nodes, graph.inputs, graph.outputs, MappingProxyType(g.consts),
                  graph.value_info, graph.opsets, graph.outer)
-
-
-def _consumers(nodes: list[Node]) -> dict[str, list[int]]:
-    users: dict[str, list[int]] = {}
-    for i, n in enumerate(nodes):
-        for x in n.inputs + n.implicit:
-            if x:
-                users.setdefault(x, []).append(i)
-    return users
-
-
-def _const_of(name: str, nodes: list[Node], consts: dict[str, np.ndarray]) -> np.ndarray | None:
-    if name in consts:
-        return consts[name]
-    for n in nodes:
-        if n.op_type == "Constant" and n.outputs == (name,) and "value" in n.attrs:
-            return n.attrs["value"]
-    return None
 
 
 def _replace(node: Node, **changes: Any) -> Node:
@@ -54,63 +52,323 @@ def _replace(node: Node, **changes: Any) -> Node:
     return Node(**fields)
 
 
-def _fold_batchnorm(nodes: list[Node], consts: dict[str, np.ndarray], graph: Graph) -> None:
-    outputs = set(graph.output_names)
-    i = 0
-    while i < len(nodes):
-        bn = nodes[i]
-        if bn.op_type != "BatchNormalization" or len([o for o in bn.outputs if o]) != 1 or bn.domain:
-            i += 1
-            continue
-        users = _consumers(nodes)
-        prod = next((j for j, n in enumerate(nodes) if bn.inputs[0] in n.outputs), None)
-        if prod is None:
-            i += 1
-            continue
-        conv = nodes[prod]
-        params = [_const_of(x, nodes, consts) for x in bn.inputs[1:5]]
-        w = _const_of(conv.inputs[1], nodes, consts) if conv.op_type == "Conv" and len(conv.inputs) > 1 else None
-        b = _const_of(conv.inputs[2], nodes, consts) if conv.op_type == "Conv" and len(conv.inputs) > 2 and conv.inputs[2] else None
-        if (conv.op_type != "Conv" or conv.domain or w is None or any(p is None for p in params)
-                or users.get(bn.inputs[0]) != [i] or bn.inputs[0] in outputs or "_activation" in conv.attrs
-                or w.dtype.kind != "f" or (len(conv.inputs) > 2 and conv.inputs[2] and b is None)):
-            i += 1
-            continue
-        scale, bias, mean, var = (p.astype(np.float64) for p in params)
-        eps = bn.attrs.get("epsilon", 1e-5)
-        k = scale / np.sqrt(var + eps)
-        w2 = (w.astype(np.float64) * k.reshape(-1, *([1] * (w.ndim - 1)))).astype(w.dtype)
-        b0 = b.astype(np.float64) if b is not None else np.zeros(w.shape[0])
-        b2 = ((b0 - mean) * k + bias).astype(w.dtype)
-        wname, bname = f"{conv.name}::folded_w", f"{conv.name}::folded_b"
-        consts[wname], consts[bname] = w2, b2
-        nodes[prod] = _replace(conv, inputs=(conv.inputs[0], wname, bname), outputs=bn.outputs)
-        del nodes[i]
+def _is_scalar(a: np.ndarray | None, value: float) -> bool:
+    return a is not None and a.dtype.kind == "f" and a.size == 1 and a.ndim <= 1 and float(a.reshape(())) == value
 
 
-def _fuse_activations(nodes: list[Node], consts: dict[str, np.ndarray], graph: Graph) -> None:
-    outputs = set(graph.output_names)
-    users = _consumers(nodes)
-    producer = {o: j for j, n in enumerate(nodes) for o in n.outputs if o}
-    dead = set()
-    for i, act in enumerate(nodes):
-        if act.op_type not in FUSABLE_ACTIVATIONS or act.domain or not act.inputs:
-            continue
-        x = act.inputs[0]
-        j = producer.get(x)
-        if j is None or j in dead or users.get(x) != [i] or x in outputs:
-            continue
-        prod = nodes[j]
-        if prod.op_type not in FUSABLE_INTO or prod.domain or "_activation" in prod.attrs or len(prod.outputs) != 1:
-            continue
-        attrs = dict(act.attrs)
-        if act.op_type == "Clip" and act.opset >= 11:
-            bounds = [_const_of(b, nodes, consts) if b else None for b in act.inputs[1:3]]
-            if any(b is None for b, name in zip(bounds, act.inputs[1:3]) if name):
+class _Rewriter:
+    """The graph's nodes (None where removed), its constants, and who produces and reads each value."""
+
+    def __init__(self, graph: Graph):
+        self.nodes: list[Node | None] = list(graph.nodes)
+        self.consts: dict[str, np.ndarray] = dict(graph.initializers)
+        self.outputs = set(graph.output_names)
+        self.producer: dict[str, int] = {}
+        self.users: dict[str, list[int]] = {}
+        for i, n in enumerate(self.nodes):
+            self._index(i, n, add=True)
+
+    def _index(self, i: int, n: Node, add: bool) -> None:
+        for o in n.outputs:
+            if o and add:
+                self.producer[o] = i
+            elif o and self.producer.get(o) == i:
+                del self.producer[o]
+        for x in n.inputs + n.implicit:
+            if x and add:
+                self.users.setdefault(x, []).append(i)
+            elif x:
+                self.users[x].remove(i)
+
+    def set(self, changes: dict[int, Node | None]) -> None:
+        """Replace (or, with None, remove) nodes by index, keeping who produces and reads what up to date."""
+        for i in changes:
+            if self.nodes[i] is not None:
+                self._index(i, self.nodes[i], add=False)
+        for i, n in changes.items():
+            self.nodes[i] = n
+            if n is not None:
+                self._index(i, n, add=True)
+
+    def const(self, name: str) -> np.ndarray | None:
+        if not name:
+            return None
+        if name in self.consts:
+            return self.consts[name]
+        j = self.producer.get(name)
+        n = None if j is None else self.nodes[j]
+        if n is None or n.domain:
+            return None
+        if n.op_type == "Constant" and isinstance(n.attrs.get("value"), np.ndarray):
+            return n.attrs["value"]
+        if n.op_type == "Reshape" and n.opset >= 5 and len(n.inputs) == 2:
+            data, shape = self.const(n.inputs[0]), self.const(n.inputs[1])
+            if data is None or shape is None or shape.dtype.kind not in "iu" or n.attrs.get("allowzero", 0):
+                return None
+            try:
+                return data.reshape([int(d) if d != 0 else data.shape[a] for a, d in enumerate(shape.reshape(-1))])
+            except (ValueError, IndexError):
+                return None
+        return None
+
+    def new_const(self, hint: str, value: np.ndarray) -> str:
+        k = 0
+        while f"{hint}::{k}" in self.consts or f"{hint}::{k}" in self.producer:
+            k += 1
+        self.consts[f"{hint}::{k}"] = value
+        return f"{hint}::{k}"
+
+    def only_user(self, name: str, i: int) -> bool:
+        """Whether node i is the one reader of this value, and it is no graph output."""
+        return self.users.get(name) == [i] and name not in self.outputs
+
+    def made_by(self, name: str, *op_types: str) -> tuple[int, Node] | tuple[None, None]:
+        j = self.producer.get(name)
+        n = None if j is None else self.nodes[j]
+        if n is None or n.domain or n.op_type not in op_types:
+            return None, None
+        return j, n
+
+    # Per-channel constants --------------------------------------------------------------------
+    def _channel_vector(self, c: np.ndarray | None, channels: int, rank: int, dtype: np.dtype) -> np.ndarray | None:
+        """c as one value per channel (axis 1 of a rank-`rank` tensor) when broadcasting c against such a
+        tensor only repeats it along the other axes; else None."""
+        if c is None or c.dtype != dtype or c.dtype.kind != "f" or c.ndim > rank or not np.all(np.isfinite(c)):
+            return None
+        shape = (1,) * (rank - c.ndim) + c.shape
+        if any(d != 1 for a, d in enumerate(shape) if a != 1) or shape[1] not in (1, channels):
+            return None
+        return np.broadcast_to(c.reshape(-1).astype(np.float64), (channels,))
+
+    def _conv_params(self, conv: Node) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """The constant weight and bias (None when absent) of a plain Conv/ConvTranspose, or None."""
+        if conv.op_type not in ("Conv", "ConvTranspose") or conv.domain or "_activation" in conv.attrs:
+            return None
+        if len(conv.inputs) < 2 or len([o for o in conv.outputs if o]) != 1:
+            return None
+        w = self.const(conv.inputs[1])
+        has_bias = len(conv.inputs) > 2 and bool(conv.inputs[2])
+        b = self.const(conv.inputs[2]) if has_bias else None
+        if w is None or w.dtype.kind != "f" or w.ndim < 3 or (has_bias and (b is None or b.dtype != w.dtype)):
+            return None
+        return w, b
+
+    def _out_channels(self, conv: Node, w: np.ndarray) -> int:
+        return w.shape[0] if conv.op_type == "Conv" else w.shape[1] * int(conv.attrs.get("group", 1))
+
+    def _scale_out(self, conv: Node, w: np.ndarray, s: np.ndarray) -> np.ndarray:
+        """Conv/ConvTranspose weights with output channel o scaled by s[o]."""
+        w64 = w.astype(np.float64)
+        if conv.op_type == "Conv":
+            return w64 * s.reshape((-1,) + (1,) * (w.ndim - 1))
+        g = int(conv.attrs.get("group", 1))
+        ci, cog = w.shape[0], w.shape[1]
+        return (w64.reshape(g, ci // g, cog, -1) * s.reshape(g, 1, cog, 1)).reshape(w.shape)
+
+    # Rewrites ---------------------------------------------------------------------------------
+    def fold_output_affine(self) -> None:
+        """Conv/ConvTranspose -> BatchNormalization, or Mul/Add by a per-channel constant: into the weights."""
+        i = 0
+        while i < len(self.nodes):
+            if not self._fold_output_affine_at(i):
+                i += 1
+
+    def _fold_output_affine_at(self, i: int) -> bool:
+        op = self.nodes[i]
+        if op is None or op.domain or op.op_type not in ("BatchNormalization", "Mul", "Add"):
+            return False
+        if len(op.inputs) < 2 or len([o for o in op.outputs if o]) != 1 or not op.outputs[0]:
+            return False
+        sides = [0] if op.op_type == "BatchNormalization" else [0, 1]
+        for side in sides:
+            x = op.inputs[side]
+            j, conv = self.made_by(x, "Conv", "ConvTranspose")
+            params = None if conv is None else self._conv_params(conv)
+            if params is None or not self.only_user(x, i):
                 continue
-            attrs = {"min": None if bounds[0] is None else float(bounds[0]),
-                     "max": None if len(bounds) < 2 or bounds[1] is None else float(bounds[1])}
-        nodes[j] = _replace(prod, outputs=act.outputs, attrs={**prod.attrs, "_activation": (act.op_type, attrs)})
-        dead.add(i)
-    nodes[:] = [n for k, n in enumerate(nodes) if k not in dead]
+            w, b = params
+            co = self._out_channels(conv, w)
+            if op.op_type == "BatchNormalization":
+                if len(op.inputs) != 5 or op.attrs.get("training_mode", 0):
+                    return False
+                p = [self.const(n) for n in op.inputs[1:5]]
+                if any(v is None or v.shape != (co,) or v.dtype != w.dtype for v in p):
+                    return False
+                scale, bias, mean, var = (v.astype(np.float64) for v in p)
+                s = scale / np.sqrt(var + float(op.attrs.get("epsilon", 1e-5)))
+                t = bias - mean * s
+            else:
+                c = self._channel_vector(self.const(op.inputs[1 - side]), co, w.ndim, w.dtype)
+                if c is None:
+                    continue
+                s, t = (c, np.zeros(co)) if op.op_type == "Mul" else (np.ones(co), c)
+            b0 = np.zeros(co) if b is None else b.astype(np.float64)
+            wname = self.new_const(f"{conv.name}::w", self._scale_out(conv, w, s).astype(w.dtype))
+            bname = self.new_const(f"{conv.name}::b", (b0 * s + t).astype(w.dtype))
+            self.set({j: _replace(conv, inputs=(conv.inputs[0], wname, bname), outputs=op.outputs), i: None})
+            return True
+        return False
 
+    def fold_input_affine(self) -> None:
+        """Mul/Add by a scalar constant feeding a Conv: into its weights (and its bias, if it reads no padding)."""
+        changed = True
+        while changed:
+            changed = False
+            for i, conv in enumerate(self.nodes):
+                if conv is not None and conv.op_type == "Conv" and self._fold_input_affine_at(i, conv):
+                    changed = True
+
+    def _scalar_operand(self, op: Node, dtype: np.dtype | None) -> tuple[int, float] | None:
+        """(side of the data input, the constant) when op's other input is a finite float scalar of this dtype
+        (of any float dtype for None).
+
+        Only constants of rank 0 or 1 qualify, so the op cannot broadcast its data input to a new shape.
+        """
+        if len(op.inputs) != 2:
+            return None
+        for side in (0, 1):
+            c = self.const(op.inputs[1 - side])
+            if c is None or c.dtype.kind != "f" or dtype not in (None, c.dtype):
+                continue
+            if c.size == 1 and c.ndim <= 1 and np.isfinite(c).all():
+                return side, float(c.reshape(()))
+        return None
+
+    def _fold_input_affine_at(self, i: int, conv: Node) -> bool:
+        params = self._conv_params(conv)
+        x = conv.inputs[0]
+        j, op = self.made_by(x, "Mul", "Add")
+        if params is None or op is None or not self.only_user(x, i):
+            return False
+        w, b = params
+        found = self._scalar_operand(op, w.dtype)
+        if found is None:
+            return False
+        side, c = found
+        src = op.inputs[side]
+        if op.op_type == "Mul":
+            # conv(c x) = conv with c w: zero padding scales to zero too.
+            wname = self.new_const(f"{conv.name}::w", (w.astype(np.float64) * c).astype(w.dtype))
+            self.set({j: None, i: _replace(conv, inputs=(src, wname) + conv.inputs[2:])})
+            return True
+        if self._reads_padding(conv):
+            return self._swap_mul_add(j, op, side, c)
+        # conv(x + c) = conv(x) + c * (each output channel's weights summed).
+        shift = c * w.astype(np.float64).reshape(w.shape[0], -1).sum(axis=1)
+        b0 = np.zeros(w.shape[0]) if b is None else b.astype(np.float64)
+        bname = self.new_const(f"{conv.name}::b", (b0 + shift).astype(w.dtype))
+        self.set({j: None, i: _replace(conv, inputs=(src, conv.inputs[1], bname))})
+        return True
+
+    @staticmethod
+    def _reads_padding(conv: Node) -> bool:
+        auto_pad = conv.attrs.get("auto_pad", "NOTSET")
+        if auto_pad == "VALID":
+            return False
+        return auto_pad not in ("NOTSET", "") or any(int(p) for p in conv.attrs.get("pads") or ())
+
+    def _swap_mul_add(self, j: int, add: Node, side: int, c: float) -> bool:
+        """Mul(x, a) -> Add(., c) becomes Add(x, c / a) -> Mul(., a), so that the Mul folds into the Conv after."""
+        k, mul = self.made_by(add.inputs[side], "Mul")
+        if mul is None or not self.only_user(add.inputs[side], j):
+            return False
+        dtype = self.const(add.inputs[1 - side]).dtype
+        found = self._scalar_operand(mul, dtype)
+        if found is None or found[1] == 0:
+            return False
+        mside, a = found
+        shifted = self.new_const(f"{add.name}::c", np.array(c / a, dtype))
+        self.set({k: _replace(add, inputs=(mul.inputs[mside], shifted), outputs=mul.outputs),
+                  j: _replace(mul, inputs=(mul.outputs[0], mul.inputs[1 - mside]), outputs=add.outputs)})
+        return True
+
+    def fuse_hard_swish(self) -> None:
+        """x * Clip(x + 3, 0, 6) / 6 and x * HardSigmoid(x; 1/6, 1/2) become HardSwish(x)."""
+        for i, last in enumerate(self.nodes):
+            if last is None or last.domain:
+                continue
+            match = self._hard_swish_at(i, last) if last.op_type == "Div" else self._hard_sigmoid_swish_at(i, last)
+            if match is not None:
+                x, removed = match
+                self.set({**{k: None for k in removed},
+                          i: _replace(last, op_type="HardSwish", inputs=(x,), attrs={},
+                                      opset=max(last.opset, SINCE["HardSwish"]))})
+
+    def _hard_swish_at(self, i: int, div: Node) -> tuple[str, list[int]] | None:
+        if len(div.inputs) != 2 or not _is_scalar(self.const(div.inputs[1]), 6.0):
+            return None
+        m, mul = self.made_by(div.inputs[0], "Mul")
+        if mul is None or len(mul.inputs) != 2 or not self.only_user(div.inputs[0], i):
+            return None
+        for side in (0, 1):
+            x, clipped = mul.inputs[side], mul.inputs[1 - side]
+            c, clip = self.made_by(clipped, "Clip")
+            if clip is None or not self.only_user(clipped, m) or not self._clips_to(clip, 0.0, 6.0):
+                continue
+            a, add = self.made_by(clip.inputs[0], "Add")
+            if add is None or not self.only_user(clip.inputs[0], c) or len(add.inputs) != 2:
+                continue
+            if (add.inputs[0] == x and _is_scalar(self.const(add.inputs[1]), 3.0)) or \
+                    (add.inputs[1] == x and _is_scalar(self.const(add.inputs[0]), 3.0)):
+                return x, [m, c, a]
+        return None
+
+    def _clips_to(self, clip: Node, lo: float, hi: float) -> bool:
+        if clip.opset < 11:
+            return clip.attrs.get("min") == lo and clip.attrs.get("max") == hi
+        return len(clip.inputs) == 3 and _is_scalar(self.const(clip.inputs[1]), lo) and \
+            _is_scalar(self.const(clip.inputs[2]), hi)
+
+    def _hard_sigmoid_swish_at(self, i: int, mul: Node) -> tuple[str, list[int]] | None:
+        if mul.op_type != "Mul" or len(mul.inputs) != 2:
+            return None
+        for side in (0, 1):
+            x, gate = mul.inputs[side], mul.inputs[1 - side]
+            h, hs = self.made_by(gate, "HardSigmoid")
+            if hs is None or hs.inputs[0] != x or not self.only_user(gate, i):
+                continue
+            if abs(float(hs.attrs.get("alpha", 0.2)) - 1 / 6) <= 1e-7 and float(hs.attrs.get("beta", 0.5)) == 0.5:
+                return x, [h]
+        return None
+
+    def fuse_swish(self) -> None:
+        """x * Sigmoid(x) becomes Swish(x), and x * Sigmoid(x * alpha) becomes Swish(x; alpha)."""
+        for i, mul in enumerate(self.nodes):
+            if mul is None or mul.domain or mul.op_type != "Mul" or len(mul.inputs) != 2:
+                continue
+            for side in (0, 1):
+                x, gate = mul.inputs[side], mul.inputs[1 - side]
+                s, sig = self.made_by(gate, "Sigmoid")
+                if sig is None or not self.only_user(gate, i):
+                    continue
+                removed, attrs = [s], {}
+                if sig.inputs[0] != x:
+                    k, scale = self.made_by(sig.inputs[0], "Mul")
+                    found = None if scale is None else self._scalar_operand(scale, None)
+                    if found is None or scale.inputs[found[0]] != x or not self.only_user(sig.inputs[0], s):
+                        continue
+                    removed.append(k)
+                    attrs = {} if found[1] == 1.0 else {"alpha": found[1]}
+                self.set({**{k: None for k in removed},
+                          i: _replace(mul, op_type="Swish", inputs=(x,), attrs=attrs,
+                                      opset=max(mul.opset, SINCE["Swish"]))})
+                break
+
+    def fuse_activations(self) -> None:
+        """An activation whose input has no other reader fuses into the op that produces that input."""
+        for i, act in enumerate(self.nodes):
+            if act is None or act.op_type not in FUSABLE_ACTIVATIONS or act.domain or not act.inputs:
+                continue
+            x = act.inputs[0]
+            j, prod = self.made_by(x, *FUSABLE_INTO)
+            if prod is None or not self.only_user(x, i) or "_activation" in prod.attrs or len(prod.outputs) != 1:
+                continue
+            attrs = dict(act.attrs)
+            if act.op_type == "Clip" and act.opset >= 11:
+                bounds = [self.const(b) for b in act.inputs[1:3]]
+                if any(v is None for v, name in zip(bounds, act.inputs[1:3]) if name):
+                    continue
+                attrs = {"min": None if bounds[0] is None else float(bounds[0]),
+                         "max": None if len(bounds) < 2 or bounds[1] is None else float(bounds[1])}
+            self.set({i: None, j: _replace(prod, outputs=act.outputs,
+                                           attrs={**prod.attrs, "_activation": (act.op_type, attrs)})})

@@ -74,25 +74,29 @@ class CpuBackend(Backend):
 
     def run_segment(self, segment: "Segment", values: dict[str, Any]) -> None:
         arena = self.memory
-        for step, frees in zip(segment.steps, segment.frees):
-            try:
-                outs = step.execution.on_execute([values[x] if x else None for x in step.inputs], [])
-            except AiomnnError:
-                raise
-            except Exception as exc:
-                raise BackendError(f"{step.node} failed on the CPU: {type(exc).__name__}: {exc}") from exc
-            if not isinstance(outs, tuple):
-                outs = (outs,)
-            if len(outs) < sum(1 for o in step.outputs if o):
-                raise BackendError(f"{step.node} returned {len(outs)} outputs, the model wants {len(step.outputs)}")
-            for name, v in zip(step.outputs, outs):
-                if name:
-                    if arena is not None and isinstance(v, np.ndarray) and v.base is not None \
-                            and not getattr(step.execution, "writes_outputs", False) and _root(v) is arena:
-                        v = v.copy()  # a view of a planned buffer would outlive it
-                    values[name] = v
-            for x in frees:
-                values.pop(x, None)
+        with self.runtime.pool.running():
+            for step, frees in zip(segment.steps, segment.frees):
+                execution = step.execution
+                try:
+                    outs = execution.on_execute([values[x] if x else None for x in step.inputs], [])
+                except AiomnnError:
+                    raise
+                except Exception as exc:
+                    raise BackendError(f"{step.node} failed on the CPU: {type(exc).__name__}: {exc}") from exc
+                if type(outs) is not tuple:
+                    outs = (outs,)
+                names = step.outputs
+                if len(outs) < len(names) and len(outs) < sum(1 for o in names if o):
+                    raise BackendError(f"{step.node} returned {len(outs)} outputs, the model wants {len(names)}")
+                # A view of a planned buffer from a kernel that does not own it would outlive the buffer.
+                check_views = arena is not None and not getattr(execution, "writes_outputs", False)
+                for name, v in zip(names, outs):
+                    if name:
+                        if check_views and isinstance(v, np.ndarray) and v.base is not None and _root(v) is arena:
+                            v = v.copy()
+                        values[name] = v
+                for x in frees:
+                    values.pop(x, None)
 
 
 def _root(a: np.ndarray) -> Any:

@@ -4,7 +4,8 @@ Conv picks one of two paths per input shape, planned once (at resize, or on
 the first run with a new shape) and reused:
 
 * pointwise (1x1 kernel, stride 1, no padding): one GEMM per image and group,
-  weights (Co x Ci) @ input (Ci x HW), written straight into the output;
+  weights (Co x Ci) @ input (Ci x HW), written straight into the output in
+  column chunks that stay in cache;
 * im2col (everything else, depthwise included): the zero-padded input is
   stored as its stride phases (for stride 1, just the padded input), each a
   long flat row per channel, so every kernel tap is a contiguous slice and the
@@ -16,11 +17,14 @@ the first run with a new shape) and reused:
   drops them. The columns carry a row of ones per group, so the bias rides in
   the GEMM for free.
 
-Scratch memory (phases, columns, GEMM tile) is shared by every conv that runs
-on the same worker thread, so it costs the largest single need, not the sum.
-Weights are reshaped/permuted/cast once when they are constant. Bias and a
-fused activation (`_activation`) are applied in place. float16/bfloat16
-compute in float32 and round once at the end.
+The bias and a fused activation (`_activation`) are applied to each chunk or
+tile while it is in cache. Chunks and tiles of convs with enough GEMM work are
+shared with the runtime's helper threads (kernel.parallel); depthwise convs,
+bound by memory traffic, stay on one thread. Scratch memory (phases, columns,
+GEMM tile) is shared by every conv that runs on the same thread, so it costs
+the largest single need, not the sum. Weights are reshaped/permuted/cast once
+when they are constant. float16/bfloat16 compute in float32 and round once at
+the end.
 """
 
 from __future__ import annotations
@@ -32,13 +36,20 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..kernel import Kernel, Unsupported, op
-from .elementwise import apply_activation
+from ..kernel import Kernel, Unsupported, op, parallel, shared_scratch, threads
+from .elementwise import activation_fn
 
 _NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 
 #: im2col works in tiles of about this many column elements (2 MiB of float32), to stay in cache.
 _TILE = 1 << 19
+#: A pointwise conv computes its output in column chunks of about this many elements (512 KiB of float32).
+_CHUNK = 1 << 17
+#: Convs with this many GEMM multiply-adds (1-2 ms of work) or more are split in tiles across the
+#: runtime's threads. Below it, waking a helper and sharing caches with it cost more than they save (on
+#: 2 cores: split 59M-MAC convs ran 1.2-1.7x faster, 15-30M-MAC ones no faster or slower). Depthwise
+#: convs, bound by memory traffic, stay on one thread whatever their size.
+_PARALLEL_MACS = 1 << 25
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -69,27 +80,6 @@ def _ints(v: Any, n: int, default: int, what: str) -> list[int]:
 
 def _const(t: Any) -> Any:
     return None if t is None else t.const
-
-
-_LOCAL = threading.local()
-
-
-def shared_scratch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, int]:
-    """A scratch array of this shape, carved from a buffer that every kernel running on this thread shares.
-
-    Kernels of one session run one after another, so one buffer per name and thread serves them all
-    and memory stays at the largest single need instead of the sum. Returns (array, token): the token
-    changes when the buffer is replaced (it only grows), so views made on it can be rebuilt.
-    Contents do not survive another kernel's run on the same thread.
-    """
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    bufs = _LOCAL.__dict__.setdefault("bufs", {})
-    b = bufs.get(name)
-    if b is None or b.nbytes < nbytes:
-        b = np.empty(max(nbytes, 64), np.uint8)
-        bufs[name] = b
-    return b[:nbytes].view(dtype).reshape(shape), id(b)
 
 
 def conv_geometry(spatial: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int],
@@ -157,7 +147,7 @@ class Conv(Kernel):
         self.auto_pad = auto_pad
         self.dilations, self.group, self.kernel_shape = dilations, int(group), kernel_shape
         self.pads, self.strides = pads, strides
-        self.activation = _activation
+        self.activation = activation_fn(_activation)
         if self.group < 1:
             raise Unsupported(f"group {group}")
         self.w_const = _const(inputs[1]) if len(inputs) > 1 else None
@@ -229,8 +219,8 @@ class Conv(Kernel):
         self._plan, self._plan_key = plan, (xs, ws, dtype)
         return plan
 
-    def _plan_tiles(self, p: dict[str, Any]) -> None:
-        """Plan im2col over the input split into stride phases, in cache-sized tiles.
+    def _plan_tiles(self, p: dict[str, Any], min_tiles: int = 1) -> None:
+        """Plan im2col over the input split into stride phases, in cache-sized tiles (at least min_tiles).
 
         The padded input is stored as its s1*...*sn stride phases (for stride 1: just the padded input),
         each phase image seen as one long row per channel ("flat"). Every kernel tap of one phase is then
@@ -255,6 +245,9 @@ class Conv(Kernel):
             gb, rb = max(1, _TILE // (per_row * rows)), rows
         else:
             gb, rb = 1, max(1, min(rows, _TILE // per_row))
+        blocks = -(-g // gb)
+        if blocks * -(-rows // rb) < min_tiles:  # a share for every thread
+            rb = max(1, rows * blocks // min_tiles)
         width = rb * row
         descs = []
         for g0 in range(0, g, gb):
@@ -289,19 +282,20 @@ class Conv(Kernel):
                 zeros.append((slice(None), slot[ph]))
             else:
                 fills.append(((slice(None),) + tuple(dst), (slice(None),) + tuple(src)))
-        p.update(kg=kg, gb=gb, width=width, row=row, tail=tail, descs=descs, bound=None, Q=Q, pitch=pitch,
-                 slot=slot, fills=fills, zeros=zeros, phase_shape=(p["C"], len(used)) + tuple(Q),
-                 cols_shape=(gb, kg + 1, width), acc_shape=(gb, p["cog"], width))
+        p.update(kg=kg, gb=gb, width=width, row=row, tail=tail, descs=descs, min_tiles=min_tiles, Q=Q,
+                 pitch=pitch, slot=slot, fills=fills, zeros=zeros, phase_shape=(p["C"], len(used)) + tuple(Q),
+                 cols_shape=(gb, kg + 1, width), acc_shape=(gb, p["cog"], width), bound={}, phase_views={})
 
-    def _bind(self, p: dict[str, Any], phases) -> tuple[np.ndarray, np.ndarray, list]:
-        """This thread's phase and column scratch, and every tile's views over them."""
+    def _bind(self, p: dict[str, Any], phases, xph: np.ndarray, xph_token: int) -> list:
+        """Every tile's views over the phase buffer xph and this thread's column and GEMM scratch."""
         cdt = p["cdt"]
-        xph, t1 = shared_scratch("conv.phases", p["phase_shape"], cdt)
         cols, t2 = shared_scratch("conv.cols", p["cols_shape"], cdt)
         acc_buf, t3 = shared_scratch("conv.acc", p["acc_shape"], cdt)
-        token = (t1, t2, t3)
-        if p["bound"] is not None and p["bound"][0] == token:
-            return xph, cols, p["bound"][1]
+        token = (xph_token, t2, t3)
+        me = threading.get_ident()
+        bound = p["bound"].get(me)
+        if bound is not None and bound[0] == token:
+            return bound[1]
         g, n, outs, cg = self.group, p["n"], p["outs"], p["cg"]
         kk = math.prod(p["kernel"])
         kg, width, row, pitch, Q = p["kg"], p["width"], p["row"], p["pitch"], p["Q"]
@@ -335,10 +329,10 @@ class Conv(Kernel):
             a = acc_buf[:gn, :, :m]
             full = acc_buf[:gn, :, : (y1 - y0) * row].reshape((gn, p["cog"], y1 - y0) + tuple(Q[1:]))
             extract = full[(Ellipsis,) + tuple(slice(0, o) for o in outs[1:])]
-            tiles.append((copies, gsl, tcols[0] if g == 1 else tcols, a[0] if g == 1 else a, extract,
-                          (gsl, slice(None), slice(y0, y1))))
-        p["bound"] = (token, tiles)
-        return xph, cols, tiles
+            tiles.append((copies, gsl, tcols[:, kg, :], tcols[0] if g == 1 else tcols, a[0] if g == 1 else a,
+                          extract, (gsl, slice(None), slice(y0, y1))))
+        p["bound"][me] = (token, tiles)
+        return tiles
 
     # Running --------------------------------------------------------------
     def run(self, x, w, b=None):
@@ -357,8 +351,6 @@ class Conv(Kernel):
             self._pointwise(xc, y, p, packed)
         else:
             self._im2col(xc, y, p, packed)
-        if self.activation is not None:
-            apply_activation(y, self.activation)
         if not native:
             out = out_buffer(self.out[0], p["out_shape"], x.dtype)
             out[...] = y
@@ -366,38 +358,103 @@ class Conv(Kernel):
         return y
 
     def _pointwise(self, x, y, p, packed):
-        g, N, L = self.group, p["N"], p["L"]
-        if g == 1:
-            w2 = packed["w"][0]
-            for i in range(N):
-                yi = y[i].reshape(p["co"], L)
-                np.matmul(w2, x[i].reshape(p["C"], L), out=yi)
-                if packed["b"] is not None:
-                    yi += packed["bcol"]
+        """One GEMM per image and group, in column chunks that stay in cache, each finished (bias and
+        activation) while it is there; a big conv's chunks run in parallel."""
+        g, N, L, C, co, act = self.group, p["N"], p["L"], p["C"], p["co"], self.activation
+        if g > 1:
+            np.matmul(packed["w"], x.reshape(N, g, p["cg"], L), out=y.reshape(N, g, p["cog"], L))
+            if packed["b"] is not None:
+                y += packed["b"].reshape((-1,) + (1,) * p["n"])
+            if act is not None:
+                act(y)
             return
-        np.matmul(packed["w"], x.reshape(N, g, p["cg"], L), out=y.reshape(N, g, p["cog"], L))
-        if packed["b"] is not None:
-            y += packed["b"].reshape((-1,) + (1,) * p["n"])
+        w2 = packed["w"][0]
+        work = co * C * L * N
+        cw = L if co * L <= 2 * _CHUNK else min(L, max(256, _CHUNK // co // 64 * 64))
+        share = 2 * threads() if work >= _PARALLEL_MACS and threads() > 1 else 1
+        if N * -(-L // cw) < share:  # two chunks for every thread, for balance
+            cw = -(-L * N // share)
+        chunks = -(-L // cw)
+        # Bias as a full (co, cw) tile: adding a same-shaped array is several times faster than a
+        # (co, 1) column broadcast along short rows.
+        bias = None if packed["b"] is None else _bias_tile(packed, cw)
+        if N == 1 and chunks == 1:
+            y2 = y.reshape(co, L)
+            np.matmul(w2, x.reshape(C, L), out=y2)
+            if bias is not None:
+                np.add(y2, bias, out=y2)
+            if act is not None:
+                act(y2)
+            return
+        xs, ys = x.reshape(N, C, L), y.reshape(N, co, L)
+
+        def part(k: int) -> None:
+            i, c = divmod(k, chunks)
+            s = slice(c * cw, min(L, (c + 1) * cw))
+            yk = ys[i, :, s]
+            np.matmul(w2, xs[i, :, s], out=yk)
+            if bias is not None:
+                np.add(yk, bias[:, : yk.shape[1]], out=yk)
+            if act is not None:
+                act(yk)
+
+        _split(N * chunks, part, work)
 
     def _im2col(self, x, y, p, packed):
-        g = self.group
+        g, act = self.group, self.activation
+        # A depthwise conv moves 9-25 times its input through memory and gains nothing from a second
+        # thread: only convs that do real GEMM work are split, in at least two tiles per thread.
+        work = p["co"] * p["kg"] * p["L"] if p["cg"] > 1 else 0
+        share = 2 * threads() if work >= _PARALLEL_MACS and threads() > 1 else 1
+        if p["min_tiles"] != share:
+            self._plan_tiles(p, share)
         waug = packed["waug"]
         w0 = waug[0]
-        xph, cols, tiles = self._bind(p, packed["phases"])
-        cols[:, p["kg"], :] = 1  # the row of ones that carries the bias
-        for sl in p["zeros"]:
-            xph[sl] = 0
+        xph, xph_token = shared_scratch("conv.phases", p["phase_shape"], p["cdt"])
+        # Views made once per thread's buffer: numpy's indexing costs microseconds each.
+        me = threading.get_ident()
+        views = p["phase_views"].get(me)
+        if views is None or views[0] != xph_token:
+            views = p["phase_views"][me] = (xph_token, [xph[sl] for sl in p["zeros"]],
+                                            [(xph[d], s) for d, s in p["fills"]])
+        _, zeros, fills = views
+        for z in zeros:
+            z.fill(0)
         outs = tuple(p["outs"])
         for i in range(p["N"]):
             xi = x[i]
-            for dst, src in p["fills"]:
-                xph[dst] = xi[src]
+            for dst, src in fills:
+                np.copyto(dst, xi[src])
             yv = y[i].reshape((g, p["cog"]) + outs)
-            for copies, gsl, c, acc, extract, out_sel in tiles:
+
+            def tile(k: int) -> None:
+                copies, gsl, ones, c, acc, extract, out_sel = self._bind(p, packed["phases"], xph, xph_token)[k]
+                ones.fill(1)  # the row of ones that carries the bias
                 for dst, src in copies:
                     np.copyto(dst, src)
                 np.matmul(w0 if g == 1 else waug[gsl], c, out=acc)
+                if act is not None:
+                    act(acc)
                 np.copyto(yv[out_sel], extract)
+
+            _split(len(p["descs"]), tile, work)
+
+
+def _split(count: int, fn, macs: int) -> None:
+    """fn(0..count-1): in parallel when the conv is big enough to gain from it."""
+    if macs >= _PARALLEL_MACS:
+        parallel(count, fn)
+    else:
+        for k in range(count):
+            fn(k)
+
+
+def _bias_tile(packed: dict[str, Any], width: int) -> np.ndarray:
+    key = ("bias tile", width)
+    tile = packed.get(key)
+    if tile is None:
+        tile = packed[key] = np.ascontiguousarray(np.broadcast_to(packed["bcol"], (packed["bcol"].shape[0], width)))
+    return tile
 
 
 @op("ConvTranspose", 1)
@@ -412,7 +469,7 @@ class ConvTranspose(Kernel):
             raise Unsupported(f"auto_pad {auto_pad!r}")
         self.dilations, self.group, self.kernel_shape = dilations, int(group), kernel_shape
         self.output_padding, self.output_shape, self.pads, self.strides = output_padding, output_shape, pads, strides
-        self.activation = _activation
+        self.activation = activation_fn(_activation)
         self.w_const = _const(inputs[1]) if len(inputs) > 1 else None
         self.b_const = _const(inputs[2]) if len(inputs) > 2 else None
         self.has_bias = len(inputs) > 2 and inputs[2] is not None
@@ -541,7 +598,7 @@ class ConvTranspose(Kernel):
         if packed["b"] is not None:
             y += packed["b"].reshape((-1,) + (1,) * n)
         if self.activation is not None:
-            apply_activation(y, self.activation)
+            self.activation(y)
         if not native:
             out = out_buffer(self.out[0], p["out_shape"], x.dtype)
             out[...] = y

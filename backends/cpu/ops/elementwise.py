@@ -2,7 +2,8 @@
 
 Float ops write into planned buffers (`out=`), so activations reuse memory
 and a run allocates little. Activations are also kept in ACTIVATIONS, in-place
-forms that fused producers (Conv, Gemm, Add) apply to their own output.
+forms that fused producers (Conv, ConvTranspose, Gemm, Add) apply to their own
+output through activation_fn.
 
 float16 and the ml_dtypes floats (bfloat16, float8...) are computed in
 float32 and rounded once at the end.
@@ -20,7 +21,7 @@ from onnx import TensorProto
 
 from aiomnn.graph import dtype_of
 
-from ..kernel import Kernel, Unsupported, op
+from ..kernel import Kernel, Unsupported, op, shared_scratch
 
 FLT_MAX = 3.4028234663852886e38
 
@@ -111,6 +112,23 @@ _erf = erf
 
 
 # ------------------------------------------------------------------ activations
+# In-place activations, each a few passes of numpy ufuncs over y (and a scratch temporary). Two numpy
+# quirks shape them: np.maximum/np.minimum against a scalar take a slow non-SIMD loop while np.clip with
+# both bounds and two-array np.maximum are fast, and a `where=` mask is slower still.
+try:  # np.clip's ufunc, without the Python wrapper that costs microseconds per call
+    from numpy._core.umath import clip as clip_ufunc
+except ImportError:  # numpy < 2
+    from numpy.core.umath import clip as clip_ufunc
+
+
+def _temp(y: np.ndarray) -> np.ndarray:
+    return shared_scratch("activation", y.shape, y.dtype)[0]
+
+
+def relu_(y: np.ndarray) -> np.ndarray:
+    return clip_ufunc(y, 0, np.inf, out=y)
+
+
 def sigmoid_(y: np.ndarray) -> np.ndarray:
     # 1 / (1 + exp(-y)), computed without overflow warnings for large |y|.
     np.negative(y, out=y)
@@ -120,16 +138,26 @@ def sigmoid_(y: np.ndarray) -> np.ndarray:
     return np.reciprocal(y, out=y)
 
 
+def swish_(y: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+    t = _temp(y)
+    np.multiply(y, y.dtype.type(-alpha), out=t)
+    with np.errstate(over="ignore"):
+        np.exp(t, out=t)
+    t += 1
+    return np.divide(y, t, out=y)
+
+
 def hard_sigmoid_(y: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.ndarray:
     np.multiply(y, y.dtype.type(alpha), out=y)
     np.add(y, y.dtype.type(beta), out=y)
-    return np.clip(y, 0, 1, out=y)
+    return clip_ufunc(y, 0, 1, out=y)
 
 
 def hard_swish_(y: np.ndarray) -> np.ndarray:
-    t = np.multiply(y, y.dtype.type(1 / 6))
+    t = _temp(y)
+    np.multiply(y, y.dtype.type(1 / 6), out=t)
     t += y.dtype.type(0.5)
-    np.clip(t, 0, 1, out=t)
+    clip_ufunc(t, 0, 1, out=t)
     return np.multiply(y, t, out=y)
 
 
@@ -151,8 +179,11 @@ def gelu_(y: np.ndarray, approximate: str = "none") -> np.ndarray:
 
 
 def leaky_relu_(y: np.ndarray, alpha: float = 0.01) -> np.ndarray:
-    neg = y < 0
-    np.multiply(y, y.dtype.type(alpha), out=y, where=neg)
+    t = _temp(y)
+    np.multiply(y, y.dtype.type(alpha), out=t)
+    if 0 <= alpha <= 1:
+        return np.maximum(y, t, out=y)  # max(y, alpha y) is y for y >= 0 and alpha y below
+    np.copyto(y, t, where=y < 0)
     return y
 
 
@@ -176,38 +207,51 @@ def elu_(y: np.ndarray, alpha: float = 1.0) -> np.ndarray:
 
 def fused_clip_(y: np.ndarray, min: Any = None, max: Any = None) -> np.ndarray:  # noqa: A002
     """Clip as fused: an omitted bound is the type's limit (Clip-6 defaults, Clip-11 semantics)."""
-    if is_float(y.dtype):
-        info = ml_dtypes.finfo(y.dtype)
-        min = info.min if min is None else min  # noqa: A001
-        max = info.max if max is None else max  # noqa: A001
-    return clip_(y, min, max)
+    info = np.finfo(y.dtype) if y.dtype.kind == "f" else np.iinfo(y.dtype)
+    with np.errstate(over="ignore"):
+        lo = np.asarray(info.min if min is None else min).astype(y.dtype)
+        hi = np.asarray(info.max if max is None else max).astype(y.dtype)
+    return clip_ufunc(y, lo, hi, out=y)
 
 
 #: In-place activations, by op type, taking the op's attributes: what fused producers apply.
 ACTIVATIONS: dict[str, Callable[..., np.ndarray]] = {
-    "Relu": lambda y: np.maximum(y, y.dtype.type(0), out=y),
+    "Relu": relu_,
     "LeakyRelu": leaky_relu_,
     "Clip": fused_clip_,
     "Sigmoid": sigmoid_,
     "HardSigmoid": hard_sigmoid_,
     "HardSwish": hard_swish_,
+    "Swish": swish_,
     "Tanh": lambda y: np.tanh(y, out=y),
     "Gelu": gelu_,
     "Elu": elu_,
 }
 
+#: Activations run over a large output in pieces of this many elements, so that their passes stay in cache.
+CHUNK = 1 << 15
 
-def apply_activation(y: np.ndarray, activation: tuple[str, dict[str, Any]] | None) -> np.ndarray:
-    """Apply a fused activation to y in place (computing in float32 for float16 and bfloat16)."""
+
+def activation_fn(activation: tuple[str, dict[str, Any]] | None) -> Callable[[np.ndarray], np.ndarray] | None:
+    """A fused activation (op type, attributes) as one in-place function of an output: float16 and
+    bfloat16 compute in float32, large contiguous outputs go in cache-sized pieces. None for None."""
     if activation is None:
-        return y
+        return None
     name, attrs = activation
-    fn = ACTIVATIONS[name]
-    if compute_dtype(y.dtype) != y.dtype:
-        w = fn(y.astype(F32), **attrs)
-        np.copyto(y, w, casting="unsafe")
+    fn = functools.partial(ACTIVATIONS[name], **attrs) if attrs else ACTIVATIONS[name]
+
+    def apply(y: np.ndarray) -> np.ndarray:
+        if compute_dtype(y.dtype) != y.dtype:
+            np.copyto(y, fn(y.astype(F32)), casting="unsafe")
+            return y
+        if y.size <= CHUNK or not y.flags.c_contiguous:
+            return fn(y)
+        flat = y.reshape(-1)
+        for i in range(0, flat.size, CHUNK):
+            fn(flat[i:i + CHUNK])
         return y
-    return fn(y, **attrs)
+
+    return apply
 
 
 class Unary(Kernel):
@@ -321,6 +365,8 @@ unary("IsInf", 10, _is_inf, out_bool=True, detect_negative=1, detect_positive=1)
 
 
 def _relu(x, out):
+    if x.dtype.kind == "f":
+        return clip_ufunc(x, 0, np.inf, out=out)
     return np.maximum(x, x.dtype.type(0), out=out)
 
 
@@ -381,9 +427,8 @@ def _mish(x, out):
 
 
 def _swish(x, out, alpha):
-    np.multiply(x, x.dtype.type(alpha), out=out)
-    sigmoid_(out)
-    return np.multiply(x, out, out=out)
+    np.copyto(out, x)
+    return swish_(out, alpha)
 
 
 def _shrink(x, out, lambd, bias):
@@ -540,9 +585,10 @@ class Binary(Kernel):
 
     def __init__(self, node, inputs, outputs, broadcast=None, axis=None, consumed_inputs=None, _activation=None):
         super().__init__(node, inputs, outputs)
-        self.activation = _activation
+        self.activation = activation_fn(_activation)
         self.legacy = node.opset < 7 and broadcast is not None
         self.broadcast, self.axis = broadcast, axis
+        self._key: tuple | None = None
 
     def compute(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         return self.ufunc(a, b, out=out)
@@ -550,25 +596,33 @@ class Binary(Kernel):
     def run(self, a, b):
         if self.legacy:
             b = legacy_broadcast(a, b, self.broadcast, self.axis)
-        shape = np.broadcast_shapes(a.shape, b.shape)
-        dt = a.dtype
+        key = (a.shape, b.shape, a.dtype, b.dtype)
+        if key != self._key:  # numpy's broadcast_shapes costs microseconds: once per shape
+            self._key, self._shape = key, np.broadcast_shapes(a.shape, b.shape)
+            self._native = a.dtype == b.dtype == compute_dtype(a.dtype)
+        shape, dt = self._shape, a.dtype
         out = matches(self.out[0], shape, dt)
-        wide = compute_dtype(dt)
+        if not self._native:
+            return self._run_wide(a, b, shape, out)
+        if out is None:
+            out = np.empty(shape, dt)
         with np.errstate(all="ignore"):
-            if wide != dt or b.dtype != dt:
-                if a.dtype in ML_INTS or a.dtype == object:
-                    raise TypeError(f"{self.node.op_type} does not take {a.dtype} inputs")
-                y = self.compute(a.astype(wide, copy=False), b.astype(wide, copy=False), np.empty(shape, wide))
-                if self.activation:
-                    apply_activation(y, self.activation)
-                if out is None:
-                    return y.astype(dt)
-                np.copyto(out, y, casting="unsafe")
-                return out
-            if out is None:
-                out = np.empty(shape, dt)
-            y = self.compute(a, b, out)
-        return apply_activation(y, self.activation) if self.activation else y
+            self.compute(a, b, out)
+        return out if self.activation is None else self.activation(out)
+
+    def _run_wide(self, a, b, shape, out):
+        """Types numpy has no arithmetic for (float16 is computed in float32 too), or mixed types."""
+        if a.dtype in ML_INTS or a.dtype == object:
+            raise TypeError(f"{self.node.op_type} does not take {a.dtype} inputs")
+        wide = compute_dtype(a.dtype)
+        with np.errstate(all="ignore"):
+            y = self.compute(a.astype(wide, copy=False), b.astype(wide, copy=False), np.empty(shape, wide))
+        if self.activation is not None:
+            self.activation(y)
+        if out is None:
+            return y.astype(a.dtype)
+        np.copyto(out, y, casting="unsafe")
+        return out
 
 
 def _binary(op_type: str, ufunc: np.ufunc) -> type:

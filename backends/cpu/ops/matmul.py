@@ -10,7 +10,7 @@ import numpy as np
 
 from ..kernel import Kernel, op
 from .conv import out_buffer
-from .elementwise import apply_activation
+from .elementwise import activation_fn
 
 _BLAS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64), np.dtype(np.complex128))
 
@@ -96,7 +96,7 @@ class Gemm(Kernel):
         super().__init__(node, inputs, outputs)
         self.alpha, self.beta = float(alpha), float(beta)
         self.transA, self.transB = int(transA), int(transB)
-        self.activation = _activation
+        self.activation = activation_fn(_activation)
         b = inputs[1].const if len(inputs) > 1 and inputs[1] is not None else None
         c = inputs[2].const if len(inputs) > 2 and inputs[2] is not None else None
         self.b_packed = self._pack_b(b, copy=True) if b is not None and b.ndim == 2 else None
@@ -150,7 +150,7 @@ class Gemm(Kernel):
             cc = self.c_packed if self.c_packed is not None else self._pack_c(c)
             np.add(y, cc, out=y, casting="unsafe")
         if self.activation is not None:
-            apply_activation(y, self.activation)
+            self.activation(y)
         if wide is not None:
             out = out_buffer(self.out[0], shape, dtype)
             out[...] = y
