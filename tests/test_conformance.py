@@ -17,6 +17,7 @@ import pytest
 from aiomnn import conformance
 from aiomnn.runtime import probe
 from aiomnn.config import ForwardType
+from aiomnn.pipeline import NONDETERMINISTIC as RANDOM
 
 LISTS = Path(__file__).parent / "conformance"
 CASES = conformance.load_cases()
@@ -40,7 +41,12 @@ def params():
         xfails = expected_failures(backend)
         for case in CASES:
             key = f"{case.kind}/{case.name}"
-            marks = [pytest.mark.xfail(strict=True, raises=AssertionError, reason=xfails[key])] if key in xfails else []
+            if key not in xfails:
+                marks = []
+            elif RANDOM & set(case.op_types):  # a random draw can match by chance: not strict
+                marks = [pytest.mark.xfail(strict=False, raises=AssertionError, reason="random values: " + xfails[key])]
+            else:
+                marks = [pytest.mark.xfail(strict=True, raises=AssertionError, reason=xfails[key])]
             yield pytest.param(backend, case, id=f"{backend}-{key}", marks=marks)
 
 
