@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from aiomnn.shapes import same_pads
+
 from ..kernel import Kernel, Unsupported, op, parallel, shared_scratch, threads
 from .elementwise import activation_fn
 
@@ -87,12 +89,7 @@ def conv_geometry(spatial: tuple[int, ...], kernel: list[int], strides: list[int
     """(pads, output spatial sizes) of a convolution, resolving auto_pad."""
     n = len(spatial)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pads = [0] * (2 * n)
-        for i in range(n):
-            out = -(-spatial[i] // strides[i])
-            total = max(0, (out - 1) * strides[i] + dils[i] * (kernel[i] - 1) + 1 - spatial[i])
-            small, big = total // 2, total - total // 2
-            pads[i], pads[i + n] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+        pads = same_pads(spatial, kernel, strides, dils, upper=auto_pad == "SAME_UPPER")
     elif auto_pad == "VALID":
         pads = [0] * (2 * n)
     elif auto_pad in ("NOTSET", ""):

@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 
+from aiomnn.shapes import same_pads
+
 from ..kernel import Kernel, Unsupported, op
 from .conv import _ints, compute_dtype, out_buffer
 
@@ -20,15 +22,8 @@ def pool_geometry(spatial, kernel, strides, dils, pads, auto_pad, ceil_mode):
     """(pads, output sizes) of a pooling window, resolving auto_pad and ceil_mode."""
     n = len(spatial)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pads = [0] * (2 * n)
-        outs = []
-        for i in range(n):
-            out = -(-spatial[i] // strides[i])
-            total = max(0, (out - 1) * strides[i] + dils[i] * (kernel[i] - 1) + 1 - spatial[i])
-            small, big = total // 2, total - total // 2
-            pads[i], pads[i + n] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
-            outs.append(out)
-        return pads, outs
+        pads = same_pads(spatial, kernel, strides, dils, upper=auto_pad == "SAME_UPPER")
+        return pads, [-(-spatial[i] // strides[i]) for i in range(n)]
     if auto_pad == "VALID":
         pads = [0] * (2 * n)
     elif auto_pad in ("NOTSET", ""):
