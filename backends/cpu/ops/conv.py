@@ -84,9 +84,9 @@ def _const(t: Any) -> Any:
     return None if t is None else t.const
 
 
-def conv_geometry(spatial: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int],
-                  pads: list[int] | None, auto_pad: str) -> tuple[list[int], list[int]]:
-    """(pads, output spatial sizes) of a convolution, resolving auto_pad."""
+def window_pads(spatial: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int],
+                pads: list[int] | None, auto_pad: str) -> list[int]:
+    """Explicit begin/end pads of a conv or pooling window, resolving auto_pad and checking them."""
     n = len(spatial)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         pads = same_pads(spatial, kernel, strides, dils, upper=auto_pad == "SAME_UPPER")
@@ -100,6 +100,14 @@ def conv_geometry(spatial: tuple[int, ...], kernel: list[int], strides: list[int
         raise Unsupported(f"pads {pads} do not fit {n} spatial dimensions")
     if any(p < 0 for p in pads):
         raise Unsupported(f"negative pads {pads}")
+    return pads
+
+
+def conv_geometry(spatial: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int],
+                  pads: list[int] | None, auto_pad: str) -> tuple[list[int], list[int]]:
+    """(pads, output spatial sizes) of a convolution, resolving auto_pad."""
+    n = len(spatial)
+    pads = window_pads(spatial, kernel, strides, dils, pads, auto_pad)
     outs = [(spatial[i] + pads[i] + pads[i + n] - dils[i] * (kernel[i] - 1) - 1) // strides[i] + 1 for i in range(n)]
     return pads, outs
 

@@ -12,28 +12,16 @@ import math
 
 import numpy as np
 
-from aiomnn.shapes import same_pads
-
 from ..kernel import Kernel, Unsupported, op
-from .conv import _ints, compute_dtype, out_buffer
+from .conv import _ints, compute_dtype, out_buffer, window_pads
 
 
 def pool_geometry(spatial, kernel, strides, dils, pads, auto_pad, ceil_mode):
     """(pads, output sizes) of a pooling window, resolving auto_pad and ceil_mode."""
     n = len(spatial)
+    pads = window_pads(spatial, kernel, strides, dils, pads, auto_pad)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pads = same_pads(spatial, kernel, strides, dils, upper=auto_pad == "SAME_UPPER")
         return pads, [-(-spatial[i] // strides[i]) for i in range(n)]
-    if auto_pad == "VALID":
-        pads = [0] * (2 * n)
-    elif auto_pad in ("NOTSET", ""):
-        pads = list(pads) if pads else [0] * (2 * n)
-    else:
-        raise Unsupported(f"auto_pad {auto_pad!r}")
-    if len(pads) != 2 * n:
-        raise Unsupported(f"pads {pads} do not fit {n} spatial dimensions")
-    if any(p < 0 for p in pads):
-        raise Unsupported(f"negative pads {pads}")
     outs = []
     for i in range(n):
         eff = dils[i] * (kernel[i] - 1) + 1
