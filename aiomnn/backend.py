@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 import numpy as np
 
 from .config import BackendConfig, ForwardType
-from .errors import ModelError
 from .graph import Node
 from .memory import Arena, Block, StorageType
 
@@ -153,6 +152,3 @@ class OpRegistry(Generic[K]):
     def op_types(self) -> list[tuple[str, str]]:
         return sorted(self._ops)
 
-
-def unsupported(node: Node, why: str) -> ModelError:
-    return ModelError(f"{node}, opset {node.opset}: {why}")

@@ -8,8 +8,6 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
-import aiomnn
-
 from .oracle import run_aiomnn
 
 

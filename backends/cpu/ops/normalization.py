@@ -322,7 +322,7 @@ class LRN(Kernel):
         cdt = _cdt(x.dtype)
         xc = x.astype(cdt, copy=False)
         C = x.shape[1]
-        before, after = (self.size - 1) // 2, self.size - 1 - (self.size - 1) // 2
+        before = (self.size - 1) // 2
         sq = np.square(xc)
         # Window sums over channels: `size` shifted adds over the zero-padded squares (no cumulative
         # sum, which would lose precision over many channels).

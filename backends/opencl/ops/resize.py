@@ -72,7 +72,6 @@ def _scales(node, ins, x_shape, y_shape) -> list[float]:
                 raise Decline("scales must be constant")
             scales = np.asarray(t.const, dtype=np.float64).reshape(-1).tolist()
         return [float(s) for s in scales]
-    sizes_t = ins[3] if len(ins) > 3 else None
     scales_t = ins[2] if len(ins) > 2 else None
     axes = node.attrs.get("axes")
     axes = [a % rank for a in axes] if axes else list(range(rank))
