@@ -426,20 +426,27 @@ class BatchNorm(VkOp):
 
 
 # ------------------------------------------------------------------------------ conv
+def conv_inputs(backend, node, inputs, more_attrs: set[str]):
+    """X, W and the optional B of a Conv or ConvTranspose, declined unless 1-D or 2-D float32 with known attributes."""
+    x = data_input(inputs[0], backend, "X")
+    w = data_input(inputs[1], backend, "W")
+    b = inputs[2] if len(inputs) > 2 else None
+    if b is not None:
+        data_input(b, backend, "B")
+    if len(x.shape) not in (3, 4) or len(w.shape) != len(x.shape):
+        raise Decline("only 1-D and 2-D convolutions")
+    extra = set(node.attrs) - {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides", "_activation"}
+    extra -= more_attrs
+    if extra:
+        raise Decline(f"attributes {sorted(extra)}")
+    return x, w, b
+
+
 @register("Conv")
 class Conv(VkOp):
     def __init__(self, backend, node, inputs, outputs):
         super().__init__(backend, node, inputs, outputs)
-        x = data_input(inputs[0], backend, "X")
-        w = data_input(inputs[1], backend, "W")
-        b = inputs[2] if len(inputs) > 2 else None
-        if b is not None:
-            data_input(b, backend, "B")
-        if len(x.shape) not in (3, 4) or len(w.shape) != len(x.shape):
-            raise Decline("only 1-D and 2-D convolutions")
-        extra = set(node.attrs) - {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides", "_activation"}
-        if extra:
-            raise Decline(f"attributes {sorted(extra)}")
+        x, w, b = conv_inputs(backend, node, inputs, set())
         kernel, strides, dils, pads = shp.window_params(node, x.shape, node.attrs.get("kernel_shape", w.shape[2:]))
         if list(kernel) != list(w.shape[2:]):
             raise Decline("kernel_shape differs from the weight")
@@ -493,18 +500,8 @@ class Conv(VkOp):
 class ConvTranspose(VkOp):
     def __init__(self, backend, node, inputs, outputs):
         super().__init__(backend, node, inputs, outputs)
-        x = data_input(inputs[0], backend, "X")
-        w = data_input(inputs[1], backend, "W")
-        b = inputs[2] if len(inputs) > 2 else None
-        if b is not None:
-            data_input(b, backend, "B")
-        if len(x.shape) not in (3, 4) or len(w.shape) != len(x.shape):
-            raise Decline("only 1-D and 2-D")
+        x, w, b = conv_inputs(backend, node, inputs, {"output_padding", "output_shape"})
         a = node.attrs
-        extra = set(a) - {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape",
-                          "pads", "strides", "_activation"}
-        if extra:
-            raise Decline(f"attributes {sorted(extra)}")
         nsp = len(x.shape) - 2
         g = int(a.get("group", 1))
         n, c = x.shape[:2]
