@@ -48,6 +48,13 @@ class Tensor:
         return n
 
 
+def all_empty(outputs: list[Tensor]) -> bool:
+    """True when every named output is a tensor of zero elements (an empty batch, say): their
+    shapes and dtypes are the whole result, and there is nothing to compute."""
+    named = [t for t in outputs if t.name]
+    return bool(named) and all(t.kind == "tensor" and t.nbytes == 0 and 0 in t.shape for t in named)
+
+
 class Execution:
     """One node, ready to run on one backend."""
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from . import shapes
-from .backend import Backend, Execution, Tensor
+from .backend import Backend, Execution, Tensor, all_empty
 from .errors import AiomnnError, BackendError, InputError, ModelError, UnsupportedOpError
 from .fence import Fence
 from .graph import Graph, Node, subgraphs
@@ -148,9 +148,11 @@ class Pipeline:
         steps: list[Step] = []
         main = self.backup if fallback else self.main
         for node, ins, outs in self.ops():
-            backend, exe = main, main.on_create(node, ins, outs)
-            if exe is None and self.backup is not main:
-                backend, exe = self.backup, self.backup.on_create(node, ins, outs)
+            first = [self.backup, main] if all_empty(outs) else [main, self.backup]  # nothing for a GPU to do
+            for backend in dict.fromkeys(first):
+                exe = backend.on_create(node, ins, outs)
+                if exe is not None:
+                    break
             if exe is None:
                 raise UnsupportedOpError(f"{node}, opset {node.opset}: no backend supports this op "
                                          f"with inputs {[t and (t.dtype, t.shape) for t in ins]}")

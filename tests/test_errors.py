@@ -115,6 +115,12 @@ async def test_lists_and_odd_layouts_are_accepted(session):
         np.testing.assert_array_equal((await session.run({"image": variant}))["probs"], want)
 
 
+async def test_an_empty_batch_gives_an_empty_result(session):
+    out = await session.run({"image": np.zeros((0, 3, 64, 64), np.float32)})
+    assert out["probs"].shape == (0, 10) and out["probs"].dtype == np.float32
+    await check_still_works(session)
+
+
 def test_external_data_outside_the_model_directory(tmp_path):
     outside = tmp_path / "secret.bin"
     outside.write_bytes(np.ones(4, np.float32).tobytes())
