@@ -61,7 +61,7 @@ class BackendConfig:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """How a session is scheduled: main backend, backup backend, threads and tuning."""
+    """How a session is scheduled: main backend, backup backend, threads, tuning and fallback."""
 
     type: ForwardType | str = ForwardType.AUTO
     backup_type: ForwardType | str = ForwardType.CPU
@@ -69,6 +69,9 @@ class ScheduleConfig:
     backend_config: BackendConfig = field(default_factory=BackendConfig)
     max_tuning_number: int = 64
     background_tuning: bool = True
+    #: When the main backend fails (out of memory, device lost, a driver error), rerun on the
+    #: backup and stay there, logging why, instead of raising BackendError.
+    fallback_on_error: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "type", ForwardType.of(self.type))

@@ -14,7 +14,14 @@ class InputError(AiomnnError):
 
 
 class BackendError(AiomnnError):
-    """A backend failed: device missing, kernel error, out of memory."""
+    """A backend failed: device missing or lost, driver or kernel error, out of memory.
+
+    `backend` is the forward type ("cuda", "cpu", ...) that failed, where it is known.
+    """
+
+    def __init__(self, message: str, backend: str | None = None):
+        super().__init__(message)
+        self.backend = backend
 
 
 class UnsupportedOpError(ModelError):

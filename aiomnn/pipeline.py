@@ -12,8 +12,9 @@ execute runs consecutive steps of one backend as one segment: a CPU segment
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -150,7 +151,8 @@ class Pipeline:
         for node, ins, outs in self.ops():
             first = [self.backup, main] if all_empty(outs) else [main, self.backup]  # nothing for a GPU to do
             for backend in dict.fromkeys(first):
-                exe = backend.on_create(node, ins, outs)
+                with failures_named(backend, f"creating {node}"):
+                    exe = backend.on_create(node, ins, outs)
                 if exe is not None:
                     break
             if exe is None:
@@ -166,8 +168,9 @@ class Pipeline:
                     last_use[x] = i
         keep = set(self.graph.output_names)
 
+        active = list(dict.fromkeys(s.backend for s in steps))  # a backend left unused is left alone
         for b in self.backends:
-            b.on_resize_begin()
+            b.on_resize_begin() if b in active else b.clear_buffers()
         blocks: dict[str, tuple[Backend, Block]] = {}
         for i, s in enumerate(steps):
             outs = [self.tensors[o] if o else Tensor("") for o in s.outputs]
@@ -175,7 +178,8 @@ class Pipeline:
                 t.block = None if (not o or o in keep) else s.backend.acquire_tensor(t, s.execution)
                 if t.block is not None:
                     blocks[o] = (s.backend, t.block)
-            s.execution.on_resize([self.tensors[x] if x else None for x in s.inputs], outs)
+            with failures_named(s.backend, f"planning {s.node}"):
+                s.execution.on_resize([self.tensors[x] if x else None for x in s.inputs], outs)
             dead = [x for x in set(s.inputs) if x and last_use.get(x) == i]
             dead += [o for o in s.outputs if o and o not in last_use]  # produced but never read
             for x in dead:
@@ -189,13 +193,13 @@ class Pipeline:
             raise InputError(f"the plan for input shapes {self.input_shapes} needs {peak} bytes of activations, "
                              f"over the memory limit of {self.memory_limit}")
         try:
-            for b in self.backends:
-                b.on_resize_end()
-        except MemoryError:
+            for b in active:
+                with failures_named(b, f"allocating {b.arena.size} bytes of activations for {self.input_shapes}"):
+                    b.on_resize_end()
+        except BaseException:
             for b in self.backends:
                 b.clear_buffers()
-            raise BackendError(f"out of memory allocating {peak} bytes of activations "
-                               f"for input shapes {self.input_shapes}") from None
+            raise
         self.segments = self._segments(steps, last_use, keep)
         self.consts = {name: _readonly(t.const) for name, t in self.tensors.items() if t.is_const}
 
@@ -226,18 +230,34 @@ class Pipeline:
         values: dict[str, Any] = dict(self.consts)
         values.update(feeds)
         for seg in self.segments:
-            fence = seg.backend.submit(seg, values)
-            self.pending = fence
-            try:
-                await fence.wait()
-            except AiomnnError:
-                raise
-            except BaseException as exc:
-                fence.cancel()
-                if isinstance(exc, Exception):
-                    raise BackendError(f"{seg.backend.type} run failed: {type(exc).__name__}: {exc}") from exc
-                raise
+            with failures_named(seg.backend, "the run"):
+                fence = seg.backend.submit(seg, values)
+                self.pending = fence
+                try:
+                    await fence.wait()
+                except BaseException:
+                    fence.cancel()  # a no-op once the work has ended
+                    raise
         return {name: values[name] for name in self.graph.output_names}
+
+
+@contextmanager
+def failures_named(backend: Backend, doing: str) -> Iterator[None]:
+    """Turn whatever a backend raises (a driver error, out of device memory, a device lost) into a
+    BackendError that names the backend and what it was doing."""
+    try:
+        yield
+    except BackendError as exc:
+        if exc.backend is None:
+            exc.backend = str(backend.type)
+        raise
+    except AiomnnError:
+        raise
+    except MemoryError as exc:
+        raise BackendError(f"{backend.type}: out of memory {doing}: {type(exc).__name__}: {exc}",
+                           str(backend.type)) from exc
+    except Exception as exc:
+        raise BackendError(f"{backend.type}: {doing} failed: {type(exc).__name__}: {exc}", str(backend.type)) from exc
 
 
 def is_nondeterministic(node: Node) -> bool:

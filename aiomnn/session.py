@@ -14,7 +14,7 @@ import anyio
 import numpy as np
 
 from .config import ForwardType, ScheduleConfig
-from .errors import AiomnnError, InputError
+from .errors import AiomnnError, BackendError, InputError
 from .fence import offload
 from .graph import Graph, ValueInfo
 from .pipeline import Pipeline
@@ -47,6 +47,8 @@ class Session:
         self.pipeline.memory_limit = config.backend_config.memory_limit
         self._inputs = {v.name: v for v in graph.inputs}
         self._tuning = SessionTuning(main_rt, config, runtime.executor)
+        #: Why the session left its main backend for good (with fallback_on_error), else None.
+        self.fallback_error: BackendError | None = None
 
     # Public API ---------------------------------------------------------------
     @property
@@ -90,7 +92,13 @@ class Session:
             self._check_open()
             if shapes != self._shapes or self._tuning.handoff_due:
                 await self._resize_locked(shapes)
-            outputs = await self.pipeline.execute(arrays)
+            try:
+                outputs = await self.pipeline.execute(arrays)
+            except BackendError as exc:
+                if not self._falls_back(exc):
+                    raise
+                await self._resize_locked(shapes)
+                outputs = await self.pipeline.execute(arrays)
         return _own_outputs(outputs, arrays)
 
     async def clone(self) -> "Session":
@@ -140,12 +148,28 @@ class Session:
         self._shapes = None
         try:  # planning folds constants and builds kernels: worker-thread work, off the event loop
             await self._offload(p.encode, shapes)
-            fallback = await self._tuning.prepare(p)
-            await self._offload(p.alloc, fallback)
+            on_backup = self.fallback_error is not None or await self._tuning.prepare(p)
+            try:
+                await self._offload(p.alloc, on_backup)
+            except BackendError as exc:
+                if on_backup or not self._falls_back(exc):
+                    raise
+                await self._offload(p.alloc, True)
         except BaseException:
             p.segments = []
             raise
         self._shapes = shapes
+
+    def _falls_back(self, exc: BackendError) -> bool:
+        """With fallback_on_error, a failure of the main backend moves the session onto the backup for good."""
+        p = self.pipeline
+        if not self.config.fallback_on_error or p.main is p.backup or exc.backend != str(p.main.type) \
+                or self.fallback_error is not None:
+            return False
+        self.fallback_error = exc
+        self._tuning.close()
+        log.warning("%s; the session runs on %s from now on", exc, p.backup.type)
+        return True
 
     async def _offload(self, fn: Any, *args: Any) -> Any:
         fence = offload(self.runtime_info.executor, fn, *args)
