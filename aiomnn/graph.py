@@ -93,6 +93,8 @@ def load_model(data: bytes, base_dir: Path | None) -> Graph:
     opsets: dict[str, int] = {}
     for imp in model.opset_import:
         domain = "" if imp.domain in ("", "ai.onnx") else imp.domain
+        if not 1 <= imp.version < 1 << 31:
+            raise ModelError(f"opset {imp.version} of domain {domain or 'ai.onnx'!r} is not a valid version")
         opsets[domain] = int(imp.version)
     if not opsets:
         # IR version < 3 models predate opset_import; they mean opset 1.
@@ -243,8 +245,13 @@ class _Parser:
         domain = "" if n.domain in ("", "ai.onnx") else n.domain
         if not n.op_type:
             raise ModelError(f"node {name!r} of graph {g.name!r} has no op type")
+        texts = (n.op_type, n.domain, n.name, *n.input, *n.output)
+        if not all(isinstance(t, str) for t in texts):  # protobuf hands back bytes that are not UTF-8
+            raise ModelError(f"node {name!r} of graph {g.name!r}: a name is not valid UTF-8: "
+                             f"{next(t for t in texts if not isinstance(t, str))!r}")
         if domain not in self.opsets:
             raise ModelError(f"node {name!r} ({n.op_type}) uses domain {domain!r}, which the model does not import")
+        check_schema(n, name, domain, self.opsets[domain])
         attrs: dict[str, Any] = {}
         implicit: set[str] = set()
         for a in n.attribute:
@@ -349,6 +356,26 @@ class _Parser:
             stuck = [str(nodes[i]) for i, p in enumerate(pending) if p > 0][:5]
             raise ModelError(f"graph {graph!r} has a cycle through {', '.join(stuck)}")
         return order
+
+
+def check_schema(n: onnx.NodeProto, name: str, domain: str, opset: int) -> None:
+    """The input and output counts and the attribute types that the op's ONNX schema declares.
+    Ops without a schema (custom domains, functions) are left to the backends."""
+    try:
+        schema = onnx.defs.get_schema(n.op_type, opset, domain)
+    except onnx.defs.SchemaError:
+        return
+    where = f"node {name!r} ({n.op_type}, opset {opset})"
+    for what, have, low, high in (("inputs", len(n.input), schema.min_input, schema.max_input),
+                                  ("outputs", len(n.output), schema.min_output, schema.max_output)):
+        if not low <= have <= high:
+            raise ModelError(f"{where} has {have} {what}; the op takes {low}" + (f" to {high}" if high > low else ""))
+    for a in n.attribute:
+        want = schema.attributes.get(a.name)
+        if want is not None and int(want.type) != a.type:
+            have = AttributeProto.AttributeType.Name(a.type) if a.type in AttributeProto.AttributeType.values() \
+                else str(a.type)
+            raise ModelError(f"{where}: attribute {a.name!r} must be {want.type.name}, not {have}")
 
 
 def value_info_of(v: onnx.ValueInfoProto) -> ValueInfo:

@@ -86,7 +86,7 @@ class Pipeline:
                 continue
             try:
                 outs = shapes.infer(node, ins)
-            except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError) as exc:
+            except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError, AttributeError) as exc:
                 raise ModelError(f"{node}: cannot infer its output shapes from {[t and t.shape for t in ins]}: {exc}") from None
             for i, name in enumerate(node.outputs):
                 if not name:

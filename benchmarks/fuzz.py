@@ -187,7 +187,10 @@ def run_all(fn, count: int, workers: int, timeout: float, offset: int) -> collec
             try:
                 for fut in futures:
                     try:
-                        counts[fut.result(timeout=timeout)] += 1
+                        outcome = fut.result(timeout=timeout)
+                        counts[outcome] += 1
+                        if outcome.startswith("other"):
+                            print(f"{outcome}: seed {futures[fut]}")
                     except cf.TimeoutError:
                         counts["hang"] += 1
                         print(f"hang: seed {futures[fut]}")

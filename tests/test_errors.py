@@ -44,6 +44,18 @@ def test_cycle_is_named():
         aiomnn.Interpreter.from_bytes(data)
 
 
+def test_nodes_are_checked_against_their_schema():
+    relu = helper.make_node("Relu", ["x", "x"], ["y"], name="twice")
+    with pytest.raises(aiomnn.ModelError, match="'twice' .Relu, opset 17. has 2 inputs; the op takes 1"):
+        aiomnn.Interpreter.from_bytes(make([relu], [fvi("x", [1])], [fvi("y", [1])]))
+    elu = helper.make_node("Elu", ["x"], ["y"], name="elu", alpha=[1.0, 2.0])
+    with pytest.raises(aiomnn.ModelError, match="attribute 'alpha' must be FLOAT, not FLOATS"):
+        aiomnn.Interpreter.from_bytes(make([elu], [fvi("x", [1])], [fvi("y", [1])]))
+    with pytest.raises(aiomnn.ModelError, match="opset 0 of domain 'ai.onnx' is not a valid version"):
+        aiomnn.Interpreter.from_bytes(make([helper.make_node("Relu", ["x"], ["y"])], [fvi("x", [1])],
+                                           [fvi("y", [1])], opset=0))
+
+
 def test_dangling_tensor_is_named():
     data = make([helper.make_node("Relu", ["ghost"], ["y"], name="lonely")], [fvi("x", [1])], [fvi("y", [1])])
     with pytest.raises(aiomnn.ModelError, match="lonely.*ghost"):
