@@ -1,7 +1,10 @@
-"""GPU benchmark: aiomnn CUDA against torch eager and torch.compile(mode="reduce-overhead").
+"""GPU benchmark: aiomnn on CUDA, OpenCL and Vulkan against torch eager and torch.compile(mode="reduce-overhead").
 
 For each public model at batch 1 and 8 it prints median milliseconds per run:
-- aiomnn fp32 and fp16 (precision="low"): `await session.run(numpy)`, numpy in and out;
+- aiomnn on each GPU backend found here, fp32 and fp16 (precision="low"),
+  `await session.run(numpy)`, numpy in and out; each session starts with a cold
+  tuning cache, and the seconds its background tuning took are reported with the
+  relative error against onnxruntime and how many steps ran on the device;
 - torch eager and torch.compile with CUDA graphs, numpy in and out, and with the
   input already on the GPU (device).
 The torch models come from a small interpreter of the ONNX graph written here
@@ -11,7 +14,8 @@ against onnxruntime before timing.
 Then the host cost of a run for a 300-op and a 30-op model, and the latency an
 await adds for each way of learning that the GPU finished (AIOMNN_CUDA_WAIT).
 
-    python benchmarks/gpu.py [--models det,cls] [--batches 1,8] [--no-compile] [--out DIR]
+    python benchmarks/gpu.py [--backends cuda,opencl,vulkan] [--models det,cls] [--batches 1,8]
+                             [--tuning normal] [--no-compile] [--out DIR]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -241,19 +246,33 @@ def rel_error(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-async def bench_aiomnn(name, shape, precision, n):
+async def bench_aiomnn(name, shape, backend, precision, n, tuning, cache_dir):
+    """Latency on one backend. With tuning on, the cache starts cold: the first resize serves on
+    the CPU while the runtime tunes, and tune_s is the time until the session is on the GPU."""
     spec = MODELS[name]
     net = aiomnn.Interpreter.from_file(models.path(name))
     x = sample_input(name, shape)
-    cfg = ScheduleConfig(type="cuda", backend_config=BackendConfig(precision=precision))
-    t0 = time.perf_counter()
-    async with await net.create_session(cfg) as s:
-        await s.resize({spec.input: shape})
-        t_resize = time.perf_counter() - t0
-        out = await s.run({spec.input: x})
-        ms = await time_async(lambda: s.run({spec.input: x}), n)
-        summary = dict(s.pipeline.main.summary)
-    return ms, t_resize, out, summary
+    cfg = ScheduleConfig(type=backend, backend_config=BackendConfig(precision=precision, tuning=tuning))
+    rt = aiomnn.create_runtime(cfg)
+    rt.set_cache_file(os.path.join(cache_dir, f"{backend}-{name}-{shape[0]}-{precision}.json"))
+    try:
+        t0 = time.perf_counter()
+        async with await net.create_session(cfg, runtime=rt) as s:
+            await s.resize({spec.input: shape})
+            t_resize = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            tuned = s.has_async_work()
+            await s.wait_async_resize()
+            tune_s = time.perf_counter() - t1 if tuned else 0.0
+            out = await s.run({spec.input: x})
+            ms = await time_async(lambda: s.run({spec.input: x}), n)
+            steps = [st for seg in s.pipeline.segments for st in seg.steps]
+            on_device = sum(st.backend is s.pipeline.main for st in steps)
+            summary = dict(getattr(s.pipeline.main, "summary", {}))
+    finally:
+        rt.close()
+    return {"ms": ms, "resize_s": t_resize, "tune_s": tune_s, "out": out, "summary": summary,
+            "on_device": f"{on_device}/{len(steps)}"}
 
 
 def bench_torch(name, shape, n, compile_):
@@ -391,19 +410,20 @@ async def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="det,cls,yolov8n,rec")
     ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--backends", default="cuda,opencl,vulkan")
+    ap.add_argument("--tuning", default="normal", help="tuning level; the cache starts cold for each session")
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--skip-extra", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    import cupy
-
-    dev = cupy.cuda.runtime.getDeviceProperties(0)["name"]
-    dev = dev.decode() if isinstance(dev, bytes) else dev
-    print(f"device: {dev}", flush=True)
-    rows, results = [], {"device": dev, "models": {}}
-    if not args.skip_extra:
+    here = {t.value: names for t, names in aiomnn.available_backends().items()}
+    backends = [b for b in args.backends.split(",") if b in here]
+    for b in args.backends.split(","):
+        print(f"{b}: {', '.join(here.get(b, ['not available here']))}", flush=True)
+    results = {"devices": {b: here[b] for b in backends}, "models": {}}
+    if "cuda" in backends and not args.skip_extra:
         results["host_cost"] = await host_cost()
         print("host cost:", json.dumps(results["host_cost"]), flush=True)
         results["await_lag"] = await await_lag()
@@ -424,6 +444,8 @@ async def main(argv=None):
 
     import onnxruntime as ort
 
+    cache_dir = tempfile.mkdtemp(prefix="aiomnn-gpu-bench-")
+    rows = []
     for name in args.models.split(","):
         spec = MODELS[name]
         base = spec.shapes[0]
@@ -433,14 +455,20 @@ async def main(argv=None):
             x = sample_input(name, shape)
             want = oracle.run(None, {spec.input: x})
             r = {}
-            ms32, rs32, out32, summary = await bench_aiomnn(name, shape, "normal", args.n)
-            ms16, rs16, out16, _ = await bench_aiomnn(name, shape, "low", args.n)
-            outs = list(out32)
-            r.update(aiomnn_fp32=ms32, aiomnn_fp16=ms16, resize_s=rs32, kernels=summary["launches"],
-                     fused=summary["fused"], graphs=summary["graphs"],
-                     err_fp32=max(rel_error(out32[k], w) for k, w in zip(outs, want)),
-                     err_fp16=max(rel_error(out16[k], w) for k, w in zip(outs, want)))
-            if not args.no_torch:
+            for backend in backends:
+                for prec, tag in (("normal", "fp32"), ("low", "fp16")):
+                    try:
+                        m = await bench_aiomnn(name, shape, backend, prec, args.n, args.tuning, cache_dir)
+                    except Exception as exc:  # report and go on
+                        r[f"{backend}_{tag}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                        continue
+                    r[f"{backend}_{tag}"] = m["ms"]
+                    r[f"{backend}_{tag}_err"] = max(rel_error(m["out"][k], w) for k, w in zip(m["out"], want))
+                    r[f"{backend}_{tag}_tune_s"] = m["tune_s"]
+                    r[f"{backend}_{tag}_on_device"] = m["on_device"]
+                    if backend == "cuda" and tag == "fp32":
+                        r.update(kernels=m["summary"].get("launches"), graphs=m["summary"].get("graphs"))
+            if "cuda" in backends and not args.no_torch:
                 try:
                     tr, ref = bench_torch(name, shape, args.n, not args.no_compile)
                     r["err_torch"] = max(rel_error(a, w) for a, w in zip(ref, want))
@@ -451,29 +479,39 @@ async def main(argv=None):
                 except Exception as exc:  # report and go on
                     r["torch_error"] = f"{type(exc).__name__}: {exc}"
             results["models"][f"{name} b{b}"] = r
-            if args.out:
-                os.makedirs(args.out, exist_ok=True)
-                with open(os.path.join(args.out, "gpu_bench.json"), "w") as fh:
-                    json.dump(results, fh, indent=1, default=float)
             print(f"{name} b{b} {json.dumps(r, default=float)}", flush=True)
             rows.append((f"{name} {'x'.join(map(str, shape))}", r))
-    def f(v):
-        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+            save(args.out, results)
 
-    lines = [f"device: {dev}", "",
-             "| model | aiomnn fp32 | aiomnn fp16 | torch eager | eager (device) | torch.compile | compile (device) |"
-             " kernels | err fp32 | err fp16 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    def f(v, spec=".3f"):
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+    cols = [(f"{b} {t}", f"{b}_{t}") for b in backends for t in ("fp32", "fp16")]
+    head = [c for c, _ in cols] + ["torch eager", "eager (device)", "torch.compile", "compile (device)"]
+    lines = ["ms per run (numpy in and out unless marked device)", "",
+             "| model | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for label, r in rows:
-        lines.append(f"| {label} | {f(r.get('aiomnn_fp32'))} | {f(r.get('aiomnn_fp16'))} | {f(r.get('eager'))} | "
-                     f"{f(r.get('eager_dev'))} | {f(r.get('compile'))} | {f(r.get('compile_dev'))} | {r.get('kernels')} | "
-                     f"{r.get('err_fp32', 0):.1e} | {r.get('err_fp16', 0):.1e} |")
+        vals = [f(r.get(k)) for _, k in cols] + [f(r.get(k)) for k in ("eager", "eager_dev", "compile", "compile_dev")]
+        lines.append(f"| {label} | " + " | ".join(vals) + " |")
+    lines += ["", "relative error against onnxruntime, steps on the device, and tuning seconds (cold cache)", "",
+              "| model | " + " | ".join(head[: len(cols)]) + " |", "|---" * (len(cols) + 1) + "|"]
+    for label, r in rows:
+        vals = [f"{f(r.get(k + '_err'), '.1e')}, {r.get(k + '_on_device', '-')}, {f(r.get(k + '_tune_s'), '.1f')} s"
+                for _, k in cols]
+        lines.append(f"| {label} | " + " | ".join(vals) + " |")
     table = "\n".join(lines)
     print(table)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gpu_bench.json"), "w") as fh:
-            json.dump(results, fh, indent=1, default=float)
-        with open(os.path.join(args.out, "gpu_bench.md"), "w") as fh:
+    save(args.out, results, table)
+
+
+def save(out, results, table=None):
+    if not out:
+        return
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gpu_bench.json"), "w") as fh:
+        json.dump(results, fh, indent=1, default=float)
+    if table is not None:
+        with open(os.path.join(out, "gpu_bench.md"), "w") as fh:
             fh.write(table + "\n")
 
 
