@@ -114,8 +114,10 @@ class Backend:
         pass
 
     # Running ------------------------------------------------------------
-    def submit(self, segment: "Segment", values: dict[str, Any]) -> "Fence":
-        """Start a segment's steps; the fence completes when its outputs are in `values` on the host."""
+    def submit(self, segment: "Segment", values: dict[str, Any], device: bool = False) -> "Fence":
+        """Start a segment's steps; the fence completes when its outputs are in `values`, on the host.
+        With device, a backend whose memory the caller can use in place (CUDA) leaves the graph
+        outputs on the device, as fresh arrays; the others ignore it."""
         raise NotImplementedError
 
 

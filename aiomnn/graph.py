@@ -370,6 +370,10 @@ def check_schema(n: onnx.NodeProto, name: str, domain: str, opset: int) -> None:
                                   ("outputs", len(n.output), schema.min_output, schema.max_output)):
         if not low <= have <= high:
             raise ModelError(f"{where} has {have} {what}; the op takes {low}" + (f" to {high}" if high > low else ""))
+    single = onnx.defs.OpSchema.FormalParameterOption.Single
+    for i, (x, formal) in enumerate(zip(n.input, schema.inputs)):
+        if not x and formal.option == single:
+            raise ModelError(f"{where}: input {i} ({formal.name}) is required, and the model leaves it empty")
     for a in n.attribute:
         want = schema.attributes.get(a.name)
         if want is not None and int(want.type) != a.type:

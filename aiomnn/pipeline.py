@@ -224,14 +224,14 @@ class Pipeline:
         return {"peak_bytes": peak, "sum_bytes": total}
 
     # execute ----------------------------------------------------------------
-    async def execute(self, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+    async def execute(self, feeds: dict[str, np.ndarray], device: bool = False) -> dict[str, Any]:
         if self.pending is not None and not self.pending.done:
             await self.pending.settle()  # a cancelled run still owns the buffers
         values: dict[str, Any] = dict(self.consts)
         values.update(feeds)
         for seg in self.segments:
             with failures_named(seg.backend, "the run"):
-                fence = seg.backend.submit(seg, values)
+                fence = seg.backend.submit(seg, values, device)
                 self.pending = fence
                 try:
                     await fence.wait()

@@ -84,7 +84,13 @@ class Session:
         async with self._lock:
             await self._resize_locked(full)
 
-    async def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    async def run(self, feeds: Mapping[str, Any], *, device_outputs: bool = False) -> dict[str, Any]:
+        """Run the model on feeds (name -> array). Outputs are numpy arrays the caller owns.
+
+        device_outputs=True leaves outputs made on a CUDA GPU there, as cupy arrays (each one a
+        fresh device copy, never a host round trip; hand them to torch and others through
+        DLPack). Other backends return numpy arrays, which speak DLPack too.
+        """
         self._check_open()
         arrays = self._check_feeds(feeds)
         shapes = {name: a.shape for name, a in arrays.items() if isinstance(a, np.ndarray)}
@@ -93,12 +99,12 @@ class Session:
             if shapes != self._shapes or self._tuning.handoff_due:
                 await self._resize_locked(shapes)
             try:
-                outputs = await self.pipeline.execute(arrays)
+                outputs = await self.pipeline.execute(arrays, device_outputs)
             except BackendError as exc:
                 if not self._falls_back(exc):
                     raise
                 await self._resize_locked(shapes)
-                outputs = await self.pipeline.execute(arrays)
+                outputs = await self.pipeline.execute(arrays, device_outputs)
         return _own_outputs(outputs, arrays)
 
     async def clone(self) -> "Session":

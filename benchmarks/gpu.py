@@ -333,15 +333,15 @@ async def host_cost(n=300):
     out = {}
     for ops in (30, 300):
         net = aiomnn.Interpreter.from_bytes(chain_model(ops))
-        async with await net.create_session(ScheduleConfig(type="cuda")) as s:
+        async with await net.create_session(ScheduleConfig(type="cuda", backend_config=BackendConfig(tuning="none"))) as s:
             be = s.pipeline.main
             x = {"x": np.random.default_rng(0).random((1, 8, 16, 16), dtype=np.float32)}
             submit_times = []
             orig = be.submit
 
-            def timed(seg, values):
+            def timed(seg, values, device=False):
                 t0 = time.perf_counter()
-                f = orig(seg, values)
+                f = orig(seg, values, device)
                 submit_times.append(time.perf_counter() - t0)
                 return f
 
@@ -371,7 +371,7 @@ async def await_lag(n=500):
     res = {}
     for mode in ("hostfunc", "graph", "thread"):
         os.environ["AIOMNN_CUDA_WAIT"] = mode
-        async with await net.create_session(ScheduleConfig(type="cuda")) as s:
+        async with await net.create_session(ScheduleConfig(type="cuda", backend_config=BackendConfig(tuning="none"))) as s:
             await s.run(x)
             be = s.pipeline.main
             run = next(iter(be._runs.values()))

@@ -80,6 +80,15 @@ async def test_outputs_are_owned_by_the_caller():
         np.testing.assert_array_equal(second["y"], np.full((2, 4), 2, np.float32))
 
 
+async def test_device_outputs_on_a_host_backend_are_numpy():
+    net = aiomnn.Interpreter.from_bytes(small_model())
+    async with await net.create_session(aiomnn.ScheduleConfig(type="cpu")) as s:
+        x = np.arange(8, dtype=np.float32).reshape(2, 4) - 4
+        out = await s.run({"x": x}, device_outputs=True)
+        assert type(out["y"]) is np.ndarray
+        np.testing.assert_array_equal(np.from_dlpack(out["y"]), np.maximum(2 * x, 0))
+
+
 async def test_shared_runtime_runs_sessions_concurrently():
     runtime = aiomnn.create_runtime([aiomnn.ScheduleConfig(type="cpu", num_threads=2)])
     net = aiomnn.Interpreter.from_bytes(demo_model())

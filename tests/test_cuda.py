@@ -140,7 +140,9 @@ def make_model(op_type, inputs, outputs, attrs=None, inits=None, opset=17, extra
 
 async def run_on(data, feeds, kind, precision="normal"):
     net = aiomnn.Interpreter.from_bytes(data)
-    cfg = aiomnn.ScheduleConfig(type=kind, num_threads=2, backend_config=aiomnn.BackendConfig(precision=precision))
+    # Foreground tuning: each conv's algorithm is timed at resize, and the run is on the GPU.
+    cfg = aiomnn.ScheduleConfig(type=kind, num_threads=2, background_tuning=False,
+                                backend_config=aiomnn.BackendConfig(precision=precision))
     async with await net.create_session(cfg) as s:
         out = await s.run(feeds)
         again = await s.run(feeds)
@@ -403,7 +405,7 @@ async def test_sessions_run_concurrently_on_one_runtime():
     data, feeds = fused_block()
     want = await oracle(data, feeds)
     net = aiomnn.Interpreter.from_bytes(data)
-    cfg = aiomnn.ScheduleConfig(type="cuda")
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(tuning="none"))
     rt = aiomnn.create_runtime(cfg)
     results = {}
     try:
@@ -433,12 +435,69 @@ async def test_resize_to_new_shapes():
         if i != 1:
             d.dim_param = f"d{i}"
     net = aiomnn.Interpreter.from_bytes(model.SerializeToString())
-    async with await net.create_session(aiomnn.ScheduleConfig(type="cuda")) as s, \
+    cuda = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(tuning="none"))
+    async with await net.create_session(cuda) as s, \
             await net.create_session(aiomnn.ScheduleConfig(type="cpu")) as cpu:
         for shape in [(1, 8, 9, 7), (3, 8, 16, 16), (1, 8, 9, 7)]:
             x = {"x": r(*shape)}
             got, want = await s.run(x), await cpu.run(x)
             assert rel_error(got["y"], want["y"]) <= 1e-4
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["hostfunc", "graph", "thread"])
+@pytest.mark.parametrize("precision", ["normal", "low"])
+async def test_device_outputs_stay_on_the_gpu_and_are_not_overwritten(mode, precision, monkeypatch):
+    import cupy
+
+    monkeypatch.setenv("AIOMNN_CUDA_WAIT", mode)
+    data, feeds = mixed_model()  # "y" is made on the GPU after a CPU segment; "a" on the GPU, for both
+    other = {"x": -feeds["x"]}
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(precision=precision, tuning="none"))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(cfg) as s:
+        want, want2 = await s.run(feeds), await s.run(other)
+        first = await s.run(feeds, device_outputs=True)
+        second = await s.run(other, device_outputs=True)
+        for out, ref in ((first, want), (second, want2)):
+            assert isinstance(out["y"], cupy.ndarray) and out["y"].dtype == np.float32
+            np.testing.assert_array_equal(cupy.asnumpy(out["y"]), ref["y"])
+            assert isinstance(out["a"], np.ndarray)  # the CPU segment reads it too: it came to the host anyway
+            np.testing.assert_array_equal(out["a"], ref["a"])
+        assert cupy.from_dlpack(first["y"]).data.ptr == first["y"].data.ptr  # DLPack: the same memory
+        assert isinstance((await s.run(feeds))["y"], np.ndarray)  # host outputs again, unchanged
+        np.testing.assert_array_equal((await s.run(feeds))["y"], want["y"])
+
+
+@needs_gpu
+@pytest.mark.anyio
+async def test_a_plan_bigger_than_the_gpu_is_a_backend_error_or_a_move_to_the_cpu():
+    """Twelve 8 GB products alive at once: 96 GB, more than any GPU lent here holds."""
+    branches, width = 12, 100_000
+    ws = {f"w{i}": np.full((1, width), i + 1, np.float32) for i in range(branches)}
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"]) for i in range(branches)]
+    nodes.append(helper.make_node("Sum", [f"m{i}" for i in range(branches)], ["y"]))
+    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", width])],
+                              [numpy_helper.from_array(w, k) for k, w in ws.items()])
+    net = aiomnn.Interpreter.from_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                        .SerializeToString())
+    x = np.array([[1.0], [-2.0]], np.float32)
+    want = x * np.full((1, width), branches * (branches + 1) / 2, np.float32)
+    for fallback in (False, True):
+        cfg = aiomnn.ScheduleConfig(type="cuda", fallback_on_error=fallback,
+                                    backend_config=aiomnn.BackendConfig(tuning="none"))
+        async with await net.create_session(cfg) as s:
+            if fallback:
+                await s.resize({"x": (20_000, 1)})  # the plan moves to the CPU, which reserves it lazily
+                assert s.backend_types == [aiomnn.ForwardType.CPU] and s.fallback_error.backend == "cuda"
+                assert "out of memory" in str(s.fallback_error)
+            else:
+                with pytest.raises(aiomnn.BackendError, match="cuda: out of memory allocating") as err:
+                    await s.resize({"x": (20_000, 1)})
+                assert err.value.backend == "cuda"
+            np.testing.assert_array_equal((await s.run({"x": x}))["y"], want)
+            assert s.backend_types == [aiomnn.ForwardType.CPU if fallback else aiomnn.ForwardType.CUDA]
 
 
 # --------------------------------------------------------------------------------------------
@@ -461,9 +520,10 @@ async def test_model_matches_onnxruntime(name, shape, precision, tol):
     x = sample_input(name, shape)  # for det a page of word blocks: on noise its map is ~1e-12
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {spec.input: x})
     net = aiomnn.Interpreter.from_file(path)
-    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(precision=precision))
+    cfg = aiomnn.ScheduleConfig(type="cuda", background_tuning=False, backend_config=aiomnn.BackendConfig(precision=precision))
     async with await net.create_session(cfg) as s:
         got = await s.run({spec.input: x})
+        assert s.backend_types == [aiomnn.ForwardType.CUDA]
         summary = s.pipeline.main.summary
     assert summary["declined"] == {}, summary
     errs = {}

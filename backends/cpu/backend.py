@@ -71,7 +71,7 @@ class CpuBackend(Backend):
         for k in dict.fromkeys(self._planned):
             k.bind()
 
-    def submit(self, segment: "Segment", values: dict[str, Any]) -> Fence:
+    def submit(self, segment: "Segment", values: dict[str, Any], device: bool = False) -> Fence:
         return offload(self.runtime.executor, self.run_segment, segment, values)
 
     def run_segment(self, segment: "Segment", values: dict[str, Any]) -> None:

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aiomnn")
 
-H2D, D2H = 1, 2  # cudaMemcpyKind
+H2D, D2H, D2D = 1, 2, 3  # cudaMemcpyKind
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 
@@ -81,6 +81,10 @@ class Run:
     outputs: list[tuple[str, np.ndarray]] = field(default_factory=list)  # pinned host views to read
     fns: list[Callable[[], None]] = field(default_factory=list)
     graph: Any = None
+    # The variant that leaves graph outputs on the device: no copies to the host for them.
+    device_fns: list[Callable[[], None]] = field(default_factory=list)
+    device_graph: Any = None
+    device_outputs: list[tuple[str, Any]] = field(default_factory=list)  # (name, device array in its host dtype)
     keep: list[Any] = field(default_factory=list)
     slot: list = field(default_factory=lambda: [None])  # the fence a graph-recorded host function signals
 
@@ -528,6 +532,7 @@ class CudaBackend(Backend):
                 fns.append(self._group_launch(s, root))  # else: no epilogue, or it runs in a consumer's kernel
             self._after_step(s, fns)
         # Outputs: made here and read by another backend, or graph outputs.
+        tail: list[Callable[[], None]] = []  # copies of graph outputs to the host: not in the device variant
         for s in steps:
             for o in s.outs:
                 if not o:
@@ -542,19 +547,26 @@ class CudaBackend(Backend):
                 nbytes = int(np.prod(t.shape, dtype=np.int64)) * host_dtype.itemsize
                 if nbytes == 0:
                     run.outputs.append((o, np.empty(t.shape, host_dtype)))
+                    if o in self._kept and not any(self._steps[r].exe is None for r in readers):
+                        run.device_outputs.append((o, cupy.empty(t.shape, host_dtype)))
                     continue
                 pinned = cupy.cuda.alloc_pinned_memory(nbytes)
                 host = np.frombuffer(pinned, host_dtype, int(np.prod(t.shape))).reshape(t.shape)
                 run.keep.append(pinned)
                 run.outputs.append((o, host))
-                if host_dtype == dev.dtype:
-                    fns.append(_copy_fn(pinned.ptr, dev.data.ptr, nbytes, D2H, stream))
+                src = dev
+                if host_dtype != dev.dtype:
+                    src = cupy.empty(t.shape, host_dtype)
+                    run.keep.append(src)
+                    fns.append(self._cast_fn(dev, src))
+                copy = _copy_fn(pinned.ptr, src.data.ptr, nbytes, D2H, stream)
+                if o in self._kept and not any(self._steps[r].exe is None for r in readers):
+                    tail.append(copy)
+                    run.device_outputs.append((o, src))
                 else:
-                    stage = cupy.empty(t.shape, host_dtype)
-                    run.keep.append(stage)
-                    fns.append(self._cast_fn(dev, stage))
-                    fns.append(_copy_fn(pinned.ptr, stage.data.ptr, nbytes, D2H, stream))
-        run.fns = fns
+                    fns.append(copy)
+        run.device_fns = fns
+        run.fns = fns + tail
         return run
 
     def _after_step(self, step: Step, fns: list) -> None:
@@ -566,7 +578,8 @@ class CudaBackend(Backend):
         return self.launcher(kern, n, (src, dst, np.uint32(n)))
 
     def _record(self, run: Run) -> None:
-        """One eager warm-up (compiles, sets cuBLAS up), then stream capture into a graph."""
+        """One eager warm-up (compiles, sets cuBLAS up), then stream capture into graphs: one that
+        copies the graph outputs to the host, and one that leaves them on the device."""
         held: list = []
 
         def hold(nbytes: int):
@@ -579,29 +592,34 @@ class CudaBackend(Backend):
             for fn in run.fns:
                 fn()
         stream.synchronize()
+        run.keep.append(held)
         if os.environ.get("AIOMNN_CUDA_GRAPHS", "1") == "0":
-            run.keep.append(held)
             return
         try:
-            with stream, cupy.cuda.using_allocator(hold):
-                stream.begin_capture()
-                try:
-                    for fn in run.fns:
-                        fn()
-                    if self.wait_mode == "graph":
-                        stream.launch_host_func(_signal_slot, run.slot)
-                finally:
-                    graph = stream.end_capture()
-            graph.upload(stream)
-            stream.synchronize()
-            run.graph = graph
+            with cupy.cuda.using_allocator(hold):
+                run.graph = self._capture(run.fns, run.slot if self.wait_mode == "graph" else None)
+                run.device_graph = self._capture(run.device_fns, None)
         except Exception as exc:  # capture is an optimisation; eager launches still work
             log.warning("cuda: graph capture failed (%s: %s); launching kernels one by one", type(exc).__name__, exc)
-            run.graph = None
-        run.keep.append(held)
+            run.graph = run.device_graph = None
+
+    def _capture(self, fns: list[Callable[[], None]], slot: list | None) -> Any:
+        stream = self.stream
+        with stream:
+            stream.begin_capture()
+            try:
+                for fn in fns:
+                    fn()
+                if slot is not None:
+                    stream.launch_host_func(_signal_slot, slot)
+            finally:
+                graph = stream.end_capture()
+        graph.upload(stream)
+        stream.synchronize()
+        return graph
 
     # Running ------------------------------------------------------------------
-    def submit(self, segment: "Segment", values: dict[str, Any]) -> Fence:
+    def submit(self, segment: "Segment", values: dict[str, Any], device: bool = False) -> Fence:
         run = self._runs.get(id(segment.steps[0].execution))
         if run is None:
             raise BackendError("cuda: this segment was not recorded at resize")
@@ -609,29 +627,44 @@ class CudaBackend(Backend):
         for name, host in run.inputs:
             np.copyto(host, values[name], casting="unsafe")
         with self.rt.device:
-            self.launch(run, fence)
+            kept = self.launch(run, fence, device)
         for name, host in run.outputs:
             values[name] = host
+        values.update(kept)
         return fence
 
-    def launch(self, run: Run, fence: Fence) -> None:
+    def launch(self, run: Run, fence: Fence, device: bool = False) -> dict[str, Any]:
+        """Start the run; with device, the graph outputs are fresh device arrays (returned), copied
+        on the device from the plan's buffers, so the next run cannot overwrite them."""
         stream = self.stream
-        if run.graph is None:
+        graph = run.device_graph if device else run.graph
+        mode = self.wait_mode
+        if graph is None:
             with stream:
-                for fn in run.fns:
+                for fn in run.device_fns if device else run.fns:
                     fn()
-            mode = "thread" if self.wait_mode == "thread" else "hostfunc"
+            mode = "thread" if mode == "thread" else "hostfunc"
         else:
-            if self.wait_mode == "graph":
-                run.slot[0] = fence
-            run.graph.launch(stream)
-            mode = self.wait_mode
+            if mode == "graph":
+                if device:  # the device variant's signal must follow the copies below
+                    mode = "hostfunc"
+                else:
+                    run.slot[0] = fence
+            graph.launch(stream)
+        kept = {}
+        if device:
+            for name, src in run.device_outputs:
+                out = cupy.ndarray(src.shape, src.dtype, memptr=self.rt.malloc(src.nbytes))
+                if src.nbytes:
+                    cupy.cuda.runtime.memcpyAsync(out.data.ptr, src.data.ptr, src.nbytes, D2D, stream.ptr)
+                kept[name] = out
         if mode == "hostfunc":
             stream.launch_host_func(_signal, fence)
         elif mode == "thread":
             event = cupy.cuda.Event(block=True, disable_timing=True)
             event.record(stream)
             self._wait_thread().put((event, fence))
+        return kept
 
     def _wait_thread(self) -> queue.SimpleQueue:
         if self._waiter is None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from aiomnn.config import BackendConfig, ForwardType, ScheduleConfig
 from aiomnn.runtime import Device, Runtime
+from aiomnn.tuning import Tuner
 
 from . import kernels
 
@@ -38,6 +39,7 @@ class CudaRuntime(Runtime):
         self._kernels: dict[tuple[str, bool, str], Any] = {}
         self._weights: dict[tuple[int, str], Any] = {}
         self._klock = threading.RLock()
+        self.tuner = Tuner(f"{device.name} sm{self.arch} cupy {cupy.__version__}", "cuda")
 
     # Backends --------------------------------------------------------------
     def new_backend(self, config: BackendConfig):
@@ -109,14 +111,41 @@ class CudaRuntime(Runtime):
                 self._kernels[k] = fn
             return fn
 
+    # Tuning ----------------------------------------------------------------
+    def tuned(self, key: str, algos: list[str]) -> str:
+        """The tuned algorithm for key, or the heuristic's pick (the first)."""
+        entry = self.tuner.cache.get(key)
+        choice = None if entry is None else entry.get("choice")
+        return choice if choice in algos else algos[0]
+
+    def tuning_tasks(self, backend, node, inputs, outputs) -> list:
+        """The op's conv-algorithm choice, where it has one, as a TuneTask."""
+        from .tune import tasks_for
+
+        return tasks_for(self, backend, node, inputs, outputs)
+
     def measure(self, node, inputs, outputs) -> bool:
-        return False
+        """Whether this op has an untuned choice (at either precision: the plan's comes later)."""
+        return any(self.tuner.pending(self.tuning_tasks(_Precision(half), node, inputs, outputs))
+                   for half in (False, True))
+
+    def set_cache_file(self, path) -> None:
+        super().set_cache_file(path)
+        self.tuner.set_cache_file(self.cache_file)
 
     def gc(self, level: int = 0) -> None:
         with self.device:
             self.pool.free_all_blocks()
 
     def close(self) -> None:
+        self.tuner.close()
         with self._klock:
             self._weights.clear()
         self.gc()
+
+
+class _Precision:
+    """Stands in for a backend where only its precision matters."""
+
+    def __init__(self, half: bool):
+        self.half = half

@@ -273,7 +273,7 @@ class OpenclBackend(Backend):
         self._plans[id(segment)] = plan
         return plan
 
-    def submit(self, segment: "Segment", values: dict[str, Any]) -> Fence:
+    def submit(self, segment: "Segment", values: dict[str, Any], device: bool = False) -> Fence:
         """Enqueue the segment on the runtime's submit thread; the fence completes when the device is done.
 
         Enqueueing is cheap on a GPU driver, but PoCL compiles a kernel the first time it is

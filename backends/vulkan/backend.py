@@ -465,7 +465,7 @@ class VulkanBackend(Backend):
         return [(node.name, d.kernel.name, t) for (node, d), t in zip(dispatches, best)]
 
     # Running ------------------------------------------------------------------------
-    def submit(self, segment: "Segment", values: dict[str, Any]) -> Fence:
+    def submit(self, segment: "Segment", values: dict[str, Any], device: bool = False) -> Fence:
         fence = Fence()
         try:
             rec = self._records.get(segment)

@@ -22,7 +22,7 @@ from aiomnn.errors import BackendError
 from aiomnn.graph import Node
 
 from .backend import Dispatch
-from .launch import Grid, Launch, Matmul, Rows, Work
+from .launch import Convolution, Grid, Launch, Matmul, Rows, Work
 from .memory import Loc
 
 log = logging.getLogger("aiomnn.vulkan")
@@ -488,12 +488,14 @@ class Conv(VkOp):
                         int(b is not None), 1, 0, _f(1.0), _f(1.0), _f(a1), _f(a2))
             self.dispatch("matmul", [out, wt, x, bl], push, Matmul(co, hw, n), consts=(code,))
             return
+        # The direct kernel (conv.comp) or the implicit GEMM (conv_gemm.comp, one GEMM per group), as
+        # Convolution's choice says: both take these push constants.
         cog = co // g
         blocks = -(-cog // 4)
-        total = n * g * blocks * oh * ow
         push = pack(n, c, h, w, co, oh, ow, kernel[0], kernel[1], strides[0], strides[1], dils[0], dils[1],
                     pads[0], pads[1], g, int(b is not None), _f(a1), _f(a2), blocks)
-        self.dispatch("conv", [out, x, wt, bl], push, Grid(total), consts=(code,))
+        work = Convolution(cog, n * oh * ow, c // g * kernel[0] * kernel[1], g, n * g * blocks * oh * ow)
+        self.dispatch("conv", [out, x, wt, bl], push, work, consts=(code,))
 
 
 @register("ConvTranspose")

@@ -15,6 +15,7 @@ applies the activation.
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -26,11 +27,25 @@ from .base import CudaOp, Decline, check_tensors, float_inputs, op
 from .elementwise import activation
 from .matmul import gemm_fn
 
-#: Force a conv algorithm (for tests and tuning): "gemm", "im2col" or "direct".
+#: Force a conv algorithm (for tests): "gemm", "im2col" or "direct".
 FORCE_ALGO: str | None = None
 #: Group-1 convs with at most this many multiply-adds run "direct": one fused kernel
 #: instead of im2col, GEMM and epilogue, which for small convs costs less than the launches.
 DIRECT_MACS = int(os.environ.get("AIOMNN_CUDA_DIRECT_MACS", 1 << 20))
+
+
+def conv_choices(node, x_shape, w_shape, out_shape, half: bool) -> tuple[str, list[str]]:
+    """A conv's tuning key and its algorithms, the heuristic's pick first."""
+    kernel, strides, dils, pads = shapes.window_params(node, x_shape, node.attrs.get("kernel_shape", w_shape[2:]))
+    g = int(node.attrs.get("group", 1))
+    key = (f"conv x{tuple(x_shape)} w{tuple(w_shape)} k{list(kernel)} s{list(strides)} d{list(dils)} "
+           f"p{list(pads)} g{g} {'fp16' if half else 'fp32'}")
+    if g > 1:
+        return key, ["direct"]
+    pointwise = list(kernel) == [1, 1] and list(strides) == [1, 1] and not any(pads)
+    macs = x_shape[0] * w_shape[0] * math.prod(out_shape[2:]) * x_shape[1] * math.prod(kernel)
+    algos = ["gemm" if pointwise else "im2col", "direct"]
+    return key, algos[::-1] if macs <= DIRECT_MACS else algos
 
 
 class _ConvBase(CudaOp):
@@ -70,14 +85,16 @@ class Conv(_ConvBase):
         g = self.group_count
         if ci % g or co % g or w.shape[1] != ci // g:
             raise Decline("group does not divide the channels")
-        pointwise = kernel == [1, 1] and strides == [1, 1] and not any(pads)
-        macs = n * co * self.out_shape[2] * self.out_shape[3] * (ci // g) * kernel[0] * kernel[1]
-        if g > 1 or FORCE_ALGO == "direct" or (FORCE_ALGO is None and macs <= DIRECT_MACS):
+        key, algos = conv_choices(node, x.shape, w.shape, self.out_shape, be.half)
+        forced = self.attrs.get("_algo") or FORCE_ALGO  # "_algo": a tuning candidate
+        if g > 1:
             self.algo = "direct"
-        elif FORCE_ALGO == "im2col":
-            self.algo = "im2col"
+        elif forced in ("direct", "im2col"):
+            self.algo = forced
+        elif forced == "gemm":  # the GEMM family: a plain GEMM where the conv is one
+            self.algo = "gemm" if "gemm" in algos else "im2col"
         else:
-            self.algo = "gemm" if pointwise else "im2col"
+            self.algo = be.rt.tuned(key, algos)
         self.group = self.epilogue(Inline(self) if self.algo == "direct" else Raw(self), co)
 
     def scratch_bytes(self):
