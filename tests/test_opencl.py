@@ -384,10 +384,8 @@ async def test_cpu_fallback_between_gpu_segments(runtime):
 
 
 @pytest.mark.anyio
-async def test_fp16_storage(runtime, monkeypatch):
-    """precision='low' stores floats as half (vload_half/vstore_half): forced on here to test the path."""
-    opencl = runtime.runtimes[ForwardType.OPENCL]
-    monkeypatch.setattr(opencl, "half_ok", True)
+async def test_fp16_storage(runtime):
+    """precision='low' stores floats as half (vload_half/vstore_half, core OpenCL: PoCL has no cl_khr_fp16)."""
     config = aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
     for case in [CONV[0], CONV[6], DECONV[0], MATMUL[1], REDUCE[0], LAYOUT[0], RESIZE[3], BINARY[3], POOL[0]]:
         feeds, got, _, on_gpu = await run_case(case, runtime, config)
@@ -491,21 +489,27 @@ REAL = [("ch_PP-OCRv4_det_infer.onnx", "x", (1, 3, 320, 320)), ("ch_PP-OCRv4_rec
 
 @pytest.mark.models
 @pytest.mark.anyio
+@pytest.mark.parametrize("precision,tol", [("normal", 1e-4), ("low", 1e-2)], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("name,input,shape", REAL, ids=[r[0].split(".onnx")[0] for r in REAL])
-async def test_real_model_matches_onnxruntime(name, input, shape, runtime):
+async def test_real_model_matches_onnxruntime(name, input, shape, runtime, precision, tol, request):
+    if name.startswith("ch_PP-OCRv4_det") and precision == "low":  # CUDA shows the same, 1.5e-2 to 2.3e-2
+        request.applymarker(pytest.mark.xfail(strict=True, reason="det in fp16 is 1.7e-2 off, over 1e-2: open"))
     path = MODELS / name
     if not path.exists():
         pytest.skip(f"{path} is missing (set AIOMNN_MODELS)")
     x = page(*shape[2:]) if name.startswith("ch_") else np.random.default_rng(0).random(shape, dtype=np.float32)
     net = aiomnn.Interpreter.from_file(path)
-    async with await net.create_session(CONFIG, runtime) as session:
+    config = aiomnn.ScheduleConfig(type="opencl", num_threads=2,
+                                   backend_config=aiomnn.BackendConfig(tuning="none", precision=precision))
+    async with await net.create_session(config, runtime) as session:
         got = await session.run({input: x})
         on_cpu = [s.node.op_type for seg in session.pipeline.segments if seg.backend.type is not ForwardType.OPENCL
                   for s in seg.steps]
+        assert session.pipeline.main.ctx.half == (precision == "low")
     assert not on_cpu, f"ops left on the CPU: {on_cpu}"
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {input: x})
     for out, w in zip(net.output_names, want):
         g = got[out]
         assert g.shape == w.shape and g.dtype == w.dtype
         err = float(np.linalg.norm(g.astype(np.float64) - w) / np.linalg.norm(w.astype(np.float64)))
-        assert err <= 1e-4, f"{name} {out}: relative error {err:.2e}"
+        assert err <= tol, f"{name} {out} {precision}: relative error {err:.2e}"
