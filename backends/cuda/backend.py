@@ -20,6 +20,7 @@ Fence when the stream reaches its end (see WAIT_MODES).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import queue
@@ -604,16 +605,24 @@ class CudaBackend(Backend):
             run.graph = run.device_graph = None
 
     def _capture(self, fns: list[Callable[[], None]], slot: list | None) -> Any:
+        """Capture fns into a graph. The garbage collector waits meanwhile: a CUDA object it frees
+        (a stream, device memory) synchronizes, and that invalidates a capture in progress."""
         stream = self.stream
-        with stream:
-            stream.begin_capture()
-            try:
-                for fn in fns:
-                    fn()
-                if slot is not None:
-                    stream.launch_host_func(_signal_slot, slot)
-            finally:
-                graph = stream.end_capture()
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with stream:
+                stream.begin_capture()
+                try:
+                    for fn in fns:
+                        fn()
+                    if slot is not None:
+                        stream.launch_host_func(_signal_slot, slot)
+                finally:
+                    graph = stream.end_capture()
+        finally:
+            if collecting:
+                gc.enable()
         graph.upload(stream)
         stream.synchronize()
         return graph

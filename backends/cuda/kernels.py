@@ -53,7 +53,8 @@ extern "C" __global__ void im2col(const T* __restrict__ x, T* __restrict__ col, 
 }
 
 __device__ __forceinline__ float r_init(int op) {
-  return op == 1 ? -3.402823466e38f : (op == 2 ? 3.402823466e38f : 0.f);
+  // max and min start from -inf and +inf: a row of -inf has max -inf, as on the CPU.
+  return op == 1 ? __int_as_float(0xff800000) : (op == 2 ? __int_as_float(0x7f800000) : 0.f);
 }
 __device__ __forceinline__ float r_map(int op, float v) {
   return (op == 3 || op == 4) ? v * v : (op == 5 ? fabsf(v) : v);

@@ -41,7 +41,7 @@ class Pool(CudaOp):
         sh, sw = self.strides
         dh, dw = self.dils
         (x,) = ptrs
-        init = "-3.402823466e38f" if self.mode == 0 else "0.f"
+        init = "__int_as_float(0xff800000)" if self.mode == 0 else "0.f"  # -inf: a window of -inf pools to -inf
         comb = "acc = fmaxf(acc, xv);" if self.mode == 0 else "acc += xv;"
         fin = {0: "acc", 1: "acc / (float)(npad > 0 ? npad : 1)", 2: "acc / (float)(nin > 0 ? nin : 1)"}[self.mode]
         return f"""    float {v};
