@@ -58,7 +58,10 @@ class OpenclBackend(Backend):
 
     def __init__(self, runtime: "OpenclRuntime", config):
         super().__init__(runtime, config)
-        self.ctx = OpContext(config.precision == "low", precise=config.precision != "low")
+        half = config.precision == "low" and runtime.half_ok
+        if config.precision == "low" and not half:
+            log.info("precision='low': %s has no cl_khr_fp16; computing in fp32", runtime.device.name)
+        self.ctx = OpContext(half, precise=config.precision != "low")
         self.arena = Arena(runtime.align)
         self.blocks = []
         self._static: dict[tuple, Block] = {}  # the weights this backend holds (shared through the runtime)
