@@ -53,16 +53,19 @@ def demo_model(channels: int = 16, classes: int = 10) -> bytes:
 class Progress:
     """A one-line progress bar on stderr."""
 
-    def __init__(self, total: int, width: int = 30):
-        self.total, self.width, self.done = total, width, 0
+    def __init__(self, total: int, label: str = "", width: int = 30):
+        self.total, self.label, self.width, self.done = total, label, width, 0
         self.tty = sys.stderr.isatty()
 
     def step(self) -> None:
-        self.done += 1
+        self.update(self.done + 1, self.total)
+
+    def update(self, done: int, total: int) -> None:
+        self.done, self.total = done, max(total, 1)
         if self.tty or self.done == self.total or self.done % max(1, self.total // 10) == 0:
             filled = self.width * self.done // self.total
             end = "\n" if self.done == self.total else ("\r" if self.tty else "\n")
-            sys.stderr.write(f"  [{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total}{end}")
+            sys.stderr.write(f"  {self.label}[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total}{end}")
             sys.stderr.flush()
 
 
@@ -158,20 +161,35 @@ async def _run(args: argparse.Namespace) -> int:
 
     net = aiomnn.Interpreter.from_file(args.model)
     feeds = random_feeds(net.inputs, _parse_shapes(args.shape), np.random.default_rng(0))
-    config = aiomnn.ScheduleConfig(type=args.backend, num_threads=args.threads)
-    async with await net.create_session(config) as session:
-        t = time.perf_counter()
-        outputs = await session.run(feeds)
-        first = (time.perf_counter() - t) * 1e3
-        print(f"backend: {', '.join(str(t) for t in session.backend_types)}")
-        for name, value in outputs.items():
-            print(f"output {name}: shape {getattr(value, 'shape', None)} dtype {getattr(value, 'dtype', None)}")
-        print(f"first run (with planning): {first:.2f} ms")
-        report = session.memory_report()
-        print(f"planned activations: peak {report['peak_bytes']} bytes, sum {report['sum_bytes']} bytes")
-        if args.requests:
-            stats = await serve(lambda i: feeds, session.run, args.requests, args.concurrency)
-            _print_stats(stats)
+    config = aiomnn.ScheduleConfig(type=args.backend, num_threads=args.threads,
+                                   backend_config=aiomnn.BackendConfig(tuning=args.tuning))
+    runtime = aiomnn.create_runtime(config)
+    bar = Progress(0, "tuning ")
+    runtime.add_tuning_callback(lambda p: bar.update(p.done, p.total))  # from the tuning thread
+    if args.cache:
+        runtime.set_cache_file(args.cache)
+    try:
+        async with await net.create_session(config, runtime) as session:
+            t = time.perf_counter()
+            outputs = await session.run(feeds)
+            first = (time.perf_counter() - t) * 1e3
+            print(f"backend: {', '.join(str(t) for t in session.backend_types)}")
+            for name, value in outputs.items():
+                print(f"output {name}: shape {getattr(value, 'shape', None)} dtype {getattr(value, 'dtype', None)}")
+            print(f"first run (with planning): {first:.2f} ms")
+            report = session.memory_report()
+            print(f"planned activations: peak {report['peak_bytes']} bytes, sum {report['sum_bytes']} bytes")
+            if session.has_async_work():
+                print("GPU tuning runs in the background; runs are served on the CPU meanwhile")
+                await session.wait_async_resize()
+                await session.run(feeds)
+                print(f"tuning done{' and saved to ' + args.cache if args.cache else ''}; "
+                      f"backend: {', '.join(str(t) for t in session.backend_types)}")
+            if args.requests:
+                stats = await serve(lambda i: feeds, session.run, args.requests, args.concurrency)
+                _print_stats(stats)
+    finally:
+        runtime.close()
     return 0
 
 
@@ -238,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=0)
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--tuning", default="normal", choices=["none", "fast", "normal", "heavy"],
+                   help="GPU tuning level; tuning runs once, in the background, with a progress bar")
+    p.add_argument("--cache", metavar="FILE", help="tuning cache: read at start, written when tuning ends")
     p.set_defaults(fn=lambda a: asyncio.run(_run(a)))
 
     p = sub.add_parser("info", help="list backends and devices")

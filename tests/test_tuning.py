@@ -356,3 +356,20 @@ async def test_tuning_none_never_tunes(kind):
         await session.close()
     finally:
         info.close()
+
+
+def test_cli_run_shows_tuning_progress_and_writes_the_cache(kind, tmp_path, capsys):
+    from aiomnn.cli import main
+
+    model, cache = tmp_path / "model.onnx", tmp_path / "tuning.json"
+    model.write_bytes(_model())
+    assert main(["run", str(model), "--backend", kind.value, "--tuning", "fast", "--cache", str(cache)]) == 0
+    out, err = capsys.readouterr()
+    assert "backend: cpu" in out and "runs are served on the CPU meanwhile" in out
+    assert f"tuning done and saved to {cache}; backend: {kind.value}" in out
+    assert "tuning [" in err and "2/2" in err
+    assert len(next(iter(json.loads(cache.read_text())["devices"].values()))) == 2
+    # Warm now: straight to the GPU, nothing to tune.
+    assert main(["run", str(model), "--backend", kind.value, "--tuning", "fast", "--cache", str(cache)]) == 0
+    out, err = capsys.readouterr()
+    assert f"backend: {kind.value}" in out and "tuning" not in out + err
