@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -170,3 +171,23 @@ async def test_clone_shares_weights_and_runs_on_its_own(net):
     np.testing.assert_array_equal((await twin.run(a))["y"], want_a)
     await twin.close()
     assert twin.runtime_info.closed
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="thread priorities are a Linux feature here")
+@pytest.mark.parametrize("power,nice", [("normal", 10), ("high", 0)])
+async def test_workers_yield_the_cpu_to_the_event_loop(net, power, nice):
+    """CPU workers run at nice 10, so the loop's thread gets a core at once when it wakes;
+    BackendConfig(power="high") keeps them at the loop's priority."""
+    config = aiomnn.ScheduleConfig(type="cpu", num_threads=2, backend_config=aiomnn.BackendConfig(power=power))
+    async with await net.create_session(config) as s:
+        await s.run(feed(1))  # plans
+        seen = {}
+        real = s.pipeline.segments[0].steps[0].execution.on_execute
+
+        def probe(inputs, outputs):
+            seen["nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            return real(inputs, outputs)
+
+        s.pipeline.segments[0].steps[0].execution.on_execute = probe
+        await s.run(feed(1))
+    assert seen["nice"] - os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == nice

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import os
 import queue
 import threading
 from typing import Any, Callable, Iterator
@@ -128,6 +129,20 @@ def shared_scratch(name: str, shape: tuple[int, ...], dtype: Any) -> tuple[np.nd
     return found
 
 
+#: How much lower than the event loop's thread the CPU workers run (Linux nice levels).
+WORKER_NICE = 10
+
+
+def lower_priority(nice: int) -> None:
+    """Lower the calling thread's priority by `nice` (Linux; elsewhere nothing)."""
+    if nice and hasattr(os, "setpriority"):
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+        except OSError:
+            pass
+
+
 class Pool:
     """Helper threads that share a kernel's work with the thread running the kernel.
 
@@ -138,8 +153,9 @@ class Pool:
     once, counting every thread inside running(): two segments running at once get no helpers.
     """
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, nice: int = 0):
         self.threads = threads
+        self.nice = nice
         self._lock = threading.Lock()
         self._busy = 0
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -174,6 +190,7 @@ class Pool:
             raise job.error
 
     def _help(self) -> None:
+        lower_priority(self.nice)
         while (job := self._queue.get()) is not None:
             with self._lock:
                 if self._busy >= self.threads or job.next >= job.count:
