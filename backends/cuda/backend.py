@@ -508,24 +508,12 @@ class CudaBackend(Backend):
         fns: list[Callable[[], None]] = []
         stream = self.stream
         for x in needs:
-            t = self._tensors[x]
-            host_dtype = np.dtype(t.dtype)
-            dev = self._views[x]
-            nbytes = int(np.prod(t.shape, dtype=np.int64)) * host_dtype.itemsize
-            if nbytes == 0:
-                run.inputs.append((x, np.empty(t.shape, host_dtype)))
-                continue
-            pinned = cupy.cuda.alloc_pinned_memory(nbytes)
-            host = np.frombuffer(pinned, host_dtype, int(np.prod(t.shape))).reshape(t.shape)
-            run.keep.append(pinned)
+            host, dev, stage = self._pinned(run, x)
             run.inputs.append((x, host))
-            if host_dtype == dev.dtype:
-                fns.append(_copy_fn(dev.data.ptr, pinned.ptr, nbytes, H2D, stream))
-            else:
-                stage = cupy.empty(t.shape, host_dtype)
-                run.keep.append(stage)
-                fns.append(_copy_fn(stage.data.ptr, pinned.ptr, nbytes, H2D, stream))
-                fns.append(self._cast_fn(stage, dev))
+            if host.size:
+                fns.append(_copy_fn(stage.data.ptr, host.ctypes.data, host.nbytes, H2D, stream))
+                if stage is not dev:
+                    fns.append(self._cast_fn(stage, dev))
         for s in steps:
             fns.extend(s.exe.launches)
             root = self._roots.get(s.index)
@@ -542,33 +530,38 @@ class CudaBackend(Backend):
                 external = o in self._kept or any(self._steps[r].exe is None for r in readers)
                 if not external:
                     continue
-                t = self._tensors[o]
-                host_dtype = np.dtype(t.dtype)
-                dev = self._views[o]
-                nbytes = int(np.prod(t.shape, dtype=np.int64)) * host_dtype.itemsize
-                if nbytes == 0:
-                    run.outputs.append((o, np.empty(t.shape, host_dtype)))
-                    if o in self._kept and not any(self._steps[r].exe is None for r in readers):
-                        run.device_outputs.append((o, cupy.empty(t.shape, host_dtype)))
-                    continue
-                pinned = cupy.cuda.alloc_pinned_memory(nbytes)
-                host = np.frombuffer(pinned, host_dtype, int(np.prod(t.shape))).reshape(t.shape)
-                run.keep.append(pinned)
+                host, dev, stage = self._pinned(run, o)
                 run.outputs.append((o, host))
-                src = dev
-                if host_dtype != dev.dtype:
-                    src = cupy.empty(t.shape, host_dtype)
-                    run.keep.append(src)
-                    fns.append(self._cast_fn(dev, src))
-                copy = _copy_fn(pinned.ptr, src.data.ptr, nbytes, D2H, stream)
-                if o in self._kept and not any(self._steps[r].exe is None for r in readers):
-                    tail.append(copy)
-                    run.device_outputs.append((o, src))
-                else:
-                    fns.append(copy)
+                on_device = o in self._kept and not any(self._steps[r].exe is None for r in readers)
+                if on_device:
+                    run.device_outputs.append((o, stage))
+                if not host.size:
+                    continue
+                if stage is not dev:
+                    fns.append(self._cast_fn(dev, stage))
+                copy = _copy_fn(host.ctypes.data, stage.data.ptr, host.nbytes, D2H, stream)
+                (tail if on_device else fns).append(copy)
         run.device_fns = fns
         run.fns = fns + tail
         return run
+
+    def _pinned(self, run: Run, name: str) -> tuple[np.ndarray, Any, Any]:
+        """A value's pinned host buffer (the run keeps it), its device view, and the device array the
+        host copies go through: the view itself, or a staging array where the device stores another
+        dtype (fp16)."""
+        t = self._tensors[name]
+        host_dtype, dev = np.dtype(t.dtype), self._views.get(name)
+        n = int(np.prod(t.shape, dtype=np.int64))
+        if n == 0:
+            return np.empty(t.shape, host_dtype), dev, cupy.empty(t.shape, host_dtype)
+        pinned = cupy.cuda.alloc_pinned_memory(n * host_dtype.itemsize)
+        run.keep.append(pinned)
+        host = np.frombuffer(pinned, host_dtype, n).reshape(t.shape)
+        if dev.dtype == host_dtype:
+            return host, dev, dev
+        stage = cupy.empty(t.shape, host_dtype)
+        run.keep.append(stage)
+        return host, dev, stage
 
     def _after_step(self, step: Step, fns: list) -> None:
         """A hook for debugging tools: called as each step's launches are recorded."""
