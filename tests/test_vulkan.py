@@ -160,6 +160,20 @@ CASES = [
                           n("Clip", ["d", "lo", "hi"], ["y"])], {"x": (1, 3, 8, 8)}, ("Conv",),
          {"w": r(4, 3, 3, 3, seed=1), "b": r(4, seed=2), "s": r(4, seed=3) + 1, "bb": r(4, seed=4),
           "m": r(4, seed=5), "v": np.abs(r(4, seed=6)) + 0.5, "lo": np.float32(0), "hi": np.float32(6)}),
+    # The implicit GEMM (conv_gemm): channels and pixels that are no tile's multiples; a split sum (split_k).
+    Case("conv_gemm_relu", [n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["y"])],
+         {"x": (2, 8, 11, 13)}, ("Conv",), {"w": r(19, 8, 3, 3, seed=1), "b": r(19, seed=2)}),
+    Case("conv_gemm_stride2_leakyrelu", [n("Conv", ["x", "w"], ["c"], strides=[2, 2], pads=[0, 1, 2, 1]),
+                                         n("LeakyRelu", ["c"], ["y"], alpha=0.1)],
+         {"x": (1, 6, 12, 11)}, ("Conv",), {"w": r(33, 6, 3, 3, seed=1)}),
+    Case("conv_gemm_dilated_asym", [n("Conv", ["x", "w", "b"], ["y"], dilations=[2, 2], pads=[2, 1, 2, 3])],
+         {"x": (1, 5, 13, 12)}, ("Conv",), {"w": r(20, 5, 3, 3, seed=1), "b": r(20, seed=2)}),
+    Case("conv_gemm_1d_relu", [n("Conv", ["x", "w", "b"], ["c"], pads=[2, 1], strides=[2]), n("Relu", ["c"], ["y"])],
+         {"x": (2, 7, 23)}, ("Conv",), {"w": r(17, 7, 5, seed=1), "b": r(17, seed=2)}),
+    Case("conv_gemm_groups", [n("Conv", ["x", "w", "b"], ["y"], group=2, pads=[1, 0, 1, 2])], {"x": (2, 8, 10, 9)},
+         ("Conv",), {"w": r(18, 4, 3, 3, seed=1), "b": r(18, seed=2)}),
+    Case("conv_gemm_split_k", [n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["y"])],
+         {"x": (1, 64, 5, 4)}, ("Conv",), {"w": r(40, 64, 3, 3, seed=1, scale=0.1), "b": r(40, seed=2)}),
     Case("convtranspose_s2k2", [n("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2])], {"x": (1, 4, 5, 6)},
          ("ConvTranspose",), {"w": r(4, 3, 2, 2, seed=1), "b": r(3, seed=2)}),
     Case("convtranspose_pads_outpad", [n("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1],
@@ -282,6 +296,49 @@ async def test_op(case, runtime):
             np.testing.assert_allclose(got[k], w, rtol=case.rtol, atol=case.atol, err_msg=f"vs onnxruntime: {k}")
 
 
+# The implicit-GEMM convolution ----------------------------------------------------------------
+CONV_GEMM = [c for c in CASES if c.id.startswith("conv_gemm")]
+
+
+def conv_launches(session) -> list:
+    """(launch, dispatch) of each Conv in the session."""
+    return [pair for seg in session.pipeline.segments for st in seg.steps if st.node.op_type == "Conv"
+            for pair in zip(st.execution.launches, st.execution.dispatches)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", CONV_GEMM, ids=[c.id for c in CONV_GEMM])
+async def test_conv_gemm_taken(case, runtime):
+    """These cases run conv_gemm (not the direct kernel), and conv_gemm_split_k splits its sum (the grid's z)."""
+    net = aiomnn.Interpreter.from_bytes(case.model())
+    async with await net.create_session(CONFIG, runtime) as s:
+        await s.run(case.feeds())
+        [(launch, dispatch)] = conv_launches(s)
+    assert dispatch.kernel.name == "conv_gemm", launch.work
+    assert (dispatch.groups[2] > launch.work.groups) == (case.id == "conv_gemm_split_k"), (launch.work, dispatch.groups)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("cid", ["conv_gemm_groups", "conv_gemm_split_k"])
+async def test_conv_gemm_every_choice(cid, runtime, monkeypatch):
+    """Every tile shape and split that tuning may choose gives the CPU's result."""
+    from aiomnn.backends.vulkan.launch import Convolution
+
+    case = next(c for c in CASES if c.id == cid)
+    data, feeds = case.model(), case.feeds()
+    want, _, _ = await run(data, feeds, CPU)
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
+        await s.run(feeds)
+        [(launch, _)] = conv_launches(s)
+    choices = launch.choices(100)
+    assert len(choices) >= (40 if cid.endswith("split_k") else 8), choices
+    rt = runtime.runtimes[ForwardType.VULKAN]
+    for choice in choices:
+        monkeypatch.setattr(rt, "tuned_choice", lambda la: choice if isinstance(la.work, Convolution) else None)
+        got, _, _ = await run(data, feeds, CONFIG, runtime)
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5, err_msg=str(choice))
+
+
 # Segments and fallback --------------------------------------------------------------------------
 def mixed_model() -> tuple[bytes, dict]:
     """Vulkan, then a CPU-only op (Pad), then Vulkan again reading a value the first segment left on the device."""
@@ -352,7 +409,7 @@ async def test_outputs_are_owned(runtime):
 
 # fp16 storage, the staged path and fences ----------------------------------------------------------
 SMALL_NET = [c for c in CASES if c.id in ("conv_bn_clip", "softmax_last", "matmul_batched_bcast", "resize_linear_sizes",
-                                          "layernorm", "concat3", "maxpool3s2")]
+                                          "layernorm", "concat3", "maxpool3s2", "conv_gemm_relu", "conv_gemm_split_k")]
 
 
 @pytest.mark.anyio
@@ -530,10 +587,11 @@ def test_pipeline_cache_bytes(runtime):
 
 
 @pytest.mark.anyio
-async def test_background_tuning_then_gpu(tmp_path, monkeypatch):
+@pytest.mark.parametrize("cid", ["conv1x1_relu", "conv_gemm_split_k"])
+async def test_background_tuning_then_gpu(cid, tmp_path, monkeypatch):
     """Tuning runs in the background while the session serves on the CPU; a warm cache goes straight to Vulkan."""
     monkeypatch.setenv("AIOMNN_VULKAN_TUNE_CPU", "1")
-    case = next(c for c in CASES if c.id == "conv1x1_relu")
+    case = next(c for c in CASES if c.id == cid)
     data, feeds = case.model(), case.feeds()
     want, _, _ = await run(data, feeds, CPU)
     config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="fast"))

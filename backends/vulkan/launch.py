@@ -4,7 +4,7 @@ Work says what a kernel iterates over:
   Grid(n)        a grid-stride loop over n items (elementwise, conv, pool, copy, resize);
   Rows(n, l)     one workgroup per row, l invocations reducing it (reduce, softmax, layernorm);
   Matmul(m,n,b)  a batch of m x n outputs: the tiled shared-memory kernel, or the direct one.
-  Convolution    a convolution: the implicit-GEMM kernel with a tile shape, or the direct one.
+  Convolution    an implicit-GEMM convolution (conv_gemm): a tile shape and how many ways to split the sum.
 
 A Launch is one dispatch as the tuner sees it: a key (kernel, shader build,
 specialization, work and push constants, so equal keys time alike), the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from .device import KERNEL_BINDINGS, SHADER_DIR
+from .device import SHADER_DIR
 
 if TYPE_CHECKING:
     from .device import Context
@@ -53,12 +53,11 @@ class Matmul(Work):
 class Convolution(Work):
     m: int       # output channels per group: the GEMM's rows
     n: int       # output pixels of all images: its columns
-    k: int       # input channels per group x kernel taps: its depth
+    k: int       # input channels per group x kernel taps: the depth of its sums
     groups: int
-    direct: int  # invocations of the direct kernel (4 output channels of one pixel each)
+    splits: int  # the most workgroups a tile's sum may be split between (the scratch is planned for it)
 
 
-KERNEL_BINDINGS.setdefault("conv_gemm", 4)  # as conv
 
 
 @lru_cache(maxsize=None)
@@ -74,15 +73,13 @@ def shader_hash(kernel: str) -> str:
 
 GRID_SIZES = (64, 128, 256, 32, 512, 16, 1024)
 ROW_SIZES = (64, 128, 256, 32)
-#: conv_gemm's tiles, (output channels, pixels): the workgroup is (pixels / 4, channels / 4).
-CONV_TILES = ((64, 64), (32, 64), (64, 32), (32, 32), (16, 64), (128, 64), (64, 128), (32, 128), (16, 128),
-              (128, 32))
-#: The implicit GEMM needs this deep a sum to beat the direct kernel (the first layers' 3 x 3 x 3 is about even).
-CONV_GEMM_MIN_K = 27
-#: Nor is it for fewer output channels per group than this (depthwise convolutions have one).
-CONV_GEMM_MIN_M = 8
-#: Without tuning, tiles shrink until a convolution has this many workgroups (a few per multiprocessor).
-CONV_GEMM_MIN_GROUPS = 256
+#: conv_gemm's tiles, (output channels, pixels): the workgroup is (pixels / 4, channels / 4), and its splits.
+CONV_TILES = ((64, 64), (32, 64), (64, 32), (32, 32), (16, 64), (16, 128), (32, 128), (64, 128))
+CONV_SPLITS = (1, 2, 4, 8, 16)
+#: Without tuning: 32 x 64 tiles (16 x 128 for 16 channels or fewer), and the sum split until there are this
+#: many workgroups (three per multiprocessor of a large GPU), each slice at least CONV_SLICE deep.
+CONV_BUSY = 384
+CONV_SLICE = 96
 
 
 class Launch:
@@ -93,8 +90,7 @@ class Launch:
         self.ctx, self.kernel, self.fp16, self.consts = ctx, kernel, fp16, tuple(consts)
         self.push, self.work, self.locs = push, work, locs
         digest = hashlib.sha1(push).hexdigest()[:16]
-        built = shader_hash(kernel) + ("+" + shader_hash("conv_gemm") if isinstance(work, Convolution) else "")
-        self.key = (f"vulkan/{kernel}@{built}|{'f16' if fp16 else 'f32'}|{list(self.consts)}"
+        self.key = (f"vulkan/{kernel}@{shader_hash(kernel)}|{'f16' if fp16 else 'f32'}|{list(self.consts)}"
                     f"|{type(work).__name__}{list(vars(work).values())}|{digest}")
 
     @property
@@ -109,35 +105,26 @@ class Launch:
             # Workgroup barriers are dear on CPU implementations (lavapipe): there the direct kernel is the default.
             return "tiled" if self.ctx.info.is_gpu else ["direct", 8]
         if isinstance(w, Convolution):
-            return self.conv_default()
+            bm, bn = (16, 128) if w.m <= 16 else (32, 64)
+            tiles = -(-w.m // bm) * -(-w.n // bn) * w.groups
+            s = 1
+            while tiles * s < CONV_BUSY and 2 * s * CONV_SLICE <= w.k and self.valid(["gemm", bm, bn, 2 * s]):
+                s *= 2
+            return ["gemm", bm, bn, s]
         return 64
-
-    def conv_default(self) -> Any:
-        """The implicit GEMM for deep enough sums, with the largest tile that keeps the GPU busy; else direct."""
-        w = self.work
-        if w.k < CONV_GEMM_MIN_K or w.m < CONV_GEMM_MIN_M:
-            return 64
-        bm = 16 if w.m <= 16 else 32 if w.m <= 32 else 64
-        best = None
-        for bn in (64, 32):
-            for m in (bm, 32, 16):
-                c = ["gemm", min(m, bm), bn]
-                if self.valid(c):
-                    best = best or c
-                    if -(-w.m // c[1]) * -(-w.n // bn) * w.groups >= CONV_GEMM_MIN_GROUPS:
-                        return c
-        return best or 64
 
     def choices(self, limit: int) -> list[Any]:
         w = self.work
-        if isinstance(w, (Grid, Convolution)):
-            n = w.direct if isinstance(w, Convolution) else w.n
-            top = max(64, min(1 << (max(n, 1) - 1).bit_length(), self.ctx.max_invocations))
+        if isinstance(w, Grid):
+            top = max(64, min(1 << (max(w.n, 1) - 1).bit_length(), self.ctx.max_invocations))
             options = [s for s in GRID_SIZES if s <= top]
-            if isinstance(w, Convolution):
-                options = [["gemm", bm, bn] for bm, bn in CONV_TILES] + options
         elif isinstance(w, Rows):
             options = list(ROW_SIZES)
+        elif isinstance(w, Convolution):
+            # The default's neighbours first: its tile split in half as many or twice as many, then other tiles.
+            _, dm, dn, ds = self.default()
+            options = sorted([["gemm", bm, bn, s] for s in CONV_SPLITS for bm, bn in CONV_TILES],
+                             key=lambda c: abs(c[3].bit_length() - ds.bit_length()) + 1.5 * ((c[1], c[2]) != (dm, dn)))
         else:
             options = ["tiled", ["direct", 8], ["direct", 16], ["direct", 4]]
         default = self.default()
@@ -146,19 +133,20 @@ class Launch:
 
     def valid(self, choice: Any) -> bool:
         w = self.work
-        if isinstance(w, Convolution) and isinstance(choice, list):
-            if len(choice) != 3 or choice[0] != "gemm" or tuple(choice[1:]) not in CONV_TILES:
-                return False
-            bm, bn = choice[1:]
-            groups = (-(-w.n // bn), -(-w.m // bm), w.groups)
-            return (w.m >= CONV_GEMM_MIN_M and bm * bn // 16 <= self.ctx.max_invocations
-                    and all(g <= c for g, c in zip(groups, self.ctx.max_groups)))
-        if isinstance(w, (Grid, Rows, Convolution)):
+        if isinstance(w, (Grid, Rows)):
             if not isinstance(choice, int) or isinstance(choice, bool) or choice < 1:
                 return False
             if choice & (choice - 1) or choice > self.ctx.max_invocations:
                 return False
             return choice <= 256 if isinstance(w, Rows) else True
+        if isinstance(w, Convolution):
+            if not (isinstance(choice, list) and len(choice) == 4 and choice[0] == "gemm"
+                    and tuple(choice[1:3]) in CONV_TILES and choice[3] in CONV_SPLITS):
+                return False
+            bm, bn, s = choice[1:]
+            groups = (-(-w.n // bn), -(-w.m // bm), w.groups * s)
+            return (s <= w.splits and bm * bn // 16 <= self.ctx.max_invocations
+                    and all(g <= c for g, c in zip(groups, self.ctx.max_groups)))
         if choice == "tiled":
             return self.ctx.max_invocations >= 256
         return (isinstance(choice, list) and len(choice) == 2 and choice[0] == "direct"
@@ -177,10 +165,8 @@ class Launch:
             x = max(1, min(w.n, cap[0], 65535))
             return self.kernel, (choice, 1, 1), (x, -(-w.n // x), 1)
         if isinstance(w, Convolution):
-            if isinstance(choice, int):
-                return "conv", (choice, 1, 1), (max(1, min(-(-w.direct // choice), cap[0], 65535)), 1, 1)
-            bm, bn = choice[1:]
-            return "conv_gemm", (bn // 4, bm // 4, 1), (-(-w.n // bn), -(-w.m // bm), w.groups)
+            bm, bn, s = choice[1:]
+            return "conv_gemm", (bn // 4, bm // 4, 1), (-(-w.n // bn), -(-w.m // bm), w.groups * s)
         if choice == "tiled":
             return "matmul", (16, 16, 1), (-(-w.n // 64), -(-w.m // 64), w.batch)
         s = choice[1]

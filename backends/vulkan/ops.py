@@ -22,7 +22,7 @@ from aiomnn.errors import BackendError
 from aiomnn.graph import Node
 
 from .backend import Dispatch
-from .launch import Convolution, Grid, Launch, Matmul, Rows, Work
+from .launch import CONV_SPLITS, Convolution, Grid, Launch, Matmul, Rows, Work
 from .memory import Loc
 
 log = logging.getLogger("aiomnn.vulkan")
@@ -442,6 +442,14 @@ def conv_inputs(backend, node, inputs, more_attrs: set[str]):
     return x, w, b
 
 
+#: The implicit GEMM (conv_gemm) takes convolutions with sums this deep (on an H100 it beat the direct kernel
+#: from 3 x 3 x 3 up) and this many output channels per group; depthwise ones stay on the direct kernel.
+CONV_GEMM_MIN_K = 27
+CONV_GEMM_MIN_M = 8
+#: Bytes of float32 partial sums a convolution may use to split its sums (where its grid is small).
+CONV_SCRATCH = 4 << 20
+
+
 @register("Conv")
 class Conv(VkOp):
     def __init__(self, backend, node, inputs, outputs):
@@ -488,14 +496,27 @@ class Conv(VkOp):
                         int(b is not None), 1, 0, _f(1.0), _f(1.0), _f(a1), _f(a2))
             self.dispatch("matmul", [out, wt, x, bl], push, Matmul(co, hw, n), consts=(code,))
             return
-        # The direct kernel (conv.comp) or the implicit GEMM (conv_gemm.comp, one GEMM per group), as
-        # Convolution's choice says: both take these push constants.
         cog = co // g
         blocks = -(-cog // 4)
         push = pack(n, c, h, w, co, oh, ow, kernel[0], kernel[1], strides[0], strides[1], dils[0], dils[1],
                     pads[0], pads[1], g, int(b is not None), _f(a1), _f(a2), blocks)
-        work = Convolution(cog, n * oh * ow, c // g * kernel[0] * kernel[1], g, n * g * blocks * oh * ow)
-        self.dispatch("conv", [out, x, wt, bl], push, work, consts=(code,))
+        k, npix = c // g * kernel[0] * kernel[1], n * oh * ow
+        if k < CONV_GEMM_MIN_K or cog < CONV_GEMM_MIN_M:  # depthwise and the like: the direct kernel
+            self.dispatch("conv", [out, x, wt, bl], push, Grid(n * g * blocks * oh * ow), consts=(code,))
+            return
+        # The implicit GEMM (conv_gemm.comp), one per group. Tuning picks its tile and how many workgroups
+        # (up to `splits`, each at least two steps of k) share a tile's sum: they need partial sums (arena
+        # space, only while this op runs) and a counter per tile of the smallest tile (zeros in aux, which
+        # the shader leaves at zero).
+        splits = max(s for s in CONV_SPLITS if s == 1 or (s * co * npix * 4 <= CONV_SCRATCH and s * 32 <= k))
+        part = cnt = wt
+        if splits > 1:
+            block = self.b.arena.acquire(splits * co * npix * 4)
+            part = Loc("arena", block.offset, splits * co * npix * 4)
+            self.b.arena.release(block)
+            cnt = self.b.aux(np.zeros(-(-cog // 16) * -(-npix // 32) * g, np.uint32))
+        self.dispatch("conv_gemm", [out, x, wt, bl, part, cnt], push, Convolution(cog, npix, k, g, splits),
+                      consts=(code,))
 
 
 @register("ConvTranspose")

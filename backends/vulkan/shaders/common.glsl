@@ -55,8 +55,23 @@ float sigmoid_(float x) {
     return 1.0 / (1.0 + exp(-x));
 }
 
+// log(1 + u) for u >= 0, accurate for tiny u too (Goldberg's trick; 'precise' keeps 1 + u as written).
+float log1p_(float u) {
+    precise float v = 1.0 + u;
+    return v == 1.0 ? u : log(v) * (u / (v - 1.0));
+}
+
 float softplus_(float x) {
-    return x > 20.0 ? x : log(1.0 + exp(x));
+    return max(x, 0.0) + log1p_(exp(-abs(x)));
+}
+
+// x / y correctly rounded in nearly every case: Vulkan lets a plain division be 2.5 ulp off
+// (NVIDIA's is), which moves values across Round's and Floor's boundaries.
+float div_(float x, float y) {
+    precise float q = x / y;
+    if (isinf(q) || isnan(q) || q == 0.0) return q;
+    precise float r = fma(-q, y, x);
+    return q + r / y;
 }
 
 // Unary operations and fused activations share one numbering (see ops.py UNARY).
@@ -127,7 +142,7 @@ float binary_op(float x, float y, int op) {
     case 0: return x + y;
     case 1: return x - y;
     case 2: return x * y;
-    case 3: return x / y;
+    case 3: return div_(x, y);
     case 4: return pow_(x, y);
     case 5: return (isnan(x) || isnan(y)) ? NAN_ : max(x, y);
     case 6: return (isnan(x) || isnan(y)) ? NAN_ : min(x, y);

@@ -10,7 +10,7 @@
 // the next TK are loaded into registers while these are used. The workgroup size is the
 // tile choice (launch.py).
 //
-// Split K: the grid's z is groups x S. With S > 1 each of the tile's S workgroups sums one
+// Split K: the grid's z is groups x S. With S > 1 each of a tile's S workgroups sums one
 // slice of k into `part`, and the last of them to finish (counted in `cnt`, which it resets)
 // adds the S partial sums in order, so results do not depend on timing. Bias and the fused
 // activation come last. Push constants as conv.comp's.
@@ -32,79 +32,70 @@ layout(push_constant) uniform P {
 #define TK 16
 const int LX = int(gl_WorkGroupSize.x), LY = int(gl_WorkGroupSize.y);
 const int BM = 4 * LY, BN = 4 * LX, T = LX * LY;
-const int LA = BM * TK / T;  // weights each invocation loads per step (at most MAXL)
-const int CB = T / TK;       // invocations per row of the input tile
-const int LB = BN / CB;      // inputs each invocation loads per step, all in one row (at most MAXL)
-#define MAXL 16
+const int LA = BM * TK / T;  // weights each invocation loads per step
+const int RS = T / BN;       // invocations per pixel of the input tile
+const int LB = TK / RS;      // inputs each invocation loads per step: rows kb + j * RS of its pixel
 #define OUT (-(1 << 29))     // a row far outside the input
 
 shared float As[TK][BM + 1];
 shared float Bs[TK][BN];
+shared ivec3 kt[2][TK];      // per row of a step: offset in the input, and the tap's (dh, dw)
 shared bool last;
-
-// Per invocation: the pixels whose inputs it gathers, and the values it loads for the next step.
-int tid, kb, cb, m0, cog, K, kend, ksz, hw, wb;
-int ih0[MAXL], iw0[MAXL], xo[MAXL];
-float ra[MAXL], rb[MAXL];
-
-void load(int k0) {
-    [[unroll]] for (int t = 0; t < LA; ++t) {
-        int e = tid + t * T, kk = e % TK, mm = e / TK;
-        ra[t] = 0.0;
-        if (m0 + mm < cog && k0 + kk < kend) ra[t] = float(w[wb + mm * K + k0 + kk]);
-    }
-    int k = k0 + kb, ci = k / ksz, r = k - ci * ksz, kh = r / p.KW;
-    int dh = kh * p.DH, dw = (r - kh * p.KW) * p.DW;
-    int ko = ci * hw + dh * p.W + dw;
-    if (k >= kend) dh = OUT;
-    [[unroll]] for (int j = 0; j < LB; ++j) {
-        rb[j] = 0.0;
-        if (uint(ih0[j] + dh) < uint(p.H) && uint(iw0[j] + dw) < uint(p.W)) rb[j] = float(x[xo[j] + ko]);
-    }
-}
 
 void main() {
     int lx = int(gl_LocalInvocationID.x), ly = int(gl_LocalInvocationID.y);
-    tid = ly * LX + lx;
+    int tid = ly * LX + lx;
     int S = int(gl_NumWorkGroups.z) / p.G, z = int(gl_WorkGroupID.z), g = z / S, s = z - g * S;
-    int cig = p.C / p.G;
-    cog = p.CO / p.G;
-    ksz = p.KH * p.KW;
-    K = cig * ksz;
+    int cig = p.C / p.G, cog = p.CO / p.G, ksz = p.KH * p.KW, K = cig * ksz, hw = p.H * p.W;
     int per = (K + TK * S - 1) / (TK * S) * TK;  // this split's slice of k
-    int kbeg = s * per;
-    kend = min(K, kbeg + per);
-    hw = p.H * p.W;
+    int kbeg = s * per, kend = min(K, kbeg + per);
     int ohw = p.OH * p.OW, npix = p.N * ohw;
-    m0 = int(gl_WorkGroupID.y) * BM;
-    int n0 = int(gl_WorkGroupID.x) * BN;
-    wb = (g * cog + m0) * K;  // the tile's first weight row
+    int m0 = int(gl_WorkGroupID.y) * BM, n0 = int(gl_WorkGroupID.x) * BN;
+    int wb = (g * cog + m0) * K;  // the tile's first weight row
 
-    // This invocation gathers row kb of the input tile, pixels n0 + cb + j * CB.
-    kb = tid / CB;
-    cb = tid % CB;
-    [[unroll]] for (int j = 0; j < LB; ++j) {
-        int pix = n0 + cb + j * CB;
-        int n = pix / ohw, r = pix - n * ohw;
-        int oh = r / p.OW, ow = r - oh * p.OW;
-        ih0[j] = oh * p.SH - p.PH;
-        iw0[j] = ow * p.SW - p.PW;
-        xo[j] = (n * p.C + g * cig) * hw + ih0[j] * p.W + iw0[j];
-        if (pix >= npix) ih0[j] = OUT;
+    // The pixel whose inputs this invocation gathers.
+    int nn = tid % BN, kb = tid / BN;
+    int ih0, iw0, xo;
+    {
+        int pix = n0 + nn, n = pix / ohw, r = pix - n * ohw, oh = r / p.OW, ow = r - oh * p.OW;
+        ih0 = pix < npix ? oh * p.SH - p.PH : OUT;
+        iw0 = ow * p.SW - p.PW;
+        xo = pix < npix ? (n * p.C + g * cig) * hw + ih0 * p.W + iw0 : 0;
+    }
+    // Row k of the unfolded input: its offset from the pixel's first tap and the tap's (dh, dw); OUT past the slice.
+#define ROW(k) ((k) < kend ? ivec3(((k) / ksz) * hw + ((k) % ksz / p.KW) * p.DH * p.W + ((k) % p.KW) * p.DW, \
+                                  ((k) % ksz / p.KW) * p.DH, ((k) % p.KW) * p.DW) : ivec3(0, OUT, 0))
+    float ra[LA], rb[LB];
+#define LOAD(k1, buf) {                                                                          \
+        [[unroll]] for (int t = 0; t < LA; ++t) {                                                 \
+            int e = tid + t * T, kk = e % TK, mm = e / TK;                                        \
+            ra[t] = 0.0;                                                                          \
+            if (m0 + mm < cog && (k1) + kk < kend) ra[t] = float(w[wb + mm * K + (k1) + kk]);     \
+        }                                                                                         \
+        [[unroll]] for (int j = 0; j < LB; ++j) {                                                 \
+            ivec3 r = kt[buf][kb + j * RS];                                                       \
+            rb[j] = 0.0;                                                                          \
+            if (uint(ih0 + r.y) < uint(p.H) && uint(iw0 + r.z) < uint(p.W)) rb[j] = float(x[xo + r.x]); \
+        }                                                                                         \
     }
 
     float acc[4][4];
     [[unroll]] for (int i = 0; i < 4; ++i)
         [[unroll]] for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
-    if (kbeg < kend) load(kbeg);
+    if (tid < TK) kt[0][tid] = ROW(kbeg + tid);
+    barrier();
+    LOAD(kbeg, 0)
+    int buf = 0;
     for (int k0 = kbeg; k0 < kend; k0 += TK) {
         [[unroll]] for (int t = 0; t < LA; ++t) {
             int e = tid + t * T;
             As[e % TK][e / TK] = ra[t];
         }
-        [[unroll]] for (int j = 0; j < LB; ++j) Bs[kb][cb + j * CB] = rb[j];
+        [[unroll]] for (int j = 0; j < LB; ++j) Bs[kb + j * RS][nn] = rb[j];
+        if (tid < TK) kt[buf ^ 1][tid] = ROW(k0 + TK + tid);
         barrier();
-        if (k0 + TK < kend) load(k0 + TK);  // in flight while this step computes
+        buf ^= 1;
+        if (k0 + TK < kend) LOAD(k0 + TK, buf)  // in flight while this step computes
         [[unroll]] for (int kk = 0; kk < TK; ++kk) {
             float av[4], bv[4];
             [[unroll]] for (int i = 0; i < 4; ++i) av[i] = As[kk][ly + LY * i];
@@ -115,18 +106,17 @@ void main() {
         barrier();
     }
 
-    int pj[4], ob[4];  // this invocation's pixels, and where their outputs go (-1: none)
+    int pj[4], ob[4];  // this invocation's output pixels, and where they go (-1: none)
     [[unroll]] for (int j = 0; j < 4; ++j) {
         pj[j] = n0 + lx + LX * j;
         int n = pj[j] / ohw;
         ob[j] = pj[j] < npix ? (n * p.CO + g * cog) * ohw + pj[j] - n * ohw : -1;
     }
     if (S > 1) {
-        int pb = (s * p.CO + g * cog) * npix;
         [[unroll]] for (int i = 0; i < 4; ++i) {
-            int co = m0 + ly + LY * i;
+            int co = m0 + ly + LY * i, pr = (s * p.CO + g * cog + co) * npix;
             [[unroll]] for (int j = 0; j < 4; ++j)
-                if (co < cog && ob[j] >= 0) part[pb + co * npix + pj[j]] = acc[i][j];
+                if (co < cog && ob[j] >= 0) part[pr + pj[j]] = acc[i][j];
         }
         memoryBarrierBuffer();
         barrier();
@@ -138,15 +128,17 @@ void main() {
         barrier();
         if (!last) return;
         memoryBarrierBuffer();
-        [[unroll]] for (int i = 0; i < 4; ++i) {
-            int co = m0 + ly + LY * i;
-            [[unroll]] for (int j = 0; j < 4; ++j) {
-                if (co >= cog || ob[j] < 0) continue;
-                float v = 0.0;
-                for (int t = 0; t < S; ++t) v += part[(t * p.CO + g * cog + co) * npix + pj[j]];
-                acc[i][j] = v;
-            }
+        // The whole tile from the partial sums (acc stays out of it, in registers).
+        for (int e = tid; e < BM * BN; e += T) {
+            int co = m0 + e / BN, pix = n0 + e % BN;
+            if (co >= cog || pix >= npix) continue;
+            float v = 0.0;
+            for (int t = 0; t < S; ++t) v += part[(t * p.CO + g * cog + co) * npix + pix];
+            if (p.has_bias != 0) v += float(bias[g * cog + co]);
+            int n = pix / ohw;
+            o[(n * p.CO + g * cog + co) * ohw + pix - n * ohw] = STORE(unary_op(v, ACT, p.alpha, p.beta));
         }
+        return;
     }
     [[unroll]] for (int i = 0; i < 4; ++i) {
         int co = m0 + ly + LY * i;
