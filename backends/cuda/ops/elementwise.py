@@ -76,6 +76,10 @@ class Unary(Elementwise):
 class Binary(Elementwise):
     def build(self):
         t = self.node.op_type
+        x, s = self.ins[0], self.ins[1]
+        if t == "PRelu" and self.node.opset < 7 and len(s.shape) == 1 and s.shape[0] > 1 and len(x.shape) >= 2 \
+                and s.shape[0] == x.shape[1]:
+            raise Decline("PRelu before opset 7 applies a slope of C values per channel")  # the CPU does
         if t == "Pow" and self.ins[1].is_const and np.asarray(self.ins[1].const).size == 1:
             e = float(np.asarray(self.ins[1].const).reshape(-1)[0])
             special = {1.0: "Identity", 2.0: "Square", 0.5: "Sqrt"}
