@@ -178,8 +178,9 @@ class BatchNormalization(Kernel):
 # Layer-like normalizations ----------------------------------------------------------
 
 
-@op("LayerNormalization", 17)
-class LayerNormalization(Kernel):
+class _RowNorm(Kernel):
+    """Normalizes over the axes from `axis` on; the statistics have the stash type."""
+
     writes_outputs = True
 
     def __init__(self, node, inputs, outputs, axis=-1, epsilon=1e-5, stash_type=1):
@@ -187,10 +188,13 @@ class LayerNormalization(Kernel):
         self.axis, self.eps = int(axis), float(epsilon)
         if int(stash_type) not in (1, 11):
             raise Unsupported(f"stash_type {stash_type}")
-        # Mean and InvStdDev have the stash type: float32 for stash_type 1, float64 for 11.
+        # Statistics have the stash type: float32 for stash_type 1, float64 for 11.
         self.stat_dtype = np.dtype(np.float32 if int(stash_type) == 1 else np.float64)
         self.n_out = len(outputs)
 
+
+@op("LayerNormalization", 17)
+class LayerNormalization(_RowNorm):
     def run(self, x, scale, b=None):
         ax = _axis(self.axis, x.ndim)
         cdt = _cdt(x.dtype)
@@ -215,14 +219,7 @@ class LayerNormalization(Kernel):
 
 
 @op("RMSNormalization", 23)
-class RMSNormalization(Kernel):
-    writes_outputs = True
-
-    def __init__(self, node, inputs, outputs, axis=-1, epsilon=1e-5, stash_type=1):
-        super().__init__(node, inputs, outputs)
-        self.axis, self.eps = int(axis), float(epsilon)
-        if int(stash_type) not in (1, 11):
-            raise Unsupported(f"stash_type {stash_type}")
+class RMSNormalization(_RowNorm):
 
     def run(self, x, scale):
         ax = _axis(self.axis, x.ndim)
