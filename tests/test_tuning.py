@@ -125,6 +125,16 @@ class Gate:
 X = np.random.default_rng(1).standard_normal((1, 3, 12, 12)).astype(np.float32)
 
 
+def _gated(kind: ForwardType):
+    """The test model, its config, a runtime, and a Gate that holds the runtime's tuning job."""
+    net = aiomnn.Interpreter.from_bytes(_model())
+    config = _config(kind)
+    info = aiomnn.create_runtime(config)
+    gate = Gate()
+    info.runtimes[kind].tuner.add_progress_callback(gate)
+    return net, config, info, gate
+
+
 @pytest.mark.anyio
 async def test_cpu_first_then_gpu_then_warm_cache(kind, tmp_path):
     pytest.importorskip("onnxruntime")
@@ -223,12 +233,8 @@ async def test_corrupt_cache_is_ignored_and_rewritten(kind, tmp_path, caplog):
 
 @pytest.mark.anyio
 async def test_sessions_share_one_tuning_job(kind, tmp_path):
-    net = aiomnn.Interpreter.from_bytes(_model())
-    config = _config(kind)
-    info = aiomnn.create_runtime(config)
+    net, config, info, gate = _gated(kind)
     tuner = info.runtimes[kind].tuner
-    gate = Gate()
-    tuner.add_progress_callback(gate)
     try:
         first = await net.create_session(config, info)
         second = await net.create_session(config, info)
@@ -246,13 +252,9 @@ async def test_sessions_share_one_tuning_job(kind, tmp_path):
 
 @pytest.mark.anyio
 async def test_closing_the_session_cancels_tuning(kind, tmp_path):
-    net = aiomnn.Interpreter.from_bytes(_model())
-    config = _config(kind)
-    info = aiomnn.create_runtime(config)
+    net, config, info, gate = _gated(kind)
     info.set_cache_file(tmp_path / "tuning.json")
     tuner = info.runtimes[kind].tuner
-    gate = Gate()
-    tuner.add_progress_callback(gate)
     try:
         session = await net.create_session(config, info)
         assert session.has_async_work()
@@ -270,12 +272,7 @@ async def test_closing_the_session_cancels_tuning(kind, tmp_path):
 
 @pytest.mark.anyio
 async def test_closing_the_runtime_cancels_tuning(kind, tmp_path):
-    net = aiomnn.Interpreter.from_bytes(_model())
-    config = _config(kind)
-    info = aiomnn.create_runtime(config)
-    tuner = info.runtimes[kind].tuner
-    gate = Gate()
-    tuner.add_progress_callback(gate)
+    net, config, info, gate = _gated(kind)
     session = await net.create_session(config, info)
     job = session._tuning.job
     threading.Timer(0.5, gate.release.set).start()
