@@ -77,6 +77,10 @@ def _unary(node, ins):
     x = ins[0]
     dtype = BOOL if node.op_type in ("IsNaN", "IsInf") else x.dtype
     outs = [(dtype, x.shape)]
+    if node.op_type in ("Softmax", "LogSoftmax", "Hardmax", "LayerNormalization") and "axis" in node.attrs:
+        axis, rank = node.attrs["axis"], len(x.shape)
+        if rank and not -rank <= axis < rank:
+            raise ValueError(f"axis {axis} is out of range for rank {rank}")
     if node.op_type == "PRelu" and node.opset >= 7:
         outs = [(x.dtype, broadcast(x.shape, ins[1].shape, node=node))]
     if node.op_type == "LayerNormalization" and len(node.outputs) > 1:

@@ -56,6 +56,13 @@ def test_nodes_are_checked_against_their_schema():
                                            [fvi("y", [1])], opset=0))
 
 
+async def test_an_axis_out_of_range_is_a_model_error_at_session_creation():
+    data = make([helper.make_node("Softmax", ["x"], ["y"], name="sm", axis=-67108865)], [fvi("x", [2, 3])],
+                [fvi("y", [2, 3])])
+    with pytest.raises(aiomnn.ModelError, match="sm.*axis -67108865 is out of range for rank 2"):
+        await aiomnn.Interpreter.from_bytes(data).create_session(aiomnn.ScheduleConfig(type="cpu"))
+
+
 def test_dangling_tensor_is_named():
     data = make([helper.make_node("Relu", ["ghost"], ["y"], name="lonely")], [fvi("x", [1])], [fvi("y", [1])])
     with pytest.raises(aiomnn.ModelError, match="lonely.*ghost"):
