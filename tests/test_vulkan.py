@@ -681,3 +681,75 @@ async def test_real_model(name, shape, runtime):
         err = float(np.linalg.norm(g.astype(np.float64) - w) / np.linalg.norm(w))
         assert err <= 1e-4, f"{name}: relative error {err:.2e} vs onnxruntime"
         assert math.isfinite(err)
+
+
+# Fusion: groups of ops one dispatch does ----------------------------------------------------------
+def _ln_nodes(x="x", pre="", scale=True, bias=True):
+    nodes = [n("ReduceMean", [x], [pre + "m"], axes=[-1]), n("Sub", [x, pre + "m"], [pre + "d"]),
+             n("Pow", [pre + "d", "two"], [pre + "p"]), n("ReduceMean", [pre + "p"], [pre + "v"], axes=[-1]),
+             n("Add", [pre + "v", "eps"], [pre + "ve"]), n("Sqrt", [pre + "ve"], [pre + "s"]),
+             n("Div", [pre + "d", pre + "s"], [pre + "nrm"])]
+    last = pre + "nrm"
+    if scale:
+        nodes.append(n("Mul", [last, "g"], [pre + "sc"]))
+        last = pre + "sc"
+    if bias:
+        nodes.append(n("Add", ["bb", last], [pre + "y"]))
+    return nodes
+
+
+LN_INITS = {"two": np.float32(2.0), "eps": np.float32(1e-5), "g": r(16, seed=1) + 1, "bb": r(16, seed=2)}
+FUSION_CASES = [
+    # (case, the fused groups expected)
+    (Case("ln_decomposed", [n("Relu", ["x"], ["t"]), *_ln_nodes("t", scale=True, bias=True)[:-1],
+                            n("Add", ["bb", "sc"], ["y"])], {"x": (2, 5, 16)}, ("ReduceMean", "Div"),
+          LN_INITS, opset=13), ["layernorm"]),
+    (Case("ln_decomposed_noaffine", [n("Relu", ["x"], ["t"]), *_ln_nodes("t", scale=False, bias=False),
+                                     n("Relu", ["nrm"], ["y"])], {"x": (3, 16)}, ("ReduceMean", "Div"),
+          LN_INITS, opset=13), ["layernorm"]),
+    # The mean is also a graph output... read by another node: no fusion, same results.
+    (Case("ln_decomposed_mean_read", [n("Relu", ["x"], ["t"]), *_ln_nodes("t"),
+                                      n("Add", ["y", "m"], ["z"])], {"x": (2, 4, 16)}, ("ReduceMean", "Div"),
+          LN_INITS, opset=13), []),
+    (Case("matmul_bias_swish", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["mm", "c"], ["s"]),
+                                n("Sigmoid", ["s"], ["sg"]), n("Mul", ["s", "sg"], ["y"])],
+          {"a": (2, 7, 9)}, ("MatMul", "Add"), {"w": r(9, 13, seed=1), "c": r(13, seed=2)}), ["matmul_bias"]),
+    (Case("matmul_bias_then_residual", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["c", "mm"], ["s"]),
+                                        n("Add", ["s", "a2"], ["y"])], {"a": (3, 8), "a2": (3, 5)},
+          ("MatMul", "Add"), {"w": r(8, 5, seed=1), "c": r(1, 5, seed=2)}), ["matmul_bias"]),
+    # The product is read twice: no fusion.
+    (Case("matmul_bias_product_read", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["mm", "c"], ["s"]),
+                                       n("Mul", ["s", "mm"], ["y"])], {"a": (4, 6)}, ("MatMul", "Add"),
+          {"w": r(6, 5, seed=1), "c": r(5, seed=2)}), []),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case,kinds", FUSION_CASES, ids=[c.id for c, _ in FUSION_CASES])
+async def test_fusion(case, kinds, runtime):
+    """The groups fuse (one dispatch for the whole group) where every reader is inside, and match the CPU."""
+    data, feeds = case.model(), case.feeds()
+    net = aiomnn.Interpreter.from_bytes(data)
+    async with await net.create_session(CONFIG, runtime) as s:
+        got = await s.run(feeds)
+        again = await s.run(feeds)
+        vk_backend = s.pipeline.main
+        fused = list(vk_backend.fused)
+        ops = {st.node.op_type: seg.backend.type.value for seg in s.pipeline.segments for st in seg.steps}
+        n_dispatch = sum(len(st.execution.dispatches) for seg in s.pipeline.segments for st in seg.steps)
+    for op in case.on_vulkan:
+        assert ops.get(op) == "vulkan", ops
+    assert fused == kinds
+    # Relu, layernorm (and Relu); the matmul with its bias and the Swish fused into the Add (and an Add).
+    want_dispatches = {"ln_decomposed": 2, "ln_decomposed_noaffine": 3, "matmul_bias_swish": 1,
+                       "matmul_bias_then_residual": 2}
+    if case.id in want_dispatches:
+        assert n_dispatch == want_dispatches[case.id]
+    want, _, _ = await run(data, feeds, CPU)
+    for k in want:
+        np.testing.assert_array_equal(again[k], got[k])
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    if ort is not None:
+        names = [o for o in case.nodes[-1].output if o]
+        for k, w in zip(names, oracle(data, feeds)):
+            np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-5, err_msg=f"vs onnxruntime: {k}")

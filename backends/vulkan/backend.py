@@ -110,6 +110,10 @@ class VulkanBackend(Backend):
         self._extra_bufs: list = []
         self._desc_pool = None
         self.predicted_hits = 0  # segments whose commands were recorded at resize (for tests)
+        # Every node this backend was offered in this alloc pass, in order: (node, execution or None, inputs,
+        # outputs). The fusion plan (ops.plan_fusions) reads who consumes each value from it.
+        self._created: list[tuple] = []
+        self._created_ids: set[int] = set()
         self._reset_plan()
 
     # Planning state -----------------------------------------------------------------
@@ -129,6 +133,14 @@ class VulkanBackend(Backend):
         self._aux_size = 0
         self._exes: list = []
         self._predicted: dict[tuple, Record] = {}
+        # Fusion: values whose memory must outlive their last reader (a fused group reads them at its last
+        # step), releases deferred until then, and the values no dispatch computes any more.
+        self._extend: dict[str, int] = {}
+        self._deferred: list[tuple[int, Block]] = []
+        self._block_name: dict[int, str] = {}
+        self._cursor = -1
+        self._fused_away: set[str] = set()
+        self.fused: list[str] = []  # the kind of each fused group that was applied (for tests)
 
     def nbytes(self, t: Tensor) -> int:
         return int(np.prod(t.shape, dtype=np.int64)) * self.store.itemsize
@@ -137,10 +149,23 @@ class VulkanBackend(Backend):
     def on_create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution | None:
         from .ops import create
 
-        return create(self, node, inputs, outputs)
+        if id(node) in self._created_ids:  # a new alloc pass started
+            self._created, self._created_ids = [], set()
+        self._created_ids.add(id(node))
+        exe = create(self, node, inputs, outputs)
+        if exe is not None:
+            exe.step = len(self._created)
+        self._created.append((node, exe, list(inputs), list(outputs)))
+        return exe
 
     # Memory -------------------------------------------------------------------------
     def acquire_tensor(self, tensor: Tensor, execution: Execution) -> Block | None:
+        block = self._acquire_tensor(tensor, execution)
+        if block is not None:
+            self._block_name[id(block)] = tensor.name
+        return block
+
+    def _acquire_tensor(self, tensor: Tensor, execution: Execution) -> Block | None:
         if tensor.shape is None:
             return None
         src = getattr(execution, "alias_of", None)
@@ -161,6 +186,25 @@ class VulkanBackend(Backend):
         return block
 
     def release(self, block: Block) -> None:
+        name = self._block_name.get(id(block))
+        target = self._extend.get(name, -1) if name is not None else -1
+        if target > self._cursor:  # a fused group reads it later
+            self._deferred.append((target, block))
+            return
+        self._release(block)
+
+    def advance(self, step: int) -> None:
+        """Planning reached this step (of the created list): free what fused groups no longer need."""
+        self._cursor = max(self._cursor, step)
+        keep = []
+        for target, block in self._deferred:
+            if target < step:
+                self._release(block)
+            else:
+                keep.append((target, block))
+        self._deferred = keep
+
+    def _release(self, block: Block) -> None:
         if id(block) in self._alias_loc:
             return
         root = self._alias_root.pop(id(block), block)
@@ -250,7 +294,11 @@ class VulkanBackend(Backend):
         self._reset_plan()
 
     def on_resize_begin(self) -> None:
+        from .ops import plan_fusions
+
         self.clear_buffers()
+        created, self._created, self._created_ids = self._created, [], set()
+        plan_fusions(self, created)
 
     def on_resize_end(self) -> None:
         try:
@@ -358,6 +406,9 @@ class VulkanBackend(Backend):
         return self._build(exes, uploads, downloads, pops)
 
     def _build(self, exes: list, upload_names: list[str], download_names: list[str], pops: list[str] | None) -> Record:
+        lost = [n for n in download_names if n in self._fused_away]
+        if lost:  # a reader this backend never saw (fusion checks every reader it was offered)
+            raise BackendError(f"values {lost} were fused away but are read outside the Vulkan segment")
         uploads = [(n, *self._host_inputs[n]) for n in upload_names]
         downloads = [(n, self._locs[n], self._shapes[n]) for n in download_names]
         dispatches = [d for e in exes for d in e.dispatches]
