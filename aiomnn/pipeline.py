@@ -230,7 +230,7 @@ class Pipeline:
         values: dict[str, Any] = dict(self.consts)
         values.update(feeds)
         for seg in self.segments:
-            with failures_named(seg.backend, "the run"):
+            try:
                 fence = seg.backend.submit(seg, values, device)
                 self.pending = fence
                 try:
@@ -238,26 +238,35 @@ class Pipeline:
                 except BaseException:
                     fence.cancel()  # a no-op once the work has ended
                     raise
+            except Exception as exc:
+                error = backend_failure(seg.backend, "the run", exc)
+                if error is exc:
+                    raise
+                raise error from exc
         return {name: values[name] for name in self.graph.output_names}
+
+
+def backend_failure(backend: Backend, doing: str, exc: Exception) -> Exception:
+    """What a backend raised (a driver error, out of device memory, a device lost) as the AiomnnError
+    to raise: a BackendError that names the backend and what it was doing."""
+    if isinstance(exc, BackendError) and exc.backend is None:
+        exc.backend = str(backend.type)
+    if isinstance(exc, AiomnnError):
+        return exc
+    what = f"out of memory {doing}" if isinstance(exc, MemoryError) else f"{doing} failed"
+    return BackendError(f"{backend.type}: {what}: {type(exc).__name__}: {exc}", str(backend.type))
 
 
 @contextmanager
 def failures_named(backend: Backend, doing: str) -> Iterator[None]:
-    """Turn whatever a backend raises (a driver error, out of device memory, a device lost) into a
-    BackendError that names the backend and what it was doing."""
+    """backend_failure for a block of planning work."""
     try:
         yield
-    except BackendError as exc:
-        if exc.backend is None:
-            exc.backend = str(backend.type)
-        raise
-    except AiomnnError:
-        raise
-    except MemoryError as exc:
-        raise BackendError(f"{backend.type}: out of memory {doing}: {type(exc).__name__}: {exc}",
-                           str(backend.type)) from exc
     except Exception as exc:
-        raise BackendError(f"{backend.type}: {doing} failed: {type(exc).__name__}: {exc}", str(backend.type)) from exc
+        error = backend_failure(backend, doing, exc)
+        if error is exc:
+            raise
+        raise error from exc
 
 
 def is_nondeterministic(node: Node) -> bool:
