@@ -19,8 +19,8 @@ completion, copies outputs into the values dict, and signals the fence.
 from __future__ import annotations
 
 import functools
-import math
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -111,7 +111,7 @@ class VulkanBackend(Backend):
         self._desc_pool = None
         self.predicted_hits = 0  # segments whose commands were recorded at resize (for tests)
         # Every node this backend was offered in this alloc pass, in order: (node, execution or None, inputs,
-        # outputs). The fusion plan (ops.plan_fusions) reads who consumes each value from it.
+        # outputs). The fusion plan (fusion.plan_fusions) reads who consumes each value from it.
         self._created: list[tuple] = []
         self._created_ids: set[int] = set()
         self._reset_plan()
@@ -294,7 +294,7 @@ class VulkanBackend(Backend):
         self._reset_plan()
 
     def on_resize_begin(self) -> None:
-        from .ops import plan_fusions
+        from .fusion import plan_fusions
 
         self.clear_buffers()
         created, self._created, self._created_ids = self._created, [], set()

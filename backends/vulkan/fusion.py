@@ -1,0 +1,282 @@
+"""Fusion for the Vulkan backend: groups of ops that one set of dispatches does.
+
+The backend offers every node of an alloc pass to ops.create and records it, so before planning it
+knows every reader of each value. plan_fusions then finds:
+
+- a LayerNorm that an exporter spelled out (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, then
+  Mul and Add by constants), as one layernorm dispatch;
+- a MatMul followed by an Add of a constant bias (with the Add's fused activation), as one matmul.
+
+A group's dispatches run at its last member; the values it reads live until then.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from aiomnn import shapes as shp
+from aiomnn.backend import Tensor
+from aiomnn.graph import Node
+
+from .launch import Matmul, Rows
+from .ops import F32, Binary, MatMul, VkOp, _f, _local_for, is_f32, numel, pack, pad
+
+log = logging.getLogger("aiomnn.vulkan")
+
+
+class Group:
+    """Ops whose work one set of dispatches does, recorded at the group's last member.
+
+    `inner` are the values computed only for other members (each read by members alone); `build(final)`
+    plans the fused dispatches on the last member. The inputs the group reads (`reads`) live until that
+    member runs (the backend defers their release), so the fused dispatches can run there. If an inner
+    value turns out to need memory of its own (a graph output, say), the members keep their own dispatches.
+    """
+
+    def __init__(self, kind: str, members: list[VkOp], inner: list[str], reads: list[str], build):
+        self.kind, self.members, self.inner, self.reads, self.build = kind, members, inner, reads, build
+
+    def apply(self, final: VkOp) -> None:
+        b = final.b
+        locs = [b._locs.get(name) for name in self.inner]
+        if any(loc is None or loc.region != "arena" for loc in locs):
+            return
+        if any(m.out_names != [m.node.outputs[0]] for m in self.members):
+            return
+        for m in self.members:
+            m.dispatches, m.launches = [], []
+        self.build(final)
+        b._fused_away.update(self.inner)
+        b.fused.append(self.kind)
+
+
+def _const_array(t: Tensor | None) -> np.ndarray | None:
+    if t is None or not t.is_const or t.dtype != F32:
+        return None
+    return np.asarray(t.const)
+
+
+def _scalar(t: Tensor | None) -> float | None:
+    a = _const_array(t)
+    return float(a.reshape(-1)[0]) if a is not None and a.size == 1 else None
+
+
+class _Steps:
+    """The created list, indexed: who makes and who reads each value."""
+
+    def __init__(self, steps: list[tuple]):
+        self.steps = steps
+        self.readers: dict[str, list[int]] = {}
+        for i, (node, _, _, _) in enumerate(steps):
+            for x in dict.fromkeys(list(node.inputs) + list(node.implicit)):
+                if x:
+                    self.readers.setdefault(x, []).append(i)
+
+    def only(self, name: str, op_type: str, taken: set[int]) -> int | None:
+        """The one step reading `name`, if it is an op of this type on this backend not already in a group."""
+        rs = self.readers.get(name, [])
+        if len(rs) != 1:
+            return None
+        i = rs[0]
+        node, exe = self.steps[i][:2]
+        if exe is None or node.op_type != op_type or i in taken or node.attrs.get("_activation") is not None:
+            return None
+        return i
+
+
+def _trailing_axes(node: Node, inputs, rank: int) -> int | None:
+    """The first reduced axis of a ReduceMean over trailing axes, with keepdims (else None)."""
+    if node.attrs.get("keepdims", 1) != 1 or set(node.attrs) - {"axes", "keepdims", "noop_with_empty_axes"}:
+        return None
+    try:
+        axes = shp.reduce_axes(node, inputs, rank)
+    except Exception:
+        return None
+    if not axes:
+        return None
+    axes = sorted(a % rank for a in axes)
+    return axes[0] if axes == list(range(axes[0], rank)) else None
+
+
+def _norm_vector(a: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """A constant broadcast over the normalized axes only, as a vector of their size (else None)."""
+    if a.ndim > len(shape):
+        return None
+    full = (1,) * (len(shape) - a.ndim) + tuple(a.shape)
+    if any(d != 1 for d in full[:axis]):
+        return None
+    try:
+        return np.broadcast_to(a.reshape(full[axis:]), shape[axis:]).reshape(-1).astype(np.float32)
+    except ValueError:
+        return None
+
+
+def _layernorm_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
+    """ReduceMean, Sub, Pow 2, ReduceMean, Add eps, Sqrt, Div, then optionally Mul scale and Add bias: the
+    LayerNormalization that exporters (paddle2onnx among them) spell out, as one layernorm dispatch."""
+    steps = st.steps
+    node, exe, ins, outs = steps[i]
+    x = ins[0]
+    if not is_f32(x) or len(outs) != 1:
+        return None
+    shape = tuple(x.shape)
+    axis = _trailing_axes(node, ins, len(shape))
+    if axis is None:
+        return None
+    mean = outs[0].name
+    j = st.only(mean, "Sub", taken)
+    if j is None or [t.name if t else "" for t in steps[j][2]] != [x.name, mean]:
+        return None
+    d = steps[j][3][0].name
+    rs = st.readers.get(d, [])
+    if len(rs) != 2 or any(k in taken or steps[k][1] is None for k in rs):
+        return None
+    kp, kd = rs
+    pn, _, pins, pouts = steps[kp]
+    if pn.op_type == "Pow":
+        if pins[0].name != d or _scalar(pins[1]) != 2.0:
+            return None
+    elif pn.op_type == "Mul":
+        if [t.name for t in pins] != [d, d]:
+            return None
+    else:
+        return None
+    dn, _, dins, douts = steps[kd]
+    if dn.op_type != "Div" or dn.attrs or len(dins) != 2 or dins[0].name != d:
+        return None
+    r2 = st.only(pouts[0].name, "ReduceMean", taken)
+    if r2 is None or _trailing_axes(steps[r2][0], steps[r2][2], len(shape)) != axis:
+        return None
+    ke = st.only(steps[r2][3][0].name, "Add", taken)
+    if ke is None:
+        return None
+    eins = steps[ke][2]
+    var = steps[r2][3][0].name
+    other = [t for t in eins if t is None or t.name != var]
+    if len(eins) != 2 or len(other) != 1:
+        return None
+    eps = _scalar(other[0])
+    ks = st.only(steps[ke][3][0].name, "Sqrt", taken)
+    if eps is None or ks is None or steps[ks][0].attrs:
+        return None
+    if dins[1].name != steps[ks][3][0].name or st.readers.get(dins[1].name) != [kd]:
+        return None
+    chain = [i, j, kp, r2, ke, ks, kd]
+    last = douts[0].name
+    scale = bias = None
+    km = st.only(last, "Mul", taken)
+    if km is not None:
+        mins = steps[km][2]
+        c = [t for t in mins if t is not None and t.name != last]
+        vec = _norm_vector(_const_array(c[0]), shape, axis) if len(mins) == 2 and len(c) == 1 and \
+            _const_array(c[0]) is not None else None
+        if vec is not None and tuple(steps[km][3][0].shape) == shape:
+            scale, last = vec, steps[km][3][0].name
+            chain.append(km)
+            ka = st.only(last, "Add", taken)
+            if ka is not None:
+                ains = steps[ka][2]
+                c = [t for t in ains if t is not None and t.name != last]
+                a = _const_array(c[0]) if len(ains) == 2 and len(c) == 1 else None
+                vec = _norm_vector(a, shape, axis) if a is not None else None
+                if vec is not None and tuple(steps[ka][3][0].shape) == shape:
+                    bias, last = vec, steps[ka][3][0].name
+                    chain.append(ka)
+    for k in chain:
+        n, e, _, o = steps[k]
+        if e is None or len([t for t in o if t.name]) != 1 or n.attrs.get("_activation") is not None:
+            return None
+    if tuple(steps[chain[-1]][3][0].shape) != shape or tuple(douts[0].shape) != shape:
+        return None
+    lo, hi = min(chain), max(chain)
+    if any(steps[k][1] is None for k in range(lo, hi + 1)):  # one segment: the group runs where it ends
+        return None
+    rows, n = numel(shape[:axis]), numel(shape[axis:])
+    if scale is None:
+        scale = np.ones(n, np.float32)
+    inner = [steps[k][3][0].name for k in chain[:-1]]
+    members = [steps[k][1] for k in sorted(chain)]
+
+    def build(final: VkOp) -> None:
+        b = final.b
+        s = b.aux(scale.astype(b.store))
+        bl = b.aux(bias.astype(b.store)) if bias is not None else s
+        final.dispatch("layernorm", [final.out_locs[0], b.locate(x), s, bl],
+                       pack(rows, n, _f(eps), int(bias is not None)), Rows(rows, _local_for(n)))
+
+    taken.update(chain)
+    return Group("layernorm", members, inner, [x.name], build)
+
+
+def _matmul_bias_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
+    """MatMul, then Add of a constant along its columns (and the Add's fused activation): one matmul."""
+    steps = st.steps
+    node, exe, ins, outs = steps[i]
+    if not isinstance(exe, MatMul) or len(ins) != 2 or len(ins[1].shape) < 2 or len(outs[0].shape) < 2:
+        return None
+    mm = outs[0].name
+    rs = st.readers.get(mm, [])
+    if len(rs) != 1 or rs[0] in taken or steps[rs[0]][0].op_type != "Add":
+        return None
+    ka = rs[0]  # its fused activation (if any) the matmul applies
+    an, ae, ains, aouts = steps[ka]
+    if not isinstance(ae, Binary) or len(ains) != 2 or set(an.attrs) - {"_activation"}:
+        return None
+    c = [t for t in ains if t is not None and t.name != mm]
+    if len(c) != 1:
+        return None
+    ct = c[0]
+    a = _const_array(ct)
+    oshape = tuple(outs[0].shape)
+    if a is None or a.ndim > len(oshape) or tuple(aouts[0].shape) != oshape:
+        return None
+    if any(d != 1 for d in a.shape[:-1]) or (a.ndim and a.shape[-1] not in (1, oshape[-1])):
+        return None
+    if any(steps[k][1] is None for k in range(i, ka + 1)):
+        return None
+    ccs = int(a.ndim > 0 and a.shape[-1] != 1)
+    code, a1, a2 = ae.act
+    reads = [t.name for t in ins if not t.is_const]
+
+    def build(final: VkOp) -> None:
+        m, n, k, dims, bsa, bsb, nb = exe.geo
+        b = final.b
+        push = pack(m, n, k, len(dims), pad(dims, 3), pad(bsa, 3), pad(bsb, 3), k, 1, n, 1, 1, 0, ccs,
+                    _f(1.0), _f(1.0), _f(a1), _f(a2))
+        final.dispatch("matmul", [final.out_locs[0], b.locate(ins[0]), b.locate(ins[1]), b.locate(ct)], push,
+                       Matmul(m, n, nb), consts=(code,))
+
+    taken.update((i, ka))
+    return Group("matmul_bias", [exe, ae], [mm], reads, build)
+
+
+def plan_fusions(backend, created: list[tuple]) -> None:
+    """Find the groups of ops one dispatch can do (every reader of their inner values is known: each node
+    of the alloc pass was offered to this backend first), and keep the values they read alive until the
+    group's last member."""
+    if backend.dry:
+        return
+    st = _Steps(created)
+    taken: set[int] = set()
+    for i, (node, exe, _, _) in enumerate(created):
+        if exe is None or i in taken:
+            continue
+        group = None
+        try:
+            if node.op_type == "ReduceMean":
+                group = _layernorm_at(st, i, taken)
+            elif node.op_type == "MatMul":
+                group = _matmul_bias_at(st, i, taken)
+        except Exception as exc:  # a shape this matching did not foresee: no fusion
+            log.debug("no fusion at %s: %s: %s", node, type(exc).__name__, exc)
+            group = None
+        if group is None:
+            continue
+        end = max(m.step for m in group.members)
+        for m in group.members:
+            m.group = group
+        group.members.sort(key=lambda m: m.step)
+        for name in group.reads:
+            backend._extend[name] = max(backend._extend.get(name, -1), end)
