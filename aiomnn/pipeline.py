@@ -170,7 +170,13 @@ class Pipeline:
 
         active = list(dict.fromkeys(s.backend for s in steps))  # a backend left unused is left alone
         for b in self.backends:
-            b.on_resize_begin() if b in active else b.clear_buffers()
+            if b in active:
+                b.on_resize_begin()
+                continue
+            try:  # its old plan's buffers; a device that was lost may fail to free them, and is not used
+                b.clear_buffers()
+            except Exception as exc:
+                log.warning("%s: freeing the buffers of its last plan failed: %s: %s", b.type, type(exc).__name__, exc)
         blocks: dict[str, tuple[Backend, Block]] = {}
         for i, s in enumerate(steps):
             outs = [self.tensors[o] if o else Tensor("") for o in s.outputs]

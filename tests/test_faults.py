@@ -116,6 +116,23 @@ async def test_with_fallback_a_driver_error_reruns_on_the_cpu_for_good(kind, whe
     await s.close()
 
 
+@pytest.mark.parametrize("kind", on(GPUS))
+async def test_fallback_works_when_the_lost_device_cannot_free_its_buffers(kind, caplog):
+    s, want = await session_and_result(kind, fallback=True)
+    main = s.pipeline.main
+
+    def clear_buffers():
+        raise RuntimeError("injected: the device is gone")
+
+    with DriverFault(main, "completion"), caplog.at_level(logging.WARNING, "aiomnn"):
+        main.clear_buffers = clear_buffers
+        got = (await s.run({"image": X}))["probs"]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+        assert s.backend_types == [ForwardType.CPU] and "freeing the buffers of its last plan failed" in caplog.text
+    del main.clear_buffers
+    await s.close()
+
+
 async def test_fallback_needs_a_backup_that_differs_from_the_main_backend():
     s, _ = await session_and_result("cpu", fallback=True)
     with DriverFault(s.pipeline.main, "submit"), pytest.raises(aiomnn.BackendError, match="injected"):
