@@ -7,53 +7,63 @@
  * softmax: the input viewed as [outer, axis, inner]; one work item per
  * (outer, inner) row. log != 0 gives LogSoftmax. */
 
+/* Shared by reduce and reduce_wg. */
+int kept_base(const __global int* meta, int kr, int i) {
+    int base = 0;
+    for (int d = kr - 1; d >= 0; --d) {
+        base += (i % meta[d]) * meta[kr + d];
+        i /= meta[d];
+    }
+    return base;
+}
+
+int reduced_off(const __global int* rd, int rr, int base, int j) {
+    for (int d = rr - 1; d >= 0; --d) {
+        base += (j % rd[d]) * rd[rr + d];
+        j /= rd[d];
+    }
+    return base;
+}
+
+float reduce_init(int op) {
+    return op == 2 ? -INFINITY : (op == 3 ? INFINITY : (op == 4 ? 1.0f : 0.0f));
+}
+
+float reduce_step(int op, float acc, float v, float m) {
+    switch (op) {
+    case 2: return (v > acc || v != v) ? v : acc;
+    case 3: return (v < acc || v != v) ? v : acc;
+    case 4: return acc * v;
+    case 5: case 7: return acc + v * v;
+    case 6: return acc + fabs(v);
+    case 9: return acc + exp(v - m);
+    default: return acc + v;
+    }
+}
+
+float reduce_finish(int op, float acc, int count, float m) {
+    if (op == 1) return acc / (float)count;
+    if (op == 7) return sqrt(acc);
+    if (op == 8) return log(acc);
+    if (op == 9) return log(acc) + m;
+    return acc;
+}
+
 __kernel void reduce(BUF(const T, x), BUF(T, y), BUF(const int, meta), const int n, const int kr, const int rr,
                      const int count, const int op) {
     const int i = get_global_id(0);
     if (i >= n) return;
     SHIFT(x); SHIFT(y); SHIFT(meta);
-    int base = 0, r = i;
-    for (int d = kr - 1; d >= 0; --d) {
-        const int dim = meta[d];
-        base += (r % dim) * meta[kr + d];
-        r /= dim;
-    }
+    const int base = kept_base(meta, kr, i);
     const __global int* rd = meta + 2 * kr;
     float m = -INFINITY;
     if (op == 9) {
-        for (int j = 0; j < count; ++j) {
-            int off = base, q = j;
-            for (int d = rr - 1; d >= 0; --d) {
-                off += (q % rd[d]) * rd[rr + d];
-                q /= rd[d];
-            }
-            m = fmax(m, LD(x, off));
-        }
+        for (int j = 0; j < count; ++j) m = fmax(m, LD(x, reduced_off(rd, rr, base, j)));
         if (isinf(m)) m = 0.0f;
     }
-    float acc = op == 2 ? -INFINITY : (op == 3 ? INFINITY : (op == 4 ? 1.0f : 0.0f));
-    for (int j = 0; j < count; ++j) {
-        int off = base, q = j;
-        for (int d = rr - 1; d >= 0; --d) {
-            off += (q % rd[d]) * rd[rr + d];
-            q /= rd[d];
-        }
-        const float v = LD(x, off);
-        switch (op) {
-        case 2: acc = (v > acc || v != v) ? v : acc; break;
-        case 3: acc = (v < acc || v != v) ? v : acc; break;
-        case 4: acc *= v; break;
-        case 5: case 7: acc += v * v; break;
-        case 6: acc += fabs(v); break;
-        case 9: acc += exp(v - m); break;
-        default: acc += v; break;
-        }
-    }
-    if (op == 1) acc /= (float)count;
-    else if (op == 7) acc = sqrt(acc);
-    else if (op == 8) acc = log(acc);
-    else if (op == 9) acc = log(acc) + m;
-    ST(y, i, acc);
+    float acc = reduce_init(op);
+    for (int j = 0; j < count; ++j) acc = reduce_step(op, acc, LD(x, reduced_off(rd, rr, base, j)), m);
+    ST(y, i, reduce_finish(op, acc, count, m));
 }
 
 __kernel void softmax(BUF(const T, x), BUF(T, y), const int outer, const int axis, const int inner, const int log_) {
@@ -139,45 +149,17 @@ __kernel void reduce_wg(BUF(const T, x), BUF(T, y), BUF(const int, meta), const 
     const int i = get_global_id(1);
     SHIFT(x); SHIFT(y); SHIFT(meta);
     const bool live = i < n;
-    int base = 0, r = live ? i : 0;
-    for (int d = kr - 1; d >= 0; --d) {
-        const int dim = meta[d];
-        base += (r % dim) * meta[kr + d];
-        r /= dim;
-    }
+    const int base = kept_base(meta, kr, live ? i : 0);
     const __global int* rd = meta + 2 * kr;
     float m = 0.0f;
     if (op == 9) {
         float v = -INFINITY;
-        for (int j = lane; live && j < count; j += GROUP) {
-            int off = base, q = j;
-            for (int d = rr - 1; d >= 0; --d) {
-                off += (q % rd[d]) * rd[rr + d];
-                q /= rd[d];
-            }
-            v = fmax(v, LD(x, off));
-        }
+        for (int j = lane; live && j < count; j += GROUP) v = fmax(v, LD(x, reduced_off(rd, rr, base, j)));
         m = group_max(part, v);
         if (isinf(m)) m = 0.0f;
     }
-    float acc = op == 2 ? -INFINITY : (op == 3 ? INFINITY : (op == 4 ? 1.0f : 0.0f));
-    for (int j = lane; live && j < count; j += GROUP) {
-        int off = base, q = j;
-        for (int d = rr - 1; d >= 0; --d) {
-            off += (q % rd[d]) * rd[rr + d];
-            q /= rd[d];
-        }
-        const float v = LD(x, off);
-        switch (op) {
-        case 2: acc = (v > acc || v != v) ? v : acc; break;
-        case 3: acc = (v < acc || v != v) ? v : acc; break;
-        case 4: acc *= v; break;
-        case 5: case 7: acc += v * v; break;
-        case 6: acc += fabs(v); break;
-        case 9: acc += exp(v - m); break;
-        default: acc += v; break;
-        }
-    }
+    float acc = reduce_init(op);
+    for (int j = lane; live && j < count; j += GROUP) acc = reduce_step(op, acc, LD(x, reduced_off(rd, rr, base, j)), m);
     /* Combine the lanes: max/min/prod have their own tree; the rest are sums. */
     part[lane] = acc;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -190,12 +172,7 @@ __kernel void reduce_wg(BUF(const T, x), BUF(T, y), BUF(const int, meta), const 
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     if (lane != 0 || !live) return;
-    acc = part[0];
-    if (op == 1) acc /= (float)count;
-    else if (op == 7) acc = sqrt(acc);
-    else if (op == 8) acc = log(acc);
-    else if (op == 9) acc = log(acc) + m;
-    ST(y, i, acc);
+    ST(y, i, reduce_finish(op, part[0], count, m));
 }
 
 /* LayerNormalization over the last `size` elements of each row; scale and
