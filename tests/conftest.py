@@ -1,4 +1,4 @@
-"""Shared fixtures: event-loop flavours for the public API, and the real models."""
+"""Shared fixtures: event-loop flavours for the public API, a module's runtime, and the real models."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+import aiomnn
 from aiomnn import models
 
 LOOPS = [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), pytest.param("asyncio", id="asyncio"),
@@ -16,6 +17,14 @@ LOOPS = [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), pytest.pa
 def anyio_backend(request):
     """Public-API tests run under uvloop, the stdlib asyncio loop and trio."""
     return request.param
+
+
+@pytest.fixture(scope="module")
+def runtime(request):
+    """One runtime for the test module's CONFIG, shared by its tests."""
+    info = aiomnn.create_runtime(request.module.CONFIG)
+    yield info
+    info.close()
 
 
 def model_path(name: str):

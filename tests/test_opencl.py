@@ -38,13 +38,6 @@ def anyio_backend():
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
-def runtime():
-    info = aiomnn.create_runtime(CONFIG)
-    yield info
-    info.close()
-
-
 @dataclass
 class Case:
     id: str

@@ -48,13 +48,6 @@ def anyio_backend():
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
-def runtime():
-    info = aiomnn.create_runtime(CONFIG)
-    yield info
-    info.close()
-
-
 # Cases ----------------------------------------------------------------------------------------
 @dataclass
 class Case:
