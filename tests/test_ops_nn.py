@@ -113,6 +113,15 @@ CONV_CASES = [
     ((1, 16, 40, 40), (8, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # several im2col tiles
     ((1, 32, 64, 64), (32, 1, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1], "group": 32}),
     ((1, 64, 12, 20), (64, 1, 5, 5), {"pads": [2, 2, 2, 2], "group": 64}),
+    # Depthwise on maps shorter than the kernel: tiles skip the kernel rows that read only padding.
+    ((2, 12, 2, 30), (12, 1, 5, 5), {"pads": [2, 2, 2, 2], "group": 12}),
+    ((1, 16, 3, 21), (16, 1, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 1], "dilations": [1, 2], "group": 16}),
+    ((1, 6, 4, 9), (12, 1, 3, 3), {"pads": [0, 1, 3, 1], "strides": [3, 2], "group": 6}),
+    # Depthwise over long rows: no padding (read in place), channel blocks, row blocks.
+    ((1, 6, 5, 100), (6, 1, 3, 3), {"group": 6}),
+    ((1, 64, 10, 200), (64, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 64}),
+    ((1, 2, 400, 400), (2, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),
+    ((2, 4, 2, 40), (8, 1, 5, 5), {"pads": [2, 2, 2, 2], "strides": [1, 2], "group": 4}),  # multiplier 2
 ]
 
 
@@ -128,6 +137,10 @@ def test_conv(xs, ws, attrs, bias):
 
 def test_conv_weight_from_input():
     check("Conv", {"x": rand(2, 4, 7, 7), "w": rand(6, 4, 3, 3), "b": rand(6)}, attrs={"pads": [1, 1, 1, 1]})
+
+
+def test_depthwise_conv_weight_from_input():
+    check("Conv", {"x": rand(2, 6, 5, 7), "w": rand(6, 1, 5, 5), "b": rand(6)}, attrs={"pads": [2, 2, 2, 2], "group": 6})
 
 
 def test_conv_float16():
