@@ -7,7 +7,8 @@ OpenCL a candidate is a local work size; for CUDA it could be an algorithm.
 Everything else lives here and is the same for every backend:
 
 - TuningCache holds results by device and key, loads them from a JSON file
-  (never pickle) and writes that file atomically.
+  (never pickle) and writes that file atomically, merged with what other
+  runtimes or processes wrote to it meanwhile.
 - Tuner is one runtime's tuning state: its cache, its one background job and
   the progress callbacks. `pending(tasks)` is what `Runtime.measure` asks.
 - TuningJob is one background thread that times candidates with a
@@ -28,9 +29,14 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator, Protocol
 
 from .fence import Fence, offload
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: saves there are atomic but not merged under a lock
+    fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -142,35 +148,66 @@ class TuningCache:
             log.info("tuning cache %s: %d entries for %s", path, len(mine), self.device)
 
     def save(self) -> None:
-        """Write the file atomically (a temporary file, then os.replace), readable by its owner only."""
+        """Merge this device's entries into the file and write it atomically (a temporary file, then
+        os.replace), readable by its owner only.
+
+        The file is read again under a lock file, so that runtimes or processes sharing it lose none of
+        each other's entries: the file's own are kept and this cache's win where both have a key.
+        """
         with self._lock:
             if self.path is None or not self._dirty:
                 return
-            devices = dict(self._others)
-            devices[self.device] = dict(self._entries)
-            text = json.dumps({"schema": SCHEMA, "version": VERSION, "devices": devices}, indent=1, sort_keys=True)
+            mine = dict(self._entries)
+            others = dict(self._others)
             path = self.path
             self._dirty = False
-        folder = os.path.dirname(os.path.abspath(path))
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".tmp", dir=folder)  # mode 0o600
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(text)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.chmod(tmp, 0o600)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            with _locked(path):
+                try:
+                    with open(path, "rb") as f:
+                        devices = _parse(f.read(64 << 20))
+                except (OSError, ValueError):  # absent, unreadable or not ours: rewritten from memory
+                    devices = others
+                devices[self.device] = {**devices.get(self.device, {}), **mine}
+                text = json.dumps({"schema": SCHEMA, "version": VERSION, "devices": devices}, indent=1,
+                                  sort_keys=True)
+                _write_atomically(path, text)
         except OSError as exc:
             log.warning("cannot write the tuning cache %s: %s", path, exc)
             with self._lock:
                 self._dirty = True
             return
         log.info("tuning cache written to %s", path)
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """Hold an exclusive lock on `path`.lock (where the platform has flock) while the block runs."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_atomically(path: str, text: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tuning-", suffix=".tmp", dir=folder)  # mode 0o600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _parse(data: bytes) -> dict[str, dict[str, dict[str, Any]]]:

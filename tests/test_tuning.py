@@ -42,7 +42,7 @@ def test_cache_round_trip_is_atomic_and_private(tmp_path):
     doc = json.loads(path.read_text())
     assert doc["schema"] == tuning.SCHEMA and doc["version"] == tuning.VERSION
     assert doc["devices"]["dev A"]["k1"]["choice"] == [8, 8, 1]
-    assert [p.name for p in tmp_path.iterdir()] == ["cache.json"]  # no temporary file left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.json", "cache.json.lock"]  # no temporary file
 
     other = tuning.TuningCache("dev B")  # another device keeps dev A's entries when it writes
     other.load(str(path))
@@ -52,6 +52,32 @@ def test_cache_round_trip_is_atomic_and_private(tmp_path):
     again = tuning.TuningCache("dev A")
     again.load(str(path))
     assert again.get("k1")["choice"] == [8, 8, 1] and "k2" not in again
+
+
+def test_caches_sharing_a_file_keep_each_others_entries(tmp_path):
+    """Runtimes (or processes) that tune at once and save to one file: every entry survives."""
+    path = str(tmp_path / "cache.json")
+    caches = [tuning.TuningCache("dev A" if i % 2 else "dev B") for i in range(8)]
+    for i, cache in enumerate(caches):
+        cache.load(path)  # all load the same (absent) file, then tune different keys
+        cache.put(f"k{i}", i, 1e-6)
+    threads = [threading.Thread(target=c.save) for c in caches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for device in ("dev A", "dev B"):
+        merged = tuning.TuningCache(device)
+        merged.load(path)
+        keys = [f"k{i}" for i in range(8) if (i % 2 == 1) == (device == "dev A")]
+        assert len(merged) == 4 and all(k in merged for k in keys)
+    mine = tuning.TuningCache("dev A")  # a newer result for a key replaces the file's
+    mine.load(path)
+    mine.put("k1", "better", 1e-7)
+    mine.save()
+    again = tuning.TuningCache("dev A")
+    again.load(path)
+    assert again.get("k1")["choice"] == "better" and "k3" in again
 
 
 @pytest.mark.parametrize("content", [b"{not json", b'{"schema": "aiomnn-tuning-cache", "version": 1, "devi',
