@@ -526,6 +526,35 @@ async def test_cancelled_run_then_next_run(runtime):
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("precision", ["normal", "low"])
+async def test_large_inputs_go_through_the_submit_thread(precision):
+    """Inputs of 1 MiB or more are copied and submitted off the loop (fp16: cast on the device); a cancelled
+    run among them leaves the next one right."""
+    from aiomnn.backends.vulkan import backend as vkbackend
+
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none",
+                                                                                      precision=precision))
+    info = aiomnn.create_runtime(config)
+    try:
+        if precision == "low" and not info.runtimes[ForwardType.VULKAN].supports_fp16:
+            pytest.skip("the device has no 16-bit storage buffers")
+        shape = (2, 16, 96, 96)
+        assert np.prod(shape) * 4 >= vkbackend.OFFLOAD_BYTES
+        net = aiomnn.Interpreter.from_bytes(chain_model(3, shape))
+        x = r(*shape, seed=3)
+        want = 1 / (1 + np.exp(-np.tanh(x)))
+        want = np.tanh(want)
+        tol = 2e-3 if precision == "low" else 1e-5
+        async with await net.create_session(config, info) as s:
+            np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=tol, atol=tol)
+            with anyio.move_on_after(0.0005):
+                await s.run({"x": -x})
+            np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=tol, atol=tol)
+    finally:
+        info.close()
+
+
+@pytest.mark.anyio
 async def test_ring_never_resubmits_a_pending_buffer(runtime):
     """Two submissions of one segment in flight: the second gets its own recorded copy of the commands."""
     net = aiomnn.Interpreter.from_bytes(chain_model(120, (1, 16, 64, 64)))

@@ -13,7 +13,15 @@ Resize (the pipeline's alloc):
 
 Run (submit): copy the segment's host inputs into mapped memory, one
 vkQueueSubmit, and return an aiomnn Fence. The queue's waiter thread sees the
-completion, copies outputs into the values dict, and signals the fence.
+completion, copies outputs into the values dict, and signals the fence. Large
+inputs are copied and submitted on the runtime's submit thread instead, so the
+event loop never spends milliseconds in memcpy.
+
+With fp16 storage (precision="low") the host still reads and writes float32:
+inputs go to a float32 staging area and outputs come back in one, and cast
+dispatches recorded in the segment's command buffer convert on the device
+(numpy's float16 conversion costs a few nanoseconds an element, tens of
+milliseconds for a batch of images).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import struct
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,7 +38,7 @@ import vulkan as vk
 from aiomnn.backend import Backend, Execution, Tensor
 from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
-from aiomnn.fence import Fence
+from aiomnn.fence import Fence, offload
 from aiomnn.graph import Node
 from aiomnn.memory import Arena, Block, StorageType
 
@@ -39,6 +48,7 @@ from .queue import Submission
 if TYPE_CHECKING:
     from aiomnn.pipeline import Segment
 
+    from .device import Buffer
     from .runtime import VulkanRuntime
 
 log = logging.getLogger("aiomnn.vulkan")
@@ -52,6 +62,9 @@ _TRANSFER = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
 _HOST = vk.VK_PIPELINE_STAGE_HOST_BIT
 _SHADER_RW = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
 _TRANSFER_RW = vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+#: Inputs of at least this many bytes are copied on the submit thread: about 0.1 ms of memcpy.
+OFFLOAD_BYTES = 1 << 20
+CAST_LOCAL = 256
 
 
 class Dispatch:
@@ -67,7 +80,7 @@ class Dispatch:
 class Record:
     """A segment's recorded command buffers (a ring, grown only if one is still pending) and its host copies."""
 
-    __slots__ = ("slots", "uploads", "downloads", "pops", "make", "key")
+    __slots__ = ("slots", "uploads", "downloads", "pops", "make", "key", "upload_bytes")
 
     def __init__(self, make, uploads, downloads, pops, key):
         self.make = make  # records one more command buffer for this segment
@@ -76,6 +89,7 @@ class Record:
         self.downloads = downloads  # (name, host view)
         self.pops = pops  # host values whose last use is in this segment (known once a run brings the segment)
         self.key = key
+        self.upload_bytes = sum(view.nbytes for _, view, _ in uploads)
 
     @staticmethod
     def key_of(exes: list, uploads: list[str], downloads: list[str]) -> tuple:
@@ -108,7 +122,7 @@ class VulkanBackend(Backend):
         self._subs: list[Submission] = []
         self._arena_buf = self._io_dev = self._io_host = self._aux_buf = None
         self._extra_bufs: list = []
-        self._desc_pool = None
+        self._desc_pools: list = []
         self.predicted_hits = 0  # segments whose commands were recorded at resize (for tests)
         # Every node this backend was offered in this alloc pass, in order: (node, execution or None, inputs,
         # outputs). The fusion plan (fusion.plan_fusions) reads who consumes each value from it.
@@ -269,7 +283,7 @@ class VulkanBackend(Backend):
     def clear_buffers(self) -> None:
         """Free everything planned for the current shapes (the weights stay in the runtime's pool)."""
         if self.rt.closed:  # the device is gone, and everything made on it
-            self._subs, self._cmds, self._records, self._desc_pool = [], [], {}, None
+            self._subs, self._cmds, self._records, self._desc_pools = [], [], {}, []
             self._arena_buf = self._io_dev = self._io_host = self._aux_buf = None
             self._extra_bufs = []
             self._reset_plan()
@@ -283,9 +297,9 @@ class VulkanBackend(Backend):
         self._cmds = []
         self._records = {}
         self._predicted = {}
-        if self._desc_pool is not None:
-            vk.vkDestroyDescriptorPool(self.ctx.device, self._desc_pool, None)
-            self._desc_pool = None
+        for pool in self._desc_pools:
+            vk.vkDestroyDescriptorPool(self.ctx.device, pool, None)
+        self._desc_pools = []
         for b in (self._arena_buf, self._io_dev, self._io_host, self._aux_buf, *self._extra_bufs):
             if b is not None:
                 b.destroy()
@@ -319,21 +333,22 @@ class VulkanBackend(Backend):
             for loc, raw in self._aux:
                 data[loc.offset: loc.offset + len(raw)] = np.frombuffer(raw, np.uint8)
             upload(ctx, self.queue, self._aux_buf, 0, data)
-        self._write_descriptors()
+        self._write_descriptors([d for e in self._exes for d in e.dispatches])
         if not self.dry:
             self._predict()
 
-    def _write_descriptors(self) -> None:
-        dispatches = [d for e in self._exes for d in e.dispatches]
+    def _write_descriptors(self, dispatches: list[Dispatch]) -> None:
+        """Give each dispatch its descriptor set, from a pool sized for exactly these."""
         if not dispatches:
             return
         dev = self.ctx.device
         total = sum(d.kernel.nbind for d in dispatches)
         size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=total)
-        self._desc_pool = vk.vkCreateDescriptorPool(dev, vk.VkDescriptorPoolCreateInfo(
+        pool = vk.vkCreateDescriptorPool(dev, vk.VkDescriptorPoolCreateInfo(
             maxSets=len(dispatches), poolSizeCount=1, pPoolSizes=[size]), None)
+        self._desc_pools.append(pool)
         sets = vk.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
-            descriptorPool=self._desc_pool, descriptorSetCount=len(dispatches),
+            descriptorPool=pool, descriptorSetCount=len(dispatches),
             pSetLayouts=[d.kernel.set_layout for d in dispatches]))
         # Raw structures: the wrappers cost tens of microseconds per struct.
         infos = ffi.new("VkDescriptorBufferInfo[]", total)
@@ -413,21 +428,26 @@ class VulkanBackend(Backend):
         downloads = [(n, self._locs[n], self._shapes[n]) for n in download_names]
         dispatches = [d for e in exes for d in e.dispatches]
         staged = not self.ctx.unified
-        up_views = [(n, self._io_host.view(loc.offset, self.store, shape), shape) for n, loc, shape in uploads]
-        if staged and downloads:
-            rb_size = 0
-            rb_offsets = []
-            for _, loc, _ in downloads:
-                off = align_up(rb_size, self.align)
-                rb_offsets.append(off)
-                rb_size = off + max(loc.nbytes, 1)
-            readback = self.ctx.host_buffer(rb_size, readback=True)
-            self._extra_bufs.append(readback)
-            down_views = [(n, readback.view(off, self.store, shape))
-                          for (n, _, shape), off in zip(downloads, rb_offsets)]
+        cast_in: list[Dispatch] = []
+        cast_out: list[Dispatch] = []
+        if self.fp16 and uploads:
+            stage, offsets = self._host_area([shape for *_, shape in uploads], readback=False)
+            up_views = [(n, stage.view(off, F32, shape), shape) for (n, _, shape), off in zip(uploads, offsets)]
+            cast_in = [self._cast(loc, stage, off, shape, to_f32=False)
+                       for (_, loc, shape), off in zip(uploads, offsets)]
         else:
-            readback, rb_offsets = None, []
+            up_views = [(n, self._io_host.view(loc.offset, self.store, shape), shape) for n, loc, shape in uploads]
+        readback, rb_offsets = None, []
+        if (staged or self.fp16) and downloads:
+            readback, rb_offsets = self._host_area([shape for *_, shape in downloads], readback=True)
+            down_views = [(n, readback.view(off, F32, shape)) for (n, _, shape), off in zip(downloads, rb_offsets)]
+            if self.fp16:
+                cast_out = [self._cast(loc, readback, off, shape, to_f32=True)
+                            for (_, loc, shape), off in zip(downloads, rb_offsets)]
+                readback = None  # the casts fill it: nothing to copy
+        else:
             down_views = [(n, self.host_view(loc, shape)) for n, loc, shape in downloads]
+        self._write_descriptors(cast_in + cast_out)
 
         def make() -> Submission:
             cmd = self.ctx.command_buffers(1)[0]
@@ -436,23 +456,14 @@ class VulkanBackend(Backend):
             # Earlier submissions' writes (other segments, other runs) become visible here.
             everything = _SHADER_RW | _TRANSFER_RW
             _barrier(cmd, _COMPUTE | _TRANSFER, _COMPUTE | _TRANSFER, everything, everything)
-            if staged and uploads:
+            if cast_in:
+                _record(cmd, cast_in)
+            elif staged and uploads:
                 regions = [vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=loc.offset, size=max(loc.nbytes, 1))
                            for _, loc, _ in uploads]
                 vk.vkCmdCopyBuffer(cmd, self._io_host.handle, self._io_dev.handle, len(regions), regions)
                 _barrier(cmd, _TRANSFER, _COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, _SHADER_RW)
-            bound = None
-            for d in dispatches:
-                k = d.kernel
-                if k.pipeline is not bound:
-                    vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, k.pipeline)
-                    bound = k.pipeline
-                lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, k.layout, 0, 1,
-                                            ffi.new("VkDescriptorSet[1]", [d.set]), 0, ffi.NULL)
-                lib.vkCmdPushConstants(cmd, k.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(d.push),
-                                       ffi.from_buffer(d.push))
-                lib.vkCmdDispatch(cmd, *d.groups)
-                _barrier(cmd, _COMPUTE, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, _SHADER_RW)
+            _record(cmd, dispatches + cast_out)
             if readback is not None:
                 _barrier(cmd, _COMPUTE, _TRANSFER, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_TRANSFER_READ_BIT)
                 for (_, loc, _), off in zip(downloads, rb_offsets):
@@ -468,6 +479,24 @@ class VulkanBackend(Backend):
 
         return Record(make, up_views, down_views, pops, Record.key_of(exes, upload_names, download_names))
 
+    def _host_area(self, shapes: list[tuple[int, ...]], readback: bool):
+        """A host buffer holding a float32 tensor of each shape, and their offsets in it."""
+        size, offsets = 0, []
+        for shape in shapes:
+            off = align_up(size, self.align)
+            offsets.append(off)
+            size = off + max(int(np.prod(shape, dtype=np.int64)) * F32.itemsize, 1)
+        buf = self.ctx.host_buffer(size, readback=readback)
+        self._extra_bufs.append(buf)
+        return buf, offsets
+
+    def _cast(self, dev: Loc, host: "Buffer", offset: int, shape: tuple[int, ...], to_f32: bool) -> Dispatch:
+        """A dispatch converting a device tensor from (or to) float32 at `offset` of a host buffer."""
+        n = int(np.prod(shape, dtype=np.int64))
+        k = self.ctx.kernel("cast", True, (CAST_LOCAL, 1, 1), (int(to_f32),))
+        groups = (max(1, min(-(-n // CAST_LOCAL), self.ctx.max_groups[0], 65535)), 1, 1)
+        return Dispatch(k, [dev, Loc("host", offset, n * F32.itemsize, host)], struct.pack("<i", n), groups)
+
     def profile(self, segment: "Segment", values: dict[str, Any], repeat: int = 3) -> list[tuple[str, str, float]]:
         """Device time of every dispatch of a segment, in seconds: (node name, kernel, best of `repeat`).
 
@@ -480,6 +509,8 @@ class VulkanBackend(Backend):
         self._records[segment] = rec
         for name, view, shape in rec.uploads:
             np.copyto(view, values[name], casting="unsafe")
+        # One whole run first: it brings the inputs in (fp16 casts them on the device) and warms up.
+        self.queue.wait_value(self.queue.submit(rec.slot(), lambda err: None))
         dev = self.ctx.device
         n = 2 * len(dispatches)
         pool = vk.vkCreateQueryPool(dev, vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP,
@@ -522,33 +553,57 @@ class VulkanBackend(Backend):
             rec = self._records.get(segment)
             if rec is None:
                 rec = self._records[segment] = self._record_segment(segment)
+            if rec.upload_bytes >= OFFLOAD_BYTES:
+                offload(self.rt.submitter, self._start, rec, values, fence)
+            else:
+                self._start(rec, values, fence)
+        except BaseException as exc:
+            fence.signal(error=exc)
+        return fence
+
+    def _start(self, rec: Record, values: dict[str, Any], fence: Fence) -> None:
+        """Copy the inputs into mapped memory and submit; errors go to the fence."""
+        try:
             for name, view, shape in rec.uploads:
                 v = values[name]
                 if v.shape != shape:
                     raise BackendError(f"input {name!r} has shape {v.shape}, the plan has {shape}")
                 np.copyto(view, v, casting="unsafe")
             sub = rec.slot()
-            done = functools.partial(_finish, rec, values, fence, self.fp16)
-            self._last_value = self.queue.submit(sub, done)
+            self._last_value = self.queue.submit(sub, functools.partial(_finish, rec, values, fence))
         except BaseException as exc:
             fence.signal(error=exc)
-        return fence
 
 
-def _finish(rec: Record, values: dict[str, Any], fence: Fence, fp16: bool, err: BaseException | None) -> None:
+def _finish(rec: Record, values: dict[str, Any], fence: Fence, err: BaseException | None) -> None:
     """On the waiter thread: the segment completed; copy its outputs to the host and signal."""
     if err is not None:
         fence.signal(error=BackendError(f"the Vulkan run failed: {err}"))
         return
     try:
         for name, view in rec.downloads:
-            values[name] = view.astype(F32) if fp16 else view.copy()
+            values[name] = view.copy()
         for name in rec.pops:
             values.pop(name, None)
     except BaseException as exc:
         fence.signal(error=exc)
         return
     fence.signal()
+
+
+def _record(cmd, dispatches: list[Dispatch]) -> None:
+    """Record dispatches, each followed by a barrier that makes its writes visible to the next."""
+    bound = None
+    for d in dispatches:
+        k = d.kernel
+        if k.pipeline is not bound:
+            vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, k.pipeline)
+            bound = k.pipeline
+        lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, k.layout, 0, 1,
+                                    ffi.new("VkDescriptorSet[1]", [d.set]), 0, ffi.NULL)
+        lib.vkCmdPushConstants(cmd, k.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(d.push), ffi.from_buffer(d.push))
+        lib.vkCmdDispatch(cmd, *d.groups)
+        _barrier(cmd, _COMPUTE, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, _SHADER_RW)
 
 
 def _barrier(cmd, src_stage: int, dst_stage: int, src_access: int, dst_access: int) -> None:

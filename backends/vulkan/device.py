@@ -43,7 +43,8 @@ _BUFFER_USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRAN
 #: Bindings per kernel: output first, then inputs (see shaders/*.comp).
 KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "conv": 4, "convt": 4, "matmul": 4, "matmul_direct": 4,
                    "pool": 2, "reduce": 2, "softmax": 2, "layernorm": 4, "resize": 3,
-                   "conv_gemm": 6}  # out, x, w, bias, partial sums, tile counters
+                   "conv_gemm": 6,  # out, x, w, bias, partial sums, tile counters
+                   "cast": 2}  # device tensor, float32 host staging
 #: Kernels whose workgroup size is fixed in the shader (tiles in shared memory).
 FIXED_LOCAL = {"matmul": (16, 16, 1)}
 PUSH_BYTES = 128  # the minimum every device guarantees

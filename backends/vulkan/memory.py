@@ -10,6 +10,8 @@ A Loc names a tensor's bytes: a region and an offset. Regions:
 * static STATIC weights, uploaded once into the runtime's pool and shared by every
          session of the runtime that uses the same array.
 * aux    small per-plan tables made on the host (resize taps).
+* host   float32 staging areas of an fp16 plan (in Loc.buffer), which cast dispatches
+         read inputs from and write outputs to.
 """
 
 from __future__ import annotations

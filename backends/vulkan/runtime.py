@@ -1,8 +1,9 @@
 """The Vulkan runtime: what the sessions on one device share.
 
-It owns the logical device and its compute queue (with the waiter thread),
-the compiled pipelines and the VkPipelineCache, and the weight pool. Backends
-(one per pipeline) plan their activations into their own arena buffers.
+It owns the logical device and its compute queue (with the waiter thread), a
+submit thread for runs whose inputs are large to copy, the compiled pipelines
+and the VkPipelineCache, and the weight pool. Backends (one per pipeline) plan
+their activations into their own arena buffers.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 import os
 import tempfile
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiomnn.config import BackendConfig, ForwardType, ScheduleConfig
@@ -42,6 +44,8 @@ class VulkanRuntime(Runtime):
         self.ctx = vkdev.Context(info, physical)
         self.queue = Queue(self.ctx.device, self.ctx.queue_handle, self.ctx.timeline)
         self.static = StaticPool(self.ctx, self.queue)
+        # One thread, so the submissions it makes keep their order.
+        self.submitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-vulkan-submit")
         identity = (f"vulkan|{info.name}|{self.ctx.props.vendorID:04x}:{self.ctx.props.deviceID:04x}"
                     f"|driver {self.ctx.props.driverVersion}|api {vkdev.version_str(info.api)}")
         self.identity = identity
@@ -149,6 +153,7 @@ class VulkanRuntime(Runtime):
         if self.closed:
             return
         self.tuner.close()
+        self.submitter.shutdown(wait=True)
         for backend in list(self._backends):  # sessions left open: free what they made on the device
             backend.clear_buffers()
         self.closed = True
