@@ -14,7 +14,7 @@ import math
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import anyio
@@ -167,6 +167,12 @@ CASES = [
          ("Conv",), {"w": r(18, 4, 3, 3, seed=1), "b": r(18, seed=2)}),
     Case("conv_gemm_split_k", [n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["y"])],
          {"x": (1, 64, 5, 4)}, ("Conv",), {"w": r(40, 64, 3, 3, seed=1, scale=0.1), "b": r(40, seed=2)}),
+    # Pointwise convs whose matmul would have few tiles run conv_gemm on GPUs (test_op: the matmul on lavapipe): a
+    # squeeze-excite matrix-vector product (one pixel per image) and one over a few pixels, their sums split.
+    Case("conv_gemm_pointwise_split_k", [n("Conv", ["x", "w", "b"], ["c"]), n("HardSigmoid", ["c"], ["y"])],
+         {"x": (2, 512, 1, 1)}, ("Conv",), {"w": r(24, 512, 1, 1, seed=1, scale=0.1), "b": r(24, seed=2)}),
+    Case("conv_gemm_pointwise_pixels_split_k", [n("Conv", ["x", "w"], ["y"])], {"x": (2, 200, 3, 7)}, ("Conv",),
+         {"w": r(33, 200, 1, 1, seed=1, scale=0.1)}),
     Case("convtranspose_s2k2", [n("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2])], {"x": (1, 4, 5, 6)},
          ("ConvTranspose",), {"w": r(4, 3, 2, 2, seed=1), "b": r(3, seed=2)}),
     Case("convtranspose_pads_outpad", [n("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1],
@@ -299,24 +305,33 @@ def conv_launches(session) -> list:
             for pair in zip(st.execution.launches, st.execution.dispatches)]
 
 
+def as_gpu(runtime, monkeypatch) -> None:
+    """Plan as on a GPU, where pointwise convs with few matmul tiles take conv_gemm (on lavapipe they stay matmuls)."""
+    ctx = runtime.runtimes[ForwardType.VULKAN].ctx
+    monkeypatch.setattr(ctx, "info", replace(ctx.info, is_gpu=True))
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("case", CONV_GEMM, ids=[c.id for c in CONV_GEMM])
-async def test_conv_gemm_taken(case, runtime):
-    """These cases run conv_gemm (not the direct kernel), and conv_gemm_split_k splits its sum (the grid's z)."""
+async def test_conv_gemm_taken(case, runtime, monkeypatch):
+    """These cases run conv_gemm (not the direct kernel or the matmul), and the split_k ones split their sum (the
+    grid's z)."""
+    as_gpu(runtime, monkeypatch)
     net = aiomnn.Interpreter.from_bytes(case.model())
     async with await net.create_session(CONFIG, runtime) as s:
         await s.run(case.feeds())
         [(launch, dispatch)] = conv_launches(s)
     assert dispatch.kernel.name == "conv_gemm", launch.work
-    assert (dispatch.groups[2] > launch.work.groups) == (case.id == "conv_gemm_split_k"), (launch.work, dispatch.groups)
+    assert (dispatch.groups[2] > launch.work.groups) == case.id.endswith("split_k"), (launch.work, dispatch.groups)
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("cid", ["conv_gemm_groups", "conv_gemm_split_k"])
+@pytest.mark.parametrize("cid", ["conv_gemm_groups", "conv_gemm_split_k", "conv_gemm_pointwise_split_k"])
 async def test_conv_gemm_every_choice(cid, runtime, monkeypatch):
     """Every tile shape and split that tuning may choose gives the CPU's result."""
     from aiomnn.backends.vulkan.launch import Convolution
 
+    as_gpu(runtime, monkeypatch)
     case = next(c for c in CASES if c.id == cid)
     data, feeds = case.model(), case.feeds()
     want, _, _ = await run(data, feeds, CPU)

@@ -22,7 +22,7 @@ from aiomnn.errors import BackendError
 from aiomnn.graph import Node
 
 from .backend import Dispatch
-from .launch import CONV_SPLITS, Convolution, Grid, Launch, Matmul, Rows, Work
+from .launch import CONV_BUSY, CONV_SLICE, CONV_SPLITS, Convolution, Grid, Launch, Matmul, Rows, Work
 from .memory import Loc
 
 if TYPE_CHECKING:
@@ -500,19 +500,23 @@ class Conv(VkOp):
         bl = self.loc(b) if b is not None else wt
         code, a1, a2 = self.act
         out = self.out_locs[0]
-        if self.pointwise:
-            # out[n] = W (co x c) @ X[n] (c x hw) + bias per row: the tiled matmul.
+        cog = co // g
+        k, npix = c // g * kernel[0] * kernel[1], n * oh * ow
+        small = k < CONV_GEMM_MIN_K or cog < CONV_GEMM_MIN_M
+        few_tiles = self.b.ctx.info.is_gpu and n * -(-co // 64) * -(-h * w // 64) < CONV_BUSY
+        if self.pointwise and (small or not few_tiles or k < 2 * CONV_SLICE):
+            # out[n] = W (co x c) @ X[n] (c x hw) + bias per row: the matmul. Where its 64 x 64 tiles are too few
+            # to fill a GPU (each walks all of k alone: latency) and k is deep enough to split, conv_gemm below
+            # splits the sum instead (not on CPU implementations: there the matmul's barrier-free direct kernel wins).
             hw = h * w
             push = pack(co, hw, c, 1, [n, 0, 0], [0, 0, 0], [c * hw, 0, 0], c, 1, hw, 1,
                         int(b is not None), 1, 0, _f(1.0), _f(1.0), _f(a1), _f(a2))
             self.dispatch("matmul", [out, wt, x, bl], push, Matmul(co, hw, n), consts=(code,))
             return
-        cog = co // g
         blocks = -(-cog // 4)
         push = pack(n, c, h, w, co, oh, ow, kernel[0], kernel[1], strides[0], strides[1], dils[0], dils[1],
                     pads[0], pads[1], g, int(b is not None), _f(a1), _f(a2), blocks)
-        k, npix = c // g * kernel[0] * kernel[1], n * oh * ow
-        if k < CONV_GEMM_MIN_K or cog < CONV_GEMM_MIN_M:  # depthwise and the like: the direct kernel
+        if small:  # depthwise and the like: the direct kernel
             self.dispatch("conv", [out, x, wt, bl], push, Grid(n * g * blocks * oh * ow), consts=(code,))
             return
         # The implicit GEMM (conv_gemm.comp), one per group. Tuning picks its tile and how many workgroups

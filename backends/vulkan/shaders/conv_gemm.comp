@@ -37,6 +37,32 @@ const int RS = T / BN;       // invocations per pixel of the input tile
 const int LB = TK / RS;      // inputs each invocation loads per step: rows kb + j * RS of its pixel
 #define OUT (-(1 << 29))     // a row far outside the input
 
+#ifdef FP16
+// float16 weights go two at a time (one 32-bit load through this second view of binding 2) where K is even, so a
+// pair never straddles rows; ra[t] holds k = 2 * (e % (TK / 2)) + t % 2 of row e / (TK / 2), e = tid + t / 2 * T.
+layout(std430, set = 0, binding = 2) readonly buffer W2 { f16vec2 w2[]; };
+#define WK(t) (2 * ((tid + (t) / 2 * T) % (TK / 2)) + (t) % 2)
+#define WM(t) ((tid + (t) / 2 * T) / (TK / 2))
+#define LOAD_W(k1)                                                                                      \
+        [[unroll]] for (int t = 0; t < LA; t += 2) {                                                \
+            int kk = (k1) + WK(t), i = wb + WM(t) * K + kk;                                         \
+            vec2 v = vec2(0.0);                                                                     \
+            if (m0 + WM(t) < cog && kk < kend)                                                      \
+                v = K % 2 == 0 ? vec2(w2[i >> 1]) : vec2(float(w[i]), kk + 1 < kend ? float(w[i + 1]) : 0.0); \
+            ra[t] = v.x;                                                                            \
+            ra[t + 1] = v.y;                                                                        \
+        }
+#else
+#define WK(t) ((tid + (t) * T) % TK)
+#define WM(t) ((tid + (t) * T) / TK)
+#define LOAD_W(k1)                                                                                      \
+        [[unroll]] for (int t = 0; t < LA; ++t) {                                                   \
+            int e = tid + t * T, kk = e % TK, mm = e / TK;                                          \
+            ra[t] = 0.0;                                                                            \
+            if (m0 + mm < cog && (k1) + kk < kend) ra[t] = float(w[wb + mm * K + (k1) + kk]);       \
+        }
+#endif
+
 shared float As[TK][BM + 1];
 shared float Bs[TK][BN];
 shared ivec3 kt[2][TK];      // per row of a step: offset in the input, and the tap's (dh, dw)
@@ -67,11 +93,7 @@ void main() {
                                   ((k) % ksz / p.KW) * p.DH, ((k) % p.KW) * p.DW) : ivec3(0, OUT, 0))
     float ra[LA], rb[LB];
 #define LOAD(k1, buf) {                                                                          \
-        [[unroll]] for (int t = 0; t < LA; ++t) {                                                 \
-            int e = tid + t * T, kk = e % TK, mm = e / TK;                                        \
-            ra[t] = 0.0;                                                                          \
-            if (m0 + mm < cog && (k1) + kk < kend) ra[t] = float(w[wb + mm * K + (k1) + kk]);     \
-        }                                                                                         \
+        LOAD_W(k1)                                                                                \
         [[unroll]] for (int j = 0; j < LB; ++j) {                                                 \
             ivec3 r = kt[buf][kb + j * RS];                                                       \
             rb[j] = 0.0;                                                                          \
@@ -87,10 +109,7 @@ void main() {
     LOAD(kbeg, 0)
     int buf = 0;
     for (int k0 = kbeg; k0 < kend; k0 += TK) {
-        [[unroll]] for (int t = 0; t < LA; ++t) {
-            int e = tid + t * T;
-            As[e % TK][e / TK] = ra[t];
-        }
+        [[unroll]] for (int t = 0; t < LA; ++t) As[WK(t)][WM(t)] = ra[t];
         [[unroll]] for (int j = 0; j < LB; ++j) Bs[kb + j * RS][nn] = rb[j];
         if (tid < TK) kt[buf ^ 1][tid] = ROW(k0 + TK + tid);
         barrier();
