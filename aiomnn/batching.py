@@ -46,6 +46,7 @@ class BatchingSession:
         self.batches = 0  # how many batched runs were made
         self._send, self._receive = anyio.create_memory_object_stream[_Request](math.inf)
         self._tasks: anyio.abc.TaskGroup | None = None
+        self._buffers: dict[str, np.ndarray] = {}  # per input: where batches are stacked, reused
 
     async def __aenter__(self) -> "BatchingSession":
         self._tasks = anyio.create_task_group()
@@ -102,7 +103,7 @@ class BatchingSession:
                     outs = await self.session.run(reqs[0].feeds)
                     reqs[0].result = outs
                 else:
-                    feeds = {k: np.concatenate([r.feeds[k] for r in reqs]) for k in reqs[0].feeds}
+                    feeds = {k: self._stack(k, [r.feeds[k] for r in reqs]) for k in reqs[0].feeds}
                     outs = await self.session.run(feeds)
                     self._split(reqs, outs)
                 self.batches += 1
@@ -112,6 +113,18 @@ class BatchingSession:
             for r in reqs:
                 r.done.set()
 
+    def _stack(self, name: str, arrays: list[np.ndarray]) -> np.ndarray:
+        """np.concatenate into the buffer the last batch used. Stacking into fresh memory faults its pages
+        in on the event loop's thread: 1.3 ms per batch of 16 cls inputs (16 x 110 KB), against 0.2 ms into
+        a buffer already in use. The buffer is free again: the last batch's run has ended (the worker runs one
+        at a time) and Session.run never returns a view of a feed."""
+        first = arrays[0]
+        rows = sum(len(a) for a in arrays)
+        buf = self._buffers.get(name)
+        if buf is None or len(buf) < rows or buf.shape[1:] != first.shape[1:] or buf.dtype != first.dtype:
+            buf = self._buffers[name] = np.empty((rows,) + first.shape[1:], first.dtype)
+        return np.concatenate(arrays, out=buf[:rows])
+
     @staticmethod
     def _split(reqs: list[_Request], outs: dict[str, np.ndarray]) -> None:
         total = sum(r.size for r in reqs)
@@ -119,7 +132,9 @@ class BatchingSession:
             if not isinstance(v, np.ndarray) or v.ndim == 0 or v.shape[0] != total:
                 raise AiomnnError(f"output {name!r} has shape {getattr(v, 'shape', None)}, "
                                   f"not a batch of {total}: this model cannot be batched")
+        # Views, not copies: the batched outputs are fresh arrays that nobody else holds (Session.run
+        # returns owned outputs), and the callers' parts do not overlap.
         start = 0
         for r in reqs:
-            r.result = {name: v[start:start + r.size].copy() for name, v in outs.items()}
+            r.result = {name: v[start:start + r.size] for name, v in outs.items()}
             start += r.size

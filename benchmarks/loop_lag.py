@@ -1,7 +1,8 @@
 """Event-loop lag while serving a real model: aiomnn against onnxruntime, in one run.
 
 16 concurrent requests of a public model while a 1 ms ticker measures how late
-the loop wakes it. Three cases side by side:
+the loop wakes it. The cases side by side, after the ticker alone on an idle loop
+(the machine's own baseline):
   aiomnn                 await session.run(...)           (one session: runs queue in order)
   aiomnn batching        await BatchingSession(...).run(...) (concurrent requests share batched runs)
   onnxruntime direct     sess.run(...) called inside the coroutine (blocks the loop)
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -21,6 +23,18 @@ import onnxruntime as ort
 import aiomnn
 from aiomnn import models
 from aiomnn.cli import serve
+
+
+async def idle_lag(seconds: float) -> dict[str, float]:
+    """The same 1 ms ticker with nothing else running: what this machine's scheduler alone costs."""
+    lags = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        await asyncio.sleep(0.001)
+        lags.append(max(0.0, time.perf_counter() - t - 0.001))
+    lag = np.array(lags) * 1e3
+    return {"lag_p50": float(np.percentile(lag, 50)), "lag_p99": float(np.percentile(lag, 99))}
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -49,11 +63,15 @@ async def main(args: argparse.Namespace) -> None:
                                 ("onnxruntime direct", ort_direct), ("onnxruntime executor", ort_executor)):
                 stats = await serve(lambda i: feeds, call, args.requests, args.concurrency)
                 rows.append((label, stats))
+            batches = batched.batches
+        idle = await idle_lag(2.0)
     print(f"\nmodel {args.model} {spec.shapes[0]}, {args.requests} requests, {args.concurrency} concurrent, "
           f"{args.threads} threads, loop {'uvloop' if args.uvloop else 'asyncio'}")
     print(f"{'case':22s} {'lag p50 ms':>10s} {'lag p99 ms':>10s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s}")
+    print(f"{'idle loop':22s} {idle['lag_p50']:10.2f} {idle['lag_p99']:10.2f}")
     for label, s in rows:
         print(f"{label:22s} {s['lag_p50']:10.2f} {s['lag_p99']:10.2f} {s['throughput']:8.1f} {s['p50']:8.2f} {s['p99']:8.2f}")
+    print(f"batching: {args.requests / batches:.1f} requests per batched run on average")
 
 
 if __name__ == "__main__":

@@ -139,6 +139,30 @@ async def test_batching_gives_each_caller_its_own_result(net):
             np.testing.assert_allclose(got[i], want[i], rtol=1e-5)
 
 
+async def test_batching_results_outlive_the_next_batch():
+    """Batches are stacked into one reused buffer; an output that is the input itself must still be
+    each caller's own copy, untouched by the batches after it."""
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])])
+    net = aiomnn.Interpreter.from_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+                                        .SerializeToString())
+    got = {}
+    async with await net.create_session(aiomnn.ScheduleConfig(type="cpu")) as s, \
+            aiomnn.BatchingSession(s, max_batch=4, max_delay_ms=20) as batched:
+
+        async def call(i):
+            got[i] = (await batched.run({"x": np.full((1, 4), i, np.float32)}))["y"]
+
+        for wave in range(3):
+            async with anyio.create_task_group() as tg:
+                for i in range(4 * wave, 4 * wave + 4):
+                    tg.start_soon(call, i)
+        assert batched.batches < 12
+    for i in range(12):
+        np.testing.assert_array_equal(got[i], np.full((1, 4), i, np.float32))
+
+
 async def test_batching_needs_a_dynamic_batch_dimension():
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
@@ -191,3 +215,19 @@ async def test_workers_yield_the_cpu_to_the_event_loop(net, power, nice):
         s.pipeline.segments[0].steps[0].execution.on_execute = probe
         await s.run(feed(1))
     assert seen["nice"] - os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == nice
+
+
+@pytest.mark.parametrize("power,yields", [("normal", True), ("high", False)])
+async def test_workers_below_the_loop_give_their_core_away_between_kernels(net, power, yields, monkeypatch):
+    """A niced worker calls sched_yield between kernels (at most every YIELD_EVERY), so the loop's thread,
+    woken on its core, gets in; power="high" workers keep the loop's priority and never yield."""
+    from aiomnn.backends.cpu import backend as cpu_backend
+
+    calls = []
+    monkeypatch.setattr(cpu_backend, "_sched_yield", lambda: calls.append(1))
+    monkeypatch.setattr(cpu_backend, "YIELD_EVERY", 0.0)
+    config = aiomnn.ScheduleConfig(type="cpu", num_threads=2, backend_config=aiomnn.BackendConfig(power=power))
+    async with await net.create_session(config) as s:
+        await s.run(feed(1))
+        steps = sum(len(seg.steps) for seg in s.pipeline.segments)
+    assert len(calls) == (steps if yields else 0)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +23,16 @@ if TYPE_CHECKING:
     from aiomnn.pipeline import Segment
 
 
+#: How often a CPU worker gives its core away between kernels, when it runs below the event loop's priority.
+#: The loop's thread, woken on a core a worker runs on, is not always let in at once, even at nice 10. On the
+#: 2-core test machine (Linux 6.18) serving cls with benchmarks/loop_lag.py the loop's p99 lag sat at 4.9 ms
+#: whatever the GIL switch interval (5, 1 or 0.5 ms), so the wait is the scheduler's, not the GIL's; an idle
+#: loop's was 1.0-1.1 ms. Yielding every 0.5 ms took it to 1.3-1.6 ms (every 0.1 ms: 1.4, every 2 ms: 2.8),
+#: with no throughput change above the machine's noise.
+YIELD_EVERY = 0.0005
+_sched_yield = getattr(os, "sched_yield", None)  # it also lets go of the GIL, which the woken loop needs
+
+
 class CpuBackend(Backend):
     type = ForwardType.CPU
 
@@ -27,6 +40,7 @@ class CpuBackend(Backend):
         super().__init__(runtime, config)
         self.memory: np.ndarray | None = None
         self._planned: list[Kernel] = []
+        self._plans: dict[Segment, list[tuple]] = {}  # run_segment's view of each segment
 
     def on_create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution | None:
         impl = OPS.lookup(node)
@@ -63,6 +77,10 @@ class CpuBackend(Backend):
         super().on_resize_begin()
         self._planned = []
 
+    def clear_buffers(self) -> None:
+        super().clear_buffers()
+        self._plans = {}  # the segments they were made for are gone with the plan
+
     def on_resize_end(self) -> None:
         self.memory = np.empty(self.arena.size, dtype=np.uint8) if self.arena.size else None
         for b in self.blocks:
@@ -75,30 +93,44 @@ class CpuBackend(Backend):
         return offload(self.runtime.executor, self.run_segment, segment, values)
 
     def run_segment(self, segment: "Segment", values: dict[str, Any]) -> None:
-        arena = self.memory
-        with self.runtime.pool.running():
-            for step, frees in zip(segment.steps, segment.frees):
-                execution = step.execution
+        pool = self.runtime.pool
+        yield_at = time.perf_counter() + YIELD_EVERY if pool.nice > 0 and _sched_yield is not None else math.inf
+        with pool.running():
+            for execution, inputs, outputs, frees, check_views, node in self._plan(segment):
+                if time.perf_counter() >= yield_at:
+                    _sched_yield()
+                    yield_at = time.perf_counter() + YIELD_EVERY
                 try:
-                    outs = execution.on_execute([values[x] if x else None for x in step.inputs], [])
+                    outs = execution.on_execute([values[x] if x else None for x in inputs], [])
                 except AiomnnError:
                     raise
                 except Exception as exc:
-                    raise BackendError(f"{step.node} failed on the CPU: {type(exc).__name__}: {exc}") from exc
+                    raise BackendError(f"{node} failed on the CPU: {type(exc).__name__}: {exc}") from exc
                 if type(outs) is not tuple:
                     outs = (outs,)
-                names = step.outputs
-                if len(outs) < len(names) and len(outs) < sum(1 for o in names if o):
-                    raise BackendError(f"{step.node} returned {len(outs)} outputs, the model wants {len(names)}")
-                # A view of a planned buffer from a kernel that does not own it would outlive the buffer.
-                check_views = arena is not None and not getattr(execution, "writes_outputs", False)
-                for name, v in zip(names, outs):
-                    if name:
-                        if check_views and isinstance(v, np.ndarray) and v.base is not None and _root(v) is arena:
+                try:
+                    for i, name in outputs:
+                        v = outs[i]
+                        # A view of a planned buffer from a kernel that does not own it would outlive the buffer.
+                        if check_views and isinstance(v, np.ndarray) and v.base is not None and _root(v) is self.memory:
                             v = v.copy()
                         values[name] = v
+                except IndexError:
+                    raise BackendError(f"{node} returned {len(outs)} outputs, the model wants "
+                                       f"{len(node.outputs)}") from None
                 for x in frees:
                     values.pop(x, None)
+
+    def _plan(self, segment: Segment) -> list[tuple]:
+        """What run_segment needs of each step, worked out on the segment's first run instead of on every one
+        (it is the Python work a run does between kernels, on every step, holding the GIL)."""
+        plan = self._plans.get(segment)
+        if plan is None:
+            plan = self._plans[segment] = [
+                (s.execution, s.inputs, [(i, o) for i, o in enumerate(s.outputs) if o], frees,
+                 self.memory is not None and not getattr(s.execution, "writes_outputs", False), s.node)
+                for s, frees in zip(segment.steps, segment.frees)]
+        return plan
 
 
 def _root(a: np.ndarray) -> Any:

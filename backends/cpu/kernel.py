@@ -17,6 +17,7 @@ helper threads share it with the thread that runs the kernel.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import os
@@ -87,17 +88,24 @@ def create(impl: Any, node: Node, inputs: list[Tensor | None], outputs: list[Ten
     _check_attrs(impl, attrs, node, skip=0)
     if not attrs:
         return FunctionKernel(impl)
-    return FunctionKernel(lambda *xs, _fn=impl, _a=attrs: _fn(*xs, **_a))
+    return FunctionKernel(functools.partial(impl, **attrs))
 
 
 def _check_attrs(fn: Callable[..., Any], attrs: dict[str, Any], node: Node, skip: int) -> None:
-    params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
-    names = {n for n, p in list(params.items())[skip:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-    extra = sorted(set(attrs) - names)
+    names = _attr_names(fn, skip)
+    extra = [] if names is None else sorted(set(attrs) - names)
     if extra:
         raise Unsupported(f"attribute(s) {', '.join(extra)} not supported")
+
+
+@functools.cache
+def _attr_names(fn: Callable[..., Any], skip: int) -> frozenset[str] | None:
+    """The attributes an op implementation accepts (None: any). Cached: inspect.signature took half of
+    every re-plan (a new batch size re-creates every kernel and re-folds every constant node)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return None
+    return frozenset(n for n, p in list(params.items())[skip:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 _LOCAL = threading.local()
