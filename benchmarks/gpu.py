@@ -11,8 +11,9 @@ The torch models come from a small interpreter of the ONNX graph written here
 (shape-only subgraphs are folded first by aiomnn's encode step), checked
 against onnxruntime before timing.
 
-Then the host cost of a run for a 300-op and a 30-op model, and the latency an
-await adds for each way of learning that the GPU finished (AIOMNN_CUDA_WAIT).
+Then the host cost of a run for a 300-op and a 30-op model (the 30-op one also with
+its device time matched to the 300-op one's), and the latency an await adds for each
+way of learning that the GPU finished (AIOMNN_CUDA_WAIT).
 
     python benchmarks/gpu.py [--backends cuda,opencl,vulkan] [--models det,cls] [--batches 1,8]
                              [--tuning normal] [--no-compile] [--out DIR]
@@ -308,19 +309,30 @@ def bench_torch(name, shape, n, compile_):
     return res, ref
 
 
-def chain_model(n_ops, c=8, hw=16):
-    """A chain of n_ops 3x3 convs, each followed by a Relu (fused): n_ops kernels."""
+def chain_model(n_ops, c=8, hw=16, upscale=1):
+    """A chain of n_ops 3x3 convs, each followed by a Relu (fused): n_ops kernels.
+
+    With upscale, the convs work on the input upscaled (nearest) and the chain ends in an average pool
+    back to the input's size: more device time for the same ops, input and output.
+    """
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(1)
     nodes, inits = [], []
     x = "x"
+    if upscale > 1:
+        inits.append(numpy_helper.from_array(np.array([1, 1, upscale, upscale], np.float32), "scales"))
+        nodes.append(helper.make_node("Resize", ["x", "", "scales"], ["up"], mode="nearest"))
+        x = "up"
     for k in range(n_ops):
         w = f"w{k}"
         inits.append(numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float32), w))
         nodes.append(helper.make_node("Conv", [x, w], [f"c{k}"], pads=[1, 1, 1, 1]))
         nodes.append(helper.make_node("Relu", [f"c{k}"], [f"r{k}"]))
         x = f"r{k}"
+    if upscale > 1:
+        nodes.append(helper.make_node("AveragePool", [x], ["down"], kernel_shape=[upscale] * 2, strides=[upscale] * 2))
+        x = "down"
     g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, c, hw, hw))],
                           [helper.make_tensor_value_info(x, TensorProto.FLOAT, (1, c, hw, hw))], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
@@ -329,13 +341,20 @@ def chain_model(n_ops, c=8, hw=16):
 
 
 async def host_cost(n=300):
-    """Host time of a run: wall time of submit() and CPU seconds per run, for 30 and 300 ops."""
-    out = {}
-    for ops in (30, 300):
-        net = aiomnn.Interpreter.from_bytes(chain_model(ops))
+    """Host cost of a run for a 30-op and a 300-op chain: the wall time of submit(), and the CPU time per
+    run of the whole process and of the event-loop thread alone.
+
+    The 30-op chain runs twice: as is, and balanced, on its input upscaled inside the model until its
+    device time matches the 300-op chain's (same input and output). The host work after a longer idle
+    wait runs slower (colder caches and clocks, whatever the op count), so only the balanced pair
+    isolates the op count.
+    """
+    x = {"x": np.random.default_rng(0).random((1, 8, 16, 16), dtype=np.float32)}
+
+    async def cost(ops, upscale):
+        net = aiomnn.Interpreter.from_bytes(chain_model(ops, upscale=upscale))
         async with await net.create_session(ScheduleConfig(type="cuda", backend_config=BackendConfig(tuning="none"))) as s:
             be = s.pipeline.main
-            x = {"x": np.random.default_rng(0).random((1, 8, 16, 16), dtype=np.float32)}
             submit_times = []
             orig = be.submit
 
@@ -349,12 +368,46 @@ async def host_cost(n=300):
             for _ in range(20):
                 await s.run(x)
             submit_times.clear()
-            c0 = time.process_time()
+            c0, t0 = time.process_time(), time.thread_time()
             wall = await time_async(lambda: s.run(x), n, warmup=0)
-            cpu = (time.process_time() - c0) / n
-            out[ops] = {"kernels": be.summary["launches"], "submit_us": statistics.median(submit_times) * 1e6,
-                        "cpu_us_per_run": cpu * 1e6, "wall_ms": wall}
+            cpu, loop_cpu = (time.process_time() - c0) / n, (time.thread_time() - t0) / n
+            return {"upscale": upscale, "kernels": be.summary["launches"], "device_us": graph_time_us(be),
+                    "submit_us": statistics.median(submit_times) * 1e6, "cpu_us_per_run": cpu * 1e6,
+                    "loop_cpu_us_per_run": loop_cpu * 1e6, "wall_ms": wall}
+
+    out = {"300": await cost(300, 1), "30": await cost(30, 1)}
+    target = out["300"]["device_us"]
+    best = None
+    for up in (2, 3, 4, 6, 8, 10, 12, 16):  # the upscale at which 30 ops take as long on the device
+        net = aiomnn.Interpreter.from_bytes(chain_model(30, upscale=up))
+        async with await net.create_session(ScheduleConfig(type="cuda", backend_config=BackendConfig(tuning="none"))) as s:
+            await s.run(x)
+            t = graph_time_us(s.pipeline.main)
+        if best is None or abs(t - target) < abs(best[1] - target):
+            best = (up, t)
+        if t > target:
+            break
+    out["30 balanced"] = await cost(30, best[0])
+    out["cpu 300/30"] = {k: out["300"][k] / out["30"][k] for k in ("cpu_us_per_run", "loop_cpu_us_per_run")}
+    out["cpu 300/30 balanced"] = {k: out["300"][k] / out["30 balanced"][k]
+                                  for k in ("cpu_us_per_run", "loop_cpu_us_per_run")}
     return out
+
+
+def graph_time_us(be, n=30) -> float:
+    """Median device time of a replay of the backend's recorded graph (one segment)."""
+    import cupy
+
+    run = next(iter(be._runs.values()))
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(n):
+        start.record(be.stream)
+        run.graph.launch(be.stream)
+        end.record(be.stream)
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) * 1e3)
+    return statistics.median(times)
 
 
 async def await_lag(n=500):

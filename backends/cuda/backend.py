@@ -5,7 +5,8 @@ Resize, in the pipeline's order:
                    backend), so the backend sees the whole step list and which
                    steps the backup runs.
   on_resize_begin  plans which elementwise chains fuse (candidates) and how long
-                   their inputs must live.
+                   their inputs must live, and which Concat and Split pieces share
+                   one block so that no copy is needed (_plan_places).
   acquire_tensor / on_resize / release
                    the pipeline's arena planning; a fused value gets no memory, a
                    value a fused kernel reads later lives until that kernel runs.
@@ -21,7 +22,9 @@ Fence when the stream reaches its end (see WAIT_MODES).
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
+import math
 import os
 import queue
 import threading
@@ -42,6 +45,7 @@ from . import kernels
 from .kernels import Inline, LeafPlan, Lit, Raw, Val, collapse, contiguous, leaves, vals
 from .ops import OPS
 from .ops.base import CudaOp, Decline
+from .ops.tensor import Concat, Split
 from .runtime import BLOCK, CudaRuntime
 
 if TYPE_CHECKING:
@@ -133,6 +137,10 @@ class CudaBackend(Backend):
         self._acquired: set[str] = set()
         self._kept: set[str] = set()
         self._block_of: dict[str, Block] = {}
+        self._offset: dict[str, int] = {}  # a value's byte offset in its block (a class member's)
+        self._place: dict[str, tuple[str, int]] = {}  # value -> (class, byte offset in the class's block)
+        self._class_size: dict[str, int] = {}
+        self._class_block: dict[str, Block] = {}
         self._names_of: dict[int, list[str]] = {}
         self._deferred: dict[int, list[Block]] = {}
         self._cursor = -1
@@ -247,6 +255,8 @@ class CudaBackend(Backend):
                         continue
                     if not all(alive(d, j) for d in self._deps(roots[i])):
                         continue
+                    if _tiled(root) and _tiled(roots[i]):  # one tiled kernel each
+                        continue
                     root = kernels.substitute(root, name, roots[i])
                     mem = new_mem
                     absorbed[i] = j
@@ -271,6 +281,82 @@ class CudaBackend(Backend):
             exe = self._steps[i].exe
             if exe.consumer:  # computed inside its consumer; never stored
                 self._no_memory.add(exe.out_names[0])
+        self._plan_places()
+
+    def _plan_places(self) -> None:
+        """Concat and Split without copies where each piece is one contiguous range (nothing but
+        size-1 dims before the axis, as at batch 1): the producers of a Concat's inputs write into
+        its output, and a Split's outputs are views of its input. Values placed so share one block
+        (a class); copy_launch then finds each piece already in place.
+
+        Whole ops are accepted greedily while the class stays sound: the values that kernels write
+        (all but the outputs of accepted Concats and Splits) never overlap.
+        """
+        parent: dict[str, tuple[str, int]] = {}  # addr(value) = addr(parent) + offset
+
+        def find(x: str) -> tuple[str, int]:
+            off = 0
+            while x in parent:
+                x, d = parent[x]
+                off += d
+            return x, off
+
+        def union(a: str, b: str, delta: int) -> bool:  # addr(a) = addr(b) + delta
+            (ra, oa), (rb, ob) = find(a), find(b)
+            if ra == rb:
+                return oa == ob + delta
+            parent[ra] = (rb, ob + delta - oa)
+            return True
+
+        def stored(name: str) -> bool:
+            i = self._producer.get(name)
+            return (i is not None and self._steps[i].exe is not None and name not in self._no_memory
+                    and bool(self._dev_nbytes(self._tensors[name])))
+
+        size: dict[str, int] = {}
+        views: set[str] = set()  # values no kernel writes: the outputs of accepted ops
+        for s in self._steps:
+            exe = s.exe
+            if isinstance(exe, Concat):
+                whole, shape, pieces = exe.out_names[0], exe.out_shape, exe.ins
+            elif isinstance(exe, Split):
+                whole, shape, pieces = exe.in_names[0], exe.in_shape(0), exe.outs
+            else:
+                continue
+            axis = exe.axis
+            inner = math.prod(shape[axis + 1:]) * self.dev_dtype(self._tensors[whole].dtype).itemsize
+            offsets, off = {}, 0  # each piece's byte offset in the whole
+            for t in pieces:
+                if t is not None:
+                    if t.name:
+                        offsets[t.name] = off
+                    off += t.shape[axis] * inner
+            names = [whole, *offsets]
+            if (math.prod(shape[:axis]) != 1 or len(offsets) != sum(1 for t in pieces if t is not None and t.name)
+                    or whole in offsets or not all(map(stored, names))):
+                continue
+            saved = dict(parent)
+            made = set(offsets) if isinstance(exe, Split) else {whole}
+            if all(union(p, whole, offsets[p]) for p in offsets):
+                sizes = {**size, **{n: self._dev_nbytes(self._tensors[n]) for n in names}}
+                root = find(whole)[0]
+                spans = sorted((o, o + sizes[n]) for n in sizes if n not in views | made
+                               for r, o in [find(n)] if r == root)
+                if all(a[1] <= b[0] for a, b in itertools.pairwise(spans)):
+                    size, views = sizes, views | made
+                    continue
+            parent = saved
+        classes: dict[str, list[tuple[str, int]]] = {}
+        for n in size:
+            r, o = find(n)
+            classes.setdefault(r, []).append((n, o))
+        for r, members in classes.items():
+            if len(members) < 2:
+                continue
+            low = min(o for _, o in members)
+            self._class_size[r] = max(o + size[n] for n, o in members) - low
+            for n, o in members:
+                self._place[n] = (r, o - low)
 
     def acquire_tensor(self, tensor: Tensor, execution: Execution) -> Block | None:
         name = tensor.name
@@ -280,13 +366,27 @@ class CudaBackend(Backend):
         n = self._dev_nbytes(tensor)
         if n is None:
             return None
-        if execution.alias and name == execution.out_names[0]:
-            src = self._block_of.get(execution.in_names[0])
-            if src is not None and src.size >= n and src.storage is StorageType.DYNAMIC:
-                src.refs += 1
-                self._block_of[name] = src
-                self._names_of[id(src)].append(name)
-                return src
+        shared, offset = None, 0
+        if name in self._place:
+            root, offset = self._place[name]
+            shared = self._class_block.get(root)
+            if shared is None:
+                shared = self._class_block[root] = self.acquire(self._class_size[root])
+                shared.refs = 0
+                self._names_of[id(shared)] = []
+            elif not shared.refs:  # released already: a member the pipeline kept out of the arena
+                shared = None  # (a graph output) left a gap; this one gets its own block and is copied
+        elif execution.alias and name == execution.out_names[0]:
+            src_name = execution.in_names[0]
+            shared, offset = self._block_of.get(src_name), self._offset.get(src_name, 0)
+            if shared is not None and (shared.size - offset < n or shared.storage is not StorageType.DYNAMIC):
+                shared = None
+        if shared is not None:
+            shared.refs += 1
+            self._block_of[name] = shared
+            self._offset[name] = offset
+            self._names_of[id(shared)].append(name)
+            return shared
         block = self.acquire(n)
         block.refs = 1
         self._block_of[name] = block
@@ -407,7 +507,8 @@ class CudaBackend(Backend):
             self._arena_mem.memset_async(0, self.arena.size, self.stream)
         for name, blk in self._block_of.items():
             t = self._tensors[name]
-            self._views[name] = cupy.ndarray(t.shape, dtype=self.dev_dtype(t.dtype), memptr=self._arena_mem + blk.offset)
+            memptr = self._arena_mem + blk.offset + self._offset.get(name, 0)
+            self._views[name] = cupy.ndarray(t.shape, dtype=self.dev_dtype(t.dtype), memptr=memptr)
         # Separate buffers: graph outputs, values from other backends or the graph's inputs,
         # and values planned as fused that ended up stored.
         mine = {o for s in steps for o in s.outs if o}
@@ -490,7 +591,12 @@ class CudaBackend(Backend):
         ptrs = [a for p in plans for a in p.ptrs if p.mode != "lit"]
         total = int(np.prod(dims))
         exe.keep.extend(keep)
-        return self.launcher(kern, total, (m, out, np.uint32(total), *ptrs))
+        args = (m, out, np.uint32(total), *ptrs)
+        tiled = [p.leaf.op for p in plans if p.mode == "inline" and p.leaf.op.tiled]
+        if tiled:
+            grid, block = tiled[0].launch_shape()
+            return self.launcher(kern, total, args, block=block, grid=grid)
+        return self.launcher(kern, total, args)
 
     def _make_run(self, steps: list[Step], mine: set[str]) -> Run:
         run = Run(steps)
@@ -707,6 +813,10 @@ class CudaBackend(Backend):
                 blas.close()
             except Exception:  # pragma: no cover - interpreter shutdown
                 pass
+
+
+def _tiled(root) -> bool:
+    return any(isinstance(leaf, Inline) and leaf.op.tiled for leaf in leaves(root).values())
 
 
 def _copy_fn(dst: int, src: int, nbytes: int, kind: int, stream) -> Callable[[], None]:

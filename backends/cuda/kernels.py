@@ -395,6 +395,7 @@ class LeafPlan:
     ptrs: list = field(default_factory=list)  # device arrays passed as kernel arguments
     strides: list = field(default_factory=list)  # for "s"
     meta: list = field(default_factory=list)  # for "lit" and "inline"
+    at: int = 0  # where an inline leaf's meta starts in the table
 
 
 def collapse(dims: list[int], strides: list[list[int]]) -> tuple[list[int], list[list[int]]]:
@@ -450,7 +451,8 @@ def generate(root: Node, plans: list[LeafPlan], rank: int) -> tuple[str, list[in
             ptr_names = [f"q{k}_{j}" for j in range(np_)]
             for pn in ptr_names:
                 params.append(f"const T* __restrict__ {pn}")
-            body.append(p.leaf.op.inline_code(v, ptr_names, len(meta)))
+            p.at = len(meta)
+            body.append(p.leaf.op.inline_code(v, ptr_names, p.at))
             meta.extend(p.meta)
         else:
             params.append(f"const T* __restrict__ p{k}")
@@ -482,6 +484,19 @@ def generate(root: Node, plans: list[LeafPlan], rank: int) -> tuple[str, list[in
     result = emit(root)
     body.append(f"    out[i] = ST({result});")
     sig = ", ".join(["const int* __restrict__ m", "T* __restrict__ out", "unsigned total"] + params)
-    src = (f'extern "C" __global__ void fused({sig}) {{\n'
-           f"  GRID_LOOP(i, total) {{\n" + "\n".join(body) + "\n  }\n}\n")
+    tiled = [p for p in plans if p.mode == "inline" and p.leaf.op.tiled]
+    if not tiled:
+        src = (f'extern "C" __global__ void fused({sig}) {{\n'
+               f"  GRID_LOOP(i, total) {{\n" + "\n".join(body) + "\n  }\n}\n")
+        return src, meta
+    # A tiled leaf owns the kernel; the group's expression becomes its per-output epilogue, with
+    # the leaf's value in `acc`.
+    (t,) = tiled
+    k = plans.index(t)
+    call = ", ".join(["m", "out", "(i)", "(acc)"] + [a.rsplit(" ", 1)[1] for a in params])
+    epi_sig = ", ".join(["const int* __restrict__ m", "T* __restrict__ out", "unsigned i", "float acc"] + params)
+    src = (f"__device__ __forceinline__ void epilogue({epi_sig}) {{\n" + "\n".join(body) + "\n}\n"
+           f"#define EPILOGUE(i, acc) epilogue({call})\n"
+           f'extern "C" __global__ void fused({sig}) {{\n'
+           + t.leaf.op.tiled_code([f"q{k}_{j}" for j in range(len(t.ptrs))], t.at, "EPILOGUE") + "}\n")
     return src, meta

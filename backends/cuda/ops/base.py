@@ -10,6 +10,8 @@ Conv -> Add -> Clip -> Mul -> Div chain becomes one GEMM and one kernel.
   stays valid until the consumer runs).
 - alias: output 0 is input 0 re-viewed (Reshape and friends): no copy when the
   planner lets them share a block.
+- tiled: the op's Inline leaf shapes the whole kernel (the implicit-GEMM conv);
+  a group holds at most one.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class CudaOp(Execution):
     consumer = False
     absorbable = False
     alias = False
+    tiled = False  # an Inline leaf that is a whole tiled kernel (tiled_code), its epilogue per output
 
     def __init__(self, be: "CudaBackend", node: Node, ins: list[Tensor | None], outs: list[Tensor]):
         self.be = be

@@ -5,7 +5,10 @@ Conv algorithms:
 - "im2col": other group-1 convs unfold the input into scratch, then one GEMM.
 - "direct": grouped and depthwise convs are computed inline, in the fused
   kernel of their epilogue, one output element per thread.
-The GEMM algorithms write the raw product into the output buffer; bias,
+- "igemm", "igemm32": an implicit GEMM, tiled 64x64 or 32x32 (output channels
+  by output pixels), that gathers input patches into shared memory as it goes
+  (no im2col buffer) and runs the epilogue on its accumulators: one kernel.
+The cuBLAS algorithms write the raw product into the output buffer; bias,
 activation and any elementwise chain that follows run in one fused kernel.
 
 ConvTranspose: a GEMM of the transposed weights with the input into scratch,
@@ -27,11 +30,16 @@ from .base import CudaOp, Decline, check_tensors, float_inputs, op
 from .elementwise import activation
 from .matmul import gemm_fn
 
-#: Force a conv algorithm (for tests): "gemm", "im2col" or "direct".
+#: Force a conv algorithm (for tests): "gemm", "im2col", "direct", "igemm" or "igemm32".
 FORCE_ALGO: str | None = None
 #: Group-1 convs with at most this many multiply-adds run "direct": one fused kernel
 #: instead of im2col, GEMM and epilogue, which for small convs costs less than the launches.
 DIRECT_MACS = int(os.environ.get("AIOMNN_CUDA_DIRECT_MACS", 1 << 20))
+#: The implicit GEMM's tiles, by algorithm: (output channels, output pixels) per block.
+TILES = {"igemm": (64, 64), "igemm32": (32, 32)}
+#: Larger convs with at least this many output pixels (batch included) start as "igemm" before
+#: tuning: its 64x64 tiles fill the GPU there, and it writes no im2col buffer.
+IGEMM_PIXELS = 1024
 
 
 def conv_choices(node, x_shape, w_shape, out_shape, half: bool) -> tuple[str, list[str]]:
@@ -43,9 +51,14 @@ def conv_choices(node, x_shape, w_shape, out_shape, half: bool) -> tuple[str, li
     if g > 1:
         return key, ["direct"]
     pointwise = list(kernel) == [1, 1] and list(strides) == [1, 1] and not any(pads)
-    macs = x_shape[0] * w_shape[0] * math.prod(out_shape[2:]) * x_shape[1] * math.prod(kernel)
-    algos = ["gemm" if pointwise else "im2col", "direct"]
-    return key, algos[::-1] if macs <= DIRECT_MACS else algos
+    pixels = x_shape[0] * math.prod(out_shape[2:])
+    macs = pixels * w_shape[0] * x_shape[1] * math.prod(kernel)
+    blas = "gemm" if pointwise else "im2col"
+    if macs <= DIRECT_MACS:
+        return key, ["direct", blas, "igemm32", "igemm"]
+    if pixels >= IGEMM_PIXELS:
+        return key, ["igemm", blas, "igemm32", "direct"]
+    return key, [blas, "igemm32", "igemm", "direct"]
 
 
 class _ConvBase(CudaOp):
@@ -89,13 +102,14 @@ class Conv(_ConvBase):
         forced = self.attrs.get("_algo") or FORCE_ALGO  # "_algo": a tuning candidate
         if g > 1:
             self.algo = "direct"
-        elif forced in ("direct", "im2col"):
+        elif forced in ("direct", "im2col", *TILES):
             self.algo = forced
         elif forced == "gemm":  # the GEMM family: a plain GEMM where the conv is one
             self.algo = "gemm" if "gemm" in algos else "im2col"
         else:
             self.algo = be.rt.tuned(key, algos)
-        self.group = self.epilogue(Inline(self) if self.algo == "direct" else Raw(self), co)
+        self.tiled = self.algo in TILES
+        self.group = self.epilogue(Inline(self) if self.algo == "direct" or self.tiled else Raw(self), co)
 
     def scratch_bytes(self):
         if self.algo != "im2col":
@@ -106,7 +120,7 @@ class Conv(_ConvBase):
         return n * k * p * self.be.t_dtype.itemsize
 
     def bind(self):
-        if self.algo == "direct":
+        if self.algo == "direct" or self.tiled:
             return
         be = self.be
         n, ci, h, w = self.in_shape(0)
@@ -129,20 +143,119 @@ class Conv(_ConvBase):
         self.launches = [be.launcher(be.static("im2col"), total, (x, col, m, np.uint32(total))),
                          gemm_fn(be, False, False, co, p, k, wt, k, 0, col, p, k * p, y, p, co * p, n)]
 
-    # The direct algorithm, inline in the fused kernel.
+    # The direct algorithm, inline in the fused kernel; the implicit GEMM, around it.
     def inline_deps(self):
         return [self.in_names[0]]
 
     def inline_ptrs(self):
-        return [self.be.view(self.in_names[0]), self.be.view(self.in_names[1])]
+        x = self.be.view(self.in_names[0])
+        if self.tiled:  # the weights as [K][CO], so a tile's loads are coalesced
+            w = self.const(1)
+            wt = np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
+            return [x, self.be.view(self.be.derived(self.node, "weights_kxco", wt))]
+        return [x, self.be.view(self.in_names[1])]
 
     def inline_meta(self):
         n, ci, h, w = self.in_shape(0)
-        co = self.out_shape[1]
+        co, oh, ow = self.out_shape[1:]
+        if self.tiled:
+            return [ci, h, w, self.pads[0], self.pads[1], co, oh, ow, n * oh * ow, ci * self.kernel[0] * self.kernel[1]]
         g = self.group_count
         return [ci, h, w, self.pads[0], self.pads[1], ci // g, co // g]
 
+    def launch_shape(self) -> tuple[int, int]:
+        """The implicit GEMM's grid and block: one block per tile, one thread per 4x4 outputs."""
+        bm, bn = TILES[self.algo]
+        n, co, oh, ow = self.out_shape
+        return -(-co // bm) * -(-(n * oh * ow) // bn), bm * bn // 16
+
+    def tiled_code(self, ptrs: list[str], at: int, epi: str) -> str:
+        """The implicit GEMM's kernel body; `epi(i, acc)` stores output element i from its accumulator.
+
+        Each thread stages one column of the weight tile and one of the patch tile (so it decodes
+        its output pixel once), loading the next k-slice into registers while it multiplies the
+        current one from shared memory. Names start with `g_`: the kernel's parameters are p0, q1_0...
+        """
+        bm, bn = TILES[self.algo]
+        nt, bk = bm * bn // 16, 32
+        ra, rb = bk * bm // nt, bk * bn // nt  # values each thread stages per k-slice
+        kh, kw = self.kernel
+        sh, sw = self.strides
+        dh, dw = self.dils
+        x, w = ptrs
+        return f"""  const int* g_q = m + {at};
+  const int g_C = g_q[0], g_H = g_q[1], g_W = g_q[2], g_CO = g_q[5], g_OW = g_q[7];
+  const unsigned g_NP = g_q[8], g_K = g_q[9], g_OHW = g_q[6] * g_OW;
+  __shared__ __align__(16) float g_A[{bk}][{bm}];  // weights: [k][output channel]
+  __shared__ __align__(16) float g_B[{bk}][{bn}];  // input patches: [k][output pixel]
+  const unsigned g_tid = threadIdx.x, g_tiles = (g_NP + {bn - 1}) / {bn};
+  const unsigned g_p0 = (blockIdx.x % g_tiles) * {bn}, g_c0 = (blockIdx.x / g_tiles) * {bm};
+  const unsigned g_ac = g_tid % {bm}, g_ar = g_tid / {bm}, g_bc = g_tid % {bn}, g_br = g_tid / {bn};
+  const unsigned g_pp = g_p0 + g_bc;
+  const bool g_pin = g_pp < g_NP, g_ain = g_c0 + g_ac < (unsigned)g_CO;
+  const unsigned g_pr = g_pin ? g_pp % g_OHW : 0;
+  const int g_iy0 = (int)(g_pr / g_OW) * {sh} - g_q[3], g_ix0 = (int)(g_pr % g_OW) * {sw} - g_q[4];
+  const T* g_x = {x} + (size_t)(g_pin ? g_pp / g_OHW : 0) * g_C * g_H * g_W;
+  float g_ra[{ra}], g_rb[{rb}];
+  auto g_load = [&](unsigned k0) {{
+    #pragma unroll
+    for (int j = 0; j < {ra}; ++j) {{
+      const unsigned k = k0 + g_ar + j * {nt // bm};
+      g_ra[j] = (g_ain && k < g_K) ? LD({w}[(size_t)k * g_CO + g_c0 + g_ac]) : 0.f;
+    }}
+    #pragma unroll
+    for (int j = 0; j < {rb}; ++j) {{
+      const unsigned k = k0 + g_br + j * {nt // bn};
+      float v = 0.f;
+      if (g_pin && k < g_K) {{
+        const unsigned c = k / {kh * kw}, t = k % {kh * kw};
+        const int iy = g_iy0 + (int)(t / {kw}) * {dh}, ix = g_ix0 + (int)(t % {kw}) * {dw};
+        if (iy >= 0 && iy < g_H && ix >= 0 && ix < g_W) v = LD(g_x[((size_t)c * g_H + iy) * g_W + ix]);
+      }}
+      g_rb[j] = v;
+    }}
+  }};
+  float g_acc[4][4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i)
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) g_acc[i][j] = 0.f;
+  const unsigned g_ty = g_tid / {bn // 4}, g_tx = g_tid % {bn // 4};
+  g_load(0);
+  for (unsigned k0 = 0; k0 < g_K; k0 += {bk}) {{
+    #pragma unroll
+    for (int j = 0; j < {ra}; ++j) g_A[g_ar + j * {nt // bm}][g_ac] = g_ra[j];
+    #pragma unroll
+    for (int j = 0; j < {rb}; ++j) g_B[g_br + j * {nt // bn}][g_bc] = g_rb[j];
+    __syncthreads();
+    if (k0 + {bk} < g_K) g_load(k0 + {bk});  // in flight while this slice is multiplied
+    #pragma unroll
+    for (int kk = 0; kk < {bk}; ++kk) {{
+      const float4 a = *reinterpret_cast<const float4*>(&g_A[kk][g_ty * 4]);
+      const float4 b = *reinterpret_cast<const float4*>(&g_B[kk][g_tx * 4]);
+      const float av[4] = {{a.x, a.y, a.z, a.w}}, bv[4] = {{b.x, b.y, b.z, b.w}};
+      #pragma unroll
+      for (int i = 0; i < 4; ++i)
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) g_acc[i][j] += av[i] * bv[j];
+    }}
+    __syncthreads();
+  }}
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {{
+    const unsigned co = g_c0 + g_ty * 4 + i;
+    if (co >= (unsigned)g_CO) continue;
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {{
+      const unsigned px = g_p0 + g_tx * 4 + j;
+      if (px < g_NP) {epi}((px / g_OHW * g_CO + co) * g_OHW + px % g_OHW, g_acc[i][j]);
+    }}
+  }}
+"""
+
     def inline_code(self, v: str, ptrs: list[str], at: int) -> str:
+        if self.tiled:
+            return f"    const float {v} = acc;"
         kh, kw = self.kernel
         sh, sw = self.strides
         dh, dw = self.dils

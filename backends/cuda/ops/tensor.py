@@ -25,6 +25,9 @@ def copy_launch(exe: CudaOp, src, dst, dims, sstr, dstr, sbase: int = 0, dbase: 
     if total == 0:
         return None
     dims2, (ss, ds) = collapse(list(dims) or [1], [list(sstr) or [0], list(dstr) or [0]])
+    e = src.dtype.itemsize
+    if ss == ds == [1] and src.data.ptr + sbase * e == dst.data.ptr + dbase * e:
+        return None  # already in place: the backend planned the piece into the whole (Concat, Split)
     if len(dims2) > MAX_COPY_RANK:
         raise Decline("copy of rank over 8")
     pad = [0] * (MAX_COPY_RANK - len(dims2))
