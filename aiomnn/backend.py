@@ -69,6 +69,9 @@ class Backend:
     """One pipeline's view of a device. Made by its Runtime."""
 
     type: ForwardType
+    #: Whether its segments read the constants their steps use from the run's values (the CPU backend).
+    #: A GPU backend holds them on the device from planning on, so a run need not hand them over.
+    reads_consts = True
 
     def __init__(self, runtime: "Runtime", config: BackendConfig):
         self.runtime = runtime

@@ -106,6 +106,7 @@ def _signal_slot(slot: list) -> None:
 
 class CudaBackend(Backend):
     type = ForwardType.CUDA
+    reads_consts = False
 
     def __init__(self, runtime: CudaRuntime, config):
         super().__init__(runtime, config)

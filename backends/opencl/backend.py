@@ -54,6 +54,7 @@ class _SegmentPlan:
 
 class OpenclBackend(Backend):
     type = ForwardType.OPENCL
+    reads_consts = False
     runtime: "OpenclRuntime"
 
     def __init__(self, runtime: "OpenclRuntime", config):

@@ -106,6 +106,7 @@ class Record:
 
 class VulkanBackend(Backend):
     type = ForwardType.VULKAN
+    reads_consts = False
 
     def __init__(self, runtime: "VulkanRuntime", config, dry: bool = False):
         super().__init__(runtime, config)
