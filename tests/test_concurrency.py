@@ -217,6 +217,28 @@ async def test_workers_yield_the_cpu_to_the_event_loop(net, power, nice):
     assert seen["nice"] - os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == nice
 
 
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="thread priorities are a Linux feature here")
+def test_helper_threads_started_by_a_worker_sit_at_the_workers_level():
+    """A thread starts at its creator's nice level: a kernel's helper threads, started from a niced worker, must
+    not go lower still."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from aiomnn.backends.cpu.kernel import Pool, lower_priority
+
+    pool = Pool(2, nice=10)
+    seen = set()
+
+    def work(i):
+        seen.add(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        time.sleep(0.01)  # long enough for the helper to take a share
+
+    with ThreadPoolExecutor(1, initializer=lower_priority, initargs=(10,)) as worker:
+        worker.submit(pool.run, 8, work).result()
+    pool.close()
+    assert seen == {os.getpriority(os.PRIO_PROCESS, os.getpid()) + 10}, seen
+    assert len(pool._helpers) == 1
+
+
 @pytest.mark.parametrize("power,yields", [("normal", True), ("high", False)])
 async def test_workers_below_the_loop_give_their_core_away_between_kernels(net, power, yields, monkeypatch):
     """A niced worker calls sched_yield between kernels (at most every YIELD_EVERY), so the loop's thread,

@@ -142,11 +142,14 @@ WORKER_NICE = 10
 
 
 def lower_priority(nice: int) -> None:
-    """Lower the calling thread's priority by `nice` (Linux; elsewhere nothing)."""
+    """Run the calling thread `nice` levels below the process's main thread (Linux; elsewhere nothing).
+
+    Relative to the main thread, not to the calling thread: a thread starts at its creator's level, and helper
+    threads started by a worker would otherwise end up twice as low (nice 19 instead of 10).
+    """
     if nice and hasattr(os, "setpriority"):
         try:
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, os.getpid()) + nice)
         except OSError:
             pass
 
