@@ -90,6 +90,7 @@ class Run:
     device_fns: list[Callable[[], None]] = field(default_factory=list)
     device_graph: Any = None
     device_outputs: list[tuple[str, Any]] = field(default_factory=list)  # (name, device array in its host dtype)
+    compute: list[Callable[[], None]] = field(default_factory=list)  # the steps' launches, without the copies
     keep: list[Any] = field(default_factory=list)
     slot: list = field(default_factory=lambda: [None])  # the fence a graph-recorded host function signals
 
@@ -621,12 +622,14 @@ class CudaBackend(Backend):
                 fns.append(_copy_fn(stage.data.ptr, host.ctypes.data, host.nbytes, H2D, stream))
                 if stage is not dev:
                     fns.append(self._cast_fn(stage, dev))
+        first = len(fns)
         for s in steps:
             fns.extend(s.exe.launches)
             root = self._roots.get(s.index)
             if not (root is None or s.index in self._absorbed or (isinstance(root, Raw) and root.op is s.exe)):
                 fns.append(self._group_launch(s, root))  # else: no epilogue, or it runs in a consumer's kernel
             self._after_step(s, fns)
+        run.compute = fns[first:]
         # Outputs: made here and read by another backend, or graph outputs.
         tail: list[Callable[[], None]] = []  # copies of graph outputs to the host: not in the device variant
         for s in steps:
