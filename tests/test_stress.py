@@ -1,7 +1,8 @@
 """Stress: sessions over two real models, many concurrent runs with random shapes and cancellations.
 
 Every completed result must equal the sequential result bit for bit (within
-1e-5 relative through dynamic batching), and no run may hang. CI runs a
+1e-5 relative error, ||a - b|| / ||b||, through dynamic batching), and no run
+may hang. CI runs a
 scaled-down count; set AIOMNN_STRESS_RUNS=2000 for the full one.
 """
 
@@ -72,8 +73,9 @@ async def test_stress(anyio_backend, batching):
             k, seed, _ = plan[i]
             name = sessions[k][0]
             want = next(iter((await check[name].run({"x": feed(name, seed)})).values()))
-            if batching:
-                np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-7)
+            if batching:  # a batch sums in another order: relative error as everywhere, ||a - b|| / ||b||
+                err = np.linalg.norm(out - want) / np.linalg.norm(want)
+                assert err <= 1e-5, f"run {i}: batched result off by {err:.2e}"
             else:
                 np.testing.assert_array_equal(out, want)
         assert len(results) + cancelled == RUNS
