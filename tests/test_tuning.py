@@ -22,7 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
-from aiomnn import tuning
+from aiomnn import tuning, tuning_cache
 from aiomnn.config import ForwardType
 
 
@@ -34,22 +34,22 @@ def anyio_backend():
 # The cache alone: no device needed ----------------------------------------------------------------
 def test_cache_round_trip_is_atomic_and_private(tmp_path):
     path = tmp_path / "cache.json"
-    cache = tuning.TuningCache("dev A")
+    cache = tuning_cache.TuningCache("dev A")
     cache.load(str(path))
     cache.put("k1", [8, 8, 1], 12e-6)
     cache.save()
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     doc = json.loads(path.read_text())
-    assert doc["schema"] == tuning.SCHEMA and doc["version"] == tuning.VERSION
+    assert doc["schema"] == tuning_cache.SCHEMA and doc["version"] == tuning_cache.VERSION
     assert doc["devices"]["dev A"]["k1"]["choice"] == [8, 8, 1]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.json", "cache.json.lock"]  # no temporary file
 
-    other = tuning.TuningCache("dev B")  # another device keeps dev A's entries when it writes
+    other = tuning_cache.TuningCache("dev B")  # another device keeps dev A's entries when it writes
     other.load(str(path))
     assert "k1" not in other
     other.put("k2", None, None)
     other.save()
-    again = tuning.TuningCache("dev A")
+    again = tuning_cache.TuningCache("dev A")
     again.load(str(path))
     assert again.get("k1")["choice"] == [8, 8, 1] and "k2" not in again
 
@@ -57,7 +57,7 @@ def test_cache_round_trip_is_atomic_and_private(tmp_path):
 def test_caches_sharing_a_file_keep_each_others_entries(tmp_path):
     """Runtimes (or processes) that tune at once and save to one file: every entry survives."""
     path = str(tmp_path / "cache.json")
-    caches = [tuning.TuningCache("dev A" if i % 2 else "dev B") for i in range(8)]
+    caches = [tuning_cache.TuningCache("dev A" if i % 2 else "dev B") for i in range(8)]
     for i, cache in enumerate(caches):
         cache.load(path)  # all load the same (absent) file, then tune different keys
         cache.put(f"k{i}", i, 1e-6)
@@ -67,15 +67,15 @@ def test_caches_sharing_a_file_keep_each_others_entries(tmp_path):
     for t in threads:
         t.join()
     for device in ("dev A", "dev B"):
-        merged = tuning.TuningCache(device)
+        merged = tuning_cache.TuningCache(device)
         merged.load(path)
         keys = [f"k{i}" for i in range(8) if (i % 2 == 1) == (device == "dev A")]
         assert len(merged) == 4 and all(k in merged for k in keys)
-    mine = tuning.TuningCache("dev A")  # a newer result for a key replaces the file's
+    mine = tuning_cache.TuningCache("dev A")  # a newer result for a key replaces the file's
     mine.load(path)
     mine.put("k1", "better", 1e-7)
     mine.save()
-    again = tuning.TuningCache("dev A")
+    again = tuning_cache.TuningCache("dev A")
     again.load(path)
     assert again.get("k1")["choice"] == "better" and "k3" in again
 
@@ -89,13 +89,13 @@ def test_caches_sharing_a_file_keep_each_others_entries(tmp_path):
 def test_bad_cache_is_ignored_with_a_warning_and_rewritten(tmp_path, caplog, content):
     path = tmp_path / "cache.json"
     path.write_bytes(content)
-    cache = tuning.TuningCache("dev")
+    cache = tuning_cache.TuningCache("dev")
     with caplog.at_level(logging.WARNING, logger="aiomnn.tuning"):
         cache.load(str(path))
     assert len(cache) == 0
     assert any("ignoring the tuning cache" in r.getMessage() for r in caplog.records)
     cache.save()  # rewritten even before anything new is tuned
-    assert json.loads(path.read_text())["schema"] == tuning.SCHEMA
+    assert json.loads(path.read_text())["schema"] == tuning_cache.SCHEMA
 
 
 # The lifecycle on OpenCL --------------------------------------------------------------------------
@@ -254,7 +254,7 @@ async def test_corrupt_cache_is_ignored_and_rewritten(kind, tmp_path, caplog):
     finally:
         info.close()
     doc = json.loads(path.read_text())
-    assert doc["schema"] == tuning.SCHEMA and len(next(iter(doc["devices"].values()))) == 2
+    assert doc["schema"] == tuning_cache.SCHEMA and len(next(iter(doc["devices"].values()))) == 2
 
 
 @pytest.mark.anyio
