@@ -161,6 +161,35 @@ def test_conv_new_shape_between_runs():
         _compare(_run_aiomnn(model, feeds, ["y"]), session.run(None, feeds), 1e-4, 1e-5)
 
 
+def test_conv_weights_are_packed_once_across_new_shapes():
+    """A new input shape re-creates the kernels; they reuse the packed weights (sessions of one model too),
+    and the results stay right."""
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 3, "h", "w"])],
+                              [helper.make_empty_tensor_value_info("y")],
+                              [numpy_helper.from_array(rand(4, 3, 3, 3), "w"), numpy_helper.from_array(rand(4), "b")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    model = proto.SerializeToString()
+    oracle = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+
+    async def run():
+        net = aiomnn.Interpreter.from_bytes(model)
+        packs = []
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu")) as s, \
+                await net.create_session(aiomnn.ScheduleConfig(type="cpu")) as other:
+            for shape in [(1, 3, 8, 8), (2, 3, 5, 9)]:
+                feeds = {"x": rand(*shape)}
+                _compare([(await s.run(feeds))["y"]], oracle.run(None, feeds), 1e-4, 1e-5)
+                packs.append(s.pipeline.segments[0].steps[0].execution._packed)
+            await other.run({"x": rand(1, 3, 4, 4)})
+            packs.append(other.pipeline.segments[0].steps[0].execution._packed)
+        return packs
+
+    packs = asyncio.run(run())
+    assert packs[0] is not None and all(p is packs[0] for p in packs)
+
+
 @pytest.mark.parametrize("act,act_inputs,act_consts,act_attrs", [
     ("Relu", [], {}, {}),
     ("LeakyRelu", [], {}, {"alpha": 0.2}),

@@ -32,9 +32,11 @@ the end.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -117,6 +119,12 @@ def conv_geometry(spatial: tuple[int, ...], kernel: list[int], strides: list[int
 
 
 def _tap_phases(kernel: list[int], strides: list[int], dils: list[int]):
+    """_phases_of for lists: the grouping depends on the numbers only, so it is made once for each."""
+    return _phases_of(tuple(kernel), tuple(strides), tuple(dils))
+
+
+@functools.cache
+def _phases_of(kernel: tuple[int, ...], strides: tuple[int, ...], dils: tuple[int, ...]):
     """Group the kernel taps by stride phase.
 
     Tap t reads padded input s*o + t*d along each axis, i.e. phase (t*d) % s of the input at offset
@@ -146,6 +154,22 @@ def _tap_phases(kernel: list[int], strides: list[int], dils: list[int]):
     return perm, phases
 
 
+#: Conv's packed constant weights, by the weight array's id: (its weak reference, [(bias reference,
+#: attributes, packed)]). An entry goes when its weight array does (weak numpy arrays cannot be dict keys).
+_PACKED: dict[int, tuple[weakref.ref, list]] = {}
+_PACKED_LOCK = threading.RLock()  # re-entered when a weight array dies while this thread holds the lock
+
+
+def _forget(ident: int, ref: weakref.ref) -> None:
+    with _PACKED_LOCK:
+        if ident in _PACKED and _PACKED[ident][0] is ref:
+            del _PACKED[ident]
+
+
+def _ref(a: np.ndarray | None) -> Callable[[], np.ndarray | None]:
+    return (lambda: None) if a is None else weakref.ref(a)
+
+
 @op("Conv", 1)
 class Conv(Kernel):
     writes_outputs = True
@@ -164,11 +188,29 @@ class Conv(Kernel):
         self.has_bias = len(inputs) > 2 and inputs[2] is not None
         self._packed: dict[str, Any] | None = None
         if self.w_const is not None and (self.b_const is not None or not self.has_bias):
-            self._packed = self._pack(self.w_const, self.b_const)
+            self._packed = self._shared_pack(self.w_const, self.b_const)
         self._plan: dict[str, Any] | None = None
         self._plan_key: Any = None
 
     # Weights -------------------------------------------------------------
+    def _shared_pack(self, w: np.ndarray, b: np.ndarray | None) -> dict[str, Any]:
+        """The packed constant weights, made once for every kernel of this node's weights: a new input shape
+        re-creates the kernels, and packing took a quarter of re-planning rec at a new width (ms per conv).
+        Kept while the weight array lives; the entry names its bias array, so another bias never matches."""
+        key = (self.group, repr(self.strides), repr(self.dilations))
+        with _PACKED_LOCK:
+            found = _PACKED.get(id(w))
+            for bias, k, packed in found[1] if found is not None and found[0]() is w else ():
+                if k == key and bias() is b:
+                    return packed
+        packed = self._pack(w, b)
+        with _PACKED_LOCK:
+            found = _PACKED.get(id(w))
+            if found is None or found[0]() is not w:
+                found = _PACKED[id(w)] = (weakref.ref(w, functools.partial(_forget, id(w))), [])
+            found[1].append((_ref(b), key, packed))
+        return packed
+
     def _pack(self, w: np.ndarray, b: np.ndarray | None) -> dict[str, Any]:
         if w.ndim < 3:
             raise Unsupported(f"weight of rank {w.ndim}")
