@@ -160,10 +160,11 @@ _PACKED: dict[int, tuple[weakref.ref, list]] = {}
 _PACKED_LOCK = threading.RLock()  # re-entered when a weight array dies while this thread holds the lock
 
 
-def _forget(ident: int, ref: weakref.ref) -> None:
-    with _PACKED_LOCK:
-        if ident in _PACKED and _PACKED[ident][0] is ref:
-            del _PACKED[ident]
+def _forget(ident: int, ref: weakref.ref, table: dict = _PACKED, lock: Any = _PACKED_LOCK) -> None:
+    # The table and lock are bound here: at interpreter exit the module's globals may be gone first.
+    with lock:
+        if ident in table and table[ident][0] is ref:
+            del table[ident]
 
 
 def _ref(a: np.ndarray | None) -> Callable[[], np.ndarray | None]:
