@@ -63,6 +63,9 @@ class Pipeline:
         self.pending: Fence | None = None
         self.memory_limit: int | None = None  # bytes of activations a plan may use
         self.input_shapes: dict[str, tuple[int, ...]] = {}
+        # Values of the nodes folded from initializers alone (Constant nodes, casts of weights...): the same
+        # at every encode, so computed once. rec re-evaluated 435 of them at every new input width.
+        self._static: dict[str, Any] = {}
 
     @property
     def backends(self) -> list[Backend]:
@@ -80,7 +83,7 @@ class Pipeline:
         for node in g.nodes:
             ins = [tensors[x] if x else None for x in node.inputs]
             if self._foldable(node, ins, tensors):
-                values = self.fold(node, ins, [tensors[x] for x in node.implicit])
+                values = self._fold_once(node, ins, tensors)
                 for name, v in zip(node.outputs, values):
                     if name:
                         tensors[name] = const_tensor(name, v)
@@ -102,6 +105,17 @@ class Pipeline:
                     tensors[name] = Tensor(name, np.dtype(dtype) if dtype is not None else None,
                                            tuple(int(d) for d in shape))
         self.tensors = tensors
+
+    def _fold_once(self, node: Node, ins: list[Tensor | None], tensors: dict[str, Tensor]) -> list[Any]:
+        """fold(), remembered where the node reads initializers and such values only."""
+        named = [o for o in node.outputs if o]
+        if named and all(o in self._static for o in named):
+            return [self._static.get(o) for o in node.outputs]
+        values = self.fold(node, ins, [tensors[x] for x in node.implicit])
+        static = self.graph.initializers
+        if all(x in static or x in self._static for x in (*node.inputs, *node.implicit) if x):
+            self._static.update((o, v) for o, v in zip(node.outputs, values) if o)
+        return values
 
     @staticmethod
     def _foldable(node: Node, ins: list[Tensor | None], tensors: dict[str, Tensor]) -> bool:

@@ -70,6 +70,28 @@ async def test_run_matches_numpy_and_resizes():
         assert s.input_shapes == {"x": (7, 4)}
 
 
+async def test_values_of_initializers_alone_are_folded_once():
+    """A new input shape plans again, but what depends on initializers alone (a Constant node, a Cast of it) is
+    computed at most once (at the first plan), not at every plan."""
+    nodes = [helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.DOUBLE, [1], [2.5])),
+             helper.make_node("Cast", ["c"], ["c32"], to=TensorProto.FLOAT),
+             helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Reshape", ["x", "s"], ["r"]),
+             helper.make_node("Add", ["r", "c32"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    net = aiomnn.Interpreter.from_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+                                        .SerializeToString())
+    async with await net.create_session(aiomnn.ScheduleConfig(type="cpu")) as s:
+        folded = []
+        real = s.pipeline.fold
+        s.pipeline.fold = lambda node, ins, implicit: (folded.append(node.op_type), real(node, ins, implicit))[1]
+        for n in (2, 5, 2):
+            x = np.arange(3 * n, dtype=np.float32).reshape(n, 3)
+            np.testing.assert_array_equal((await s.run({"x": x}))["y"], x + 2.5)
+    assert folded in ([], ["Constant", "Cast"]), folded
+
+
 async def test_outputs_are_owned_by_the_caller():
     net = aiomnn.Interpreter.from_bytes(small_model())
     async with await net.create_session() as s:
