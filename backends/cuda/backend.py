@@ -6,7 +6,7 @@ Resize, in the pipeline's order:
                    steps the backup runs.
   on_resize_begin  plans which elementwise chains fuse (candidates) and how long
                    their inputs must live, and which Concat and Split pieces share
-                   one block so that no copy is needed (_plan_places).
+                   one block so that no copy is needed (places.py).
   acquire_tensor / on_resize / release
                    the pipeline's arena planning; a fused value gets no memory, a
                    value a fused kernel reads later lives until that kernel runs.
@@ -22,9 +22,7 @@ Fence when the stream reaches its end (see WAIT_MODES).
 from __future__ import annotations
 
 import gc
-import itertools
 import logging
-import math
 import os
 import queue
 import threading
@@ -41,7 +39,7 @@ from aiomnn.fence import Fence
 from aiomnn.graph import Node
 from aiomnn.memory import Block, StorageType
 
-from . import kernels
+from . import kernels, places
 from .kernels import Inline, LeafPlan, Lit, Raw, Val, collapse, contiguous, leaves, vals
 from .ops import OPS
 from .ops.base import CudaOp, Decline
@@ -286,79 +284,23 @@ class CudaBackend(Backend):
         self._plan_places()
 
     def _plan_places(self) -> None:
-        """Concat and Split without copies where each piece is one contiguous range (nothing but
-        size-1 dims before the axis, as at batch 1): the producers of a Concat's inputs write into
-        its output, and a Split's outputs are views of its input. Values placed so share one block
-        (a class); copy_launch then finds each piece already in place.
-
-        Whole ops are accepted greedily while the class stays sound: the values that kernels write
-        (all but the outputs of accepted Concats and Splits) never overlap.
-        """
-        parent: dict[str, tuple[str, int]] = {}  # addr(value) = addr(parent) + offset
-
-        def find(x: str) -> tuple[str, int]:
-            off = 0
-            while x in parent:
-                x, d = parent[x]
-                off += d
-            return x, off
-
-        def union(a: str, b: str, delta: int) -> bool:  # addr(a) = addr(b) + delta
-            (ra, oa), (rb, ob) = find(a), find(b)
-            if ra == rb:
-                return oa == ob + delta
-            parent[ra] = (rb, ob + delta - oa)
-            return True
+        """Concat and Split pieces that share one block, so that no copy is needed (places.py)."""
 
         def stored(name: str) -> bool:
             i = self._producer.get(name)
             return (i is not None and self._steps[i].exe is not None and name not in self._no_memory
                     and bool(self._dev_nbytes(self._tensors[name])))
 
-        size: dict[str, int] = {}
-        views: set[str] = set()  # values no kernel writes: the outputs of accepted ops
+        joins = []
         for s in self._steps:
             exe = s.exe
             if isinstance(exe, Concat):
-                whole, shape, pieces = exe.out_names[0], exe.out_shape, exe.ins
+                joins.append((exe.out_names[0], exe.out_shape, exe.ins, exe.axis, False))
             elif isinstance(exe, Split):
-                whole, shape, pieces = exe.in_names[0], exe.in_shape(0), exe.outs
-            else:
-                continue
-            axis = exe.axis
-            inner = math.prod(shape[axis + 1:]) * self.dev_dtype(self._tensors[whole].dtype).itemsize
-            offsets, off = {}, 0  # each piece's byte offset in the whole
-            for t in pieces:
-                if t is not None:
-                    if t.name:
-                        offsets[t.name] = off
-                    off += t.shape[axis] * inner
-            names = [whole, *offsets]
-            if (math.prod(shape[:axis]) != 1 or len(offsets) != sum(1 for t in pieces if t is not None and t.name)
-                    or whole in offsets or not all(map(stored, names))):
-                continue
-            saved = dict(parent)
-            made = set(offsets) if isinstance(exe, Split) else {whole}
-            if all(union(p, whole, offsets[p]) for p in offsets):
-                sizes = {**size, **{n: self._dev_nbytes(self._tensors[n]) for n in names}}
-                root = find(whole)[0]
-                spans = sorted((o, o + sizes[n]) for n in sizes if n not in views | made
-                               for r, o in [find(n)] if r == root)
-                if all(a[1] <= b[0] for a, b in itertools.pairwise(spans)):
-                    size, views = sizes, views | made
-                    continue
-            parent = saved
-        classes: dict[str, list[tuple[str, int]]] = {}
-        for n in size:
-            r, o = find(n)
-            classes.setdefault(r, []).append((n, o))
-        for r, members in classes.items():
-            if len(members) < 2:
-                continue
-            low = min(o for _, o in members)
-            self._class_size[r] = max(o + size[n] for n, o in members) - low
-            for n, o in members:
-                self._place[n] = (r, o - low)
+                joins.append((exe.in_names[0], exe.in_shape(0), exe.outs, exe.axis, True))
+        self._place, self._class_size = places.plan(
+            joins, stored, lambda name: self._dev_nbytes(self._tensors[name]),
+            lambda name: self.dev_dtype(self._tensors[name].dtype).itemsize)
 
     def acquire_tensor(self, tensor: Tensor, execution: Execution) -> Block | None:
         name = tensor.name
