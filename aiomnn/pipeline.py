@@ -58,8 +58,7 @@ class Pipeline:
         self.backup = backup
         self.tensors: dict[str, Tensor] = {}
         self.segments: list[Segment] = []
-        self.consts: dict[str, Any] = {}
-        self.run_consts: dict[str, Any] = {}
+        self.consts: dict[str, Any] = {}  # the constants a run hands over (see alloc)
         self.pending: Fence | None = None
         self.memory_limit: int | None = None  # bytes of activations a plan may use
         self.input_shapes: dict[str, tuple[int, ...]] = {}
@@ -222,13 +221,13 @@ class Pipeline:
                 b.clear_buffers()
             raise
         self.segments = self._segments(steps, last_use, keep)
-        self.consts = {name: _readonly(t.const) for name, t in self.tensors.items() if t.is_const}
         # What a run hands over: the constants a segment reads from the values, or that are outputs. Not all
         # of them: copying hundreds of weights' names into every run's dict is host time that grows with the
         # model, and GPU segments read none.
         read = {x for seg in self.segments if seg.backend.reads_consts for x in seg.needs}
         read.update(self.graph.output_names)
-        self.run_consts = {name: v for name, v in self.consts.items() if name in read}
+        consts = {name: _readonly(t.const) for name, t in self.tensors.items() if t.is_const}
+        self.consts = {name: v for name, v in consts.items() if name in read}
 
     @staticmethod
     def _segments(steps: list[Step], last_use: dict[str, int], keep: set[str]) -> list[Segment]:
@@ -254,7 +253,7 @@ class Pipeline:
     async def execute(self, feeds: dict[str, np.ndarray], device: bool = False) -> dict[str, Any]:
         if self.pending is not None and not self.pending.done:
             await self.pending.settle()  # a cancelled run still owns the buffers
-        values: dict[str, Any] = dict(self.run_consts)
+        values: dict[str, Any] = dict(self.consts)
         values.update(feeds)
         for seg in self.segments:
             try:
