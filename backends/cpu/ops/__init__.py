@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     attention,
     control,
     conv,
+    conv_variants,
     detection,
     elementwise,
     image,
