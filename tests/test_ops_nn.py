@@ -122,6 +122,7 @@ CONV_CASES = [
     ((1, 64, 10, 200), (64, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 64}),
     ((1, 2, 400, 400), (2, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),
     ((2, 4, 2, 40), (8, 1, 5, 5), {"pads": [2, 2, 2, 2], "strides": [1, 2], "group": 4}),  # multiplier 2
+    ((4, 64, 32, 32), (128, 64, 1, 1), {}),  # pointwise, a batch big enough to split across threads
 ]
 
 

@@ -433,15 +433,22 @@ class Conv(Kernel):
         # Bias as a full (co, cw) tile: adding a same-shaped array is several times faster than a
         # (co, 1) column broadcast along short rows.
         bias = None if packed["b"] is None else _bias_tile(packed, cw)
-        if N == 1 and chunks == 1:
-            y2 = y.reshape(co, L)
-            np.matmul(w2, x.reshape(C, L), out=y2)
-            if bias is not None:
-                np.add(y2, bias, out=y2)
-            if act is not None:
-                act(y2)
-            return
         xs, ys = x.reshape(N, C, L), y.reshape(N, co, L)
+        # Whole images: one batched product per share of the batch, not one per image (cls 32->200 at
+        # batch 16: 2.0 to 1.6 ms of CPU).
+        if chunks == 1:
+            per = -(-N // min(N, share))
+
+            def images(k: int) -> None:
+                yk = ys[k * per:(k + 1) * per]
+                np.matmul(w2, xs[k * per:(k + 1) * per], out=yk)
+                if bias is not None:
+                    np.add(yk, bias, out=yk)
+                if act is not None:
+                    act(yk)
+
+            _split(-(-N // per), images, work)
+            return
 
         def part(k: int) -> None:
             i, c = divmod(k, chunks)

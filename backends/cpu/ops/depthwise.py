@@ -56,8 +56,12 @@ def plan(p: dict[str, Any], budget: int) -> bool:
             for r0 in range(y0, y1, rows):
                 tiles.append((c0, min(C, c0 + cb), r0, min(y1, r0 + rows), ka, kb))
     cols = max((c1 - c0) * ((kb - ka) * kw + 1) * (r1 - r0) * Wo for c0, c1, r0, r1, ka, kb in tiles)
+    # The padded rows the tiles read: on a short map, the padding rows outside them need no zeroing (cls:
+    # 2 rows of input between 2+2 rows of padding, of which the tiles read none).
+    lo = min(r0 * sh + ka * dh for c0, c1, r0, r1, ka, kb in tiles)
+    hi = max((r1 - 1) * sh + (kb - 1) * dh + 1 for c0, c1, r0, r1, ka, kb in tiles)
     p.update(dw_tiles=tiles, cols_size=cols, padded_shape=(C, H + pads[0] + pads[2], W + pads[1] + pads[3]),
-             dw_bound={})
+             dw_rows=(lo, hi), dw_bound={})
     return True
 
 
@@ -67,10 +71,11 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any],
     threads, cls at batch 16 ran 1.2x slower (the numpy calls are short, and the threads queue for the GIL)."""
     (H, W), (Ho, Wo), pads = p["spatial"], p["outs"], p["pads"]
     cols, cols_token = shared_scratch("conv.cols", (p["cols_size"],), p["cdt"])
-    if any(pads):  # the border is zeroed once; each image fills the inside
+    if any(pads):  # the border the tiles read is zeroed once; each image fills the inside
         padded, pad_token = shared_scratch("conv.padded", p["padded_shape"], p["cdt"])
-        padded[:, :pads[0]].fill(0)
-        padded[:, pads[0] + H:].fill(0)
+        lo, hi = p["dw_rows"]
+        padded[:, lo:pads[0]].fill(0)
+        padded[:, pads[0] + H:hi].fill(0)
         padded[:, pads[0]:pads[0] + H, :pads[1]].fill(0)
         padded[:, pads[0]:pads[0] + H, pads[1] + W:].fill(0)
         inside = padded[:, pads[0]:pads[0] + H, pads[1]:pads[1] + W]
