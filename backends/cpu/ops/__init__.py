@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     loss,
     matmul,
     ml,
+    ml_scoring,
     normalization,
     pool,
     quantize,
