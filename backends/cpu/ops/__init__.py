@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     detection,
     elementwise,
     image,
+    indexing,
     linalg,
     logic,
     loss,
