@@ -4,7 +4,8 @@
 the loop wakes it. The cases side by side, after the ticker alone on an idle loop
 (the machine's own baseline):
   aiomnn                 await session.run(...)           (one session: runs queue in order)
-  aiomnn batching        await BatchingSession(...).run(...) (concurrent requests share batched runs)
+  aiomnn batching        await BatchingSession(...).run(...) (concurrent requests share batched runs;
+                         one batching worker per thread, each with max_batch = concurrency / threads)
   onnxruntime direct     sess.run(...) called inside the coroutine (blocks the loop)
   onnxruntime executor   await loop.run_in_executor(None, sess.run, ...)
 
@@ -58,7 +59,9 @@ async def main(args: argparse.Namespace) -> None:
         await session.run(feeds)
         sess.run(None, feeds)
         rows = []
-        async with aiomnn.BatchingSession(session, max_batch=args.concurrency, max_delay_ms=2) as batched:
+        workers = max(1, min(args.threads, args.concurrency))
+        async with aiomnn.BatchingSession(session, max_batch=max(1, args.concurrency // workers), max_delay_ms=2,
+                                          workers=workers) as batched:
             for label, call in (("aiomnn", session.run), ("aiomnn batching", batched.run),
                                 ("onnxruntime direct", ort_direct), ("onnxruntime executor", ort_executor)):
                 stats = await serve(lambda i: feeds, call, args.requests, args.concurrency)

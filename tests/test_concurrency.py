@@ -116,12 +116,13 @@ async def test_worker_threads_are_capped(net):
         runtime.close()
 
 
-async def test_batching_gives_each_caller_its_own_result(net):
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_batching_gives_each_caller_its_own_result(net, workers):
     async with await net.create_session(aiomnn.ScheduleConfig(type="cpu")) as s:
         feeds = [feed(1, 100 + i) for i in range(16)]
         want = [(await s.run(f))["y"] for f in feeds]
         got: dict[int, np.ndarray] = {}
-        async with aiomnn.BatchingSession(s, max_batch=8, max_delay_ms=20) as batched:
+        async with aiomnn.BatchingSession(s, max_batch=8, max_delay_ms=20, workers=workers) as batched:
 
             async def call(i):
                 got[i] = (await batched.run(feeds[i]))["y"]
@@ -135,8 +136,11 @@ async def test_batching_gives_each_caller_its_own_result(net):
                 for i in range(16):
                     tg.start_soon(call, i)
             assert batched.batches < 16
+            clones = batched._clones
+        assert len(clones) == workers - 1 and all(c._closed for c in clones)
         for i in range(16):
             np.testing.assert_allclose(got[i], want[i], rtol=1e-5)
+        np.testing.assert_array_equal((await s.run(feeds[0]))["y"], want[0])  # the session itself stays open
 
 
 async def test_batching_results_outlive_the_next_batch():

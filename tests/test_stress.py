@@ -47,9 +47,9 @@ async def test_stress(anyio_backend, batching):
         async with contextlib.AsyncExitStack() as stack:
             batchers = []
             if batching:
-                for _, s in sessions:
+                for k, (_, s) in enumerate(sessions):  # every other one runs two batches at once, on clones
                     batchers.append(await stack.enter_async_context(
-                        aiomnn.BatchingSession(s, max_batch=4, max_delay_ms=2)))
+                        aiomnn.BatchingSession(s, max_batch=4, max_delay_ms=2, workers=1 + k % 2)))
 
             async def one(i: int, k: int, seed: int, cancel: bool) -> None:
                 nonlocal cancelled
