@@ -148,6 +148,7 @@ class CudaBackend(Backend):
         self._arena_mem = None
         self._separate: dict[str, Any] = {}
         self._views: dict[str, Any] = {}
+        self._workspace = None
         self._roots: dict[int, Any] = {}
         self._absorbed: dict[int, int] = {}
         self._runs: dict[int, Run] = {}
@@ -389,6 +390,10 @@ class CudaBackend(Backend):
         self._views[name] = v
         return v
 
+    def workspace(self, dtype: np.dtype, count: int) -> "cupy.ndarray":
+        """The backend's workspace: ops run one after another on one stream, so they share it."""
+        return cupy.ndarray((count,), dtype=dtype, memptr=self._workspace)
+
     def scratch(self, exe: CudaOp, dtype: np.dtype, count: int) -> "cupy.ndarray":
         blk = self._scratch[id(exe)]
         return cupy.ndarray((count,), dtype=dtype, memptr=self._arena_mem + blk.offset)
@@ -464,6 +469,10 @@ class CudaBackend(Backend):
                 if t is None or t.is_const or name in self._derived:
                     continue
                 self._separate_buffer(name, t)
+        need = max(s.exe.workspace_bytes() for s in steps)
+        if need:
+            self._workspace = self.rt.malloc(need)
+            self._keep.append(self._workspace)
         # Ops.
         for s in steps:
             s.exe.bind()

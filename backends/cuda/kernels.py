@@ -447,10 +447,10 @@ def generate(root: Node, plans: list[LeafPlan], rank: int) -> tuple[str, list[in
             body.append(f"    const float {v} = __int_as_float(m[{len(meta)}]);")
             meta.extend(p.meta)
         elif p.mode == "inline":
-            np_ = len(p.ptrs)
-            ptr_names = [f"q{k}_{j}" for j in range(np_)]
-            for pn in ptr_names:
-                params.append(f"const T* __restrict__ {pn}")
+            ptr_names = [f"q{k}_{j}" for j in range(len(p.ptrs))]
+            types = p.leaf.op.inline_types() or ["const T* __restrict__"] * len(p.ptrs)
+            for pn, ty in zip(ptr_names, types):
+                params.append(f"{ty} {pn}")
             p.at = len(meta)
             body.append(p.leaf.op.inline_code(v, ptr_names, p.at))
             meta.extend(p.meta)

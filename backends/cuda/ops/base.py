@@ -80,6 +80,10 @@ class CudaOp(Execution):
         """Device bytes of scratch this op needs while it runs."""
         return 0
 
+    def workspace_bytes(self) -> int:
+        """Device bytes of the backend's workspace (shared by all ops) this op's kernel needs."""
+        return 0
+
     def on_resize(self, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
         self.be.op_resized(self)
 
@@ -99,6 +103,10 @@ class CudaOp(Execution):
     def inline_deps(self) -> list[str]:
         """Values an Inline leaf of this op reads."""
         return []
+
+    def inline_types(self) -> list[str] | None:
+        """The C parameter types of an Inline leaf's pointers (inline_ptrs); None: all `const T*`."""
+        return None
 
 
 def float_inputs(ins: list[Tensor | None]) -> bool:

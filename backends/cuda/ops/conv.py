@@ -8,6 +8,8 @@ Conv algorithms:
 - "igemm", "igemm32": an implicit GEMM, tiled 64x64 or 32x32 (output channels
   by output pixels), that gathers input patches into shared memory as it goes
   (no im2col buffer) and runs the epilogue on its accumulators: one kernel.
+  Where there are few tiles, K is split into slices that run on other SMs
+  (split_k).
 The cuBLAS algorithms write the raw product into the output buffer; bias,
 activation and any elementwise chain that follows run in one fused kernel.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 
+import cupy
 import numpy as np
 
 from aiomnn import shapes
@@ -37,6 +40,8 @@ FORCE_ALGO: str | None = None
 DIRECT_MACS = int(os.environ.get("AIOMNN_CUDA_DIRECT_MACS", 1 << 20))
 #: The implicit GEMM's tiles, by algorithm: (output channels, output pixels) per block.
 TILES = {"igemm": (64, 64), "igemm32": (32, 32)}
+#: The implicit GEMM's K per step (staged in shared memory).
+BK = 32
 #: Larger convs with at least this many output pixels (batch included) start as "igemm" before
 #: tuning: its 64x64 tiles fill the GPU there, and it writes no im2col buffer.
 IGEMM_PIXELS = 1024
@@ -110,6 +115,35 @@ class Conv(_ConvBase):
             self.algo = be.rt.tuned(key, algos)
         self.tiled = self.algo in TILES
         self.group = self.epilogue(Inline(self) if self.algo == "direct" or self.tiled else Raw(self), co)
+        self.splits, self.k_split = self.split_k() if self.tiled else (1, 0)
+
+    def split_k(self) -> tuple[int, int]:
+        """The implicit GEMM's slices of K, and the K of each (a multiple of BK).
+
+        With few tiles most SMs idle while each tile walks all of K (a 3x3 conv at 20x20 with 64
+        output channels is 7 tiles of 64x64 with K = 1152). Slices of K run as blocks of their own;
+        the last to finish a tile sums the partial tiles in slice order (so the result does not
+        depend on timing) and runs the epilogue. That block reads one partial tile per slice, so
+        the slices stay near 2 * sqrt(steps of K), and no more than fill the GPU twice.
+        """
+        steps = -(-self.k_total() // BK)
+        s = max(1, min(steps, -(-2 * self.be.rt.sm_count // self.tiles()), round(2 * math.sqrt(steps))))
+        ks = -(-steps // s) * BK
+        return -(-self.k_total() // ks), ks
+
+    def k_total(self) -> int:
+        return self.in_shape(0)[1] * self.kernel[0] * self.kernel[1]
+
+    def tiles(self) -> int:
+        bm, bn = TILES[self.algo]
+        n, co, oh, ow = self.out_shape
+        return -(-co // bm) * -(-(n * oh * ow) // bn)
+
+    def workspace_bytes(self):
+        if self.splits == 1:
+            return 0
+        bm, bn = TILES[self.algo]
+        return self.tiles() * self.splits * bm * bn * 4
 
     def scratch_bytes(self):
         if self.algo != "im2col":
@@ -148,48 +182,62 @@ class Conv(_ConvBase):
         return [self.in_names[0]]
 
     def inline_ptrs(self):
-        x = self.be.view(self.in_names[0])
-        if self.tiled:  # the weights as [K][CO], so a tile's loads are coalesced
-            w = self.const(1)
-            wt = np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
-            return [x, self.be.view(self.be.derived(self.node, "weights_kxco", wt))]
-        return [x, self.be.view(self.in_names[1])]
+        be = self.be
+        x = be.view(self.in_names[0])
+        if not self.tiled:
+            return [x, be.view(self.in_names[1])]
+        w = self.const(1)  # as [K][CO], so a tile's loads are coalesced
+        wt = be.view(be.derived(self.node, "weights_kxco", np.ascontiguousarray(w.reshape(w.shape[0], -1).T)))
+        if self.splits == 1:
+            return [x, wt]
+        bm, bn = TILES[self.algo]
+        # Per tile, how many slices have finished; the last one resets it, ready for the next run.
+        counters = cupy.zeros((self.tiles(),), np.uint32)
+        self.keep.append(counters)
+        return [x, wt, be.workspace(np.float32, self.tiles() * self.splits * bm * bn), counters]
+
+    def inline_types(self):
+        if self.splits == 1:
+            return None
+        return ["const T* __restrict__", "const T* __restrict__", "float*", "unsigned*"]  # partials, counters
 
     def inline_meta(self):
         n, ci, h, w = self.in_shape(0)
         co, oh, ow = self.out_shape[1:]
         if self.tiled:
-            return [ci, h, w, self.pads[0], self.pads[1], co, oh, ow, n * oh * ow, ci * self.kernel[0] * self.kernel[1]]
+            return [ci, h, w, self.pads[0], self.pads[1], co, oh, ow, n * oh * ow, self.k_total(), self.splits,
+                    self.k_split]
         g = self.group_count
         return [ci, h, w, self.pads[0], self.pads[1], ci // g, co // g]
 
     def launch_shape(self) -> tuple[int, int]:
-        """The implicit GEMM's grid and block: one block per tile, one thread per 4x4 outputs."""
+        """The implicit GEMM's grid and block: one block per tile and slice of K, one thread per 4x4 outputs."""
         bm, bn = TILES[self.algo]
-        n, co, oh, ow = self.out_shape
-        return -(-co // bm) * -(-(n * oh * ow) // bn), bm * bn // 16
+        return self.tiles() * self.splits, bm * bn // 16
 
     def tiled_code(self, ptrs: list[str], at: int, epi: str) -> str:
         """The implicit GEMM's kernel body; `epi(i, acc)` stores output element i from its accumulator.
 
         Each thread stages one column of the weight tile and one of the patch tile (so it decodes
-        its output pixel once), loading the next k-slice into registers while it multiplies the
+        its output pixel once), loading the next k-step into registers while it multiplies the
         current one from shared memory. Names start with `g_`: the kernel's parameters are p0, q1_0...
+        A block runs one slice of K (split_k); its tile is blockIdx.x / slices.
         """
         bm, bn = TILES[self.algo]
-        nt, bk = bm * bn // 16, 32
-        ra, rb = bk * bm // nt, bk * bn // nt  # values each thread stages per k-slice
+        nt, bk = bm * bn // 16, BK
+        ra, rb = bk * bm // nt, bk * bn // nt  # values each thread stages per k-step
         kh, kw = self.kernel
         sh, sw = self.strides
         dh, dw = self.dils
-        x, w = ptrs
+        x, w = ptrs[:2]
         return f"""  const int* g_q = m + {at};
   const int g_C = g_q[0], g_H = g_q[1], g_W = g_q[2], g_CO = g_q[5], g_OW = g_q[7];
-  const unsigned g_NP = g_q[8], g_K = g_q[9], g_OHW = g_q[6] * g_OW;
+  const unsigned g_NP = g_q[8], g_OHW = g_q[6] * g_OW, g_S = g_q[10];
   __shared__ __align__(16) float g_A[{bk}][{bm}];  // weights: [k][output channel]
   __shared__ __align__(16) float g_B[{bk}][{bn}];  // input patches: [k][output pixel]
-  const unsigned g_tid = threadIdx.x, g_tiles = (g_NP + {bn - 1}) / {bn};
-  const unsigned g_p0 = (blockIdx.x % g_tiles) * {bn}, g_c0 = (blockIdx.x / g_tiles) * {bm};
+  const unsigned g_tid = threadIdx.x, g_tiles = (g_NP + {bn - 1}) / {bn}, g_tile = blockIdx.x / g_S;
+  const unsigned g_p0 = (g_tile % g_tiles) * {bn}, g_c0 = (g_tile / g_tiles) * {bm};
+  const unsigned g_k0 = blockIdx.x % g_S * (unsigned)g_q[11], g_K = min((unsigned)g_q[9], g_k0 + g_q[11]);
   const unsigned g_ac = g_tid % {bm}, g_ar = g_tid / {bm}, g_bc = g_tid % {bn}, g_br = g_tid / {bn};
   const unsigned g_pp = g_p0 + g_bc;
   const bool g_pin = g_pp < g_NP, g_ain = g_c0 + g_ac < (unsigned)g_CO;
@@ -221,14 +269,14 @@ class Conv(_ConvBase):
     #pragma unroll
     for (int j = 0; j < 4; ++j) g_acc[i][j] = 0.f;
   const unsigned g_ty = g_tid / {bn // 4}, g_tx = g_tid % {bn // 4};
-  g_load(0);
-  for (unsigned k0 = 0; k0 < g_K; k0 += {bk}) {{
+  g_load(g_k0);
+  for (unsigned k0 = g_k0; k0 < g_K; k0 += {bk}) {{
     #pragma unroll
     for (int j = 0; j < {ra}; ++j) g_A[g_ar + j * {nt // bm}][g_ac] = g_ra[j];
     #pragma unroll
     for (int j = 0; j < {rb}; ++j) g_B[g_br + j * {nt // bn}][g_bc] = g_rb[j];
     __syncthreads();
-    if (k0 + {bk} < g_K) g_load(k0 + {bk});  // in flight while this slice is multiplied
+    if (k0 + {bk} < g_K) g_load(k0 + {bk});  // in flight while this step is multiplied
     #pragma unroll
     for (int kk = 0; kk < {bk}; ++kk) {{
       const float4 a = *reinterpret_cast<const float4*>(&g_A[kk][g_ty * 4]);
@@ -241,7 +289,7 @@ class Conv(_ConvBase):
     }}
     __syncthreads();
   }}
-  #pragma unroll
+{self._reduce_code(ptrs) if self.splits > 1 else ""}  #pragma unroll
   for (int i = 0; i < 4; ++i) {{
     const unsigned co = g_c0 + g_ty * 4 + i;
     if (co >= (unsigned)g_CO) continue;
@@ -251,6 +299,36 @@ class Conv(_ConvBase):
       if (px < g_NP) {epi}((px / g_OHW * g_CO + co) * g_OHW + px % g_OHW, g_acc[i][j]);
     }}
   }}
+"""
+
+    def _reduce_code(self, ptrs: list[str]) -> str:
+        """Split K: store this slice's partial tile; the tile's last slice sums them all in order."""
+        bm, bn = TILES[self.algo]
+        part, count = ptrs[2:]
+        return f"""  float* g_part = {part} + (size_t)g_tile * g_S * {bm * bn} + (g_ty * 4) * {bn} + g_tx * 4;
+  #pragma unroll
+  for (int i = 0; i < 4; ++i)
+    *reinterpret_cast<float4*>(g_part + (size_t)(blockIdx.x % g_S) * {bm * bn} + i * {bn}) =
+        make_float4(g_acc[i][0], g_acc[i][1], g_acc[i][2], g_acc[i][3]);
+  __threadfence();  // the partial is visible before the count says so
+  __syncthreads();
+  __shared__ bool g_last;
+  if (g_tid == 0) g_last = atomicAdd({count} + g_tile, 1u) == g_S - 1;
+  __syncthreads();
+  if (!g_last) return;
+  __threadfence();
+  #pragma unroll
+  for (int i = 0; i < 4; ++i)
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) g_acc[i][j] = 0.f;
+  for (unsigned r = 0; r < g_S; ++r) {{
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {{
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(g_part + (size_t)r * {bm * bn} + i * {bn}));
+      g_acc[i][0] += v.x; g_acc[i][1] += v.y; g_acc[i][2] += v.z; g_acc[i][3] += v.w;
+    }}
+  }}
+  if (g_tid == 0) {count}[g_tile] = 0u;
 """
 
     def inline_code(self, v: str, ptrs: list[str], at: int) -> str:
