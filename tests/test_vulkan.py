@@ -599,6 +599,52 @@ async def test_session_closed_after_runtime(runtime):
     await s.close()  # frees nothing twice, touches no destroyed device
 
 
+def test_waiter_polls_near_the_expected_finish(monkeypatch):
+    """The waiter learns how long a submission runs, sleeps until shortly before that and polls: it notices
+    the finish at once, not a driver wake-up later; a run that got shorter is found late once, then caught.
+    (Times scaled up to milliseconds, so that a busy machine's sleeps stay well inside the margins.)"""
+    from types import SimpleNamespace
+
+    import vulkan as vk
+
+    from aiomnn.backends.vulkan import queue as vq
+
+    class SlowWakeQueue(vq.Queue):
+        """Work that finishes at `finish`, which the driver's wait notices `wake_s` late."""
+
+        def __init__(self, wake_s: float):
+            self.timeline, self.wake_s, self.finish, self.last_completion = False, wake_s, 0.0, 0.0
+
+        def _done(self, value, sub) -> bool:
+            return time.perf_counter() >= self.finish
+
+        def _block(self, value, sub, timeout_ns: int) -> int:
+            wake, until = self.finish + self.wake_s, time.perf_counter() + timeout_ns * 1e-9
+            time.sleep(max(0.0, min(wake, until) - time.perf_counter()))
+            return vk.VK_SUCCESS if wake <= until else vk.VK_TIMEOUT
+
+    monkeypatch.setattr(vq, "POLL_LEAD_S", 0.004)
+    monkeypatch.setattr(vq, "POLL_S", 0.02)
+    q, sub = SlowWakeQueue(wake_s=0.01), SimpleNamespace(sent_at=0.0, expect=0.0)
+
+    def runs(n: int, run_s: float) -> list[float]:
+        delays = []
+        for _ in range(n):
+            sub.sent_at = time.perf_counter()
+            q.finish = sub.sent_at + run_s
+            assert q._wait(1, sub) == vk.VK_SUCCESS
+            delays.append(time.perf_counter() - q.finish)
+            q.last_completion = time.perf_counter()
+        return delays
+
+    delays = runs(6, 0.015)
+    assert 0.012 < sub.expect < 0.025, sub.expect
+    assert sorted(delays)[3] < 0.003, delays  # caught, not 10 ms late
+    delays = runs(6, 0.005)
+    assert 0.003 < sub.expect < 0.012, sub.expect
+    assert sorted(delays)[3] < 0.003, delays
+
+
 # Runtime services -----------------------------------------------------------------------------
 def test_probe_orders_devices_and_marks_cpu_implementations():
     devices = probe(ForwardType.VULKAN)
@@ -758,6 +804,24 @@ FUSION_CASES = [
     (Case("matmul_bias_product_read", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["mm", "c"], ["s"]),
                                        n("Mul", ["s", "mm"], ["y"])], {"a": (4, 6)}, ("MatMul", "Add"),
           {"w": r(6, 5, seed=1), "c": r(5, seed=2)}), []),
+    # A squeeze-and-excitation scale before a pointwise conv and a residual after it (the scaled image itself,
+    # read by the Mul too): one matmul, after the Relu and the Sigmoid.
+    (Case("pointwise_scale_residual", [n("Relu", ["x"], ["t"]), n("Sigmoid", ["s"], ["sg"]),
+                                       n("Mul", ["t", "sg"], ["m"]), n("Conv", ["m", "w", "b"], ["c"]),
+                                       n("Add", ["t", "c"], ["y"])], {"x": (2, 6, 5, 7), "s": (2, 6, 1, 1)},
+          ("Mul", "Conv", "Add"), {"w": r(6, 6, 1, 1, seed=1), "b": r(6, seed=2)}), ["pointwise"]),
+    (Case("pointwise_scale", [n("Relu", ["x"], ["t"]), n("Mul", ["s", "t"], ["m"]), n("Conv", ["m", "w"], ["c"]),
+                              n("Relu", ["c"], ["y"])], {"x": (3, 5, 4, 4), "s": (3, 5, 1, 1)}, ("Mul", "Conv"),
+          {"w": r(7, 5, 1, 1, seed=1)}), ["pointwise"]),
+    # The scaled image is also the residual: the Mul stays, the Add joins the conv.
+    (Case("pointwise_scaled_read", [n("Relu", ["x"], ["t"]), n("Mul", ["t", "s"], ["m"]),
+                                    n("Conv", ["m", "w", "b"], ["c"]), n("Add", ["c", "m"], ["y"])],
+          {"x": (2, 4, 3, 5), "s": (2, 4, 1, 1)}, ("Mul", "Conv", "Add"),
+          {"w": r(4, 4, 1, 1, seed=1), "b": r(4, seed=2)}), ["pointwise"]),
+    # The conv's output is read by the Add and a Relu: no fusion.
+    (Case("pointwise_product_read", [n("Relu", ["x"], ["t"]), n("Conv", ["t", "w"], ["c"]), n("Add", ["c", "t"], ["a"]),
+                                     n("Relu", ["c"], ["rc"]), n("Mul", ["a", "rc"], ["y"])],
+          {"x": (1, 3, 4, 4)}, ("Conv", "Add"), {"w": r(3, 3, 1, 1, seed=1)}), []),
 ]
 
 
@@ -777,9 +841,11 @@ async def test_fusion(case, kinds, runtime):
     for op in case.on_vulkan:
         assert ops.get(op) == "vulkan", ops
     assert fused == kinds
-    # Relu, layernorm (and Relu); the matmul with its bias and the Swish fused into the Add (and an Add).
+    # Relu, layernorm (and Relu); the matmul with its bias and the Swish fused into the Add (and an Add); the
+    # pointwise conv's matmul (the last Relu is the conv's activation) after the Relu (and the Sigmoid), or the Mul.
     want_dispatches = {"ln_decomposed": 2, "ln_decomposed_noaffine": 3, "matmul_bias_swish": 1,
-                       "matmul_bias_then_residual": 2}
+                       "matmul_bias_then_residual": 2, "pointwise_scale_residual": 3, "pointwise_scale": 2,
+                       "pointwise_scaled_read": 3}
     if case.id in want_dispatches:
         assert n_dispatch == want_dispatches[case.id]
     want, _, _ = await run(data, feeds, CPU)
@@ -790,3 +856,61 @@ async def test_fusion(case, kinds, runtime):
         names = [o for o in case.nodes[-1].output if o]
         for k, w in zip(names, oracle(data, feeds)):
             np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-5, err_msg=f"vs onnxruntime: {k}")
+
+
+@pytest.mark.anyio
+async def test_pointwise_fusion_every_matmul_choice(runtime, monkeypatch):
+    """The fused scale and residual give the CPU's result in the tiled matmul and in every direct one."""
+    from aiomnn.backends.vulkan.launch import Matmul
+
+    case = next(c for c, _ in FUSION_CASES if c.id == "pointwise_scale_residual")
+    data, feeds = case.model(), case.feeds()
+    want, _, _ = await run(data, feeds, CPU)
+    rt = runtime.runtimes[ForwardType.VULKAN]
+    for choice in ["tiled", ["direct", 4], ["direct", 8], ["direct", 16]]:
+        monkeypatch.setattr(rt, "tuned_choice",
+                            lambda la, choice=choice: choice if isinstance(la.work, Matmul) else None)
+        got, _, _ = await run(data, feeds, CONFIG, runtime)
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5, err_msg=str(choice))
+
+
+PLACES_CASES = [
+    # (case, copy dispatches left): a C2f block at batch 1. The Split's outputs are views of the conv's output,
+    # which the conv writes into the Concat's output, as the Relu does the third piece: no copies.
+    (Case("places_c2f", [n("Conv", ["x", "w"], ["a"]), n("Split", ["a"], ["p", "q"], axis=1),
+                         n("Relu", ["q"], ["rq"]), n("Concat", ["p", "q", "rq"], ["cat"], axis=1),
+                         n("Sigmoid", ["cat"], ["y"])], {"x": (1, 4, 6, 6)}, ("Split", "Concat"),
+          {"w": r(8, 4, 1, 1, seed=1)}, opset=13), 0),
+    # At batch 2 the pieces are not contiguous in the whole: 2 + 3 copies.
+    (Case("places_c2f_b2", [n("Conv", ["x", "w"], ["a"]), n("Split", ["a"], ["p", "q"], axis=1),
+                            n("Relu", ["q"], ["rq"]), n("Concat", ["p", "q", "rq"], ["cat"], axis=1),
+                            n("Sigmoid", ["cat"], ["y"])], {"x": (2, 4, 6, 6)}, ("Split", "Concat"),
+          {"w": r(8, 4, 1, 1, seed=1)}, opset=13), 5),
+    # Pieces of 25 floats: offsets the device cannot bind (64-byte alignment), so copies: 2 + 2.
+    (Case("places_unaligned", [n("Relu", ["x"], ["a"]), n("Split", ["a"], ["p", "q"], axis=1, split=[1, 2]),
+                               n("Tanh", ["p"], ["tp"]), n("Concat", ["q", "tp"], ["cat"], axis=1),
+                               n("Sigmoid", ["cat"], ["y"])], {"x": (1, 3, 5, 5)}, ("Split", "Concat"), opset=11), 4),
+    # A piece read twice by the Concat, and a Concat whose output is the graph's: each copied.
+    (Case("places_repeat_output", [n("Relu", ["x"], ["a"]), n("Tanh", ["x"], ["b"]),
+                                   n("Concat", ["a", "b", "a"], ["y"], axis=1)], {"x": (1, 16, 2, 2)}, ("Concat",)), 3),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case,copies", PLACES_CASES, ids=[c.id for c, _ in PLACES_CASES])
+async def test_concat_split_in_place(case, copies, runtime):
+    """Concat and Split pieces that are contiguous ranges of the whole share its memory and are not copied."""
+    data, feeds = case.model(), case.feeds()
+    net = aiomnn.Interpreter.from_bytes(data)
+    async with await net.create_session(CONFIG, runtime) as s:
+        got = await s.run(feeds)
+        again = await s.run(feeds)
+        kernels = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps for d in st.execution.dispatches
+                   if st.node.op_type in ("Concat", "Split")]
+        ops = {st.node.op_type: seg.backend.type.value for seg in s.pipeline.segments for st in seg.steps}
+    for op in case.on_vulkan:
+        assert ops.get(op) == "vulkan", ops
+    assert kernels == ["copy"] * copies
+    want, _, _ = await run(data, feeds, CPU)
+    np.testing.assert_array_equal(again["y"], got["y"])
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-6)

@@ -6,7 +6,7 @@ Resize, in the pipeline's order:
                    steps the backup runs.
   on_resize_begin  plans which elementwise chains fuse (candidates) and how long
                    their inputs must live, and which Concat and Split pieces share
-                   one block so that no copy is needed (places.py).
+                   one block so that no copy is needed (aiomnn/places.py).
   acquire_tensor / on_resize / release
                    the pipeline's arena planning; a fused value gets no memory, a
                    value a fused kernel reads later lives until that kernel runs.
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import cupy
 import numpy as np
 
+from aiomnn import places
 from aiomnn.backend import Backend, Execution, Tensor
 from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
@@ -39,7 +40,7 @@ from aiomnn.fence import Fence
 from aiomnn.graph import Node
 from aiomnn.memory import Block, StorageType
 
-from . import kernels, places
+from . import kernels
 from .kernels import Inline, LeafPlan, Lit, Raw, Val, collapse, contiguous, leaves, vals
 from .ops import OPS
 from .ops.base import CudaOp, Decline
@@ -285,7 +286,7 @@ class CudaBackend(Backend):
         self._plan_places()
 
     def _plan_places(self) -> None:
-        """Concat and Split pieces that share one block, so that no copy is needed (places.py)."""
+        """Concat and Split pieces that share one block, so that no copy is needed (aiomnn/places.py)."""
 
         def stored(name: str) -> bool:
             i = self._producer.get(name)

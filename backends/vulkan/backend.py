@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import vulkan as vk
 
+from aiomnn import places
 from aiomnn.backend import Backend, Execution, Tensor
 from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
@@ -156,6 +157,12 @@ class VulkanBackend(Backend):
         self._cursor = -1
         self._fused_away: set[str] = set()
         self.fused: list[str] = []  # the kind of each fused group that was applied (for tests)
+        # Concat and Split pieces that share one block (see _plan_places): value -> (class, byte offset), the
+        # bytes of each class, and the block of each class while any of its values lives.
+        self._place: dict[str, tuple[str, int]] = {}
+        self._class_size: dict[str, int] = {}
+        self._class_block: dict[str, Block] = {}
+        self._class_of: dict[int, str] = {}
 
     def nbytes(self, t: Tensor) -> int:
         return int(np.prod(t.shape, dtype=np.int64)) * self.store.itemsize
@@ -183,21 +190,35 @@ class VulkanBackend(Backend):
     def _acquire_tensor(self, tensor: Tensor, execution: Execution) -> Block | None:
         if tensor.shape is None:
             return None
+        place = self._place.get(tensor.name)
+        if place is not None:
+            name, offset = place
+            root = self._class_block.get(name)
+            if root is None:  # its first value (or all it held were freed: the pieces left are copied)
+                root = self._class_block[name] = self.acquire(self._class_size[name])
+                self._mine[id(root)] = root
+                self._class_of[id(root)] = name
+                self._refs[id(root)] = -1  # no value of its own: freed with its last value
+            return self._alias(root, self.nbytes(tensor), root.offset + offset)
         src = getattr(execution, "alias_of", None)
         if src is not None:
             loc = self.locate(src)
             if loc.region == "arena":
                 root = self._alias_root.get(id(src.block), src.block)
-                block = Block(root.size, StorageType.DYNAMIC, root.offset)
-                self._alias_root[id(block)] = root
-                self._refs[id(root)] = self._refs.get(id(root), 0) + 1
-                return block
+                return self._alias(root, src.block.size, src.block.offset)
             if loc.region == "io":
                 block = Block(loc.nbytes, StorageType.DYNAMIC_SEPARATE, loc.offset)
                 self._alias_loc[id(block)] = loc
                 return block
         block = self.acquire(max(self.nbytes(tensor), 1))
         self._mine[id(block)] = block
+        return block
+
+    def _alias(self, root: Block, size: int, offset: int) -> Block:
+        """A block inside `root` that keeps it alive."""
+        block = Block(size, StorageType.DYNAMIC, offset)
+        self._alias_root[id(block)] = root
+        self._refs[id(root)] = self._refs.get(id(root), 0) + 1
         return block
 
     def release(self, block: Block) -> None:
@@ -229,6 +250,7 @@ class VulkanBackend(Backend):
             return
         if id(root) in self._mine:
             self.arena.release(root)
+            self._class_block.pop(self._class_of.pop(id(root), ""), None)
 
     def locate_output(self, t: Tensor) -> Loc:
         self._produced.add(t.name)
@@ -314,6 +336,36 @@ class VulkanBackend(Backend):
         self.clear_buffers()
         created, self._created, self._created_ids = self._created, [], set()
         plan_fusions(self, created)
+        self._plan_places(created)
+
+    def _plan_places(self, created: list[tuple]) -> None:
+        """Concat and Split without copies: where each piece is one contiguous range of the whole (as at batch
+        1), the producers of a Concat's inputs write into its output and a Split's outputs are views of its
+        input (aiomnn/places.py plans it, as for CUDA); the ops skip the copies of pieces already in place."""
+        from .ops import Concat, Split
+
+        producer = {t.name: exe for _, exe, _, outs in created for t in outs if t is not None and t.name}
+        inner = {x for _, exe, _, _ in created if exe is not None and exe.group is not None for x in exe.group.inner}
+        nbytes = {t.name: self.nbytes(t) for _, _, ins, outs in created for t in [*ins, *outs]
+                  if t is not None and t.name and t.shape is not None}
+
+        def stored(name: str) -> bool:  # a dispatch of this backend writes it into the arena
+            return producer.get(name) is not None and name not in inner and nbytes.get(name, 0) > 0
+
+        joins = []
+        for _, exe, ins, outs in created:
+            if isinstance(exe, Concat):
+                joins.append((outs[0].name, tuple(outs[0].shape), ins, exe.axis, False))
+            elif isinstance(exe, Split):
+                joins.append((ins[0].name, tuple(ins[0].shape), outs, exe.axis, True))
+        if not joins:
+            return
+        place, sizes = places.plan(joins, stored, nbytes.__getitem__, lambda name: self.store.itemsize)
+        # A binding's offset must be a multiple of the device's alignment: a class with a piece elsewhere is
+        # dropped (its pieces get blocks of their own and are copied).
+        bad = {c for c, off in place.values() if off % self.align}
+        self._place = {n: p for n, p in place.items() if p[0] not in bad}
+        self._class_size = {c: n for c, n in sizes.items() if c not in bad}
 
     def on_resize_end(self) -> None:
         try:

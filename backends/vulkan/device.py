@@ -41,7 +41,7 @@ _BUFFER_USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRAN
                  | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
 
 #: Bindings per kernel: output first, then inputs (see shaders/*.comp).
-KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "conv": 4, "convt": 4, "matmul": 4, "matmul_direct": 4,
+KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "conv": 4, "convt": 4, "matmul": 6, "matmul_direct": 6,
                    "pool": 2, "reduce": 2, "softmax": 2, "layernorm": 4, "resize": 3,
                    "conv_gemm": 6,  # out, x, w, bias, partial sums, tile counters
                    "cast": 2}  # device tensor, float32 host staging

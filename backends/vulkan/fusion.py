@@ -5,7 +5,9 @@ knows every reader of each value. plan_fusions then finds:
 
 - a LayerNorm that an exporter spelled out (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, then
   Mul and Add by constants), as one layernorm dispatch;
-- a MatMul followed by an Add of a constant bias (with the Add's fused activation), as one matmul.
+- a MatMul followed by an Add of a constant bias (with the Add's fused activation), as one matmul;
+- a pointwise Conv run as the matmul, with the Mul that scales its input per channel before it (a
+  squeeze-and-excitation block's) and the residual Add after it, as one matmul.
 
 A group's dispatches run at its last member; the values it reads live until then.
 """
@@ -21,7 +23,7 @@ from aiomnn.backend import Tensor
 from aiomnn.graph import Node
 
 from .launch import Matmul, Rows
-from .ops import F32, Binary, MatMul, VkOp, _f, _local_for, is_f32, numel, pack, pad
+from .ops import F32, Binary, Conv, MatMul, VkOp, _f, _local_for, is_f32, numel, pack, pad
 
 log = logging.getLogger("aiomnn.vulkan")
 
@@ -69,6 +71,7 @@ class _Steps:
     def __init__(self, steps: list[tuple]):
         self.steps = steps
         self.readers: dict[str, list[int]] = {}
+        self.producer = {t.name: i for i, (_, _, _, outs) in enumerate(steps) for t in outs if t is not None and t.name}
         for i, (node, _, _, _) in enumerate(steps):
             for x in dict.fromkeys(list(node.inputs) + list(node.implicit)):
                 if x:
@@ -245,11 +248,52 @@ def _matmul_bias_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
         b = final.b
         push = pack(m, n, k, len(dims), pad(dims, 3), pad(bsa, 3), pad(bsb, 3), k, 1, n, 1, 1, 0, ccs,
                     _f(1.0), _f(1.0), _f(a1), _f(a2))
-        final.dispatch("matmul", [final.out_locs[0], b.locate(ins[0]), b.locate(ins[1]), b.locate(ct)], push,
+        a = b.locate(ins[0])
+        final.dispatch("matmul", [final.out_locs[0], a, b.locate(ins[1]), b.locate(ct), a, a], push,
                        Matmul(m, n, nb), consts=(code,))
 
     taken.update((i, ka))
     return Group("matmul_bias", [exe, ae], [mm], reads, build)
+
+
+def _pointwise_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
+    """A pointwise Conv run as the matmul, with (either or both) the Mul before it that scales its input by
+    a per-image, per-channel factor (N, C, 1, 1), and the Add of a residual (no activation) after it."""
+    steps = st.steps
+    _, exe, ins, outs = steps[i]
+    if not isinstance(exe, Conv) or not exe.as_matmul or len(outs) != 1 or len(ins[0].shape) != 4:
+        return None
+    x, shape = ins[0], tuple(ins[0].shape)
+    chain, scale = [i], None
+    km = st.producer.get(x.name)
+    if km is not None and km not in taken and st.readers.get(x.name) == [i]:
+        mn, me, mins, _ = steps[km]
+        big = [t for t in mins if tuple(t.shape) == shape]
+        small = [t for t in mins if tuple(t.shape) == shape[:2] + (1, 1)]
+        if (mn.op_type == "Mul" and isinstance(me, Binary) and not mn.attrs and len(mins) == 2 and len(big) == 1
+                and len(small) == 1 and not big[0].is_const and not small[0].is_const):
+            chain.insert(0, km)
+            x, scale = big[0], small[0]
+    res = None
+    ka = st.only(outs[0].name, "Add", taken)
+    if ka is not None:
+        an, ae, ains, aouts = steps[ka]
+        other = [t for t in ains if t.name != outs[0].name]
+        if (isinstance(ae, Binary) and not an.attrs and len(ains) == 2 and len(other) == 1
+                and not other[0].is_const and tuple(other[0].shape) == tuple(aouts[0].shape) == tuple(outs[0].shape)):
+            chain.append(ka)
+            res = other[0]
+    if len(chain) == 1 or any(steps[k][1] is None for k in range(min(chain), max(chain) + 1)):
+        return None
+    inner = [steps[k][3][0].name for k in chain[:-1]]
+    reads = [t.name for t in (x, scale, res) if t is not None]
+
+    def build(final: VkOp) -> None:
+        b = final.b
+        exe.matmul(final, ins, final.out_locs[0], b.locate(x), res and b.locate(res), scale and b.locate(scale))
+
+    taken.update(chain)
+    return Group("pointwise", [steps[k][1] for k in chain], inner, reads, build)
 
 
 def plan_fusions(backend, created: list[tuple]) -> None:
@@ -269,6 +313,8 @@ def plan_fusions(backend, created: list[tuple]) -> None:
                 group = _layernorm_at(st, i, taken)
             elif node.op_type == "MatMul":
                 group = _matmul_bias_at(st, i, taken)
+            elif node.op_type == "Conv":
+                group = _pointwise_at(st, i, taken)
         except Exception as exc:  # a shape this matching did not foresee: no fusion
             log.debug("no fusion at %s: %s: %s", node, type(exc).__name__, exc)
             group = None

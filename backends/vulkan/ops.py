@@ -493,6 +493,35 @@ class Conv(VkOp):
         self.act = fused(node)
         self.pointwise = (kernel == [1, 1] and strides == [1, 1] and pads == [0, 0, 0, 0] and g == 1)
 
+    @property
+    def as_matmul(self) -> bool:
+        """Whether plan() runs this conv as the matmul: out[n] = W (co x c) @ X[n] (c x hw) + bias per row.
+
+        Pointwise convs do, unless the matmul's 64 x 64 tiles are too few to fill a GPU (each walks all of
+        k alone: latency) and k is deep enough to split: conv_gemm splits the sum instead (not on CPU
+        implementations: there the matmul's barrier-free direct kernel wins).
+        """
+        n, c, h, w, co, _, _, kernel, _, _, _, g = self.geo
+        k = c // g * kernel[0] * kernel[1]
+        small = k < CONV_GEMM_MIN_K or co // g < CONV_GEMM_MIN_M
+        few_tiles = self.b.ctx.info.is_gpu and n * -(-co // 64) * -(-h * w // 64) < CONV_BUSY
+        return self.pointwise and (small or not few_tiles or k < 2 * CONV_SLICE)
+
+    def matmul(self, on: VkOp, inputs: list[Tensor | None], out: Loc, x: Loc, res: Loc | None = None,
+               scale: Loc | None = None) -> None:
+        """Dispatch (on `on`: this op, or the last of a fused group) the matmul of a pointwise conv of image
+        `x`, with a residual added after the activation and the image scaled per channel, where given."""
+        n, c, h, w, co = self.geo[:5]
+        wt = self.loc(inputs[1])
+        bias = inputs[2] if len(inputs) > 2 else None
+        code, a1, a2 = self.act
+        hw = h * w
+        push = pack(co, hw, c, 1, [n, 0, 0], [0, 0, 0], [c * hw, 0, 0], c, 1, hw, 1,
+                    int(bias is not None), 1, 0, _f(1.0), _f(1.0), _f(a1), _f(a2))
+        locs = [out, wt, x, self.loc(bias) if bias is not None else wt, res or wt, scale or wt]
+        on.dispatch("matmul", locs, push, Matmul(co, hw, n),
+                    consts=(code, int(res is not None), int(scale is not None)))
+
     def plan(self, inputs, outputs):
         n, c, h, w, co, oh, ow, kernel, strides, dils, pads, g = self.geo
         x, wt = self.loc(inputs[0]), self.loc(inputs[1])
@@ -503,15 +532,8 @@ class Conv(VkOp):
         cog = co // g
         k, npix = c // g * kernel[0] * kernel[1], n * oh * ow
         small = k < CONV_GEMM_MIN_K or cog < CONV_GEMM_MIN_M
-        few_tiles = self.b.ctx.info.is_gpu and n * -(-co // 64) * -(-h * w // 64) < CONV_BUSY
-        if self.pointwise and (small or not few_tiles or k < 2 * CONV_SLICE):
-            # out[n] = W (co x c) @ X[n] (c x hw) + bias per row: the matmul. Where its 64 x 64 tiles are too few
-            # to fill a GPU (each walks all of k alone: latency) and k is deep enough to split, conv_gemm below
-            # splits the sum instead (not on CPU implementations: there the matmul's barrier-free direct kernel wins).
-            hw = h * w
-            push = pack(co, hw, c, 1, [n, 0, 0], [0, 0, 0], [c * hw, 0, 0], c, 1, hw, 1,
-                        int(b is not None), 1, 0, _f(1.0), _f(1.0), _f(a1), _f(a2))
-            self.dispatch("matmul", [out, wt, x, bl], push, Matmul(co, hw, n), consts=(code,))
+        if self.as_matmul:
+            self.matmul(self, inputs, out, x)
             return
         blocks = -(-cog // 4)
         push = pack(n, c, h, w, co, oh, ow, kernel[0], kernel[1], strides[0], strides[1], dils[0], dils[1],
@@ -635,7 +657,7 @@ class MatMul(VkOp):
         a, b = self.loc(inputs[0]), self.loc(inputs[1])
         push = pack(m, n, k, len(dims), pad(dims, 3), pad(bsa, 3), pad(bsb, 3), k, 1, n, 1, 0, 0, 0,
                     _f(1.0), _f(0.0), _f(0.0), _f(0.0))
-        self.dispatch("matmul", [self.out_locs[0], a, b, a], push, Matmul(m, n, nb), consts=(0,))
+        self.dispatch("matmul", [self.out_locs[0], a, b, a, a, a], push, Matmul(m, n, nb), consts=(0,))
 
 
 @register("Gemm")
@@ -678,7 +700,7 @@ class Gemm(VkOp):
         code, a1, a2 = self.act
         push = pack(m, n, k, 1, [1, 0, 0], [0, 0, 0], [0, 0, 0], ars, acs, brs, bcs, int(self.c is not None), crs, ccs,
                     _f(self.alpha), _f(self.beta), _f(a1), _f(a2))
-        self.dispatch("matmul", [self.out_locs[0], a, b, cl], push, Matmul(m, n, 1), consts=(code,))
+        self.dispatch("matmul", [self.out_locs[0], a, b, cl, a, a], push, Matmul(m, n, 1), consts=(code,))
 
 
 # ------------------------------------------------------------------------------ pool
@@ -974,9 +996,11 @@ class Concat(VkOp):
     def plan(self, inputs, outputs):
         oshape = tuple(outputs[0].shape)
         ost = contiguous(oshape)
+        out = self.out_locs[0]
         for i, off, shape in self.pieces:
-            self.copy(self.out_locs[0], self.loc(inputs[i]), list(shape), contiguous(shape), ost,
-                      dst_base=off * ost[self.axis])
+            src = self.loc(inputs[i])
+            if not in_place(self.b, out, src, oshape, self.axis, off * ost[self.axis]):
+                self.copy(out, src, list(shape), contiguous(shape), ost, dst_base=off * ost[self.axis])
 
 
 @register("Split")
@@ -1005,10 +1029,19 @@ class Split(VkOp):
         self.axis = axis
 
     def plan(self, inputs, outputs):
-        ist = contiguous(tuple(inputs[0].shape))
+        shape = tuple(inputs[0].shape)
+        ist = contiguous(shape)
         src = self.loc(inputs[0])
-        for j, off, shape in self.pieces:
-            self.copy(self.out_locs[j], src, list(shape), ist, contiguous(shape), src_base=off * ist[self.axis])
+        for j, off, piece in self.pieces:
+            if not in_place(self.b, src, self.out_locs[j], shape, self.axis, off * ist[self.axis]):
+                self.copy(self.out_locs[j], src, list(piece), ist, contiguous(piece), src_base=off * ist[self.axis])
+
+
+def in_place(backend, whole: Loc, piece: Loc, shape: tuple[int, ...], axis: int, base: int) -> bool:
+    """Whether a Concat or Split piece already lies where it belongs in the whole, `base` elements in (the
+    backend placed them in one block): one contiguous range, nothing to copy."""
+    return (numel(shape[:axis]) == 1 and whole.region == piece.region == "arena"
+            and piece.offset == whole.offset + base * backend.store.itemsize)
 
 
 # ---------------------------------------------------------------------------- resize

@@ -9,7 +9,13 @@ layout(std430, set = 0, binding = 0) writeonly buffer O { STORE o[]; };
 layout(std430, set = 0, binding = 1) readonly buffer A { STORE a[]; };
 layout(std430, set = 0, binding = 2) readonly buffer B { STORE b[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Bias { STORE bias[]; };
+// Fused into a 1x1 convolution (B = the image X, K its channels): a residual added after the activation,
+// and a scale per image and input channel applied to X (a squeeze-and-excitation block's Mul).
+layout(std430, set = 0, binding = 4) readonly buffer Res { STORE res[]; };
+layout(std430, set = 0, binding = 5) readonly buffer Scale { STORE scale[]; };
 layout(constant_id = 3) const int ACT = 0;
+layout(constant_id = 4) const bool RES = false;
+layout(constant_id = 5) const bool SCALE = false;
 layout(push_constant) uniform P {
     int M; int N; int K; int nb;
     int bshape[3]; int sa[3]; int sb[3];
@@ -41,6 +47,7 @@ void main() {
         int kb = offB + k * p.b_rs;
         vec4 bv = vec4(float(b[kb + ni[0] * p.b_cs]), float(b[kb + ni[1] * p.b_cs]),
                        float(b[kb + ni[2] * p.b_cs]), float(b[kb + ni[3] * p.b_cs]));
+        if (SCALE) bv *= float(scale[bz * p.K + k]);
         acc[0] += av.x * bv;
         acc[1] += av.y * bv;
         acc[2] += av.z * bv;
@@ -55,7 +62,9 @@ void main() {
             if (gn >= p.N) break;
             float v = p.alpha * acc[i][j];
             if (p.has_bias != 0) v += p.beta * float(bias[gm * p.c_rs + gn * p.c_cs]);
-            o[ob + gm * p.N + gn] = STORE(unary_op(v, ACT, p.act_a, p.act_b));
+            v = unary_op(v, ACT, p.act_a, p.act_b);
+            if (RES) v += float(res[ob + gm * p.N + gn]);
+            o[ob + gm * p.N + gn] = STORE(v);
         }
     }
 }

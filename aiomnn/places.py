@@ -1,4 +1,4 @@
-"""Concat and Split without copies: where their pieces share one block.
+"""Concat and Split without copies, for the GPU backends: where their pieces share one block.
 
 Where each piece is one contiguous range of the whole (nothing but size-1 dims
 before the axis, as at batch 1), the producers of a Concat's inputs can write
