@@ -58,12 +58,6 @@ _CHUNK = 1 << 17
 #: 2 cores: split 59M-MAC convs ran 1.2-1.7x faster, 15-30M-MAC ones no faster or slower). Depthwise
 #: convs, bound by memory traffic, stay on one thread whatever their size.
 _PARALLEL_MACS = 1 << 25
-#: im2col convs with this many output pixels per image or more are split from this many multiply-adds on:
-#: each of their tiles keeps enough columns for an efficient GEMM. On two pinned cores of an idle Xeon
-#: (the 2-core test machine was too loaded to tell), medians of 6 rounds: yolov8n 39.3 -> 36.4 ms, det
-#: 152.6 -> 145.1 ms. Splitting from 4M on gained no more, and a 15M conv on a 10x10 map ran slower split
-#: (0.50 -> 0.57 ms): its tiles are too narrow.
-_PARALLEL_MACS_WIDE, _WIDE_PIXELS = 1 << 23, 400
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -453,7 +447,7 @@ class Conv(Kernel):
                 if act is not None:
                     act(yk)
 
-            _split(-(-N // per), images, work >= _PARALLEL_MACS)
+            _split(-(-N // per), images, work)
             return
 
         def part(k: int) -> None:
@@ -466,15 +460,14 @@ class Conv(Kernel):
             if act is not None:
                 act(yk)
 
-        _split(N * chunks, part, work >= _PARALLEL_MACS)
+        _split(N * chunks, part, work)
 
     def _im2col(self, x, y, p, packed):
         g, act = self.group, self.activation
         # A depthwise conv moves 9-25 times its input through memory and gains nothing from a second
         # thread: only convs that do real GEMM work are split, in at least two tiles per thread.
         work = p["co"] * p["kg"] * p["L"] if p["cg"] > 1 else 0
-        shared = work >= _PARALLEL_MACS or (work >= _PARALLEL_MACS_WIDE and p["L"] >= _WIDE_PIXELS)
-        share = 2 * threads() if shared and threads() > 1 else 1
+        share = 2 * threads() if work >= _PARALLEL_MACS and threads() > 1 else 1
         if p["min_tiles"] != share:
             self._plan_tiles(p, share)
         waug = packed["waug"]
@@ -506,12 +499,12 @@ class Conv(Kernel):
                     act(acc)
                 np.copyto(yv[out_sel], extract)
 
-            _split(len(p["descs"]), tile, shared)
+            _split(len(p["descs"]), tile, work)
 
 
-def _split(count: int, fn, shared: bool) -> None:
-    """fn(0..count-1): shared with the helper threads when the conv gains from it."""
-    if shared:
+def _split(count: int, fn, macs: int) -> None:
+    """fn(0..count-1): in parallel when the conv is big enough to gain from it."""
+    if macs >= _PARALLEL_MACS:
         parallel(count, fn)
     else:
         for k in range(count):
