@@ -5,11 +5,12 @@ the loop wakes it. The cases side by side, after the ticker alone on an idle loo
 (the machine's own baseline):
   aiomnn                 await session.run(...)           (one session: runs queue in order)
   aiomnn batching        await BatchingSession(...).run(...) (concurrent requests share batched runs;
-                         one batching worker per thread, each with max_batch = concurrency / threads)
+                         --workers batches at once, each of up to concurrency / workers requests)
   onnxruntime direct     sess.run(...) called inside the coroutine (blocks the loop)
   onnxruntime executor   await loop.run_in_executor(None, sess.run, ...)
 
-    python benchmarks/loop_lag.py [--model cls] [--requests 400] [--concurrency 16] [--threads 2] [--uvloop]
+    python benchmarks/loop_lag.py [--model cls] [--requests 400] [--concurrency 16] [--threads 2] [--workers 1]
+                                  [--uvloop]
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ async def main(args: argparse.Namespace) -> None:
         await session.run(feeds)
         sess.run(None, feeds)
         rows = []
-        workers = max(1, min(args.threads, args.concurrency))
-        async with aiomnn.BatchingSession(session, max_batch=max(1, args.concurrency // workers), max_delay_ms=2,
-                                          workers=workers) as batched:
+        batching = aiomnn.BatchingSession(session, max_batch=max(1, args.concurrency // args.workers), max_delay_ms=2,
+                                          workers=args.workers)
+        async with batching as batched:
             for label, call in (("aiomnn", session.run), ("aiomnn batching", batched.run),
                                 ("onnxruntime direct", ort_direct), ("onnxruntime executor", ort_executor)):
                 stats = await serve(lambda i: feeds, call, args.requests, args.concurrency)
@@ -69,7 +70,7 @@ async def main(args: argparse.Namespace) -> None:
             batches = batched.batches
         idle = await idle_lag(2.0)
     print(f"\nmodel {args.model} {spec.shapes[0]}, {args.requests} requests, {args.concurrency} concurrent, "
-          f"{args.threads} threads, loop {'uvloop' if args.uvloop else 'asyncio'}")
+          f"{args.threads} threads, {args.workers} batching worker(s), loop {'uvloop' if args.uvloop else 'asyncio'}")
     print(f"{'case':22s} {'lag p50 ms':>10s} {'lag p99 ms':>10s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s}")
     print(f"{'idle loop':22s} {idle['lag_p50']:10.2f} {idle['lag_p99']:10.2f}")
     for label, s in rows:
@@ -83,6 +84,7 @@ if __name__ == "__main__":
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--workers", type=int, default=1, help="batches the batching case runs at once")
     p.add_argument("--uvloop", action="store_true")
     a = p.parse_args()
     if a.uvloop:
