@@ -342,7 +342,7 @@ class VulkanBackend(Backend):
         """Concat and Split without copies: where each piece is one contiguous range of the whole (as at batch
         1), the producers of a Concat's inputs write into its output and a Split's outputs are views of its
         input (aiomnn/places.py plans it, as for CUDA); the ops skip the copies of pieces already in place."""
-        from .ops import Concat, Split
+        from .ops.tensor import Concat, Split
 
         producer = {t.name: exe for _, exe, _, outs in created for t in outs if t is not None and t.name}
         inner = {x for _, exe, _, _ in created if exe is not None and exe.group is not None for x in exe.group.inner}

@@ -23,7 +23,11 @@ from aiomnn.backend import Tensor
 from aiomnn.graph import Node
 
 from .launch import Matmul, Rows
-from .ops import F32, Binary, Conv, MatMul, VkOp, _f, _local_for, is_f32, numel, pack, pad
+from .ops.base import F32, VkOp, is_f32, numel, pack, pad, to_f32
+from .ops.conv import Conv
+from .ops.elementwise import Binary
+from .ops.matmul import MatMul
+from .ops.reduce import local_for
 
 log = logging.getLogger("aiomnn.vulkan")
 
@@ -207,7 +211,7 @@ def _layernorm_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
         s = b.aux(scale.astype(b.store))
         bl = b.aux(bias.astype(b.store)) if bias is not None else s
         final.dispatch("layernorm", [final.out_locs[0], b.locate(x), s, bl],
-                       pack(rows, n, _f(eps), int(bias is not None)), Rows(rows, _local_for(n)))
+                       pack(rows, n, to_f32(eps), int(bias is not None)), Rows(rows, local_for(n)))
 
     taken.update(chain)
     return Group("layernorm", members, inner, [x.name], build)
@@ -247,7 +251,7 @@ def _matmul_bias_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
         m, n, k, dims, bsa, bsb, nb = exe.geo
         b = final.b
         push = pack(m, n, k, len(dims), pad(dims, 3), pad(bsa, 3), pad(bsb, 3), k, 1, n, 1, 1, 0, ccs,
-                    _f(1.0), _f(1.0), _f(a1), _f(a2))
+                    to_f32(1.0), to_f32(1.0), to_f32(a1), to_f32(a2))
         a = b.locate(ins[0])
         final.dispatch("matmul", [final.out_locs[0], a, b.locate(ins[1]), b.locate(ct), a, a], push,
                        Matmul(m, n, nb), consts=(code,))

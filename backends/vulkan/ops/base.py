@@ -1,0 +1,282 @@
+"""What every Vulkan op shares: VkOp, the op registry, push-constant packing, shape helpers, activations.
+
+An op class checks the node at creation (raising Decline when a dtype, shape or
+attribute is not handled, so the CPU runs it) and, at on_resize, calls
+`self.loc(t)` for the tensors it binds and `self.dispatch(...)` for each
+shader launch. Only float32 tensors with known, non-empty shapes are taken;
+fp16 storage (precision="low") is the backend's business, not the ops'.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import struct
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from aiomnn.backend import Execution, Tensor
+from aiomnn.errors import BackendError
+from aiomnn.graph import Node
+
+from ..backend import Dispatch
+from ..launch import Grid, Launch, Work
+from ..memory import Loc
+
+if TYPE_CHECKING:
+    from ..fusion import Group
+
+log = logging.getLogger("aiomnn.vulkan")
+
+F32 = np.dtype(np.float32)
+MAX_RANK = 6
+INT_MAX = 2**31 - 1
+
+
+class Decline(Exception):
+    """This node stays on the CPU."""
+
+
+class f32(float):
+    """A push-constant value stored as float32 (plain ints are stored as int32)."""
+
+
+def pack(*values: Any) -> bytes:
+    flat: list[Any] = []
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            flat.extend(v)
+        else:
+            flat.append(v)
+    fmt = "<" + "".join("f" if isinstance(v, f32) else "i" for v in flat)
+    data = struct.pack(fmt, *flat)
+    if len(data) > 128:
+        raise Decline("push constants over 128 bytes")
+    return data
+
+
+def pad(values: list[int], n: int = MAX_RANK) -> list[int]:
+    if len(values) > n:
+        raise Decline(f"more than {n} dimensions")
+    return list(values) + [0] * (n - len(values))
+
+
+def contiguous(shape: tuple[int, ...]) -> list[int]:
+    out, s = [], 1
+    for d in reversed(shape):
+        out.append(s)
+        s *= d
+    return out[::-1]
+
+
+def broadcast_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> list[int]:
+    """Strides of `shape` read as `out` (numpy broadcasting): 0 on broadcast axes."""
+    k = len(out) - len(shape)
+    if k < 0:
+        raise Decline("input rank above output rank")
+    st = contiguous(shape)
+    res = [0] * k
+    for d, s, o in zip(shape, st, out[k:]):
+        if d == o:
+            res.append(s)
+        elif d == 1:
+            res.append(0)
+        else:
+            raise Decline(f"{shape} does not broadcast to {out}")
+    return res
+
+
+def coalesce(shape: list[int], *strides: list[int]) -> tuple[list[int], list[list[int]]]:
+    """Drop unit axes and merge neighbours that are contiguous in every operand."""
+    dims = [(d, [s[i] for s in strides]) for i, d in enumerate(shape) if d != 1]
+    if not dims:
+        return [1], [[0] for _ in strides]
+    merged = [dims[0]]
+    for d, st in dims[1:]:
+        pd, pst = merged[-1]
+        if all(ps == s * d for ps, s in zip(pst, st)):
+            merged[-1] = (pd * d, st)
+        else:
+            merged.append((d, st))
+    return [d for d, _ in merged], [[st[k] for _, st in merged] for k in range(len(strides))]
+
+
+def fits(shape, *strides: list[int]) -> None:
+    """Decline (at creation, while the CPU can still take the node) an index space the shaders cannot walk."""
+    dims, _ = coalesce(list(shape), *[list(st) for st in strides])
+    if len(dims) > MAX_RANK:
+        raise Decline(f"{len(dims)} dimensions after merging, the shaders take {MAX_RANK}")
+
+
+def numel(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if shape is not None else -1
+
+
+def is_f32(t: Tensor | None) -> bool:
+    return t is not None and t.kind == "tensor" and t.dtype == F32 and t.shape is not None
+
+
+class VkOp(Execution):
+    """A node on the Vulkan backend."""
+
+    #: For Reshape-like ops: the input tensor whose memory the output shares.
+    alias_of: Tensor | None = None
+    #: The index of this op in the backend's created list (None for ops planned alone, as tuning does).
+    step: int | None = None
+    #: The fused group this op belongs to (see plan_fusions); its last member runs the group's dispatches.
+    group: "Group | None" = None
+
+    def __init__(self, backend, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]):
+        self.b = backend
+        self.node = node
+        self.attrs = node.attrs
+        self.dispatches: list[Dispatch] = []
+        self.launches: list[Launch] = []
+
+    def on_resize(self, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
+        self.dispatches = []
+        self.launches = []
+        if self.step is not None:
+            self.b.advance(self.step)
+        self.b._exes.append(self)
+        self.in_names = [t.name for t in inputs if t is not None and t.name and not t.is_const]
+        self.out_names = [t.name for t in outputs if t is not None and t.name]
+        self.out_locs = [self.b.locate_output(t) if t is not None and t.name else None for t in outputs]
+        self.plan(inputs, outputs)
+        if self.group is not None and self.group.members[-1] is self:
+            self.group.apply(self)
+
+    def plan(self, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
+        raise NotImplementedError
+
+    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        raise BackendError(f"{self.node} runs inside its Vulkan segment, not on its own")
+
+    # Helpers for plan() ---------------------------------------------------------------
+    def loc(self, t: Tensor) -> Loc:
+        return self.b.locate(t)
+
+    def dispatch(self, kernel: str, locs: list[Loc], push: bytes, work: Work, consts: tuple[int, ...] = ()) -> None:
+        """Launch `kernel` over `work`, with the workgroup size the tuning cache holds for it, else the default."""
+        launch = Launch(self.b.ctx, kernel, self.b.fp16, consts, push, work, locs)
+        self.launches.append(launch)
+        choice = self.b.rt.tuned_choice(launch)
+        name, local, groups = launch.resolve(choice)
+        k = self.b.ctx.kernel(name, self.b.fp16, local, consts)
+        if len(locs) != k.nbind:
+            raise BackendError(f"{kernel} takes {k.nbind} bindings, got {len(locs)}")
+        self.dispatches.append(Dispatch(k, locs, push, groups))
+
+    def copy(self, dst: Loc, src: Loc, shape: list[int], src_strides: list[int], dst_strides: list[int],
+             src_base: int = 0, dst_base: int = 0) -> None:
+        n = numel(shape)
+        if n == 0:
+            return
+        dims, (ss, ds) = coalesce(list(shape), list(src_strides), list(dst_strides))
+        self.dispatch("copy", [dst, src], pack(n, src_base, dst_base, pad(dims), pad(ss), pad(ds)),
+                      Grid(n), consts=(len(dims),))
+
+
+OPS: dict[str, Callable[..., VkOp]] = {}
+
+
+def register(*names: str):
+    def add(cls):
+        for n in names:
+            OPS[n] = cls
+        return cls
+
+    return add
+
+
+def create(backend, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> VkOp | None:
+    """The op's Vulkan execution, or None to leave it to the backup backend."""
+    cls = OPS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    if cls is None:
+        return None
+    limit = min(backend.ctx.max_range, INT_MAX)
+    for t in outputs:
+        if t is not None and t.name:
+            if not is_f32(t) or numel(t.shape) <= 0 or numel(t.shape) * 4 > limit:
+                return None
+    try:
+        return cls(backend, node, inputs, outputs)
+    except Decline as why:
+        log.debug("%s stays on the CPU: %s", node, why)
+        return None
+    except Exception as exc:  # a shape or attribute this code did not foresee: the CPU will judge it
+        log.debug("%s stays on the CPU after %s: %s", node, type(exc).__name__, exc)
+        return None
+
+
+def data_input(t: Tensor | None, backend, what: str = "input") -> Tensor:
+    """A float32 tensor with a known, non-empty shape that fits one binding."""
+    if not is_f32(t):
+        raise Decline(f"{what} is not a float32 tensor of known shape")
+    n = numel(t.shape)
+    if n <= 0 or n * 4 > min(backend.ctx.max_range, INT_MAX):
+        raise Decline(f"{what} has {n} elements")
+    return t
+
+
+def const_value(t: Tensor | None) -> np.ndarray | None:
+    if t is None:
+        return None
+    if not t.is_const:
+        raise Decline("a parameter is only known at run time")
+    return np.asarray(t.const)
+
+
+# ------------------------------------------------------------------------ activations
+#: Codes shared by unary_op() in shaders/common.glsl.
+UNARY = {"Identity": 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5, "HardSwish": 6,
+         "Tanh": 7, "Elu": 8, "Selu": 11, "Softplus": 12, "Softsign": 13, "Celu": 14,
+         "ThresholdedRelu": 15, "Mish": 16, "Swish": 17, "Sqrt": 20, "Exp": 21, "Log": 22, "Neg": 23, "Abs": 24,
+         "Reciprocal": 25, "Floor": 26, "Ceil": 27, "Round": 28, "Sin": 29, "Cos": 30, "Erf": 31, "Sign": 32,
+         "Tan": 34, "Asin": 35, "Acos": 36, "Atan": 37, "Sinh": 38, "Cosh": 39, "Asinh": 40, "Acosh": 41,
+         "Atanh": 42}
+_DEFAULTS = {"LeakyRelu": {"alpha": 0.01}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5}, "Elu": {"alpha": 1.0},
+             "Selu": {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
+             "Celu": {"alpha": 1.0}, "ThresholdedRelu": {"alpha": 1.0}, "Swish": {"alpha": 1.0}}
+_ALLOWED = {"LeakyRelu": {"alpha"}, "HardSigmoid": {"alpha", "beta"}, "Elu": {"alpha"}, "Selu": {"alpha", "gamma"},
+            "Celu": {"alpha"}, "ThresholdedRelu": {"alpha"}, "Gelu": {"approximate"}, "Clip": {"min", "max"},
+            "Swish": {"alpha"}}
+
+
+def activation(op: str, attrs: dict[str, Any]) -> tuple[int, float, float]:
+    """(code, a, b) for unary_op(): an activation or unary function with its attributes."""
+    extra = set(attrs) - _ALLOWED.get(op, set())
+    if extra:
+        raise Decline(f"{op} attribute(s) {sorted(extra)}")
+    a = {**_DEFAULTS.get(op, {}), **attrs}
+    if op == "Gelu":
+        approx = a.get("approximate", "none")
+        if approx not in ("none", "tanh"):
+            raise Decline(f"Gelu approximate={approx!r}")
+        return (9 if approx == "none" else 10), 0.0, 0.0
+    if op == "Clip":
+        lo = -math.inf if a.get("min") is None else float(a["min"])
+        hi = math.inf if a.get("max") is None else float(a["max"])
+        return 3, lo, hi
+    if op not in UNARY:
+        raise Decline(f"activation {op}")
+    if op in ("Elu", "LeakyRelu", "Celu", "ThresholdedRelu", "Swish"):
+        return UNARY[op], float(a["alpha"]), 0.0
+    if op == "HardSigmoid":
+        return UNARY[op], float(a["alpha"]), float(a["beta"])
+    if op == "Selu":
+        return UNARY[op], float(a["alpha"]), float(a["gamma"])
+    return UNARY[op], 0.0, 0.0
+
+
+def fused(node: Node) -> tuple[int, float, float]:
+    act = node.attrs.get("_activation")
+    if act is None:
+        return 0, 0.0, 0.0
+    name, attrs = act
+    return activation(name, dict(attrs))
+
+
+def to_f32(v: float) -> f32:
+    return f32(np.float32(v)) if math.isfinite(v) else f32(v)

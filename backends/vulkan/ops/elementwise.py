@@ -1,0 +1,168 @@
+"""Elementwise ops: Unary (activations and unary functions), Clip, Dropout, Binary (and the variadic
+Sum, Mean, Max, Min) and inference BatchNormalization.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..launch import Grid
+from ..memory import Loc
+from .base import (F32, UNARY, Decline, VkOp, activation, broadcast_strides, coalesce, const_value, contiguous,
+                   data_input, fits, fused, numel, pack, pad, register, to_f32)
+
+FLT_MAX = 3.4028234663852886e38
+
+
+# ----------------------------------------------------------------------------- unary
+@register(*[n for n in UNARY if n != "Clip"], "Gelu")
+class Unary(VkOp):
+    def __init__(self, backend, node, inputs, outputs):
+        super().__init__(backend, node, inputs, outputs)
+        if len(inputs) != 1 or len([o for o in outputs if o.name]) != 1:
+            raise Decline("one input, one output")
+        data_input(inputs[0], backend)
+        self.code, self.a, self.c = activation(node.op_type, dict(node.attrs))
+
+    def plan(self, inputs, outputs):
+        n = numel(outputs[0].shape)
+        self.dispatch("unary", [self.out_locs[0], self.loc(inputs[0])],
+                      pack(n, to_f32(self.a), to_f32(self.c)), Grid(n), consts=(self.code,))
+
+
+@register("Clip")
+class Clip(Unary):
+    def __init__(self, backend, node, inputs, outputs):
+        VkOp.__init__(self, backend, node, inputs, outputs)
+        data_input(inputs[0], backend)
+        if node.opset < 11:
+            lo = float(node.attrs.get("min", -FLT_MAX))
+            hi = float(node.attrs.get("max", FLT_MAX))
+        else:
+            if node.attrs:
+                raise Decline("Clip-11 has no attributes")
+            bounds = []
+            for t in inputs[1:3]:
+                v = const_value(t)
+                if v is not None and v.size != 1:
+                    raise Decline("Clip bounds must be scalars")
+                if v is not None and v.dtype != F32:
+                    raise Decline("Clip bounds must be float32")
+                bounds.append(None if v is None else float(v.reshape(-1)[0]))
+            bounds += [None] * (2 - len(bounds))
+            lo = -math.inf if bounds[0] is None else bounds[0]
+            hi = math.inf if bounds[1] is None else bounds[1]
+        self.code, self.a, self.c = 3, lo, hi
+
+
+@register("Dropout")
+class Dropout(Unary):
+    def __init__(self, backend, node, inputs, outputs):
+        VkOp.__init__(self, backend, node, inputs, outputs)
+        data_input(inputs[0], backend)
+        if len(outputs) > 1 and outputs[1].name:
+            raise Decline("Dropout's mask output")
+        if len(inputs) > 2 and inputs[2] is not None:
+            mode = const_value(inputs[2])
+            if mode is None or bool(mode.reshape(-1)[0]):
+                raise Decline("Dropout in training mode")
+        if node.opset < 7 and node.attrs.get("is_test", 0) == 0:
+            raise Decline("Dropout-6 in training mode")
+        self.code, self.a, self.c = 0, 0.0, 0.0
+
+
+# ---------------------------------------------------------------------------- binary
+BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Max": 5, "Min": 6, "PRelu": 7, "Sum": 0, "Mean": 0}
+
+
+@register(*BINARY)
+class Binary(VkOp):
+    def __init__(self, backend, node, inputs, outputs):
+        super().__init__(backend, node, inputs, outputs)
+        op = node.op_type
+        variadic = op in ("Sum", "Mean", "Max", "Min")
+        if not inputs or (not variadic and len(inputs) != 2):
+            raise Decline("arity")
+        for t in inputs:
+            data_input(t, backend)
+        self.op = BINARY[op]
+        if op == "Add":
+            self.act = fused(node)
+            extra = set(node.attrs) - {"_activation"}
+        else:
+            self.act = (0, 0.0, 0.0)
+            extra = set(node.attrs)
+        if extra and node.opset < 7:
+            if extra - {"broadcast", "axis"} or node.attrs.get("axis") is not None:
+                raise Decline("legacy broadcast axis")
+        elif extra:
+            raise Decline(f"attributes {sorted(extra)}")
+        out = tuple(outputs[0].shape)
+        for t in inputs:
+            fits(out, broadcast_strides(tuple(t.shape), out), broadcast_strides(tuple(inputs[0].shape), out),
+                 contiguous(out))
+        if op == "PRelu" and tuple(np.broadcast_shapes(inputs[0].shape, inputs[1].shape)) != tuple(inputs[0].shape):
+            raise Decline("PRelu slope larger than x")
+
+    def _one(self, out: Loc, a: Loc, ash, b: Loc, bsh, oshape, act) -> None:
+        n = numel(oshape)
+        dims, (sa, sb) = coalesce(list(oshape), broadcast_strides(ash, oshape), broadcast_strides(bsh, oshape))
+        code, x, y = act
+        self.dispatch("binary", [out, a, b], pack(n, to_f32(x), to_f32(y), pad(dims), pad(sa), pad(sb)), Grid(n),
+                      consts=(self.op, code, len(dims)))
+
+    def plan(self, inputs, outputs):
+        out = self.out_locs[0]
+        oshape = tuple(outputs[0].shape)
+        n = numel(oshape)
+        if len(inputs) == 1:
+            x = inputs[0]
+            self.copy(out, self.loc(x), list(oshape), broadcast_strides(tuple(x.shape), oshape), contiguous(oshape))
+            return
+        last = len(inputs) - 1
+        mean = self.node.op_type == "Mean"
+        for i in range(1, len(inputs)):
+            a, ash = (self.loc(inputs[0]), tuple(inputs[0].shape)) if i == 1 else (out, oshape)
+            act = self.act if i == last else (0, 0.0, 0.0)
+            self._one(out, a, ash, self.loc(inputs[i]), tuple(inputs[i].shape), oshape, act)
+        if mean:
+            self.dispatch("unary", [out, out], pack(n, to_f32(1.0 / len(inputs)), to_f32(0.0)), Grid(n), consts=(33,))
+
+
+@register("BatchNormalization")
+class BatchNorm(VkOp):
+    """Inference BatchNormalization with constant statistics: y = x * k + c per channel."""
+
+    def __init__(self, backend, node, inputs, outputs):
+        super().__init__(backend, node, inputs, outputs)
+        x = data_input(inputs[0], backend)
+        if len(outputs) > 1 and any(o.name for o in outputs[1:]):
+            raise Decline("training outputs")
+        if node.attrs.get("training_mode", 0) or (node.opset < 7 and not node.attrs.get("is_test", 0)):
+            raise Decline("training mode")
+        if len(x.shape) < 2 or len(inputs) != 5:
+            raise Decline("shape")
+        params = [const_value(t) for t in inputs[1:5]]
+        c = x.shape[1]
+        if any(p.dtype != F32 or p.shape != (c,) for p in params):
+            raise Decline("parameters")
+        scale, bias, mean, var = (p.astype(np.float64) for p in params)
+        eps = float(node.attrs.get("epsilon", 1e-5))
+        k = scale / np.sqrt(var + eps)
+        self.k = k.astype(np.float32)
+        self.c = (bias - mean * k).astype(np.float32)
+        self.cshape = (c,) + (1,) * (len(x.shape) - 2)
+        fits(x.shape, contiguous(x.shape), broadcast_strides(self.cshape, tuple(x.shape)))
+
+    def plan(self, inputs, outputs):
+        out = self.out_locs[0]
+        oshape = tuple(outputs[0].shape)
+        kl, cl = self.b.aux(self.k.astype(self.b.store)), self.b.aux(self.c.astype(self.b.store))
+        for op, a, ash, b in ((2, self.loc(inputs[0]), oshape, kl), (0, out, oshape, cl)):
+            n = numel(oshape)
+            dims, (sa, sb) = coalesce(list(oshape), broadcast_strides(ash, oshape),
+                                      broadcast_strides(self.cshape, oshape))
+            self.dispatch("binary", [out, a, b], pack(n, to_f32(0), to_f32(0), pad(dims), pad(sa), pad(sb)), Grid(n),
+                          consts=(op, 0, len(dims)))

@@ -1,0 +1,78 @@
+"""Resize and Upsample."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..launch import Grid
+from .base import Decline, VkOp, const_value, data_input, numel, pack, register, to_f32
+
+
+@register("Resize", "Upsample")
+class Resize(VkOp):
+    """Resampling of the last two axes, with the CPU backend's tap plans (so both round alike)."""
+
+    def __init__(self, backend, node, inputs, outputs):
+        super().__init__(backend, node, inputs, outputs)
+        from aiomnn.backends.cpu.kernel import OPS as CPU_OPS
+        from aiomnn.backends.cpu.kernel import create as cpu_create
+        from aiomnn.backends.cpu.ops import resize as cpu_resize
+
+        x = data_input(inputs[0], backend)
+        shape = tuple(x.shape)
+        if len(shape) < 2:
+            raise Decline("rank")
+        impl = CPU_OPS.lookup(node)
+        if impl is None:
+            raise Decline("no CPU plan")
+        kern = cpu_create(impl, node, inputs, outputs)
+        if isinstance(kern, cpu_resize._Asymmetric):
+            s = kern.scales if kern.scales is not None else const_value(inputs[1])
+            if s is None:
+                raise Decline("scales")
+            plan = kern._make_plan(shape, np.asarray(s, np.float64).reshape(-1), None, None)
+        else:
+            roi, scales, sizes = [const_value(inputs[i]) if len(inputs) > i and inputs[i] is not None else None
+                                  for i in (1, 2, 3)]
+            sizes = cpu_resize._flat(sizes)
+            scales = None if sizes is not None else cpu_resize._flat(scales)
+            roi = cpu_resize._flat(roi)
+            plan = kern._make_plan(shape, None if scales is None else scales.astype(np.float64),
+                                   None if sizes is None else sizes.astype(np.int64),
+                                   None if roi is None else roi.astype(np.float64))
+        if tuple(plan["out_shape"]) != tuple(outputs[0].shape):
+            raise Decline("output shape")
+        r = len(shape)
+        axes = {p.axis: p for p in plan["axes"]}
+        if any(a < r - 2 for a in axes):
+            raise Decline("resizes a leading axis")
+        tables = []
+        has_ex = False
+        for a in (r - 2, r - 1):
+            p = axes.get(a)
+            if p is None:
+                o = shape[a]
+                tables.append((np.arange(o, dtype=np.int32).reshape(o, 1), np.ones((o, 1), np.float32),
+                               np.zeros(o, np.int32)))
+            else:
+                ex = np.zeros(p.O, np.int32) if p.extrap is None else p.extrap.astype(np.int32)
+                has_ex |= p.extrap is not None
+                tables.append((p.idx.astype(np.int32), p.w.astype(np.float32), ex))
+        self.tables = tables
+        self.has_ex = has_ex
+        self.ex_value = float(getattr(kern, "extrapolation_value", 0.0))
+        self.geo = (numel(shape[:-2]), shape[-2], shape[-1], outputs[0].shape[-2], outputs[0].shape[-1])
+
+    def plan(self, inputs, outputs):
+        nc, h, w, oh, ow = self.geo
+        parts, offs = [], []
+        n = 0
+        for idx, wt, ex in self.tables:
+            for arr in (idx.reshape(-1), wt.reshape(-1).view(np.int32), ex):
+                offs.append(n)
+                parts.append(arr.astype(np.int32, copy=False))
+                n += arr.size
+        table = self.b.aux(np.concatenate(parts))
+        th, tw = self.tables[0][0].shape[1], self.tables[1][0].shape[1]
+        push = pack(nc, h, w, oh, ow, th, tw, *offs, int(self.has_ex), to_f32(self.ex_value))
+        self.dispatch("resize", [self.out_locs[0], self.loc(inputs[0]), table], push, Grid(nc * oh * ow))

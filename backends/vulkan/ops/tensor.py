@@ -1,0 +1,190 @@
+"""Data movement: Reshape (and its aliases), Transpose, Expand, Slice, Concat and Split."""
+
+from __future__ import annotations
+
+from ..memory import Loc
+from .base import (F32, Decline, VkOp, broadcast_strides, const_value, contiguous, data_input, fits, is_f32, numel,
+                   register)
+
+
+@register("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "CastLike")
+class Reshape(VkOp):
+    """Same bytes, new shape: the output aliases the input, or is copied where it must be its own buffer."""
+
+    def __init__(self, backend, node, inputs, outputs):
+        super().__init__(backend, node, inputs, outputs)
+        x = data_input(inputs[0], backend)
+        if numel(outputs[0].shape) != numel(x.shape):
+            raise Decline("element count")
+        if node.op_type in ("Cast", "CastLike") and outputs[0].dtype != F32:
+            raise Decline("not a float32 to float32 cast")
+        if node.op_type == "Cast" and set(node.attrs) - {"to", "saturate", "round_mode"}:
+            raise Decline("attributes")
+        if x.is_const:
+            raise Decline("constant input")
+        self.alias_of = x
+
+    def plan(self, inputs, outputs):
+        src = self.loc(inputs[0])
+        dst = self.out_locs[0]
+        if (dst.region, dst.offset) != (src.region, src.offset):
+            n = numel(outputs[0].shape)
+            self.copy(dst, src, [n], [1], [1])
+
+
+@register("Transpose")
+class Transpose(VkOp):
+    def __init__(self, backend, node, inputs, outputs):
+        super().__init__(backend, node, inputs, outputs)
+        x = data_input(inputs[0], backend)
+        r = len(x.shape)
+        perm = list(node.attrs.get("perm") or range(r)[::-1])
+        if sorted(perm) != list(range(r)):
+            raise Decline("perm")
+        ist = contiguous(tuple(x.shape))
+        self.spec = ([x.shape[p] for p in perm], [ist[p] for p in perm])
+        if tuple(outputs[0].shape) != tuple(self.spec[0]):
+            raise Decline("output shape")
+        fits(self.spec[0], self.spec[1], contiguous(tuple(self.spec[0])))
+
+    def plan(self, inputs, outputs):
+        shape, ist = self.spec
+        self.copy(self.out_locs[0], self.loc(inputs[0]), shape, ist, contiguous(tuple(shape)))
+
+
+@register("Expand")
+class Expand(VkOp):
+    def __init__(self, backend, node, inputs, outputs):
+        super().__init__(backend, node, inputs, outputs)
+        x = data_input(inputs[0], backend)
+        self.out_shape = tuple(outputs[0].shape)
+        self.strides = broadcast_strides(tuple(x.shape), self.out_shape)
+        fits(self.out_shape, self.strides, contiguous(self.out_shape))
+
+    def plan(self, inputs, outputs):
+        self.copy(self.out_locs[0], self.loc(inputs[0]), list(self.out_shape), self.strides,
+                  contiguous(self.out_shape))
+
+
+@register("Slice")
+class Slice(VkOp):
+    def __init__(self, backend, node, inputs, outputs):
+        super().__init__(backend, node, inputs, outputs)
+        x = data_input(inputs[0], backend)
+        shape = list(x.shape)
+        r = len(shape)
+        if node.opset < 10:
+            starts, ends = node.attrs.get("starts"), node.attrs.get("ends")
+            axes, steps = node.attrs.get("axes"), None
+            if starts is None or ends is None:
+                raise Decline("starts and ends")
+        else:
+            if node.attrs:
+                raise Decline("attributes")
+            vals = [const_value(t) if t is not None else None for t in inputs[1:5]]
+            vals += [None] * (4 - len(vals))
+            starts, ends, axes, steps = [None if v is None else [int(i) for i in v.reshape(-1)] for v in vals]
+        starts, ends = list(starts), list(ends)
+        axes = list(range(len(starts))) if axes is None else [int(a) for a in axes]
+        steps = [1] * len(starts) if steps is None else list(steps)
+        if not (len(starts) == len(ends) == len(axes) == len(steps)):
+            raise Decline("lengths")
+        begin = [0] * r
+        step = [1] * r
+        out = list(shape)
+        seen = set()
+        for s, e, a, st in zip(starts, ends, axes, steps):
+            a = a + r if a < 0 else a
+            if not 0 <= a < r or a in seen or st == 0:
+                raise Decline("axes or steps")
+            seen.add(a)
+            lo, hi, stp = slice(s, e, st).indices(shape[a])
+            begin[a], step[a], out[a] = lo, stp, len(range(lo, hi, stp))
+        if tuple(out) != tuple(outputs[0].shape):
+            raise Decline("output shape")
+        ist = contiguous(tuple(shape))
+        self.spec = (out, [st * s for st, s in zip(step, ist)], sum(b * s for b, s in zip(begin, ist)))
+        fits(out, self.spec[1], contiguous(tuple(out)))
+
+    def plan(self, inputs, outputs):
+        out, ist, base = self.spec
+        self.copy(self.out_locs[0], self.loc(inputs[0]), out, ist, contiguous(tuple(out)), src_base=base)
+
+
+@register("Concat")
+class Concat(VkOp):
+    def __init__(self, backend, node, inputs, outputs):
+        super().__init__(backend, node, inputs, outputs)
+        oshape = tuple(outputs[0].shape)
+        r = len(oshape)
+        axis = node.attrs.get("axis")
+        if axis is None or not r:
+            raise Decline("axis")
+        axis %= r
+        off = 0
+        self.pieces = []
+        for i, t in enumerate(inputs):
+            if t is None or t.shape is None or len(t.shape) != r:
+                raise Decline("input shapes")
+            if numel(t.shape) == 0:
+                if not is_f32(t):
+                    raise Decline("dtype")
+                continue
+            data_input(t, backend)
+            self.pieces.append((i, off, tuple(t.shape)))
+            off += t.shape[axis]
+        if off != oshape[axis]:
+            raise Decline("sizes")
+        for _, _, shape in self.pieces:
+            fits(shape, contiguous(shape), contiguous(oshape))
+        self.axis = axis
+
+    def plan(self, inputs, outputs):
+        oshape = tuple(outputs[0].shape)
+        ost = contiguous(oshape)
+        out = self.out_locs[0]
+        for i, off, shape in self.pieces:
+            src = self.loc(inputs[i])
+            if not in_place(self.b, out, src, oshape, self.axis, off * ost[self.axis]):
+                self.copy(out, src, list(shape), contiguous(shape), ost, dst_base=off * ost[self.axis])
+
+
+@register("Split")
+class Split(VkOp):
+    def __init__(self, backend, node, inputs, outputs):
+        super().__init__(backend, node, inputs, outputs)
+        x = data_input(inputs[0], backend)
+        shape = tuple(x.shape)
+        axis = node.attrs.get("axis", 0) % len(shape)
+        off = 0
+        self.pieces = []
+        for j, o in enumerate(outputs):
+            if o.shape is None or len(o.shape) != len(shape):
+                raise Decline("output shapes")
+            if any(o.shape[d] != shape[d] for d in range(len(shape)) if d != axis):
+                raise Decline("output shapes")
+            if o.name and numel(o.shape) > 0:
+                self.pieces.append((j, off, tuple(o.shape)))
+            elif o.name:
+                raise Decline("empty output")
+            off += o.shape[axis]
+        if off != shape[axis]:
+            raise Decline("sizes")
+        for _, _, piece in self.pieces:
+            fits(piece, contiguous(shape), contiguous(piece))
+        self.axis = axis
+
+    def plan(self, inputs, outputs):
+        shape = tuple(inputs[0].shape)
+        ist = contiguous(shape)
+        src = self.loc(inputs[0])
+        for j, off, piece in self.pieces:
+            if not in_place(self.b, src, self.out_locs[j], shape, self.axis, off * ist[self.axis]):
+                self.copy(self.out_locs[j], src, list(piece), ist, contiguous(piece), src_base=off * ist[self.axis])
+
+
+def in_place(backend, whole: Loc, piece: Loc, shape: tuple[int, ...], axis: int, base: int) -> bool:
+    """Whether a Concat or Split piece already lies where it belongs in the whole, `base` elements in (the
+    backend placed them in one block): one contiguous range, nothing to copy."""
+    return (numel(shape[:axis]) == 1 and whole.region == piece.region == "arena"
+            and piece.offset == whole.offset + base * backend.store.itemsize)
