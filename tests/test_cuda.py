@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import onnx
@@ -110,6 +111,104 @@ def test_substitute_shares_a_value_used_twice():
              for leaf in kernels.leaves(z).values()]
     src, _ = kernels.generate(z, plans, 1)
     assert src.count("fmaxf(l0, 0.f)") == 1  # the producer is computed once
+
+
+def test_waiter_polls_near_the_expected_finish(monkeypatch):
+    """The CUDA waiter learns how long a run takes, sleeps until shortly before that and polls: it notices
+    the finish at once, not a driver wake-up later; a run that got shorter is found late once or twice,
+    then caught; one slow run costs a few late wake-ups, not one per run for ever. (On a virtual clock:
+    sleeps overshoot by 30 us, the driver's blocking wait wakes 150 us late, a poll costs 2 us.)"""
+    from types import SimpleNamespace
+
+    from aiomnn.backends.cuda import waiter as cw
+
+    clock = SimpleNamespace(t=0.0)
+    monkeypatch.setattr(cw, "time", SimpleNamespace(perf_counter=lambda: clock.t))
+    monkeypatch.setattr(cw, "POLL_STEP_S", 0.0)
+
+    class W(cw.Waiter):
+        def __init__(self):
+            self.finish, self.last_completion, self._query, self.blocks, self.polls = 0.0, 0.0, True, 0, 0
+            self.oversleep = 0.0
+
+        def _sleep(self, seconds: float) -> None:
+            clock.t += seconds + 30e-6
+
+        def _done(self, event) -> bool:
+            clock.t += 2e-6
+            self.polls += 1
+            return clock.t >= self.finish
+
+        def _block(self, event) -> None:
+            self.blocks += 1
+            clock.t = max(clock.t, self.finish + 150e-6)
+
+    w, timing = W(), cw.Timing()
+
+    def runs(n: int, run_s: float) -> list[float]:
+        delays = []
+        for _ in range(n):
+            clock.t += 1e-3  # the host's part of a run
+            sent_at = clock.t
+            w.finish = sent_at + run_s
+            w._wait(None, timing, sent_at)
+            delays.append(clock.t - w.finish)
+            w.last_completion = clock.t
+        return delays
+
+    delays = runs(8, 800e-6)
+    assert 790e-6 < timing.expect < 820e-6, timing.expect
+    assert delays[0] > 100e-6 and w.blocks == 1  # the first run: nothing learned yet, the driver's wake-up
+    assert max(delays[2:]) < 10e-6, delays  # then caught by the poll, not 150 us late
+    polls = w.polls
+    runs(1, 800e-6)
+    assert w.polls - polls < 70, w.polls - polls  # it slept until shortly before the finish
+    assert 15e-6 < w.oversleep < 35e-6, w.oversleep  # and learned how much a sleep overruns
+    delays = runs(8, 300e-6)  # the run got shorter
+    assert max(delays[3:]) < 10e-6, delays
+    assert 290e-6 < timing.expect < 320e-6, timing.expect
+    runs(1, 20e-3)  # one run 60 times slower (a busy GPU) ...
+    delays = runs(10, 300e-6)  # ... then the usual ones again
+    assert delays[0] > 15e-3  # found late once, by the slow run's length
+    assert max(delays[5:]) < 10e-6, delays
+    assert sum(delays[1:]) < 10e-3, delays
+    assert w.blocks <= 2, w.blocks
+
+
+def test_waiter_reports_errors_and_goes_on():
+    """A CUDA error reaches the run's fence as a BackendError; the next run still completes; close ends the
+    thread. An event is handed back for reuse only when it completed without error."""
+    import threading
+
+    from aiomnn.backends.cuda import waiter as cw
+    from aiomnn.errors import BackendError
+
+    class Failing(cw.Waiter):
+        def _done(self, event) -> bool:
+            if event == "bad":
+                raise RuntimeError("cudaErrorIllegalAddress")
+            return True
+
+    class FakeFence:
+        def __init__(self):
+            self.error, self.done = None, threading.Event()
+
+        def signal(self, result=None, error=None):
+            self.error = error
+            self.done.set()
+
+    w = Failing()
+    returned: list = []
+    bad, good = FakeFence(), FakeFence()
+    w.put("bad", bad, cw.Timing(), time.perf_counter(), returned.append)
+    w.put("good", good, cw.Timing(), time.perf_counter(), returned.append)
+    assert bad.done.wait(5) and good.done.wait(5)
+    assert isinstance(bad.error, BackendError) and "IllegalAddress" in str(bad.error)
+    assert good.error is None
+    assert returned == ["good"]
+    w.close()
+    w._thread.join(5)
+    assert not w._thread.is_alive()
 
 
 # --------------------------------------------------------------------------------------------

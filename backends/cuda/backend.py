@@ -24,8 +24,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import queue
-import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -46,6 +45,7 @@ from .ops import OPS
 from .ops.base import CudaOp, Decline
 from .ops.tensor import Concat, Split
 from .runtime import BLOCK, CudaRuntime
+from .waiter import Timing, Waiter
 
 if TYPE_CHECKING:
     from aiomnn.pipeline import Segment
@@ -57,7 +57,8 @@ F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 
 #: How a run's completion reaches the event loop (AIOMNN_CUDA_WAIT):
-#: "thread" (default): a waiter thread per backend blocks in cudaEventSynchronize on a
+#: "thread" (default): a waiter thread per backend (waiter.py) sleeps until shortly before the
+#:     run is expected to finish, polls its event, falls back to cudaEventSynchronize on a
 #:     blocking-sync event, then signals the Fence;
 #: "hostfunc": cudaLaunchHostFunc after the graph signals the Fence from a driver thread;
 #: "graph": that host function is recorded inside the graph (one launch per run).
@@ -92,6 +93,9 @@ class Run:
     compute: list[Callable[[], None]] = field(default_factory=list)  # the steps' launches, without the copies
     keep: list[Any] = field(default_factory=list)
     slot: list = field(default_factory=lambda: [None])  # the fence a graph-recorded host function signals
+    # How long a run takes, as the waiter saw it: of the graph that copies outputs to the host, and of
+    # the device variant.
+    timing: tuple[Timing, Timing] = field(default_factory=lambda: (Timing(), Timing()))
 
 
 def _signal(fence: Fence) -> None:
@@ -122,7 +126,8 @@ class CudaBackend(Backend):
         self._created_nodes: set[int] = set()
         self._tensors_pending: dict[str, Tensor] = {}
         self._derived: dict[str, np.ndarray] = {}
-        self._waiter: queue.SimpleQueue | None = None
+        self._waiter: Waiter | None = None
+        self._events: list = []  # blocking-sync events the waiter is done with, to record again
         self._blas = None
         self._reset_plan()
 
@@ -703,6 +708,7 @@ class CudaBackend(Backend):
         stream = self.stream
         graph = run.device_graph if device else run.graph
         mode = self.wait_mode
+        sent_at = time.perf_counter()
         if graph is None:
             with stream:
                 for fn in run.device_fns if device else run.fns:
@@ -725,30 +731,15 @@ class CudaBackend(Backend):
         if mode == "hostfunc":
             stream.launch_host_func(_signal, fence)
         elif mode == "thread":
-            event = cupy.cuda.Event(block=True, disable_timing=True)
+            events = self._events
+            event = events.pop() if events else cupy.cuda.Event(block=True, disable_timing=True)
             event.record(stream)
-            self._wait_thread().put((event, fence))
+            self._wait_thread().put(event, fence, run.timing[device], sent_at, events.append)
         return kept
 
-    def _wait_thread(self) -> queue.SimpleQueue:
+    def _wait_thread(self) -> Waiter:
         if self._waiter is None:
-            q: queue.SimpleQueue = queue.SimpleQueue()
-
-            def wait() -> None:
-                while True:
-                    item = q.get()
-                    if item is None:
-                        return
-                    event, fence = item
-                    try:
-                        event.synchronize()
-                    except BaseException as exc:
-                        fence.signal(error=BackendError(f"cuda: {exc}"))
-                    else:
-                        fence.signal()
-
-            threading.Thread(target=wait, name="aiomnn-cuda-wait", daemon=True).start()
-            self._waiter = q
+            self._waiter = Waiter()
         return self._waiter
 
     def clear_buffers(self) -> None:
@@ -760,9 +751,9 @@ class CudaBackend(Backend):
         self._reset_plan()
 
     def __del__(self) -> None:
-        q = getattr(self, "_waiter", None)
-        if q is not None:
-            q.put(None)
+        waiter = getattr(self, "_waiter", None)
+        if waiter is not None:
+            waiter.close()
         blas = getattr(self, "_blas", None)
         if blas is not None:
             try:
