@@ -782,8 +782,30 @@ def _ln_nodes(x="x", pre="", scale=True, bias=True):
 
 
 LN_INITS = {"two": np.float32(2.0), "eps": np.float32(1e-5), "g": r(16, seed=1) + 1, "bb": r(16, seed=2)}
+def _se_nodes(bias: bool, acts=("Relu", "HardSigmoid")) -> list:
+    """x, GlobalAveragePool, a pointwise Conv and its activation, another, and the Mul scaling x: an SE block."""
+    return [n("GlobalAveragePool", ["x"], ["g"]), n("Conv", ["g", "w1"] + (["b1"] if bias else []), ["h"]),
+            n(acts[0], ["h"], ["ha"]), n("Conv", ["ha", "w2"] + (["b2"] if bias else []), ["e"]),
+            n(acts[1], ["e"], ["s"]), n("Mul", ["x", "s"], ["y"])]
+
+
 FUSION_CASES = [
     # (case, the fused groups expected)
+    # A squeeze-and-excitation block: the pool and both convs in one se dispatch, then the Mul.
+    (Case("se_block", _se_nodes(True), {"x": (2, 40, 3, 5)}, ("GlobalAveragePool", "Conv", "Mul"),
+          {"w1": r(10, 40, 1, 1, seed=1), "b1": r(10, seed=2), "w2": r(40, 10, 1, 1, seed=3), "b2": r(40, seed=4)}),
+     ["se"]),
+    # More channels than the workgroup has invocations, a wide hidden layer, no biases, other activations.
+    (Case("se_block_wide", _se_nodes(False, ("LeakyRelu", "Sigmoid")), {"x": (1, 300, 2, 3)},
+          ("GlobalAveragePool", "Conv", "Mul"), {"w1": r(70, 300, 1, 1, seed=1), "w2": r(300, 70, 1, 1, seed=3)}),
+     ["se"]),
+    # A pool too large for one workgroup per image (over SE_MAX_POOL values): no fusion.
+    (Case("se_pool_large", _se_nodes(True), {"x": (1, 8, 96, 96)}, ("GlobalAveragePool", "Conv", "Mul"),
+          {"w1": r(4, 8, 1, 1, seed=1), "b1": r(4, seed=2), "w2": r(8, 4, 1, 1, seed=3), "b2": r(8, seed=4)}), []),
+    # The pool's result is read twice: no fusion.
+    (Case("se_pool_read", _se_nodes(True)[:-1] + [n("Mul", ["g", "s"], ["y"])], {"x": (1, 8, 2, 2)},
+          ("GlobalAveragePool", "Conv", "Mul"),
+          {"w1": r(4, 8, 1, 1, seed=1), "b1": r(4, seed=2), "w2": r(8, 4, 1, 1, seed=3), "b2": r(8, seed=4)}), []),
     (Case("ln_decomposed", [n("Relu", ["x"], ["t"]), *_ln_nodes("t", scale=True, bias=True)[:-1],
                             n("Add", ["bb", "sc"], ["y"])], {"x": (2, 5, 16)}, ("ReduceMean", "Div"),
           LN_INITS, opset=13), ["layernorm"]),
@@ -843,7 +865,7 @@ async def test_fusion(case, kinds, runtime):
     assert fused == kinds
     # Relu, layernorm (and Relu); the matmul with its bias and the Swish fused into the Add (and an Add); the
     # pointwise conv's matmul (the last Relu is the conv's activation) after the Relu (and the Sigmoid), or the Mul.
-    want_dispatches = {"ln_decomposed": 2, "ln_decomposed_noaffine": 3, "matmul_bias_swish": 1,
+    want_dispatches = {"se_block": 2, "se_block_wide": 2, "ln_decomposed": 2, "ln_decomposed_noaffine": 3, "matmul_bias_swish": 1,
                        "matmul_bias_then_residual": 2, "pointwise_scale_residual": 3, "pointwise_scale": 2,
                        "pointwise_scaled_read": 3}
     if case.id in want_dispatches:
@@ -858,20 +880,72 @@ async def test_fusion(case, kinds, runtime):
             np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-5, err_msg=f"vs onnxruntime: {k}")
 
 
+#: The tiled matmul, the direct kernel's workgroup sizes and the small kernel's shapes (launch.SMALL_SHAPES).
+MATMUL_CHOICES = ["tiled", ["direct", 4], ["direct", 8], ["direct", 16], ["small", 64, 1], ["small", 64, 4],
+                  ["small", 32, 8], ["small", 128, 2], ["small", 16, 16]]
+
+
 @pytest.mark.anyio
 async def test_pointwise_fusion_every_matmul_choice(runtime, monkeypatch):
-    """The fused scale and residual give the CPU's result in the tiled matmul and in every direct one."""
+    """The fused scale and residual give the CPU's result in the tiled matmul and in every direct and small one."""
     from aiomnn.backends.vulkan.launch import Matmul
 
     case = next(c for c, _ in FUSION_CASES if c.id == "pointwise_scale_residual")
     data, feeds = case.model(), case.feeds()
     want, _, _ = await run(data, feeds, CPU)
     rt = runtime.runtimes[ForwardType.VULKAN]
-    for choice in ["tiled", ["direct", 4], ["direct", 8], ["direct", 16]]:
+    for choice in MATMUL_CHOICES:
         monkeypatch.setattr(rt, "tuned_choice",
                             lambda la, choice=choice: choice if isinstance(la.work, Matmul) else None)
         got, _, _ = await run(data, feeds, CONFIG, runtime)
         np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5, err_msg=str(choice))
+
+
+@pytest.mark.anyio
+async def test_fused_matmul_takes_the_convs_tuning(runtime, monkeypatch):
+    """A pointwise conv's matmul with a fused scale and residual runs the choice tuned for the conv's own matmul
+    (tuning plans the conv alone), and still gives the CPU's result."""
+    from aiomnn.backends.vulkan.launch import Launch, Matmul
+
+    case = next(c for c, _ in FUSION_CASES if c.id == "pointwise_scale_residual")
+    data, feeds = case.model(), case.feeds()
+    want, _, _ = await run(data, feeds, CPU)
+    rt = runtime.runtimes[ForwardType.VULKAN]
+    cache = {}
+    monkeypatch.setattr(rt.tuner.cache, "get", lambda key: cache.get(key))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
+        await s.run(feeds)
+        [la] = [la for seg in s.pipeline.segments for st in seg.steps for la in st.execution.launches
+                if isinstance(la.work, Matmul)]
+    assert la.consts[1:] == (1, 1) and la.base_key is not None
+    alone = Launch(la.ctx, la.kernel, la.fp16, (la.consts[0], 0, 0), la.push, la.work, la.locs)
+    assert la.base_key == alone.key and alone.base_key is None
+    cache[la.base_key] = {"choice": ["small", 16, 16]}
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
+        got = await s.run(feeds)
+        names = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps for d in st.execution.dispatches]
+    assert "matmul_small" in names, names
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("cid", ["matmul2d", "matmul_batched_bcast", "matmul_vec", "matmul_mat_vec", "gemm_trans_bias",
+                                 "gemm_col_bias_relu"])
+async def test_matmul_every_choice(cid, runtime, monkeypatch):
+    """Every matmul kernel tuning may choose (transposes, broadcast batches, bias, activation) gives the CPU's
+    result."""
+    from aiomnn.backends.vulkan.launch import Matmul
+
+    case = next(c for c in CASES if c.id == cid)
+    data, feeds = case.model(), case.feeds()
+    want, _, _ = await run(data, feeds, CPU)
+    rt = runtime.runtimes[ForwardType.VULKAN]
+    for choice in MATMUL_CHOICES:
+        monkeypatch.setattr(rt, "tuned_choice",
+                            lambda la, choice=choice: choice if isinstance(la.work, Matmul) else None)
+        got, _, _ = await run(data, feeds, CONFIG, runtime)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=f"{k} {choice}")
 
 
 PLACES_CASES = [

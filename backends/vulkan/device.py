@@ -42,6 +42,7 @@ _BUFFER_USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRAN
 
 #: Bindings per kernel: output first, then inputs (see shaders/*.comp).
 KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "conv": 4, "convt": 4, "matmul": 6, "matmul_direct": 6,
+                   "matmul_small": 6, "se": 6,  # out, x, w1, b1, w2, b2
                    "pool": 2, "reduce": 2, "softmax": 2, "layernorm": 4, "resize": 3,
                    "conv_gemm": 6,  # out, x, w, bias, partial sums, tile counters
                    "cast": 2}  # device tensor, float32 host staging
@@ -196,6 +197,7 @@ class Context:
         self.max_range = int(limits.maxStorageBufferRange)
         self.max_groups = [int(v) for v in limits.maxComputeWorkGroupCount]
         self.max_invocations = int(limits.maxComputeWorkGroupInvocations)
+        self.max_local_x = int(limits.maxComputeWorkGroupSize[0])
         self.timestamp_period = float(limits.timestampPeriod)
 
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)

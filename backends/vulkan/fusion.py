@@ -7,7 +7,9 @@ knows every reader of each value. plan_fusions then finds:
   Mul and Add by constants), as one layernorm dispatch;
 - a MatMul followed by an Add of a constant bias (with the Add's fused activation), as one matmul;
 - a pointwise Conv run as the matmul, with the Mul that scales its input per channel before it (a
-  squeeze-and-excitation block's) and the residual Add after it, as one matmul.
+  squeeze-and-excitation block's) and the residual Add after it, as one matmul;
+- a squeeze-and-excitation block's squeeze: GlobalAveragePool, then two pointwise Convs on its (N, C, 1, 1)
+  result (with their biases and fused activations), as one se dispatch (a workgroup per image).
 
 A group's dispatches run at its last member; the values it reads live until then.
 """
@@ -22,12 +24,12 @@ from aiomnn import shapes as shp
 from aiomnn.backend import Tensor
 from aiomnn.graph import Node
 
-from .launch import Matmul, Rows
+from .launch import Blocks, Matmul, Rows
 from .ops.base import F32, VkOp, is_f32, numel, pack, pad, to_f32
 from .ops.conv import Conv
 from .ops.elementwise import Binary
 from .ops.matmul import MatMul
-from .ops.reduce import local_for
+from .ops.reduce import Reduce, local_for
 
 log = logging.getLogger("aiomnn.vulkan")
 
@@ -300,6 +302,71 @@ def _pointwise_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
     return Group("pointwise", [steps[k][1] for k in chain], inner, reads, build)
 
 
+#: The se kernel's shared arrays: the channel means (C) and the hidden values (C1).
+SE_MAX_C = 1024
+SE_MAX_HIDDEN = 256
+#: The most values an image's pool may read in se, one workgroup per image (C x H x W): a larger pool takes
+#: the reduce kernel, whose workgroups (one per channel) spread it over the device.
+SE_MAX_POOL = 1 << 16
+
+
+def _se_local(ctx) -> int:
+    """The se kernel's workgroup: 1024 invocations on GPUs (within the device's limits), 64 on CPU
+    implementations, where barriers are dear."""
+    top = min(1024 if ctx.info.is_gpu else 64, ctx.max_invocations, getattr(ctx, "max_local_x", 128))
+    return 1 << (top.bit_length() - 1)
+
+
+def _se_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
+    """GlobalAveragePool of x (N, C, H, W), then a pointwise Conv (C1 x C) and another (C x C1) on the (N, C, 1, 1)
+    mean, each with its bias and fused activation: a squeeze-and-excitation block's squeeze, as one se dispatch."""
+    steps = st.steps
+    node, exe, ins, outs = steps[i]
+    if not isinstance(exe, Reduce) or node.op_type != "GlobalAveragePool" or len(outs) != 1:
+        return None
+    x = ins[0]
+    if not is_f32(x) or len(x.shape) != 4:
+        return None
+    n, c, h, w = x.shape
+    chain, convs, cur = [i], [], outs[0]
+    for want_co in (None, c):  # the first conv's output channels are its own, the second's are C
+        rs = st.readers.get(cur.name, [])
+        if len(rs) != 1 or rs[0] in taken:
+            return None
+        k = rs[0]
+        _, ce, cins, couts = steps[k]
+        if not isinstance(ce, Conv) or not ce.pointwise or len(couts) != 1 or cins[0].name != cur.name:
+            return None
+        co = ce.geo[4]
+        if tuple(couts[0].shape) != (n, co, 1, 1) or want_co not in (None, co):
+            return None
+        chain.append(k)
+        convs.append((ce, cins))
+        cur = couts[0]
+    c1 = convs[0][0].geo[4]
+    if c > SE_MAX_C or c1 > SE_MAX_HIDDEN or c * h * w > SE_MAX_POOL:
+        return None
+    if any(steps[k][1] is None for k in range(chain[0], chain[-1] + 1)):
+        return None
+    (e1, ins1), (e2, ins2) = convs
+    (code1, a1a, a1b), (code2, a2a, a2b) = e1.act, e2.act
+
+    def build(final: VkOp) -> None:
+        b = final.b
+        w1, w2 = b.locate(ins1[1]), b.locate(ins2[1])
+        has1, has2 = len(ins1) > 2 and ins1[2] is not None, len(ins2) > 2 and ins2[2] is not None
+        b1 = b.locate(ins1[2]) if has1 else w1
+        b2 = b.locate(ins2[2]) if has2 else w2
+        push = pack(c, h * w, c1, int(has1), int(has2), to_f32(a1a), to_f32(a1b), to_f32(a2a), to_f32(a2b))
+        final.dispatch("se", [final.out_locs[0], b.locate(x), w1, b1, w2, b2], push, Blocks(n, _se_local(b.ctx)),
+                       consts=(code1, code2))
+
+    taken.update(chain)
+    inner = [steps[k][3][0].name for k in chain[:-1]]
+    reads = [x.name] + [t.name for t in ins1[1:] + ins2[1:] if t is not None and not t.is_const]
+    return Group("se", [steps[k][1] for k in chain], inner, reads, build)
+
+
 def plan_fusions(backend, created: list[tuple]) -> None:
     """Find the groups of ops one dispatch can do (every reader of their inner values is known: each node
     of the alloc pass was offered to this backend first), and keep the values they read alive until the
@@ -319,6 +386,8 @@ def plan_fusions(backend, created: list[tuple]) -> None:
                 group = _matmul_bias_at(st, i, taken)
             elif node.op_type == "Conv":
                 group = _pointwise_at(st, i, taken)
+            elif node.op_type == "GlobalAveragePool":
+                group = _se_at(st, i, taken)
         except Exception as exc:  # a shape this matching did not foresee: no fusion
             log.debug("no fusion at %s: %s: %s", node, type(exc).__name__, exc)
             group = None

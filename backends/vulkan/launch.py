@@ -3,8 +3,9 @@
 Work says what a kernel iterates over:
   Grid(n)        a grid-stride loop over n items (elementwise, conv, pool, copy, resize);
   Rows(n, l)     one workgroup per row, l invocations reducing it (reduce, softmax, layernorm);
-  Matmul(m,n,b)  a batch of m x n outputs: the tiled shared-memory kernel, or the direct one.
+  Matmul(m,n,b)  a batch of m x n outputs: the tiled shared-memory kernel, the direct one, or the small one.
   Convolution    an implicit-GEMM convolution (conv_gemm): a tile shape and how many ways to split the sum.
+  Blocks(n, l)   one workgroup of l invocations per item (se: an image), not tuned.
 
 A Launch is one dispatch as the tuner sees it: a key (kernel, shader build,
 specialization, work and push constants, so equal keys time alike), the
@@ -60,6 +61,12 @@ class Convolution(Work):
 
 
 
+@dataclass(frozen=True)
+class Blocks(Work):
+    n: int
+    local: int
+
+
 @lru_cache(maxsize=None)
 def shader_hash(kernel: str) -> str:
     """A short hash of a kernel's built SPIR-V (both variants), from the shader manifest."""
@@ -80,18 +87,29 @@ CONV_SPLITS = (1, 2, 4, 8, 16)
 #: many workgroups (three per multiprocessor of a large GPU), each slice at least CONV_SLICE deep.
 CONV_BUSY = 384
 CONV_SLICE = 96
+#: matmul_small's workgroups, (invocations along the outputs, ways the sum is split): at most 256 invocations.
+SMALL_SHAPES = ((64, 1), (64, 4), (32, 8), (128, 2), (16, 16))
 
 
 class Launch:
-    __slots__ = ("ctx", "kernel", "fp16", "consts", "push", "work", "locs", "key")
+    __slots__ = ("ctx", "kernel", "fp16", "consts", "push", "work", "locs", "key", "base_key")
 
     def __init__(self, ctx: "Context", kernel: str, fp16: bool, consts: tuple[int, ...], push: bytes, work: Work,
                  locs: list["Loc"]):
         self.ctx, self.kernel, self.fp16, self.consts = ctx, kernel, fp16, tuple(consts)
         self.push, self.work, self.locs = push, work, locs
         digest = hashlib.sha1(push).hexdigest()[:16]
-        self.key = (f"vulkan/{kernel}@{shader_hash(kernel)}|{'f16' if fp16 else 'f32'}|{list(self.consts)}"
-                    f"|{type(work).__name__}{list(vars(work).values())}|{digest}")
+        self.key = self._key(self.consts, digest)
+        # A pointwise conv's matmul with a fused scale or residual (consts: activation, residual, scale) is not
+        # tuned as such (tuning plans ops alone): it takes the choice tuned for the conv's own matmul, which
+        # differs only in these two constants.
+        self.base_key = None
+        if isinstance(work, Matmul) and kernel == "matmul" and len(self.consts) == 3 and any(self.consts[1:]):
+            self.base_key = self._key((self.consts[0], 0, 0), digest)
+
+    def _key(self, consts: tuple[int, ...], digest: str) -> str:
+        return (f"vulkan/{self.kernel}@{shader_hash(self.kernel)}|{'f16' if self.fp16 else 'f32'}|{list(consts)}"
+                f"|{type(self.work).__name__}{list(vars(self.work).values())}|{digest}")
 
     @property
     def tunable(self) -> bool:
@@ -99,7 +117,7 @@ class Launch:
 
     def default(self) -> Any:
         w = self.work
-        if isinstance(w, Rows):
+        if isinstance(w, (Rows, Blocks)):
             return w.local
         if isinstance(w, Matmul):
             # Workgroup barriers are dear on CPU implementations (lavapipe): there the direct kernel is the default.
@@ -120,19 +138,24 @@ class Launch:
             options = [s for s in GRID_SIZES if s <= top]
         elif isinstance(w, Rows):
             options = list(ROW_SIZES)
+        elif isinstance(w, Blocks):
+            options = [w.local]
         elif isinstance(w, Convolution):
             # The default's neighbours first: its tile split in half as many or twice as many, then other tiles.
             _, dm, dn, ds = self.default()
             options = sorted([["gemm", bm, bn, s] for s in CONV_SPLITS for bm, bn in CONV_TILES],
                              key=lambda c: abs(c[3].bit_length() - ds.bit_length()) + 1.5 * ((c[1], c[2]) != (dm, dn)))
         else:
-            options = ["tiled", ["direct", 8], ["direct", 16], ["direct", 4]]
+            options = ["tiled", ["direct", 8], ["small", 64, 1], ["small", 64, 4], ["small", 32, 8], ["small", 16, 16],
+                       ["direct", 16], ["direct", 4], ["small", 128, 2]]
         default = self.default()
         ordered = [default] + [o for o in options if o != default]
         return [o for o in ordered if self.valid(o)][:max(1, limit)]
 
     def valid(self, choice: Any) -> bool:
         w = self.work
+        if isinstance(w, Blocks):
+            return choice == w.local
         if isinstance(w, (Grid, Rows)):
             if not isinstance(choice, int) or isinstance(choice, bool) or choice < 1:
                 return False
@@ -149,6 +172,10 @@ class Launch:
                     and all(g <= c for g, c in zip(groups, self.ctx.max_groups)))
         if choice == "tiled":
             return self.ctx.max_invocations >= 256
+        if isinstance(choice, list) and len(choice) == 3 and choice[0] == "small":
+            if tuple(choice[1:]) not in SMALL_SHAPES or choice[1] * choice[2] > self.ctx.max_invocations:
+                return False
+            return self._small_groups(choice[1]) <= self.ctx.max_groups[0] and w.batch <= self.ctx.max_groups[2]
         return (isinstance(choice, list) and len(choice) == 2 and choice[0] == "direct"
                 and isinstance(choice[1], int) and not isinstance(choice[1], bool)
                 and 1 <= choice[1] and choice[1] * choice[1] <= self.ctx.max_invocations)
@@ -161,6 +188,8 @@ class Launch:
         cap = self.ctx.max_groups
         if isinstance(w, Grid):
             return self.kernel, (choice, 1, 1), (max(1, min(-(-w.n // choice), cap[0], 65535)), 1, 1)
+        if isinstance(w, Blocks):
+            return self.kernel, (w.local, 1, 1), (w.n, 1, 1)
         if isinstance(w, Rows):
             x = max(1, min(w.n, cap[0], 65535))
             return self.kernel, (choice, 1, 1), (x, -(-w.n // x), 1)
@@ -169,5 +198,12 @@ class Launch:
             return "conv_gemm", (bn // 4, bm // 4, 1), (-(-w.n // bn), -(-w.m // bm), w.groups * s)
         if choice == "tiled":
             return "matmul", (16, 16, 1), (-(-w.n // 64), -(-w.m // 64), w.batch)
+        if choice[0] == "small":
+            return "matmul_small", (choice[1], choice[2], 1), (self._small_groups(choice[1]), 1, w.batch)
         s = choice[1]
         return "matmul_direct", (s, s, 1), (-(-w.n // (4 * s)), -(-w.m // (4 * s)), w.batch)
+
+    def _small_groups(self, lx: int) -> int:
+        """matmul_small's workgroups per batch entry: each invocation along x takes 4 rows of one column."""
+        w = self.work
+        return -(-(-(-w.m // 4) * w.n) // lx)

@@ -71,8 +71,11 @@ class VulkanRuntime(Runtime):
 
     # Tuning ---------------------------------------------------------------------------
     def tuned_choice(self, launch) -> Any:
-        """The workgroup choice the tuning cache holds for a launch, or None for the default."""
+        """The workgroup choice the tuning cache holds for a launch (or for its unfused form), or None for the
+        default."""
         entry = self.tuner.cache.get(launch.key)
+        if entry is None and launch.base_key is not None:
+            entry = self.tuner.cache.get(launch.base_key)
         return None if entry is None else entry.get("choice")
 
     def tuning_tasks(self, backend: Any, node: Node, inputs: list, outputs: list) -> list:
