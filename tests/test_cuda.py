@@ -320,6 +320,8 @@ OP_CASES = {
     "avgpool_incl_pad": lambda: make_model("AveragePool", {"x": r(1, 3, 8, 8)}, ["y"],
                                            {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
     "gap": lambda: make_model("GlobalAveragePool", {"x": r(2, 7, 45, 50)}, ["y"]),
+    # Many long rows: a block per row (a warp per row was slow there)
+    "gap_long_rows": lambda: make_model("GlobalAveragePool", {"x": r(2, 300, 48, 48)}, ["y"]),
     "gmp": lambda: make_model("GlobalMaxPool", {"x": r(1, 7, 5, 6)}, ["y"]),
     "resize_nearest_x2": lambda: make_model("Resize", {"x": r(1, 3, 5, 7)}, ["y"],
                                             {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
@@ -408,7 +410,7 @@ CONV_CASES = ["conv3x3", "conv3x3_deep", "conv3x3_s2_b2", "conv1x1", "conv1x1_s2
 @needs_gpu
 @pytest.mark.anyio
 @pytest.mark.parametrize("precision,tol", [("normal", 1e-4), ("low", 1e-2)], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("algo", ["gemm", "im2col", "direct", "igemm", "igemm32"])
+@pytest.mark.parametrize("algo", ["gemm", "im2col", "direct", "igemm", "igemm32", "igemm32x128"])
 @pytest.mark.parametrize("case", CONV_CASES)
 async def test_conv_algorithms(case, algo, precision, tol, monkeypatch):
     """Each conv algorithm on each case (small convs otherwise all take the direct path)."""
@@ -544,6 +546,42 @@ async def test_resize_to_new_shapes():
             x = {"x": r(*shape)}
             got, want = await s.run(x), await cpu.run(x)
             assert rel_error(got["y"], want["y"]) <= 1e-4
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["hostfunc", "thread"])
+@pytest.mark.parametrize("precision", ["normal", "low"])
+async def test_large_inputs_and_outputs_are_copied_in_pieces(mode, precision, monkeypatch):
+    """Inputs over SPLIT_COPY_BYTES go to the device outside the graph, in pieces filled by threads;
+    such outputs come back in fresh arrays the caller owns (the "thread" wait mode)."""
+    from aiomnn.backends.cuda import backend
+
+    monkeypatch.setenv("AIOMNN_CUDA_WAIT", mode)
+    monkeypatch.setattr(backend, "SPLIT_COPY_BYTES", 1)
+    monkeypatch.setattr(backend, "PIECE_MIN", 4096)
+    pieces = backend._pieces(2 * 8 * 40 * 37 * 4, 4)
+    assert len(pieces) > 1 and pieces[0][0] == 0 and pieces[-1][1] == 2 * 8 * 40 * 37 * 4
+    assert all(a[1] == b[0] and a[1] % (4096 * 4) == 0 for a, b in zip(pieces, pieces[1:]))
+    data, _ = conv_case(r(1, 8, 3, 3), r(16, 8, 3, 3), r(16), pads=[1, 1, 1, 1])
+    model = onnx.load_from_string(data)
+    for i, d in enumerate(model.graph.input[0].type.tensor_type.shape.dim):
+        d.dim_value = (2, 8, 40, 37)[i]
+    data = model.SerializeToString()
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(precision=precision, tuning="none"))
+    tol = 1e-4 if precision == "normal" else 1e-2
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(cfg) as s, \
+            await aiomnn.Interpreter.from_bytes(data).create_session(aiomnn.ScheduleConfig(type="cpu")) as cpu:
+        outs = []
+        for k in range(3):
+            x = {"x": r(2, 8, 40, 37)}
+            got, want = await s.run(x), await cpu.run(x)
+            assert rel_error(got["y"], want["y"]) <= tol
+            outs.append((got["y"], want["y"]))
+        run = next(iter(s.pipeline.main._runs.values()))
+        assert [n for n, *_ in run.split_inputs] == ["x"] and not run.inputs
+    for got, want in outs:  # later runs did not overwrite earlier outputs
+        assert rel_error(got, want) <= tol
 
 
 @needs_gpu

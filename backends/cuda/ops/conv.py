@@ -5,8 +5,8 @@ Conv algorithms:
 - "im2col": other group-1 convs unfold the input into scratch, then one GEMM.
 - "direct": grouped and depthwise convs are computed inline, in the fused
   kernel of their epilogue, one output element per thread.
-- "igemm", "igemm32": an implicit GEMM, tiled 64x64 or 32x32 (output channels
-  by output pixels), that gathers input patches into shared memory as it goes
+- "igemm", "igemm32", "igemm32x128": an implicit GEMM, tiled 64x64, 32x32 or 32x128
+  (output channels by output pixels), that gathers input patches into shared memory as it goes
   (no im2col buffer) and runs the epilogue on its accumulators: one kernel.
   Where there are few tiles, K is split into slices that run on other SMs
   (split_k).
@@ -33,18 +33,22 @@ from .base import CudaOp, Decline, check_tensors, float_inputs, op
 from .elementwise import activation
 from .matmul import gemm_fn
 
-#: Force a conv algorithm (for tests): "gemm", "im2col", "direct", "igemm" or "igemm32".
+#: Force a conv algorithm (for tests): "gemm", "im2col", "direct", "igemm", "igemm32" or "igemm32x128".
 FORCE_ALGO: str | None = None
 #: Group-1 convs with at most this many multiply-adds run "direct": one fused kernel
 #: instead of im2col, GEMM and epilogue, which for small convs costs less than the launches.
 DIRECT_MACS = int(os.environ.get("AIOMNN_CUDA_DIRECT_MACS", 1 << 20))
 #: The implicit GEMM's tiles, by algorithm: (output channels, output pixels) per block.
-TILES = {"igemm": (64, 64), "igemm32": (32, 32)}
+#: 32x128 suits convs of few output channels on large maps (det's 96 -> 24 3x3 convs at 160x160,
+#: where a 64-channel tile computes 40 channels of zeros).
+TILES = {"igemm": (64, 64), "igemm32": (32, 32), "igemm32x128": (32, 128)}
 #: The implicit GEMM's K per step (staged in shared memory).
 BK = 32
 #: Larger convs with at least this many output pixels (batch included) start as "igemm" before
 #: tuning: its 64x64 tiles fill the GPU there, and it writes no im2col buffer.
 IGEMM_PIXELS = 1024
+#: Such convs with at most this many output channels start as "igemm32x128".
+NARROW_CO = int(os.environ.get("AIOMNN_CUDA_NARROW_CO", 32))
 
 
 def conv_choices(node, x_shape, w_shape, out_shape, half: bool) -> tuple[str, list[str]]:
@@ -62,8 +66,10 @@ def conv_choices(node, x_shape, w_shape, out_shape, half: bool) -> tuple[str, li
     if macs <= DIRECT_MACS:
         return key, ["direct", blas, "igemm32", "igemm"]
     if pixels >= IGEMM_PIXELS:
-        return key, ["igemm", blas, "igemm32", "direct"]
-    return key, [blas, "igemm32", "igemm", "direct"]
+        if w_shape[0] <= NARROW_CO:
+            return key, ["igemm32x128", "igemm", blas, "igemm32", "direct"]
+        return key, ["igemm", blas, "igemm32", "igemm32x128", "direct"]
+    return key, [blas, "igemm32", "igemm", "igemm32x128", "direct"]
 
 
 class _ConvBase(CudaOp):
