@@ -847,19 +847,27 @@ FUSION_CASES = [
 ]
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("case,kinds", FUSION_CASES, ids=[c.id for c, _ in FUSION_CASES])
-async def test_fusion(case, kinds, runtime):
-    """The groups fuse (one dispatch for the whole group) where every reader is inside, and match the CPU."""
+async def run_twice(case: Case, runtime):
+    """Run a case's model on Vulkan twice: (model, feeds, first and second outputs, the fused groups' kinds, and
+    per step (op type, backend, its dispatches' kernels)), read while the session is open."""
     data, feeds = case.model(), case.feeds()
     net = aiomnn.Interpreter.from_bytes(data)
     async with await net.create_session(CONFIG, runtime) as s:
         got = await s.run(feeds)
         again = await s.run(feeds)
-        vk_backend = s.pipeline.main
-        fused = list(vk_backend.fused)
-        ops = {st.node.op_type: seg.backend.type.value for seg in s.pipeline.segments for st in seg.steps}
-        n_dispatch = sum(len(st.execution.dispatches) for seg in s.pipeline.segments for st in seg.steps)
+        steps = [(st.node.op_type, seg.backend.type.value,
+                  [d.kernel.name for d in getattr(st.execution, "dispatches", [])])
+                 for seg in s.pipeline.segments for st in seg.steps]
+        return data, feeds, got, again, list(s.pipeline.main.fused), steps
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case,kinds", FUSION_CASES, ids=[c.id for c, _ in FUSION_CASES])
+async def test_fusion(case, kinds, runtime):
+    """The groups fuse (one dispatch for the whole group) where every reader is inside, and match the CPU."""
+    data, feeds, got, again, fused, steps = await run_twice(case, runtime)
+    ops = {op: kind for op, kind, _ in steps}
+    n_dispatch = sum(len(kernels) for _, _, kernels in steps)
     for op in case.on_vulkan:
         assert ops.get(op) == "vulkan", ops
     assert fused == kinds
@@ -883,22 +891,6 @@ async def test_fusion(case, kinds, runtime):
 #: The tiled matmul, the direct kernel's workgroup sizes and the small kernel's shapes (launch.SMALL_SHAPES).
 MATMUL_CHOICES = ["tiled", ["direct", 4], ["direct", 8], ["direct", 16], ["small", 64, 1], ["small", 64, 4],
                   ["small", 32, 8], ["small", 128, 2], ["small", 16, 16]]
-
-
-@pytest.mark.anyio
-async def test_pointwise_fusion_every_matmul_choice(runtime, monkeypatch):
-    """The fused scale and residual give the CPU's result in the tiled matmul and in every direct and small one."""
-    from aiomnn.backends.vulkan.launch import Matmul
-
-    case = next(c for c, _ in FUSION_CASES if c.id == "pointwise_scale_residual")
-    data, feeds = case.model(), case.feeds()
-    want, _, _ = await run(data, feeds, CPU)
-    rt = runtime.runtimes[ForwardType.VULKAN]
-    for choice in MATMUL_CHOICES:
-        monkeypatch.setattr(rt, "tuned_choice",
-                            lambda la, choice=choice: choice if isinstance(la.work, Matmul) else None)
-        got, _, _ = await run(data, feeds, CONFIG, runtime)
-        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5, err_msg=str(choice))
 
 
 @pytest.mark.anyio
@@ -930,13 +922,13 @@ async def test_fused_matmul_takes_the_convs_tuning(runtime, monkeypatch):
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("cid", ["matmul2d", "matmul_batched_bcast", "matmul_vec", "matmul_mat_vec", "gemm_trans_bias",
-                                 "gemm_col_bias_relu"])
+                                 "gemm_col_bias_relu", "pointwise_scale_residual"])
 async def test_matmul_every_choice(cid, runtime, monkeypatch):
-    """Every matmul kernel tuning may choose (transposes, broadcast batches, bias, activation) gives the CPU's
-    result."""
+    """Every matmul kernel tuning may choose (transposes, broadcast batches, bias, activation, and a 1x1 conv's
+    fused scale and residual) gives the CPU's result."""
     from aiomnn.backends.vulkan.launch import Matmul
 
-    case = next(c for c in CASES if c.id == cid)
+    case = next(c for c in CASES + [c for c, _ in FUSION_CASES] if c.id == cid)
     data, feeds = case.model(), case.feeds()
     want, _, _ = await run(data, feeds, CPU)
     rt = runtime.runtimes[ForwardType.VULKAN]
@@ -974,14 +966,9 @@ PLACES_CASES = [
 @pytest.mark.parametrize("case,copies", PLACES_CASES, ids=[c.id for c, _ in PLACES_CASES])
 async def test_concat_split_in_place(case, copies, runtime):
     """Concat and Split pieces that are contiguous ranges of the whole share its memory and are not copied."""
-    data, feeds = case.model(), case.feeds()
-    net = aiomnn.Interpreter.from_bytes(data)
-    async with await net.create_session(CONFIG, runtime) as s:
-        got = await s.run(feeds)
-        again = await s.run(feeds)
-        kernels = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps for d in st.execution.dispatches
-                   if st.node.op_type in ("Concat", "Split")]
-        ops = {st.node.op_type: seg.backend.type.value for seg in s.pipeline.segments for st in seg.steps}
+    data, feeds, got, again, _, steps = await run_twice(case, runtime)
+    kernels = [k for op, _, ks in steps if op in ("Concat", "Split") for k in ks]
+    ops = {op: kind for op, kind, _ in steps}
     for op in case.on_vulkan:
         assert ops.get(op) == "vulkan", ops
     assert kernels == ["copy"] * copies
