@@ -13,7 +13,7 @@ from onnx import TensorProto
 from aiomnn.graph import dtype_of
 
 from ..kernel import Kernel, Unsupported, op
-from .elementwise import E8M0, F32, FLOAT8, ML_FLOATS, ML_INTS, is_float
+from .dtypes import E8M0, F32, FLOAT8, ML_FLOATS, ML_INTS, is_float
 
 
 def _to_e8m0(x: np.ndarray, saturate: int, round_mode: str) -> np.ndarray:

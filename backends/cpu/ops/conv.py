@@ -45,7 +45,7 @@ from aiomnn.shapes import same_pads
 
 from ..kernel import Kernel, Unsupported, op, parallel, shared_scratch, threads
 from . import depthwise
-from .elementwise import activation_fn
+from .activations import activation_fn
 
 _NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 

@@ -12,8 +12,8 @@ import math
 import numpy as np
 
 from ..kernel import Kernel, Unsupported, op, shared_scratch
+from .activations import activation_fn
 from .conv import _const, _ints, compute_dtype, conv_geometry, out_buffer
-from .elementwise import activation_fn
 
 
 @op("ConvTranspose", 1)

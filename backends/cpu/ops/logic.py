@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernel import Kernel, op
-from .elementwise import BOOL, ML_FLOATS, ML_INTS, F32, legacy_broadcast, matches
+from .dtypes import BOOL, F32, ML_FLOATS, ML_INTS, matches
+from .elementwise import legacy_broadcast
 
 
 def _comparable(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernel import Kernel, Unsupported, op
-from .elementwise import compute_dtype, is_float
+from .dtypes import compute_dtype, is_float
 
 REDUCTIONS = ("none", "sum", "mean")
 

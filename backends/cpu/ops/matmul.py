@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernel import Kernel, op
+from .activations import activation_fn
 from .conv import out_buffer
-from .elementwise import activation_fn
 
 _BLAS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64), np.dtype(np.complex128))
 

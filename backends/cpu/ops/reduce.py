@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..kernel import Kernel, Unsupported, op
-from .elementwise import ML_FLOATS, ML_INTS, compute_dtype
+from .dtypes import ML_FLOATS, ML_INTS, compute_dtype
 
 I64 = np.dtype(np.int64)
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..kernel import Kernel, Unsupported, op
-from .elementwise import matches
+from .dtypes import matches
 
 I64 = np.dtype(np.int64)
 

@@ -1,0 +1,47 @@
+"""The dtypes CPU kernels compute in, and the checks they share: float16 and the ml_dtypes floats
+(bfloat16, float8...) compute in float32 and round once at the end."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+FLT_MAX = 3.4028234663852886e38
+
+
+def _ml(*names: str) -> frozenset[np.dtype]:
+    return frozenset(np.dtype(getattr(ml_dtypes, n)) for n in names if hasattr(ml_dtypes, n))
+
+
+#: Float types numpy has no native arithmetic for: computed in float32.
+ML_FLOATS = _ml("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                "float8_e8m0fnu", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")
+#: Sub-byte integer types.
+ML_INTS = _ml("int4", "uint4", "int2", "uint2")
+F32 = np.dtype(np.float32)
+F16 = np.dtype(np.float16)
+BOOL = np.dtype(bool)
+E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+#: float8 types that Cast saturates (E8M0 has its own rounding rules).
+FLOAT8 = _ml("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+
+
+def is_float(dt: np.dtype) -> bool:
+    return dt.kind == "f" or dt in ML_FLOATS
+
+
+def compute_dtype(dt: np.dtype) -> np.dtype:
+    """The dtype arithmetic on `dt` is done in."""
+    return F32 if dt == F16 or dt in ML_FLOATS else dt
+
+
+def widen(x: np.ndarray) -> np.ndarray:
+    dt = compute_dtype(x.dtype)
+    return x if dt == x.dtype else x.astype(dt)
+
+
+def matches(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+    """The planned buffer when it fits this result exactly, else None."""
+    if out is not None and out.shape == shape and out.dtype == dtype:
+        return out
+    return None
