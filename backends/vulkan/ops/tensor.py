@@ -140,13 +140,8 @@ class Concat(VkOp):
         self.axis = axis
 
     def plan(self, inputs, outputs):
-        oshape = tuple(outputs[0].shape)
-        ost = contiguous(oshape)
-        out = self.out_locs[0]
-        for i, off, shape in self.pieces:
-            src = self.loc(inputs[i])
-            if not in_place(self.b, out, src, oshape, self.axis, off * ost[self.axis]):
-                self.copy(out, src, list(shape), contiguous(shape), ost, dst_base=off * ost[self.axis])
+        pieces = [self.loc(inputs[i]) for i, _, _ in self.pieces]
+        copy_pieces(self, self.out_locs[0], tuple(outputs[0].shape), pieces, into_whole=True)
 
 
 @register("Split")
@@ -175,12 +170,22 @@ class Split(VkOp):
         self.axis = axis
 
     def plan(self, inputs, outputs):
-        shape = tuple(inputs[0].shape)
-        ist = contiguous(shape)
-        src = self.loc(inputs[0])
-        for j, off, piece in self.pieces:
-            if not in_place(self.b, src, self.out_locs[j], shape, self.axis, off * ist[self.axis]):
-                self.copy(self.out_locs[j], src, list(piece), ist, contiguous(piece), src_base=off * ist[self.axis])
+        pieces = [self.out_locs[j] for j, _, _ in self.pieces]
+        copy_pieces(self, self.loc(inputs[0]), tuple(inputs[0].shape), pieces, into_whole=False)
+
+
+def copy_pieces(op: VkOp, whole: Loc, shape: tuple[int, ...], pieces: list[Loc], into_whole: bool) -> None:
+    """Concat's copies into the whole (into_whole) or Split's out of it, one per piece of op.pieces ((index,
+    offset along op.axis, shape)), leaving out the pieces that already lie in place."""
+    st = contiguous(shape)
+    for loc, (_, off, piece) in zip(pieces, op.pieces):
+        base = off * st[op.axis]
+        if in_place(op.b, whole, loc, shape, op.axis, base):
+            continue
+        if into_whole:
+            op.copy(whole, loc, list(piece), contiguous(piece), st, dst_base=base)
+        else:
+            op.copy(loc, whole, list(piece), st, contiguous(piece), src_base=base)
 
 
 def in_place(backend, whole: Loc, piece: Loc, shape: tuple[int, ...], axis: int, base: int) -> bool:
