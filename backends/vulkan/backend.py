@@ -45,6 +45,8 @@ from aiomnn.memory import Arena, Block, StorageType
 
 from .memory import Loc, align_up, upload
 from .queue import Submission
+from .record import (COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, Record, barrier, bind,
+                     record)
 
 if TYPE_CHECKING:
     from aiomnn.pipeline import Segment
@@ -58,51 +60,9 @@ ffi, lib = vk.ffi, vk.lib
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 
-_COMPUTE = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
-_TRANSFER = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-_HOST = vk.VK_PIPELINE_STAGE_HOST_BIT
-_SHADER_RW = vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
-_TRANSFER_RW = vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
 #: Inputs of at least this many bytes are copied on the submit thread: about 0.1 ms of memcpy.
 OFFLOAD_BYTES = 1 << 20
 CAST_LOCAL = 256
-
-
-class Dispatch:
-    """One recorded compute dispatch."""
-
-    __slots__ = ("kernel", "locs", "push", "groups", "set")
-
-    def __init__(self, kernel, locs: list[Loc], push: bytes, groups: tuple[int, int, int]):
-        self.kernel, self.locs, self.push, self.groups = kernel, locs, push, groups
-        self.set = None
-
-
-class Record:
-    """A segment's recorded command buffers (a ring, grown only if one is still pending) and its host copies."""
-
-    __slots__ = ("slots", "uploads", "downloads", "pops", "make", "key", "upload_bytes")
-
-    def __init__(self, make, uploads, downloads, pops, key):
-        self.make = make  # records one more command buffer for this segment
-        self.slots: list[Submission] = [make()]
-        self.uploads = uploads  # (name, host view, shape)
-        self.downloads = downloads  # (name, host view)
-        self.pops = pops  # host values whose last use is in this segment (known once a run brings the segment)
-        self.key = key
-        self.upload_bytes = sum(view.nbytes for _, view, _ in uploads)
-
-    @staticmethod
-    def key_of(exes: list, uploads: list[str], downloads: list[str]) -> tuple:
-        return tuple(id(e) for e in exes), tuple(uploads), tuple(downloads)
-
-    def slot(self) -> Submission:
-        for s in self.slots:
-            if not s.pending:
-                return s
-        s = self.make()
-        self.slots.append(s)
-        return s
 
 
 class VulkanBackend(Backend):
@@ -507,24 +467,24 @@ class VulkanBackend(Backend):
             self._cmds.append(cmd)
             vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
             # Earlier submissions' writes (other segments, other runs) become visible here.
-            everything = _SHADER_RW | _TRANSFER_RW
-            _barrier(cmd, _COMPUTE | _TRANSFER, _COMPUTE | _TRANSFER, everything, everything)
+            everything = SHADER_RW | TRANSFER_RW
+            barrier(cmd, COMPUTE | TRANSFER, COMPUTE | TRANSFER, everything, everything)
             if cast_in:
-                _record(cmd, cast_in)
+                record(cmd, cast_in)
             elif staged and uploads:
                 regions = [vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=loc.offset, size=max(loc.nbytes, 1))
                            for _, loc, _ in uploads]
                 vk.vkCmdCopyBuffer(cmd, self._io_host.handle, self._io_dev.handle, len(regions), regions)
-                _barrier(cmd, _TRANSFER, _COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, _SHADER_RW)
-            _record(cmd, dispatches + cast_out)
+                barrier(cmd, TRANSFER, COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, SHADER_RW)
+            record(cmd, dispatches + cast_out)
             if readback is not None:
-                _barrier(cmd, _COMPUTE, _TRANSFER, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_TRANSFER_READ_BIT)
+                barrier(cmd, COMPUTE, TRANSFER, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_TRANSFER_READ_BIT)
                 for (_, loc, _), off in zip(downloads, rb_offsets):
                     region = vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=off, size=max(loc.nbytes, 1))
                     vk.vkCmdCopyBuffer(cmd, self.buffer_of(loc).handle, readback.handle, 1, [region])
-                _barrier(cmd, _TRANSFER, _HOST, vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+                barrier(cmd, TRANSFER, HOST, vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
             else:
-                _barrier(cmd, _COMPUTE, _HOST, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+                barrier(cmd, COMPUTE, HOST, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
             vk.vkEndCommandBuffer(cmd)
             sub = Submission(self.queue, cmd)
             self._subs.append(sub)
@@ -573,18 +533,13 @@ class VulkanBackend(Backend):
             for _ in range(repeat):
                 def record(cmd):
                     vk.vkCmdResetQueryPool(cmd, pool, 0, n)
-                    _barrier(cmd, _COMPUTE | _TRANSFER, _COMPUTE, _SHADER_RW | _TRANSFER_RW, _SHADER_RW)
+                    barrier(cmd, COMPUTE | TRANSFER, COMPUTE, SHADER_RW | TRANSFER_RW, SHADER_RW)
                     for i, (_, d) in enumerate(dispatches):
-                        k = d.kernel
-                        vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, k.pipeline)
-                        lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, k.layout, 0, 1,
-                                                    ffi.new("VkDescriptorSet[1]", [d.set]), 0, ffi.NULL)
-                        lib.vkCmdPushConstants(cmd, k.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(d.push),
-                                               ffi.from_buffer(d.push))
+                        bind(cmd, d.kernel, d.set, d.push)
                         lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 2 * i)
                         lib.vkCmdDispatch(cmd, *d.groups)
                         lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 2 * i + 1)
-                        _barrier(cmd, _COMPUTE, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, _SHADER_RW)
+                        barrier(cmd, COMPUTE, COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, SHADER_RW)
 
                 self.ctx.run_once(record, self.queue)
                 data = ffi.new("uint64_t[]", n)
@@ -642,24 +597,3 @@ def _finish(rec: Record, values: dict[str, Any], fence: Fence, err: BaseExceptio
         fence.signal(error=exc)
         return
     fence.signal()
-
-
-def _record(cmd, dispatches: list[Dispatch]) -> None:
-    """Record dispatches, each followed by a barrier that makes its writes visible to the next."""
-    bound = None
-    for d in dispatches:
-        k = d.kernel
-        if k.pipeline is not bound:
-            vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, k.pipeline)
-            bound = k.pipeline
-        lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, k.layout, 0, 1,
-                                    ffi.new("VkDescriptorSet[1]", [d.set]), 0, ffi.NULL)
-        lib.vkCmdPushConstants(cmd, k.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(d.push), ffi.from_buffer(d.push))
-        lib.vkCmdDispatch(cmd, *d.groups)
-        _barrier(cmd, _COMPUTE, _COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, _SHADER_RW)
-
-
-def _barrier(cmd, src_stage: int, dst_stage: int, src_access: int, dst_access: int) -> None:
-    mb = ffi.new("VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER, "srcAccessMask": src_access,
-                                      "dstAccessMask": dst_access})
-    lib.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, mb, 0, ffi.NULL, 0, ffi.NULL)

@@ -16,6 +16,7 @@ import vulkan as vk
 from aiomnn.graph import Node
 
 from .launch import Launch
+from .record import COMPUTE, SHADER_RW, barrier, bind
 
 ffi, lib = vk.ffi, vk.lib
 
@@ -93,22 +94,12 @@ class LaunchTuneTask:
 
             def record(cmd) -> None:
                 vk.vkCmdResetQueryPool(cmd, queries, 0, 2 * n)
-                vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline)
-                lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 0, 1,
-                                            ffi.new("VkDescriptorSet[1]", [dset]), 0, ffi.NULL)
-                lib.vkCmdPushConstants(cmd, kernel.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(launch.push),
-                                       ffi.from_buffer(launch.push))
-                mb = ffi.new("VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-                                                  "srcAccessMask": vk.VK_ACCESS_SHADER_WRITE_BIT,
-                                                  "dstAccessMask": vk.VK_ACCESS_SHADER_READ_BIT
-                                                  | vk.VK_ACCESS_SHADER_WRITE_BIT})
+                bind(cmd, kernel, dset, launch.push)
                 for i in range(n):
                     lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries, 2 * i)
                     lib.vkCmdDispatch(cmd, *groups)
                     lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries, 2 * i + 1)
-                    lib.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                                             vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, mb, 0, ffi.NULL, 0,
-                                             ffi.NULL)
+                    barrier(cmd, COMPUTE, COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, SHADER_RW)
 
             ctx.run_once(record, rt.queue)
             data = ffi.new("uint64_t[]", 2 * n)

@@ -20,9 +20,9 @@ from aiomnn.backend import Execution, Tensor
 from aiomnn.errors import BackendError
 from aiomnn.graph import Node
 
-from ..backend import Dispatch
 from ..launch import Grid, Launch, Work
 from ..memory import Loc
+from ..record import Dispatch
 
 if TYPE_CHECKING:
     from ..fusion import Group
