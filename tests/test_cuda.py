@@ -553,14 +553,15 @@ async def test_resize_to_new_shapes():
 @pytest.mark.parametrize("mode", ["hostfunc", "thread"])
 @pytest.mark.parametrize("precision", ["normal", "low"])
 async def test_large_inputs_and_outputs_are_copied_in_pieces(mode, precision, monkeypatch):
-    """Inputs over SPLIT_COPY_BYTES go to the device outside the graph, in pieces filled by threads;
-    such outputs come back in fresh arrays the caller owns (the "thread" wait mode)."""
-    from aiomnn.backends.cuda import backend
+    """Large inputs go to the device outside the graph, in pieces filled by threads; such outputs come
+    back in fresh arrays the caller owns (the "thread" wait mode)."""
+    from aiomnn import copies
 
     monkeypatch.setenv("AIOMNN_CUDA_WAIT", mode)
-    monkeypatch.setattr(backend, "SPLIT_COPY_BYTES", 1)
-    monkeypatch.setattr(backend, "PIECE_MIN", 4096)
-    pieces = backend._pieces(2 * 8 * 40 * 37 * 4, 4)
+    monkeypatch.setattr(copies, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(copies, "PIECE_MIN", 4096)
+    monkeypatch.setattr(copies, "THREADS", max(2, copies.THREADS))
+    pieces = copies.pieces(2 * 8 * 40 * 37 * 4, 4)
     assert len(pieces) > 1 and pieces[0][0] == 0 and pieces[-1][1] == 2 * 8 * 40 * 37 * 4
     assert all(a[1] == b[0] and a[1] % (4096 * 4) == 0 for a, b in zip(pieces, pieces[1:]))
     data, _ = conv_case(r(1, 8, 3, 3), r(16, 8, 3, 3), r(16), pads=[1, 1, 1, 1])

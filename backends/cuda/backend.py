@@ -17,7 +17,7 @@ Resize, in the pipeline's order:
 A run (submit): copy inputs into pinned buffers, launch the graph (it holds
 the host-to-device copies, every kernel and the copies back), and complete the
 Fence when the stream reaches its end (see WAIT_MODES). Large inputs and outputs
-(SPLIT_COPY_BYTES) are copied by a few threads in pieces instead: inputs to the
+(aiomnn/copies.py) are copied by a few threads in pieces instead: inputs to the
 device outside the graph, piece by piece as they are filled; outputs into fresh
 arrays once the run is done.
 """
@@ -29,14 +29,13 @@ import gc
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import cupy
 import numpy as np
 
-from aiomnn import places
+from aiomnn import copies, places
 from aiomnn.backend import Backend, Execution, Tensor
 from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
@@ -71,18 +70,6 @@ F16 = np.dtype(np.float16)
 #: function (median await 58 against 93 us under uvloop, 87 against 142 us under asyncio),
 #: and it does not hold the stream while a driver thread waits for the GIL.
 WAIT_MODES = ("thread", "hostfunc", "graph")
-
-#: Inputs of at least this many bytes are copied to the device outside the graph, in pieces filled by
-#: COPY_THREADS threads (CudaBackend._copy_in); outputs of this size are copied out of their pinned
-#: buffers by those threads too, into arrays the caller owns, before the run's Fence is signalled
-#: (CudaBackend._fill_outputs, the "thread" wait mode). AIOMNN_CUDA_SPLIT_COPY=0 turns both off.
-#: On an H200 host, numpy filled a 39 MB pinned buffer in 7.2 ms on one thread and 1.3 ms on four;
-#: det at batch 1 (4.9 MB in) ran no faster split, so smaller inputs stay in the graph.
-SPLIT_COPY_BYTES = int(os.environ.get("AIOMNN_CUDA_SPLIT_COPY", 8 << 20))
-SPLIT_PIECES = 16
-PIECE_MIN = 1 << 20
-COPY_THREADS = int(os.environ.get("AIOMNN_CUDA_COPY_THREADS", max(1, min(8, (os.cpu_count() or 2) // 2))))
-
 
 @dataclass(eq=False)
 class Step:
@@ -148,8 +135,6 @@ class CudaBackend(Backend):
         self._waiter: Waiter | None = None
         self._events: list = []  # blocking-sync events the waiter is done with, to record again
         self._blas = None
-        # Threads for the large copies (SPLIT_COPY_BYTES); they start on first use.
-        self._copy_pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="aiomnn-cuda-copy")
         self._reset_plan()
 
     def _reset_plan(self) -> None:
@@ -595,7 +580,9 @@ class CudaBackend(Backend):
         stream = self.stream
         for x in needs:
             host, dev, stage = self._pinned(run, x)
-            if SPLIT_COPY_BYTES and host.nbytes >= SPLIT_COPY_BYTES:
+            # A large input goes outside the graph: threads fill its pinned buffer in pieces, each sent
+            # on as soon as it is filled (_copy_in). det at batch 1 (4.9 MB in) ran no faster that way.
+            if copies.large(host.nbytes):
                 run.split_inputs.append((x, host, stage.data.ptr))  # copied by submit, before the graph
             else:
                 run.inputs.append((x, host))
@@ -721,9 +708,9 @@ class CudaBackend(Backend):
         for name, host in run.inputs:
             np.copyto(host, values[name], casting="unsafe")
         fills = []  # (pinned host view, fresh array): large outputs the waiter copies out (_fill_outputs)
-        if self.wait_mode == "thread" and SPLIT_COPY_BYTES:
+        if self.wait_mode == "thread":
             fills = [(host, np.empty_like(host)) for name, host in run.outputs
-                     if host.nbytes >= SPLIT_COPY_BYTES and not (device and name in dict(run.device_outputs))]
+                     if copies.large(host.nbytes) and not (device and name in dict(run.device_outputs))]
         with self.rt.device:
             for name, host, dst in run.split_inputs:
                 self._copy_in(host, values[name], dst)
@@ -774,39 +761,25 @@ class CudaBackend(Backend):
         return kept
 
     def _copy_in(self, host: np.ndarray, src: Any, dst: int) -> None:
-        """A large input to the device: worker threads fill the pinned buffer piece by piece (numpy
-        lets the GIL go while it copies), and each piece goes to the device as soon as it is filled,
-        so the host copies run in parallel and overlap the transfer. The graph follows on the stream."""
-        stream = self.stream
-        src = np.asarray(src)
-        pieces = _pieces(host.nbytes, host.itemsize)
-        if src.shape != host.shape or not src.flags.c_contiguous or len(pieces) < 2:
-            np.copyto(host, src, casting="unsafe")
-            cupy.cuda.runtime.memcpyAsync(dst, host.ctypes.data, host.nbytes, H2D, stream.ptr)
-            return
-        h, s_ = host.reshape(-1), src.reshape(-1)
-        step = host.itemsize
-        jobs = [(a, b, self._copy_pool.submit(np.copyto, h[a // step:b // step], s_[a // step:b // step],
-                                              casting="unsafe")) for a, b in pieces]
+        """A large input to the device: the copy threads fill the pinned buffer piece by piece, and each
+        piece goes to the device as soon as it is filled, so the host copies run in parallel and overlap
+        the transfer. The graph follows on the stream."""
         base = host.ctypes.data
-        for a, b, job in jobs:
-            job.result()
-            cupy.cuda.runtime.memcpyAsync(dst + a, base + a, b - a, H2D, stream.ptr)
+        for a, b, job in copies.start(host, np.asarray(src)):
+            if job is not None:
+                job.result()
+            cupy.cuda.runtime.memcpyAsync(dst + a, base + a, b - a, H2D, self.stream.ptr)
 
     def _fill_outputs(self, fills: list, fence: Fence, give_back: Callable[[Any], None], event: Any) -> None:
         """In the waiter thread, once the run is done (before it signals the fence): large outputs out
         of their pinned buffers into fresh arrays the caller owns (so the session need not copy them),
-        in pieces, by COPY_THREADS threads at once."""
+        in pieces on the copy threads."""
         give_back(event)
         try:
-            jobs = []
-            for host, out in fills:
-                h, o = host.reshape(-1), out.reshape(-1)
-                step = host.itemsize
-                for a, b in _pieces(host.nbytes, step):
-                    jobs.append(self._copy_pool.submit(np.copyto, o[a // step:b // step], h[a // step:b // step]))
+            jobs = [job for host, out in fills for _, _, job in copies.start(out, host)]
             for job in jobs:
-                job.result()
+                if job is not None:
+                    job.result()
         except BaseException as exc:  # the first signal wins: the waiter's own is then ignored
             fence.signal(error=BackendError(f"cuda: copying the outputs out failed: {type(exc).__name__}: {exc}"))
 
@@ -827,9 +800,6 @@ class CudaBackend(Backend):
         waiter = getattr(self, "_waiter", None)
         if waiter is not None:
             waiter.close()
-        pool = getattr(self, "_copy_pool", None)
-        if pool is not None:
-            pool.shutdown(wait=False)
         blas = getattr(self, "_blas", None)
         if blas is not None:
             try:
@@ -840,15 +810,6 @@ class CudaBackend(Backend):
 
 def _tiled(root) -> bool:
     return any(isinstance(leaf, Inline) and leaf.op.tiled for leaf in leaves(root).values())
-
-
-def _pieces(nbytes: int, itemsize: int) -> list[tuple[int, int]]:
-    """Byte ranges of a split copy: up to SPLIT_PIECES, each at least PIECE_MIN bytes (but the last),
-    on bounds of 4096 items."""
-    n = max(1, min(SPLIT_PIECES, nbytes // PIECE_MIN))
-    size = -(-nbytes // n)
-    size = -(-size // (4096 * itemsize)) * 4096 * itemsize
-    return [(a, min(a + size, nbytes)) for a in range(0, nbytes, size)]
 
 
 def _copy_fn(dst: int, src: int, nbytes: int, kind: int, stream) -> Callable[[], None]:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import vulkan as vk
 
-from aiomnn import places
+from aiomnn import copies, places
 from aiomnn.backend import Backend, Execution, Tensor
 from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
@@ -576,7 +576,7 @@ class VulkanBackend(Backend):
                 v = values[name]
                 if v.shape != shape:
                     raise BackendError(f"input {name!r} has shape {v.shape}, the plan has {shape}")
-                np.copyto(view, v, casting="unsafe")
+                copies.copy(view, v)
             sub = rec.slot()
             self._last_value = self.queue.submit(sub, functools.partial(_finish, rec, values, fence))
         except BaseException as exc:
@@ -590,7 +590,11 @@ def _finish(rec: Record, values: dict[str, Any], fence: Fence, err: BaseExceptio
         return
     try:
         for name, view in rec.downloads:
-            values[name] = view.copy()
+            if copies.large(view.nbytes):
+                values[name] = out = np.empty(view.shape, view.dtype)
+                copies.copy(out, view)
+            else:
+                values[name] = view.copy()
         for name in rec.pops:
             values.pop(name, None)
     except BaseException as exc:

@@ -1,0 +1,41 @@
+"""aiomnn.copies: large host copies in pieces on a few threads (the GPU backends' staging memory)."""
+
+import numpy as np
+
+from aiomnn import copies
+
+
+def test_pieces_cover_the_array_on_item_bounds(monkeypatch):
+    monkeypatch.setattr(copies, "PIECE_MIN", 4096)
+    nbytes = 3 * 40 * 37 * 4 * 8
+    pieces = copies.pieces(nbytes, 4)
+    assert 1 < len(pieces) <= copies.PIECES
+    assert pieces[0][0] == 0 and pieces[-1][1] == nbytes
+    assert all(a[1] == b[0] and a[1] % (4096 * 4) == 0 for a, b in zip(pieces, pieces[1:]))
+
+
+def test_a_large_copy_in_pieces_equals_one_copy(monkeypatch):
+    monkeypatch.setattr(copies, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(copies, "PIECE_MIN", 4096)
+    monkeypatch.setattr(copies, "THREADS", 2)
+    src = np.random.default_rng(0).standard_normal((8, 3, 50, 41)).astype(np.float32)
+    dst = np.empty_like(src)
+    jobs = copies.start(dst, src)
+    assert len(jobs) > 1 and all(job is not None for *_, job in jobs)
+    for *_, job in jobs:
+        job.result()
+    np.testing.assert_array_equal(dst, src)
+    half = np.empty(src.shape, np.float16)  # casts like np.copyto(casting="unsafe")
+    copies.copy(half, src)
+    np.testing.assert_array_equal(half, src.astype(np.float16))
+
+
+def test_small_or_strided_arrays_are_copied_at_once(monkeypatch):
+    monkeypatch.setattr(copies, "THREADS", 2)
+    src = np.arange(24, dtype=np.float32).reshape(4, 6)
+    dst = np.empty_like(src)
+    assert [job for *_, job in copies.start(dst, src)] == [None]  # under SPLIT_BYTES
+    monkeypatch.setattr(copies, "SPLIT_BYTES", 1)
+    strided = np.empty((4, 12), np.float32)[:, ::2]
+    assert [job for *_, job in copies.start(strided, src)] == [None]
+    np.testing.assert_array_equal(strided, src)
