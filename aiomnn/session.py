@@ -18,6 +18,7 @@ from .errors import AiomnnError, BackendError, InputError
 from .fence import offload
 from .graph import Graph, ValueInfo
 from .pipeline import Pipeline
+from .run_lock import RunLock
 from .runtime import RuntimeInfo
 from .tuning import SessionTuning
 
@@ -35,7 +36,7 @@ class Session:
         self._owns_runtime = owns_runtime
         if owns_runtime:
             runtime.retain()
-        self._lock = anyio.Lock()
+        self._lock = RunLock()  # runs in arrival order; a free lock costs no trip through the loop
         self._closed = False
         self._shapes: dict[str, tuple[int, ...]] | None = None
         main_rt: Runtime = runtime.runtime_for(config)
