@@ -20,10 +20,8 @@ def test_a_large_copy_in_pieces_equals_one_copy(monkeypatch):
     monkeypatch.setattr(copies, "THREADS", 2)
     src = np.random.default_rng(0).standard_normal((8, 3, 50, 41)).astype(np.float32)
     dst = np.empty_like(src)
-    jobs = copies.start(dst, src)
-    assert len(jobs) > 1 and all(job is not None for *_, job in jobs)
-    for *_, job in jobs:
-        job.result()
+    got = list(copies.fill(dst, src))
+    assert len(got) > 1 and got[0][0] == 0 and got[-1][1] == dst.nbytes
     np.testing.assert_array_equal(dst, src)
     half = np.empty(src.shape, np.float16)  # casts like np.copyto(casting="unsafe")
     copies.copy(half, src)
@@ -34,8 +32,8 @@ def test_small_or_strided_arrays_are_copied_at_once(monkeypatch):
     monkeypatch.setattr(copies, "THREADS", 2)
     src = np.arange(24, dtype=np.float32).reshape(4, 6)
     dst = np.empty_like(src)
-    assert [job for *_, job in copies.start(dst, src)] == [None]  # under SPLIT_BYTES
+    assert list(copies.fill(dst, src)) == [(0, dst.nbytes)]  # under SPLIT_BYTES
     monkeypatch.setattr(copies, "SPLIT_BYTES", 1)
     strided = np.empty((4, 12), np.float32)[:, ::2]
-    assert [job for *_, job in copies.start(strided, src)] == [None]
+    assert list(copies.fill(strided, src)) == [(0, strided.nbytes)]
     np.testing.assert_array_equal(strided, src)

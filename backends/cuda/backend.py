@@ -580,8 +580,8 @@ class CudaBackend(Backend):
         stream = self.stream
         for x in needs:
             host, dev, stage = self._pinned(run, x)
-            # A large input goes outside the graph: threads fill its pinned buffer in pieces, each sent
-            # on as soon as it is filled (_copy_in). det at batch 1 (4.9 MB in) ran no faster that way.
+            # A large input goes outside the graph: threads fill its pinned buffer in pieces, each sent on
+            # as soon as it is filled (_copy_in). Smaller ones ran faster copied in the graph (copies.py).
             if copies.large(host.nbytes):
                 run.split_inputs.append((x, host, stage.data.ptr))  # copied by submit, before the graph
             else:
@@ -761,13 +761,11 @@ class CudaBackend(Backend):
         return kept
 
     def _copy_in(self, host: np.ndarray, src: Any, dst: int) -> None:
-        """A large input to the device: the copy threads fill the pinned buffer piece by piece, and each
-        piece goes to the device as soon as it is filled, so the host copies run in parallel and overlap
-        the transfer. The graph follows on the stream."""
+        """A large input to the device: the copy threads fill the pinned buffer piece by piece
+        (copies.fill), and each piece goes to the device as soon as it is filled, so the host copies run
+        in parallel and overlap the transfer. The graph follows on the stream."""
         base = host.ctypes.data
-        for a, b, job in copies.start(host, np.asarray(src)):
-            if job is not None:
-                job.result()
+        for a, b in copies.fill(host, np.asarray(src)):
             cupy.cuda.runtime.memcpyAsync(dst + a, base + a, b - a, H2D, self.stream.ptr)
 
     def _fill_outputs(self, fills: list, fence: Fence, give_back: Callable[[Any], None], event: Any) -> None:
@@ -776,10 +774,8 @@ class CudaBackend(Backend):
         in pieces on the copy threads."""
         give_back(event)
         try:
-            jobs = [job for host, out in fills for _, _, job in copies.start(out, host)]
-            for job in jobs:
-                if job is not None:
-                    job.result()
+            for host, out in fills:
+                copies.copy(out, host)
         except BaseException as exc:  # the first signal wins: the waiter's own is then ignored
             fence.signal(error=BackendError(f"cuda: copying the outputs out failed: {type(exc).__name__}: {exc}"))
 
