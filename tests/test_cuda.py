@@ -85,18 +85,23 @@ def test_collapse_merges_contiguous_dims():
     assert dims == [8] and st == [[1]]
 
 
-def test_generated_source_depends_on_structure_only():
-    a = kernels.Expr("Add", (kernels.Val("x", (4,)), kernels.Lit(3.0)))
-    b = kernels.Expr("Add", (kernels.Val("y", (9,)), kernels.Lit(0.5)))
+def test_generated_source_holds_the_layer_constants():
+    """Shapes and scalars are written into the source as constants, not read from a table."""
+    a = kernels.Expr("Add", (kernels.Val("x", (4, 7)), kernels.Lit(3.0)))
+    b = kernels.Expr("Add", (kernels.Val("y", (9, 5)), kernels.Lit(0.5)))
     srcs = []
-    for root in (a, b):
-        plans = [kernels.LeafPlan(leaf, "lit" if isinstance(leaf, kernels.Lit) else "c",
-                                  meta=[kernels.float_bits(leaf.value)] if isinstance(leaf, kernels.Lit) else [])
+    for root, dims in ((a, [4, 7]), (b, [9, 5])):
+        plans = [kernels.LeafPlan(leaf, "lit" if isinstance(leaf, kernels.Lit) else "s",
+                                  meta=[kernels.float_bits(leaf.value)] if isinstance(leaf, kernels.Lit) else [],
+                                  strides=[] if isinstance(leaf, kernels.Lit) else [dims[1] * 2, 1])
                  for leaf in kernels.leaves(root).values()]
-        src, meta = kernels.generate(root, plans, 1)
+        src = kernels.generate(root, plans, dims)
         srcs.append(src)
-        assert meta[1] == kernels.float_bits(root.args[1].value)
-    assert srcs[0] == srcs[1]
+        assert "m[" not in src and f"__int_as_float(({kernels.float_bits(root.args[1].value)}))" in src
+        assert f"% (unsigned)({dims[1]})" in src and f"c0 * (unsigned)({dims[1] * 2})" in src
+    assert srcs[0] != srcs[1]
+    view = kernels.constants("const int* q = m + 1;\n  a = q[0] + m[0];", [5, 6, 7])
+    assert view == "const int q[] = {6, 7};\n  a = q[0] + (5);"
 
 
 def test_substitute_shares_a_value_used_twice():
@@ -109,7 +114,7 @@ def test_substitute_shares_a_value_used_twice():
     plans = [kernels.LeafPlan(leaf, "lit" if isinstance(leaf, kernels.Lit) else "c",
                               meta=[0] if isinstance(leaf, kernels.Lit) else [])
              for leaf in kernels.leaves(z).values()]
-    src, _ = kernels.generate(z, plans, 1)
+    src = kernels.generate(z, plans, [2])
     assert src.count("fmaxf(l0, 0.f)") == 1  # the producer is computed once
 
 

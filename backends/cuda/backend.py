@@ -548,15 +548,10 @@ class CudaBackend(Backend):
                 p.mode = "c"
             elif all(a == 0 for a in st):
                 p.mode = "0"
-        src, meta = kernels.generate(root, plans, len(dims))
-        meta[: len(dims)] = dims
-        kern = self.rt.kernel(src, self.half)
-        keep: list = []
-        m = self.meta(meta, keep)
+        kern = self.rt.kernel(kernels.generate(root, plans, list(dims)), self.half)
         ptrs = [a for p in plans for a in p.ptrs if p.mode != "lit"]
         total = int(np.prod(dims))
-        exe.keep.extend(keep)
-        args = (m, out, np.uint32(total), *ptrs)
+        args = (out, np.uint32(total), *ptrs)
         tiled = [p.leaf.op for p in plans if p.mode == "inline" and p.leaf.op.tiled]
         if tiled:
             grid, block = tiled[0].launch_shape()

@@ -28,6 +28,7 @@ import numpy as np
 
 from aiomnn import shapes
 
+from .. import kernels
 from ..kernels import Expr, Inline, Raw, Val
 from .base import CudaOp, Decline, check_tensors, float_inputs, op
 from .elementwise import activation
@@ -178,9 +179,9 @@ class Conv(_ConvBase):
         col = be.scratch(self, be.t_dtype, n * k * p)
         meta = [n, ci, h, w, oh, ow, kh, kw, self.strides[0], self.strides[1], self.pads[0], self.pads[1],
                 self.dils[0], self.dils[1]]
-        m = be.meta(meta, self.keep)
+        im2col = be.rt.kernel(kernels.constants(kernels.IM2COL, meta), be.half, "im2col")
         total = n * k * p
-        self.launches = [be.launcher(be.static("im2col"), total, (x, col, m, np.uint32(total))),
+        self.launches = [be.launcher(im2col, total, (x, col, np.uint32(total))),
                          gemm_fn(be, False, False, co, p, k, wt, k, 0, col, p, k * p, y, p, co * p, n)]
 
     # The direct algorithm, inline in the fused kernel; the implicit GEMM, around it.
