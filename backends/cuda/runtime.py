@@ -6,8 +6,10 @@ stream, arena and graphs.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import cupy
@@ -20,6 +22,24 @@ from aiomnn.tuning import Tuner
 from . import kernels
 
 BLOCK = 256
+#: Generated kernels compile on this many threads at once (NVRTC lets the GIL go). Each layer has its own
+#: kernels (kernels.py): on an H200 host, 120 of them took 5.2 s one after another and 1.7 s on 8 threads.
+COMPILE_THREADS = min(8, os.cpu_count() or 1)
+
+
+class Compiled:
+    """A generated kernel whose compilation is under way on the compile threads: planning goes on
+    meanwhile, and the first launch (the warm-up at resize) waits for it."""
+
+    __slots__ = ("_job", "_fn")
+
+    def __init__(self, job: Future):
+        self._job, self._fn = job, None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._fn is None:
+            self._fn = self._job.result()
+        return self._fn(*args, **kwargs)
 
 
 class CudaRuntime(Runtime):
@@ -39,6 +59,7 @@ class CudaRuntime(Runtime):
         self._kernels: dict[tuple[str, bool, str], Any] = {}
         self._weights: dict[tuple[int, str], Any] = {}
         self._klock = threading.RLock()
+        self._compiler: ThreadPoolExecutor | None = None
         self.tuner = Tuner(f"{device.name} sm{self.arch} cupy {cupy.__version__}", "cuda")
 
     # Backends --------------------------------------------------------------
@@ -99,17 +120,20 @@ class CudaRuntime(Runtime):
                 self._kernels[k] = fn
             return fn
 
-    def kernel(self, source: str, half: bool, name: str = "fused"):
-        """A generated kernel, compiled once per source text."""
+    def kernel(self, source: str, half: bool, name: str = "fused") -> Compiled:
+        """A generated kernel, compiled once per source text, on the compile threads."""
         k = (source, half, name)
         with self._klock:
             fn = self._kernels.get(k)
             if fn is None:
-                with self.device:
-                    mod = cupy.RawModule(code=kernels.PRELUDE + source, options=self._options(half))
-                    fn = mod.get_function(name)
-                self._kernels[k] = fn
+                if self._compiler is None:
+                    self._compiler = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="aiomnn-nvrtc")
+                fn = self._kernels[k] = Compiled(self._compiler.submit(self._compile, source, half, name))
             return fn
+
+    def _compile(self, source: str, half: bool, name: str):
+        with self.device:
+            return cupy.RawModule(code=kernels.PRELUDE + source, options=self._options(half)).get_function(name)
 
     # Tuning ----------------------------------------------------------------
     def tuned(self, key: str, algos: list[str]) -> str:
@@ -139,6 +163,8 @@ class CudaRuntime(Runtime):
 
     def close(self) -> None:
         self.tuner.close()
+        if self._compiler is not None:
+            self._compiler.shutdown(wait=False, cancel_futures=True)
         with self._klock:
             self._weights.clear()
         self.gc()
