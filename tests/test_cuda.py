@@ -590,6 +590,31 @@ async def test_large_inputs_and_outputs_are_copied_in_pieces(mode, precision, mo
 
 @needs_gpu
 @pytest.mark.anyio
+@pytest.mark.parametrize("failures", [1, 99])
+async def test_a_failed_graph_capture_is_tried_again_then_runs_without_a_graph(failures, monkeypatch):
+    from aiomnn.backends.cuda import backend as cb
+
+    real, left = cb.CudaBackend._capture, [failures]
+
+    def flaky(self, fns, slot):
+        if left[0] > 0:
+            left[0] -= 1
+            raise RuntimeError("operation failed due to a previous error during capture (test)")
+        return real(self, fns, slot)
+
+    monkeypatch.setattr(cb.CudaBackend, "_capture", flaky)
+    data, feeds = conv_case(r(1, 8, 9, 7), r(16, 8, 3, 3), r(16), pads=[1, 1, 1, 1])
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(tuning="none"))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(cfg) as s, \
+            await aiomnn.Interpreter.from_bytes(data).create_session(aiomnn.ScheduleConfig(type="cpu")) as cpu:
+        got, want = await s.run(feeds), await cpu.run(feeds)
+        run = next(iter(s.pipeline.main._runs.values()))
+        assert (run.graph is not None) == (failures < cb.CAPTURE_TRIES)
+        assert rel_error(got["y"], want["y"]) <= 1e-4
+
+
+@needs_gpu
+@pytest.mark.anyio
 @pytest.mark.parametrize("split", [False, True])
 async def test_inputs_of_any_layout_reach_the_device(split, monkeypatch):
     """_copy_in sends a C-contiguous input straight from the caller's array; a strided one, or a large one

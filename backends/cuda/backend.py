@@ -69,6 +69,8 @@ F16 = np.dtype(np.float16)
 #: function (median await 58 against 93 us under uvloop, 87 against 142 us under asyncio),
 #: and it does not hold the stream while a driver thread waits for the GIL.
 WAIT_MODES = ("thread", "hostfunc", "graph")
+#: How often a segment's graph capture is tried before its launches run one by one.
+CAPTURE_TRIES = 3
 
 @dataclass(eq=False)
 class Step:
@@ -653,13 +655,19 @@ class CudaBackend(Backend):
         run.keep.append(held)
         if os.environ.get("AIOMNN_CUDA_GRAPHS", "1") == "0":
             return
-        try:
-            with cupy.cuda.using_allocator(hold):
-                run.graph = self._capture(run.fns, run.slot if self.wait_mode == "graph" else None)
-                run.device_graph = self._capture(run.device_fns, None)
-        except Exception as exc:  # capture is an optimisation; eager launches still work
-            log.warning("cuda: graph capture failed (%s: %s); launching kernels one by one", type(exc).__name__, exc)
-            run.graph = run.device_graph = None
+        # Another thread's CUDA work can invalidate a capture (it happened while a session's background
+        # tuning ran beside a resize), so a failed capture is tried again before giving up on graphs.
+        for attempt in range(CAPTURE_TRIES):
+            try:
+                with cupy.cuda.using_allocator(hold):
+                    run.graph = self._capture(run.fns, run.slot if self.wait_mode == "graph" else None)
+                    run.device_graph = self._capture(run.device_fns, None)
+                return
+            except Exception as exc:  # capture is an optimisation; eager launches still work
+                run.graph = run.device_graph = None
+                if attempt + 1 == CAPTURE_TRIES:
+                    log.warning("cuda: graph capture failed %d times (%s: %s); launching kernels one by one",
+                                CAPTURE_TRIES, type(exc).__name__, exc)
 
     def _capture(self, fns: list[Callable[[], None]], slot: list | None) -> Any:
         """Capture fns into a graph. The garbage collector waits meanwhile: a CUDA object it frees
