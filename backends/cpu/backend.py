@@ -17,6 +17,7 @@ from aiomnn.graph import Node
 from aiomnn.memory import Block
 
 from . import ops  # noqa: F401  (registers every op)
+from .fuse import fuse
 from .kernel import OPS, FunctionKernel, Kernel, Unsupported, create
 
 if TYPE_CHECKING:
@@ -123,13 +124,14 @@ class CpuBackend(Backend):
 
     def _plan(self, segment: Segment) -> list[tuple]:
         """What run_segment needs of each step, worked out on the segment's first run instead of on every one
-        (it is the Python work a run does between kernels, on every step, holding the GIL)."""
+        (it is the Python work a run does between kernels, on every step, holding the GIL), with chains of
+        steps fused (fuse.py)."""
         plan = self._plans.get(segment)
         if plan is None:
-            plan = self._plans[segment] = [
+            plan = self._plans[segment] = fuse([
                 (s.execution, s.inputs, [(i, o) for i, o in enumerate(s.outputs) if o], frees,
                  self.memory is not None and not getattr(s.execution, "writes_outputs", False), s.node)
-                for s, frees in zip(segment.steps, segment.frees)]
+                for s, frees in zip(segment.steps, segment.frees)])
         return plan
 
 

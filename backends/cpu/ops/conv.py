@@ -7,7 +7,8 @@ the first run with a new shape) and reused:
   weights (Co x Ci) @ input (Ci x HW), written straight into the output in
   column chunks that stay in cache;
 * depthwise (2-D, one input channel per group, on small maps or long rows):
-  depthwise.py, tiles of output rows that skip kernel rows reading only
+  depthwise.py, one small GEMM per channel over a band of weights on maps of
+  a few rows, else tiles of output rows that skip kernel rows reading only
   padding;
 * im2col (everything else): the zero-padded input is stored as its stride
   phases (for stride 1, just the padded input), each a long flat row per
@@ -263,9 +264,12 @@ class Conv(Kernel):
             raise ValueError(f"Conv: input {xs} is too small for kernel {kernel}")
         cdt = compute_dtype(dtype)
         pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
+        L = math.prod(outs)
         plan = dict(n=n, N=N, C=C, co=co, cog=co // g, cg=cg, kernel=kernel, strides=strides, dils=dils,
-                    pads=pads, outs=outs, L=math.prod(outs), cdt=cdt, out_shape=(N, co) + tuple(outs),
-                    spatial=tuple(xs[2:]), path="pointwise" if pointwise else "depthwise")
+                    pads=pads, outs=outs, L=L, cdt=cdt, out_shape=(N, co) + tuple(outs),
+                    spatial=tuple(xs[2:]), path="pointwise" if pointwise else "depthwise",
+                    # A pointwise conv this small is one product on this thread: nothing to split.
+                    direct=g == 1 and co * C * L * N < _PARALLEL_MACS and co * L <= 2 * _CHUNK)
         if not pointwise and not (n == 2 and cg == 1 and depthwise.plan(plan, _TILE)):
             plan["path"] = "im2col"
             self._plan_tiles(plan)
@@ -424,41 +428,29 @@ class Conv(Kernel):
                 act(y)
             return
         w2 = packed["w"][0]
+        xs, ys = x.reshape(N, C, L), y.reshape(N, co, L)
+        if p["direct"]:
+            product(w2, xs, ys, None if packed["b"] is None else bias_tile(packed, L), act)
+            return
         work = co * C * L * N
         cw = L if co * L <= 2 * _CHUNK else min(L, max(256, _CHUNK // co // 64 * 64))
         share = 2 * threads() if work >= _PARALLEL_MACS and threads() > 1 else 1
         if N * -(-L // cw) < share:  # two chunks for every thread, for balance
             cw = -(-L * N // share)
         chunks = -(-L // cw)
-        # Bias as a full (co, cw) tile: adding a same-shaped array is several times faster than a
-        # (co, 1) column broadcast along short rows.
-        bias = None if packed["b"] is None else _bias_tile(packed, cw)
-        xs, ys = x.reshape(N, C, L), y.reshape(N, co, L)
+        bias = None if packed["b"] is None else bias_tile(packed, cw)
         # Whole images: one batched product per share of the batch, not one per image (cls 32->200 at
         # batch 16: 2.0 to 1.6 ms of CPU).
         if chunks == 1:
             per = -(-N // min(N, share))
-
-            def images(k: int) -> None:
-                yk = ys[k * per:(k + 1) * per]
-                np.matmul(w2, xs[k * per:(k + 1) * per], out=yk)
-                if bias is not None:
-                    np.add(yk, bias, out=yk)
-                if act is not None:
-                    act(yk)
-
-            _split(-(-N // per), images, work)
+            _split(-(-N // per), lambda k: product(w2, xs[k * per:(k + 1) * per], ys[k * per:(k + 1) * per],
+                                                    bias, act), work)
             return
 
         def part(k: int) -> None:
             i, c = divmod(k, chunks)
             s = slice(c * cw, min(L, (c + 1) * cw))
-            yk = ys[i, :, s]
-            np.matmul(w2, xs[i, :, s], out=yk)
-            if bias is not None:
-                np.add(yk, bias[:, : yk.shape[1]], out=yk)
-            if act is not None:
-                act(yk)
+            product(w2, xs[i, :, s], ys[i, :, s], None if bias is None else bias[:, : s.stop - s.start], act)
 
         _split(N * chunks, part, work)
 
@@ -511,7 +503,18 @@ def _split(count: int, fn, macs: int) -> None:
             fn(k)
 
 
-def _bias_tile(packed: dict[str, Any], width: int) -> np.ndarray:
+def product(w: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray | None, act) -> None:
+    """y = act(w @ x + bias), the bias shaped as y's last two axes."""
+    np.matmul(w, x, out=y)
+    if bias is not None:
+        np.add(y, bias, out=y)
+    if act is not None:
+        act(y)
+
+
+def bias_tile(packed: dict[str, Any], width: int) -> np.ndarray:
+    """The bias as a (co, width) tile, made once per width: adding a same-shaped array is several times
+    faster than a (co, 1) column broadcast along short rows."""
     key = ("bias tile", width)
     tile = packed.get(key)
     if tile is None:

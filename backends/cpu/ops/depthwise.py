@@ -1,11 +1,21 @@
 """Conv's depthwise path: a 2-D conv with one input channel per group (see conv.py).
 
-The zero-padded input is read through strided views, one (taps x rows x width)
-block per tile of output rows, and each tile is one batched matrix-vector
-product per channel (a row of ones carries the bias) written straight into the
-output. A tile takes only the kernel rows that reach real input for some of its
-rows, so on small feature maps (a 5x5 kernel over 2 or 3 rows) the taps that
-would read only padding are never copied nor multiplied.
+Two ways, chosen per input shape when the conv is planned:
+
+* band, for maps of a few rows (cls: 2-12 rows of 96): each input row is
+  copied once per kernel column, shifted by it, so the rows of one channel
+  form a matrix whose every (input row, kernel column) pair is a contiguous
+  row. One small GEMM per channel, (output rows x that matrix's rows) with
+  the kernel placed along a band of the weights, gives all the channel's
+  output rows: no column matrix of kernel-size height is built, and a row of
+  ones carries the bias. Weights outside the band are zero, so this only pays
+  while the map has not many more rows than the kernel.
+* tiles, elsewhere: the zero-padded input is read through strided views, one
+  (taps x rows x width) block per tile of output rows, and each tile is one
+  batched matrix-vector product per channel (a row of ones carries the bias)
+  written straight into the output. A tile takes only the kernel rows that
+  reach real input for some of its rows, so on small feature maps the taps
+  that would read only padding are never copied nor multiplied.
 """
 
 from __future__ import annotations
@@ -18,8 +28,107 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..kernel import shared_scratch
 
+#: The band way is taken while its GEMMs do at most this many times the multiply-adds the conv needs
+#: (its weights are zero outside the band). On the 2-core test machine (one thread, against the tiles way):
+#: cls's 5x5 convs over 2-3 rows of 96 took 0.4-0.6x the time, a 3x3 over 12 rows of 160 (3.7 times the
+#: multiply-adds) 0.7x; at 7.3 times, 3x3 convs over 24 rows of 160 ranged from 0.76x (16 channels) to
+#: 1.13x (64), and a 7x7 over 56 rows of 56 (7.9 times) took 1.4x.
+BAND_WASTE = 6
+
 
 def plan(p: dict[str, Any], budget: int) -> bool:
+    """Plan the band or the tiles way, in pieces of about `budget` column elements at most, into the conv's
+    plan p; False where im2col is faster."""
+    return _plan_band(p, budget) or _plan_tiles(p, budget)
+
+
+def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any],
+        act: Callable[[np.ndarray], Any] | None) -> None:
+    """y = conv(x) for the plan p and the packed weights, image by image, on this thread: split across
+    threads, cls at batch 16 ran 1.2x slower (the numpy calls are short, and the threads queue for the GIL)."""
+    (_run_band if "band" in p else _run_tiles)(x, y, p, packed, act)
+
+
+def _plan_band(p: dict[str, Any], budget: int) -> bool:
+    """The input rows [lo, hi) that the outputs read and the blocks of channels whose column matrices fit
+    the budget, into p, where the band way does not waste too much."""
+    (kh, kw), (sh, dh), pad = p["kernel"], (p["strides"][0], p["dils"][0]), p["pads"][0]
+    (H, W), (Ho, Wo), C = p["spatial"], p["outs"], p["C"]
+    read = [r for y in range(Ho) for ky in range(kh) if 0 <= (r := y * sh + ky * dh - pad) < H]
+    if not read:
+        return False
+    lo, hi = min(read), max(read) + 1
+    k = (hi - lo) * kw + 1  # the GEMMs' inner size: (row, kernel column) pairs and the row of ones
+    if k > BAND_WASTE * (kh * kw + 1):
+        return False
+    cb = max(1, min(C, budget // (k * Wo)))
+    p.update(band=(lo, hi), band_rows=(C, hi - lo, W + p["pads"][1] + p["pads"][3]), band_k=k,
+             band_blocks=[(c0, min(C, c0 + cb)) for c0 in range(0, C, cb)], band_cols=(cb, k, Wo), dw_bound={})
+    return True
+
+
+def _run_band(x, y, p, packed, act) -> None:
+    lo, hi = p["band"]
+    rows, rows_token = shared_scratch("conv.padded", p["band_rows"], p["cdt"])
+    cols, cols_token = shared_scratch("conv.cols", p["band_cols"], p["cdt"])
+    # Views made once per thread and buffers: numpy's indexing costs microseconds each.
+    key = threading.get_ident()
+    bound = p["dw_bound"].get(key)
+    if bound is None or bound[0] != (rows_token, cols_token):
+        bound = p["dw_bound"][key] = ((rows_token, cols_token), _bind_band(p, rows, cols))
+    inside, borders, ones, blocks = bound[1]
+    for b in borders:  # the scratch is shared: other convs wrote there
+        b.fill(0)
+    ones.fill(1)
+    wm = _band_weights(packed, p)
+    for i in range(p["N"]):
+        np.copyto(inside, x[i, :, lo:hi])
+        yi = y[i].reshape(wm.shape[0], wm.shape[1], -1)
+        for c0, c1, dst, src, c in blocks:
+            np.copyto(dst, src)
+            np.matmul(wm[c0:c1], c, out=yi[c0:c1])
+        if act is not None:
+            act(y[i])
+
+
+def _bind_band(p, rows, cols) -> tuple:
+    """(the padded rows' inside, their zero borders, the column matrix's row of ones, and per block of
+    channels: its input rows shifted by each kernel column, where they are read from, and its columns)."""
+    kw, (sw, dw), pads, W = p["kernel"][1], (p["strides"][1], p["dils"][1]), p["pads"], p["spatial"][1]
+    _, n, _ = p["band_rows"]
+    Wo = p["outs"][1]
+    cs, rs, es = rows.strides
+    blocks = []
+    for c0, c1 in p["band_blocks"]:
+        src = as_strided(rows[c0:], shape=(c1 - c0, n, kw, Wo), strides=(cs, rs, dw * es, sw * es), writeable=False)
+        blocks.append((c0, c1, cols[:c1 - c0, :n * kw].reshape(c1 - c0, n, kw, Wo), src, cols[:c1 - c0]))
+    borders = [v for v in (rows[:, :, :pads[1]], rows[:, :, pads[1] + W:]) if v.size]
+    return rows[:, :, pads[1]:pads[1] + W], borders, cols[:, n * kw], blocks
+
+
+def _band_weights(packed: dict[str, Any], p: dict[str, Any]) -> np.ndarray:
+    """(groups, outputs per group x output rows, band_k): each output row's kernel rows placed at the input
+    rows they read, the bias last; made once per packed weights and geometry."""
+    (kh, kw), (sh, dh), pad = p["kernel"], (p["strides"][0], p["dils"][0]), p["pads"][0]
+    (lo, hi), Ho = p["band"], p["outs"][0]
+    key = ("band", kh, kw, sh, dh, pad, lo, hi, Ho)
+    wm = packed.get(key)
+    if wm is None:
+        w = packed["w"]
+        g, cog = w.shape[:2]
+        w4 = w.reshape(g, cog, kh, kw)
+        wm = np.zeros((g, cog, Ho, p["band_k"]), w.dtype)
+        for y in range(Ho):
+            for ky in range(kh):
+                r = y * sh + ky * dh - pad - lo
+                if 0 <= r < hi - lo:
+                    wm[:, :, y, r * kw:(r + 1) * kw] = w4[:, :, ky]
+        wm[:, :, :, -1] = 0 if packed["b"] is None else packed["b"].reshape(g, cog, 1)
+        wm = packed[key] = wm.reshape(g, cog * Ho, p["band_k"])
+    return wm
+
+
+def _plan_tiles(p: dict[str, Any], budget: int) -> bool:
     """Tiles of output rows of about `budget` column elements at most, into the conv's plan p; False where
     im2col is faster.
 
@@ -65,10 +174,7 @@ def plan(p: dict[str, Any], budget: int) -> bool:
     return True
 
 
-def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any],
-        act: Callable[[np.ndarray], Any] | None) -> None:
-    """y = conv(x) for the plan p and the packed weights. Image by image, on this thread: split across
-    threads, cls at batch 16 ran 1.2x slower (the numpy calls are short, and the threads queue for the GIL)."""
+def _run_tiles(x, y, p, packed, act) -> None:
     (H, W), (Ho, Wo), pads = p["spatial"], p["outs"], p["pads"]
     cols, cols_token = shared_scratch("conv.cols", (p["cols_size"],), p["cdt"])
     if any(pads):  # the border the tiles read is zeroed once; each image fills the inside

@@ -1,0 +1,53 @@
+"""The CPU depthwise conv's band way (backends/cpu/ops/depthwise.py) against onnxruntime.
+
+Shapes that take the band way in one block of channels and in several, with strides, dilations,
+a depth multiplier, batches and no bias, and next to them shapes just past where the tiles way takes over.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+from aiomnn.backends.cpu.ops import conv, depthwise
+from tests.oracle import run_aiomnn
+
+ort = pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(11)
+
+CASES = [
+    # (input, weight, attributes, way)
+    ((1, 88, 3, 96), (88, 1, 5, 5), {"pads": [2, 2, 2, 2]}, "band"),
+    ((2, 480, 3, 80), (480, 1, 5, 5), {"pads": [2, 2, 2, 2]}, "band"),  # several blocks of channels
+    ((1, 104, 3, 96), (104, 1, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 1]}, "band"),
+    ((1, 16, 5, 33), (32, 1, 3, 3), {"pads": [1, 0, 1, 2], "strides": [1, 2]}, "band"),  # multiplier 2
+    ((2, 12, 4, 30), (12, 1, 3, 5), {"pads": [2, 4, 2, 4], "dilations": [2, 2]}, "band"),
+    ((1, 24, 12, 96), (24, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 1]}, "band"),
+    ((1, 8, 24, 96), (8, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 1]}, "tiles"),  # 7.3x the work
+]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("xs,ws,attrs,way", CASES)
+def test_depthwise_band(xs, ws, attrs, way, bias):
+    x = RNG.standard_normal(xs).astype(np.float32)
+    consts = {"w": RNG.standard_normal(ws).astype(np.float32)}
+    if bias:
+        consts["b"] = RNG.standard_normal(ws[0]).astype(np.float32)
+    attrs = {**attrs, "group": xs[1]}
+    plan = {"spatial": xs[2:], "kernel": list(ws[2:]), "strides": attrs.get("strides", [1, 1]),
+            "dils": attrs.get("dilations", [1, 1]), "C": xs[1]}
+    plan["pads"], plan["outs"] = conv.conv_geometry(xs[2:], plan["kernel"], plan["strides"], plan["dils"],
+                                                    attrs["pads"], "NOTSET")
+    assert ("band" if depthwise._plan_band(plan, conv._TILE) else "tiles") == way
+    node = helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["y"], **attrs)
+    graph = helper.make_graph([node, helper.make_node("Relu", ["y"], ["r"])], "dw",
+                              [helper.make_tensor_value_info("x", 1, xs)], [helper.make_empty_tensor_value_info("r")],
+                              initializer=[numpy_helper.from_array(a, n) for n, a in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(run_aiomnn(data, {"x": x})[0], expected, rtol=1e-4, atol=1e-4)
