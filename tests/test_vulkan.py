@@ -347,6 +347,33 @@ async def test_conv_gemm_every_choice(cid, runtime, monkeypatch):
         np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5, err_msg=str(choice))
 
 
+
+@pytest.mark.anyio
+async def test_layers_take_their_shapes_as_specialization_constants(runtime):
+    """Convs of two shapes through conv_gemm: each shape has its own pipeline, with its shapes as specialization
+    constants and no push constants, while two layers of one shape share theirs; all match the CPU."""
+    from aiomnn.backends.vulkan.device import SPECIALIZED
+
+    assert {"conv", "conv_gemm", "convt", "matmul", "matmul_direct", "matmul_small"} <= SPECIALIZED
+    conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    case = Case("specialized_layers", [n("Conv", ["x", "w1", "b1"], ["h1"], **conv),
+                                       n("Conv", ["h1", "w2", "b2"], ["h2"], **conv),
+                                       n("Conv", ["h2", "w3", "b3"], ["y"], **conv)],
+                {"x": (1, 4, 9, 7)}, ("Conv",),
+                {"w1": r(8, 4, 3, 3), "b1": r(8, seed=1), "w2": r(8, 8, 3, 3, seed=2), "b2": r(8, seed=3),
+                 "w3": r(8, 8, 3, 3, seed=4), "b3": r(8, seed=5)})
+    data, feeds = case.model(), case.feeds()
+    want, _, _ = await run(data, feeds, CPU)
+    got, _, ops = await run(data, feeds, CONFIG, runtime)
+    assert ops["Conv"] == "vulkan"
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
+        await s.run(feeds)
+        first, second, third = [d.kernel for _, d in conv_launches(s)]
+    assert first.name == second.name == "conv_gemm" and first.specialized
+    assert first is not second and second is third  # 4 -> 8 channels, then twice 8 -> 8
+
+
 # Segments and fallback --------------------------------------------------------------------------
 def mixed_model() -> tuple[bytes, dict]:
     """Vulkan, then a CPU-only op (Pad), then Vulkan again reading a value the first segment left on the device."""

@@ -13,6 +13,7 @@ import os
 import struct
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,12 @@ KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "conv": 4, "convt": 4, "m
 #: Kernels whose workgroup size is fixed in the shader (tiles in shared memory).
 FIXED_LOCAL = {"matmul": (16, 16, 1)}
 PUSH_BYTES = 128  # the minimum every device guarantees
+#: Kernels that read their push-constant words as specialization constants instead: word i of a dispatch's
+#: push block is constant PUSH_ID + i (a float keeps its bits), so the driver folds a layer's shapes into its
+#: code (the divisions by them, the loop counts) and each layer gets its own pipeline. Their shaders declare
+#: `layout(constant_id = 16 + i)` in the push block's order and have no push block.
+SPECIALIZED = {"conv", "conv_gemm", "convt", "matmul", "matmul_direct", "matmul_small"}
+PUSH_ID = 16
 
 
 def version_str(v: int) -> str:
@@ -148,12 +155,17 @@ class Kernel:
     """A compute pipeline for one shader, storage variant, workgroup size and specialization.
 
     Specialization constants 0-2 are the workgroup size; 3 on are the shader's own
-    (op codes, fused activation, rank), so the driver compiles only the branch used.
+    (op codes, fused activation, rank), so the driver compiles only the branch used;
+    PUSH_ID on are the push-constant words of a SPECIALIZED kernel (`words`).
+
+    The pipeline compiles on the context's compiler threads: a model's layers (and the
+    tuner's candidates) compile side by side, and `pipeline` waits for its own.
     """
 
     def __init__(self, ctx: "Context", name: str, fp16: bool, local: tuple[int, int, int],
-                 consts: tuple[int, ...] = ()):
+                 consts: tuple[int, ...] = (), words: bytes = b""):
         self.name, self.fp16, self.local, self.consts = name, fp16, local, consts
+        self.specialized = name in SPECIALIZED  # takes no push constants
         self.nbind = KERNEL_BINDINGS[name]
         dev = ctx.device
         bindings = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
@@ -161,25 +173,37 @@ class Kernel:
                     for i in range(self.nbind)]
         self.set_layout = vk.vkCreateDescriptorSetLayout(
             dev, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=self.nbind, pBindings=bindings), None)
-        push = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=PUSH_BYTES)
+        push = [] if self.specialized else [
+            vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=PUSH_BYTES)]
         self.layout = vk.vkCreatePipelineLayout(
             dev, vk.VkPipelineLayoutCreateInfo(setLayoutCount=1, pSetLayouts=[self.set_layout],
-                                               pushConstantRangeCount=1, pPushConstantRanges=[push]), None)
+                                               pushConstantRangeCount=len(push), pPushConstantRanges=push), None)
         module = ctx.shader_module(name + ("_fp16" if fp16 else ""))
         values = list(local) + list(consts)
-        entries = [vk.VkSpecializationMapEntry(constantID=i, offset=4 * i, size=4) for i in range(len(values))]
-        data = struct.pack(f"<{len(values)}i", *values)
+        ids = list(range(len(values))) + [PUSH_ID + i for i in range(len(words) // 4)]
+        entries = [vk.VkSpecializationMapEntry(constantID=c, offset=4 * i, size=4) for i, c in enumerate(ids)]
+        data = struct.pack(f"<{len(values)}i", *values) + words
         self._spec_data = ffi.new("char[]", data)
-        spec = vk.VkSpecializationInfo(mapEntryCount=len(values), pMapEntries=entries, dataSize=len(data),
+        spec = vk.VkSpecializationInfo(mapEntryCount=len(ids), pMapEntries=entries, dataSize=len(data),
                                        pData=self._spec_data)
         stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module,
                                                    pName="main", pSpecializationInfo=spec)
         info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
-        self.pipeline = vk.vkCreateComputePipelines(dev, ctx.pipeline_cache, 1, [info], None)[0]
+        keep = (stage, spec, entries)  # what `info` points into: alive until the compile is done
+        self._compiled = ctx.compiler.submit(self._compile, dev, ctx.pipeline_cache, info, keep)
         self._dev = dev
 
+    @staticmethod
+    def _compile(dev, cache, info, keep):
+        return vk.vkCreateComputePipelines(dev, cache, 1, [info], None)[0]
+
+    @property
+    def pipeline(self):
+        return self._compiled.result()
+
     def destroy(self) -> None:
-        vk.vkDestroyPipeline(self._dev, self.pipeline, None)
+        if self._compiled.exception() is None:
+            vk.vkDestroyPipeline(self._dev, self.pipeline, None)
         vk.vkDestroyPipelineLayout(self._dev, self.layout, None)
         vk.vkDestroyDescriptorSetLayout(self._dev, self.set_layout, None)
 
@@ -261,6 +285,11 @@ class Context:
         self._modules: dict[str, Any] = {}
         self._kernels: dict[tuple, Kernel] = {}
         self._kernel_lock = threading.Lock()
+        # Specialized kernels make a pipeline per layer, about 0.1 s each on an H200: compiled one after the
+        # other, YOLOv8n's 51 pipelines put its first run 5.4 s after the session's start (1.0 s with the
+        # shared pipelines before), side by side 1.0 s.
+        self.compiler = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                           thread_name_prefix="aiomnn-vk-compile")
 
     # Memory --------------------------------------------------------------
     def pick_memory(self, type_bits: int, want: int) -> int:
@@ -322,16 +351,19 @@ class Context:
         return mod
 
     def kernel(self, name: str, fp16: bool = False, local: tuple[int, int, int] = (64, 1, 1),
-               consts: tuple[int, ...] = ()) -> Kernel:
+               consts: tuple[int, ...] = (), push: bytes = b"") -> Kernel:
+        """The pipeline for these settings, made on first use; `push` (a dispatch's push constants) is part of
+        a SPECIALIZED kernel's pipeline and ignored for the others."""
         local = FIXED_LOCAL.get(name, local)
         consts = tuple(int(c) for c in consts)
-        key = (name, fp16, local, consts)
+        words = bytes(push) if name in SPECIALIZED else b""
+        key = (name, fp16, local, consts, words)
         k = self._kernels.get(key)
         if k is None:
             with self._kernel_lock:
                 k = self._kernels.get(key)
                 if k is None:
-                    k = self._kernels[key] = Kernel(self, name, fp16, local, consts)
+                    k = self._kernels[key] = Kernel(self, name, fp16, local, consts, words)
         return k
 
     # Command buffers ------------------------------------------------------
@@ -362,6 +394,7 @@ class Context:
         vk.vkDeviceWaitIdle(self.device)
         for b in list(self.buffers):
             b.destroy()
+        self.compiler.shutdown()
         for k in self._kernels.values():
             k.destroy()
         self._kernels.clear()

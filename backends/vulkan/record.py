@@ -61,12 +61,14 @@ class Record:
 
 def bind(cmd, kernel, descriptor_set, push: bytes, pipeline: bool = True) -> None:
     """Bind a kernel's pipeline (unless `pipeline` is False: it is bound already), a descriptor set and the
-    push constants."""
+    push constants (none for a specialized kernel: its pipeline holds them)."""
     if pipeline:
         vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.pipeline)
     lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, kernel.layout, 0, 1,
                                 ffi.new("VkDescriptorSet[1]", [descriptor_set]), 0, ffi.NULL)
-    lib.vkCmdPushConstants(cmd, kernel.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push), ffi.from_buffer(push))
+    if not kernel.specialized:
+        lib.vkCmdPushConstants(cmd, kernel.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(push),
+                               ffi.from_buffer(push))
 
 
 def record(cmd, dispatches: list[Dispatch]) -> None:

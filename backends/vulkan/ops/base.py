@@ -163,7 +163,7 @@ class VkOp(Execution):
         self.launches.append(launch)
         choice = self.b.rt.tuned_choice(launch)
         name, local, groups = launch.resolve(choice)
-        k = self.b.ctx.kernel(name, self.b.fp16, local, consts)
+        k = self.b.ctx.kernel(name, self.b.fp16, local, consts, push)
         if len(locs) != k.nbind:
             raise BackendError(f"{kernel} takes {k.nbind} bindings, got {len(locs)}")
         self.dispatches.append(Dispatch(k, locs, push, groups))

@@ -13,21 +13,16 @@
 // Split K: the grid's z is groups x S. With S > 1 each of a tile's S workgroups sums one
 // slice of k into `part`, and the last of them to finish (counted in `cnt`, which it resets)
 // adds the S partial sums in order, so results do not depend on timing. Bias and the fused
-// activation come last. Push constants as conv.comp's.
+// activation come last.
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 layout(std430, set = 0, binding = 0) writeonly buffer O { STORE o[]; };
 layout(std430, set = 0, binding = 1) readonly buffer X { STORE x[]; };
-layout(std430, set = 0, binding = 2) readonly buffer W { STORE w[]; };
+layout(std430, set = 0, binding = 2) readonly buffer Wt { STORE w[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Bias { STORE bias[]; };
 layout(std430, set = 0, binding = 4) coherent buffer Part { float part[]; };  // S x CO x pixels
 layout(std430, set = 0, binding = 5) coherent buffer Cnt { uint cnt[]; };     // per tile, zero between runs
 layout(constant_id = 3) const int ACT = 0;
-layout(push_constant) uniform P {
-    int N; int C; int H; int W; int CO; int OH; int OW;
-    int KH; int KW; int SH; int SW; int DH; int DW; int PH; int PW;
-    int G; int has_bias; float alpha; float beta;
-    int blocks;  // unused here (conv.comp's)
-} p;
+#include "conv_shape.glsl"
 
 #define TK 16
 const int LX = int(gl_WorkGroupSize.x), LY = int(gl_WorkGroupSize.y);
@@ -71,11 +66,11 @@ shared bool last;
 void main() {
     int lx = int(gl_LocalInvocationID.x), ly = int(gl_LocalInvocationID.y);
     int tid = ly * LX + lx;
-    int S = int(gl_NumWorkGroups.z) / p.G, z = int(gl_WorkGroupID.z), g = z / S, s = z - g * S;
-    int cig = p.C / p.G, cog = p.CO / p.G, ksz = p.KH * p.KW, K = cig * ksz, hw = p.H * p.W;
+    int S = int(gl_NumWorkGroups.z) / G, z = int(gl_WorkGroupID.z), g = z / S, s = z - g * S;
+    int cig = C / G, cog = CO / G, ksz = KH * KW, K = cig * ksz, hw = H * W;
     int per = (K + TK * S - 1) / (TK * S) * TK;  // this split's slice of k
     int kbeg = s * per, kend = min(K, kbeg + per);
-    int ohw = p.OH * p.OW, npix = p.N * ohw;
+    int ohw = OH * OW, npix = N * ohw;
     int m0 = int(gl_WorkGroupID.y) * BM, n0 = int(gl_WorkGroupID.x) * BN;
     int wb = (g * cog + m0) * K;  // the tile's first weight row
 
@@ -83,21 +78,21 @@ void main() {
     int nn = tid % BN, kb = tid / BN;
     int ih0, iw0, xo;
     {
-        int pix = n0 + nn, n = pix / ohw, r = pix - n * ohw, oh = r / p.OW, ow = r - oh * p.OW;
-        ih0 = pix < npix ? oh * p.SH - p.PH : OUT;
-        iw0 = ow * p.SW - p.PW;
-        xo = pix < npix ? (n * p.C + g * cig) * hw + ih0 * p.W + iw0 : 0;
+        int pix = n0 + nn, n = pix / ohw, r = pix - n * ohw, oh = r / OW, ow = r - oh * OW;
+        ih0 = pix < npix ? oh * SH - PH : OUT;
+        iw0 = ow * SW - PW;
+        xo = pix < npix ? (n * C + g * cig) * hw + ih0 * W + iw0 : 0;
     }
     // Row k of the unfolded input: its offset from the pixel's first tap and the tap's (dh, dw); OUT past the slice.
-#define ROW(k) ((k) < kend ? ivec3(((k) / ksz) * hw + ((k) % ksz / p.KW) * p.DH * p.W + ((k) % p.KW) * p.DW, \
-                                  ((k) % ksz / p.KW) * p.DH, ((k) % p.KW) * p.DW) : ivec3(0, OUT, 0))
+#define ROW(k) ((k) < kend ? ivec3(((k) / ksz) * hw + ((k) % ksz / KW) * DH * W + ((k) % KW) * DW, \
+                                  ((k) % ksz / KW) * DH, ((k) % KW) * DW) : ivec3(0, OUT, 0))
     float ra[LA], rb[LB];
 #define LOAD(k1, buf) {                                                                          \
         LOAD_W(k1)                                                                                \
         [[unroll]] for (int j = 0; j < LB; ++j) {                                                 \
             ivec3 r = kt[buf][kb + j * RS];                                                       \
             rb[j] = 0.0;                                                                          \
-            if (uint(ih0 + r.y) < uint(p.H) && uint(iw0 + r.z) < uint(p.W)) rb[j] = float(x[xo + r.x]); \
+            if (uint(ih0 + r.y) < uint(H) && uint(iw0 + r.z) < uint(W)) rb[j] = float(x[xo + r.x]); \
         }                                                                                         \
     }
 
@@ -129,11 +124,11 @@ void main() {
     [[unroll]] for (int j = 0; j < 4; ++j) {
         pj[j] = n0 + lx + LX * j;
         int n = pj[j] / ohw;
-        ob[j] = pj[j] < npix ? (n * p.CO + g * cog) * ohw + pj[j] - n * ohw : -1;
+        ob[j] = pj[j] < npix ? (n * CO + g * cog) * ohw + pj[j] - n * ohw : -1;
     }
     if (S > 1) {
         [[unroll]] for (int i = 0; i < 4; ++i) {
-            int co = m0 + ly + LY * i, pr = (s * p.CO + g * cog + co) * npix;
+            int co = m0 + ly + LY * i, pr = (s * CO + g * cog + co) * npix;
             [[unroll]] for (int j = 0; j < 4; ++j)
                 if (co < cog && ob[j] >= 0) part[pr + pj[j]] = acc[i][j];
         }
@@ -152,18 +147,18 @@ void main() {
             int co = m0 + e / BN, pix = n0 + e % BN;
             if (co >= cog || pix >= npix) continue;
             float v = 0.0;
-            for (int t = 0; t < S; ++t) v += part[(t * p.CO + g * cog + co) * npix + pix];
-            if (p.has_bias != 0) v += float(bias[g * cog + co]);
+            for (int t = 0; t < S; ++t) v += part[(t * CO + g * cog + co) * npix + pix];
+            if (HAS_BIAS != 0) v += float(bias[g * cog + co]);
             int n = pix / ohw;
-            o[(n * p.CO + g * cog + co) * ohw + pix - n * ohw] = STORE(unary_op(v, ACT, p.alpha, p.beta));
+            o[(n * CO + g * cog + co) * ohw + pix - n * ohw] = STORE(unary_op(v, ACT, ALPHA, BETA));
         }
         return;
     }
     [[unroll]] for (int i = 0; i < 4; ++i) {
         int co = m0 + ly + LY * i;
         if (co >= cog) continue;
-        float bv = p.has_bias != 0 ? float(bias[g * cog + co]) : 0.0;
+        float bv = HAS_BIAS != 0 ? float(bias[g * cog + co]) : 0.0;
         [[unroll]] for (int j = 0; j < 4; ++j)
-            if (ob[j] >= 0) o[ob[j] + co * ohw] = STORE(unary_op(acc[i][j] + bv, ACT, p.alpha, p.beta));
+            if (ob[j] >= 0) o[ob[j] + co * ohw] = STORE(unary_op(acc[i][j] + bv, ACT, ALPHA, BETA));
     }
 }

@@ -7,46 +7,42 @@
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 layout(std430, set = 0, binding = 0) writeonly buffer O { STORE o[]; };
 layout(std430, set = 0, binding = 1) readonly buffer X { STORE x[]; };
-layout(std430, set = 0, binding = 2) readonly buffer W { STORE w[]; };
+layout(std430, set = 0, binding = 2) readonly buffer Wt { STORE w[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Bias { STORE bias[]; };
 layout(constant_id = 3) const int ACT = 0;
-layout(push_constant) uniform P {
-    int N; int C; int H; int W; int CO; int OH; int OW;
-    int KH; int KW; int SH; int SW; int DH; int DW; int HH; int HW;
-    int G; int has_bias; float alpha; float beta;
-} p;
+#include "conv_shape.glsl"
 
 void main() {
-    int cig = p.C / p.G, cog = p.CO / p.G;
-    int total = p.N * p.CO * p.OH * p.OW;
+    int cig = C / G, cog = CO / G;
+    int total = N * CO * OH * OW;
     int stride = int(gl_NumWorkGroups.x * gl_WorkGroupSize.x);
     for (int i = int(gl_GlobalInvocationID.x); i < total; i += stride) {
-        int ow = i % p.OW;
-        int r = i / p.OW;
-        int oh = r % p.OH;
-        r /= p.OH;
-        int co = r % p.CO;
-        int n = r / p.CO;
+        int ow = i % OW;
+        int r = i / OW;
+        int oh = r % OH;
+        r /= OH;
+        int co = r % CO;
+        int n = r / CO;
         int g = co / cog, col = co % cog;
-        float acc = p.has_bias != 0 ? float(bias[co]) : 0.0;
-        int fh = oh + p.HH, fw = ow + p.HW;
-        for (int kh = 0; kh < p.KH; ++kh) {
-            int th = fh - kh * p.DH;
-            if (th < 0 || th % p.SH != 0) continue;
-            int ih = th / p.SH;
-            if (ih >= p.H) continue;
-            for (int kw = 0; kw < p.KW; ++kw) {
-                int tw = fw - kw * p.DW;
-                if (tw < 0 || tw % p.SW != 0) continue;
-                int iw = tw / p.SW;
-                if (iw >= p.W) continue;
+        float acc = HAS_BIAS != 0 ? float(bias[co]) : 0.0;
+        int fh = oh + PH, fw = ow + PW;
+        for (int kh = 0; kh < KH; ++kh) {
+            int th = fh - kh * DH;
+            if (th < 0 || th % SH != 0) continue;
+            int ih = th / SH;
+            if (ih >= H) continue;
+            for (int kw = 0; kw < KW; ++kw) {
+                int tw = fw - kw * DW;
+                if (tw < 0 || tw % SW != 0) continue;
+                int iw = tw / SW;
+                if (iw >= W) continue;
                 for (int ci = 0; ci < cig; ++ci) {
                     int c = g * cig + ci;
-                    acc += float(x[((n * p.C + c) * p.H + ih) * p.W + iw]) *
-                           float(w[((c * cog + col) * p.KH + kh) * p.KW + kw]);
+                    acc += float(x[((n * C + c) * H + ih) * W + iw]) *
+                           float(w[((c * cog + col) * KH + kh) * KW + kw]);
                 }
             }
         }
-        o[i] = STORE(unary_op(acc, ACT, p.alpha, p.beta));
+        o[i] = STORE(unary_op(acc, ACT, ALPHA, BETA));
     }
 }

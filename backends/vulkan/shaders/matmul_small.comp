@@ -19,13 +19,7 @@ layout(std430, set = 0, binding = 5) readonly buffer Scale { STORE scale[]; };
 layout(constant_id = 3) const int ACT = 0;
 layout(constant_id = 4) const bool RES = false;
 layout(constant_id = 5) const bool SCALE = false;
-layout(push_constant) uniform P {
-    int M; int N; int K; int nb;
-    int bshape[3]; int sa[3]; int sb[3];
-    int a_rs; int a_cs; int b_rs; int b_cs;
-    int has_bias; int c_rs; int c_cs;
-    float alpha; float beta; float act_a; float act_b;
-} p;
+#include "matmul_shape.glsl"
 
 // Partial sums of the k-split: 4 per invocation, at most 256 invocations.
 shared vec4 part[256];
@@ -34,26 +28,21 @@ void main() {
     int lx = int(gl_LocalInvocationID.x), ky = int(gl_LocalInvocationID.y);
     int LX = int(gl_WorkGroupSize.x), KS = int(gl_WorkGroupSize.y);
     int bz = int(gl_WorkGroupID.z);
-    int offA = 0, offB = 0, r = bz;
-    for (int d = p.nb - 1; d >= 0; --d) {
-        int c = r % p.bshape[d];
-        r /= p.bshape[d];
-        offA += c * p.sa[d];
-        offB += c * p.sb[d];
-    }
+    ivec2 off = batch_offsets(bz);
+    int offA = off.x, offB = off.y;
     int idx = int(gl_WorkGroupID.x) * LX + lx;
-    int gn = idx % p.N, m0 = (idx / p.N) * 4;
-    bool live = m0 < p.M;
-    int m1 = min(m0 + 1, p.M - 1), m2 = min(m0 + 2, p.M - 1), m3 = min(m0 + 3, p.M - 1);
-    int r0 = offA + min(m0, p.M - 1) * p.a_rs, r1 = offA + m1 * p.a_rs, r2 = offA + m2 * p.a_rs,
-        r3 = offA + m3 * p.a_rs;
-    int cb = offB + gn * p.b_cs;
+    int gn = idx % N, m0 = (idx / N) * 4;
+    bool live = m0 < M;
+    int m1 = min(m0 + 1, M - 1), m2 = min(m0 + 2, M - 1), m3 = min(m0 + 3, M - 1);
+    int r0 = offA + min(m0, M - 1) * A_RS, r1 = offA + m1 * A_RS, r2 = offA + m2 * A_RS,
+        r3 = offA + m3 * A_RS;
+    int cb = offB + gn * B_CS;
     vec4 acc = vec4(0.0);
     if (live) {
-        for (int k = ky; k < p.K; k += KS) {
-            float bv = float(b[cb + k * p.b_rs]);
-            if (SCALE) bv *= float(scale[bz * p.K + k]);
-            int ka = k * p.a_cs;
+        for (int k = ky; k < K; k += KS) {
+            float bv = float(b[cb + k * B_RS]);
+            if (SCALE) bv *= float(scale[bz * K + k]);
+            int ka = k * A_CS;
             acc += vec4(float(a[r0 + ka]), float(a[r1 + ka]), float(a[r2 + ka]), float(a[r3 + ka])) * bv;
         }
     }
@@ -64,14 +53,14 @@ void main() {
         for (int y = 1; y < KS; ++y) acc += part[y * LX + lx];
     }
     if (!live) return;
-    int ob = bz * p.M * p.N;
+    int ob = bz * M * N;
     for (int i = 0; i < 4; ++i) {
         int gm = m0 + i;
-        if (gm >= p.M) break;
-        float v = p.alpha * acc[i];
-        if (p.has_bias != 0) v += p.beta * float(bias[gm * p.c_rs + gn * p.c_cs]);
-        v = unary_op(v, ACT, p.act_a, p.act_b);
-        if (RES) v += float(res[ob + gm * p.N + gn]);
-        o[ob + gm * p.N + gn] = STORE(v);
+        if (gm >= M) break;
+        float v = ALPHA * acc[i];
+        if (HAS_BIAS != 0) v += BETA * float(bias[gm * C_RS + gn * C_CS]);
+        v = unary_op(v, ACT, ACT_A, ACT_B);
+        if (RES) v += float(res[ob + gm * N + gn]);
+        o[ob + gm * N + gn] = STORE(v);
     }
 }
