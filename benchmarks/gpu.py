@@ -219,7 +219,12 @@ def median_ms(samples):
     return statistics.median(samples) * 1e3
 
 
-def time_sync(fn, n, warmup=5):
+#: Untimed runs before each measurement, the same for every contender: aiomnn's CUDA and Vulkan waiters
+#: learn each run's duration over the first runs, and GPU clocks ramp up.
+WARMUP = 20
+
+
+def time_sync(fn, n, warmup=WARMUP):
     for _ in range(warmup):
         fn()
     out = []
@@ -230,7 +235,7 @@ def time_sync(fn, n, warmup=5):
     return median_ms(out)
 
 
-async def time_async(fn, n, warmup=5):
+async def time_async(fn, n, warmup=WARMUP):
     for _ in range(warmup):
         await fn()
     out = []
