@@ -383,9 +383,12 @@ class Conv(Kernel):
                                  strides=((kg + 1) * width * it, kk * width * it) + cstr + (it,))
                 copies.append((dst, src[(gsl, Ellipsis, slice(y0 * row, y0 * row + m))]))
             tcols = cols[:gn, :, :m]
-            a = acc_buf[:gn, :, :m]
-            full = acc_buf[:gn, :, : (y1 - y0) * row].reshape((gn, p["cog"], y1 - y0) + tuple(Q[1:]))
-            extract = full[(Ellipsis,) + tuple(slice(0, o) for o in outs[1:])]
+            # The product goes to a contiguous block, not to columns of a (cog, width) buffer, so the
+            # activation runs over it in cache-sized pieces (activation_fn) rather than row by row:
+            # yolov8n took 0.92-1.00x the time (median 0.975x, 8 A/B runs; rec 0.95x, det 1.0x).
+            a = acc_buf.reshape(-1)[: gn * p["cog"] * m].reshape(gn, p["cog"], m)
+            extract = as_strided(a, shape=(gn, p["cog"], y1 - y0) + tuple(outs[1:]),
+                                 strides=a.strides[:2] + tuple(pt * it for pt in pitch), writeable=False)
             tiles.append((copies, gsl, tcols[:, kg, :], tcols[0] if g == 1 else tcols, a[0] if g == 1 else a,
                           extract, (gsl, slice(None), slice(y0, y1))))
         p["bound"][me] = (token, tiles)

@@ -2,7 +2,8 @@
 
 Window reductions are separable: MaxPool (without Indices), AveragePool and
 LpPool reduce one spatial axis at a time, k slice operations per axis instead
-of k^n. MaxPool with Indices walks every window tap and keeps the first
+of k^n. A stride-1 MaxPool does so over its padded input seen as one flat row
+(`_max_flat`). MaxPool with Indices walks every window tap and keeps the first
 maximum, as ONNX Runtime does.
 """
 
@@ -12,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..kernel import Kernel, Unsupported, op, shared_scratch
 from .conv import _ints, compute_dtype, out_buffer, window_pads
 
 
@@ -120,6 +121,38 @@ def _reduce_axis(a: np.ndarray, axis: int, k: int, s: int, d: int, o: int, ufunc
     return out
 
 
+def _max_flat(x: np.ndarray, p: dict, out: np.ndarray) -> np.ndarray:
+    """Stride-1 max pooling, the padded input seen as one flat row: the taps along an axis are that row
+    shifted by multiples of the axis's pitch, so each is one contiguous np.maximum over the whole tensor
+    (positions whose windows wrap past a row or channel are computed too, and never read). Per axis
+    slices, with inner loops as short as a row and a padded copy per axis, yolov8n's three SPPF pools (5x5
+    over (1, 128, 10, 10)) took 0.57-0.61 ms a run in the model, 170 us each alone; this way 0.40-0.44 ms and
+    100 us."""
+    n, kernel, dils, pads, need = p["n"], p["kernel"], p["dils"], p["pads"], p["need"]
+    spatial = x.shape[2:]
+    shape = (x.shape[0] * x.shape[1],) + tuple(need)
+    padded, _ = shared_scratch("pool.padded", shape, x.dtype)
+    padded.fill(_lowest(x.dtype))  # one pass: filling just the borders took 4 calls over short rows, 30 us
+    np.copyto(padded[(slice(None),) + tuple(slice(pads[a], pads[a] + spatial[a]) for a in range(n))],
+              x.reshape(shape[:1] + spatial))
+    row = padded.reshape(-1)
+    pitch = [math.prod(need[a + 1:]) for a in range(n)]
+    for a in reversed(range(n)):
+        if kernel[a] == 1:
+            continue
+        step = dils[a] * pitch[a]
+        size = row.size - (kernel[a] - 1) * step
+        # As long as the padded input, so that the windows are a plain slice of it; the tail stays unread.
+        acc, _ = shared_scratch(f"pool.axis{a % 2}", (row.size,), x.dtype)  # never the buffer row is in
+        np.maximum(row[:size], row[step:step + size], out=acc[:size])
+        for t in range(2, kernel[a]):
+            np.maximum(acc[:size], row[t * step:t * step + size], out=acc[:size])
+        row = acc
+    np.copyto(out.reshape(shape[:1] + tuple(p["outs"])),
+              row.reshape(shape)[(slice(None),) + tuple(slice(0, o) for o in p["outs"])])
+    return out
+
+
 def _lowest(dtype: np.dtype):
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
@@ -138,6 +171,8 @@ class _WindowPool(_Pool):
                                                                        "outs", "need"))
         if self.reduce == "max" and self.want_indices:
             return self._max_with_indices(x, p)
+        if self.reduce == "max" and all(s_ == 1 for s_ in strides) and x.dtype.kind == "f" and x.ndim > 2:
+            return _max_flat(x, p, out_buffer(self.out[0], p["out_shape"], x.dtype))
         cdt = x.dtype if self.reduce == "max" else compute_dtype(x.dtype)
         a = x if x.dtype == cdt else x.astype(cdt)
         if self.reduce == "lp":

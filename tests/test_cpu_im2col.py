@@ -1,0 +1,47 @@
+"""The CPU conv's im2col tiles (backends/cpu/ops/conv.py) against onnxruntime.
+
+Each tile's product lands in a contiguous block and is copied out through a strided view that drops the
+columns wrapping around output rows. With the tile budget made small, convs split into tiles of several
+groups, of one group and of a few output rows, with a fused activation applied to each tile, 1-D to 3-D.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+from aiomnn.backends.cpu.ops import conv
+from tests.oracle import run_aiomnn
+
+ort = pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(3)
+
+CASES = [
+    # (input, weight, attributes)
+    ((2, 8, 9, 11), (8, 4, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),
+    ((1, 12, 10, 7), (12, 2, 3, 2), {"pads": [1, 0, 1, 1], "strides": [2, 1], "group": 6}),
+    ((1, 6, 13, 13), (4, 6, 5, 3), {"pads": [2, 1, 2, 1], "dilations": [1, 2]}),
+    ((1, 3, 17, 15), (5, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((2, 4, 30), (6, 2, 3), {"pads": [1, 1], "group": 2}),
+    ((1, 4, 5, 6, 7), (3, 4, 2, 3, 2), {"pads": [1, 1, 0, 0, 1, 1]}),
+]
+
+
+@pytest.mark.parametrize("tile", [1 << 8, 1 << 11, conv._TILE])
+@pytest.mark.parametrize("xs,ws,attrs", CASES)
+def test_im2col_tiles(xs, ws, attrs, tile, monkeypatch):
+    monkeypatch.setattr(conv, "_TILE", tile)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    consts = {"w": RNG.standard_normal(ws).astype(np.float32), "b": RNG.standard_normal(ws[0]).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs), helper.make_node("Sigmoid", ["y"], ["s"]),
+             helper.make_node("Mul", ["y", "s"], ["r"])]  # fused into the conv as its activation
+    graph = helper.make_graph(nodes, "im2col", [helper.make_tensor_value_info("x", 1, xs)],
+                              [helper.make_empty_tensor_value_info("r")],
+                              initializer=[numpy_helper.from_array(a, n) for n, a in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(run_aiomnn(data, {"x": x})[0], expected, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,59 @@
+"""The CPU backend's stride-1 MaxPool over a flat row (backends/cpu/ops/pool.py, _max_flat) against onnxruntime.
+
+1-, 2- and 3-D windows with padding on some sides only, dilations, a kernel of 1 along an axis, ceil_mode,
+batches, float64, and a chain of pools (YOLOv8's SPPF) whose scratch buffers the pools share.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from tests.oracle import run_aiomnn
+
+ort = pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(5)
+
+CASES = [
+    # (input shape, kernel, pads, extra attributes)
+    ((1, 128, 10, 10), [5, 5], [2, 2, 2, 2], {}),  # yolov8n's SPPF
+    ((2, 3, 7, 9), [3, 2], [1, 0, 1, 1], {}),
+    ((2, 3, 7, 9), [3, 3], [0, 0, 0, 0], {"dilations": [2, 1]}),
+    ((1, 3, 6, 6), [1, 3], [0, 1, 0, 1], {}),
+    ((1, 2, 5, 5), [2, 2], [0, 0, 1, 1], {"ceil_mode": 1}),
+    ((1, 4, 11), [4], [1, 2], {}),
+    ((1, 2, 5, 6, 7), [2, 3, 2], [1, 1, 0, 0, 1, 1], {}),
+]
+
+
+def _model(shape, dtype, nodes) -> bytes:
+    elem = TensorProto.DOUBLE if dtype == np.float64 else TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "pool", [helper.make_tensor_value_info("x", elem, shape)],
+                              [helper.make_empty_tensor_value_info(nodes[-1].output[0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,kernel,pads,attrs", CASES)
+def test_stride1_maxpool(shape, kernel, pads, attrs, dtype):
+    x = RNG.standard_normal(shape).astype(dtype)
+    data = _model(shape, dtype, [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=kernel, pads=pads,
+                                                  strides=[1] * len(kernel), **attrs)])
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(run_aiomnn(data, {"x": x})[0], expected)
+
+
+def test_sppf_chain():
+    """Three pools in a row and the concat of all: each reads the last one's output, not its scratch."""
+    shape = (1, 16, 10, 10)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    pool = {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2], "strides": [1, 1]}
+    nodes = [helper.make_node("MaxPool", [a], [b], **pool) for a, b in (("x", "p1"), ("p1", "p2"), ("p2", "p3"))]
+    nodes.append(helper.make_node("Concat", ["x", "p1", "p2", "p3"], ["y"], axis=1))
+    data = _model(shape, np.float32, nodes)
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(run_aiomnn(data, {"x": x})[0], expected)
