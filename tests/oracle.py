@@ -1,12 +1,32 @@
-"""What the op tests share: run a serialized model through aiomnn's CPU backend."""
+"""What the op tests share: build a one-input model, and run it through aiomnn's CPU backend and onnxruntime."""
 
 from __future__ import annotations
 
 import asyncio
 
 import numpy as np
+from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
+
+
+def one_input_model(nodes: list, x_shape: tuple, consts: dict[str, np.ndarray] | None = None,
+                    dtype: np.dtype = np.float32, opset: int = 17) -> bytes:
+    """A model of these nodes over input "x" and constant initializers; its output is the last node's."""
+    elem = TensorProto.DOUBLE if np.dtype(dtype) == np.float64 else TensorProto.FLOAT
+    graph = helper.make_graph(nodes, "case", [helper.make_tensor_value_info("x", elem, x_shape)],
+                              [helper.make_empty_tensor_value_info(nodes[-1].output[0])],
+                              initializer=[numpy_helper.from_array(a, n) for n, a in (consts or {}).items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def run_ort(data: bytes, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The model's outputs from onnxruntime's CPU provider."""
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def run_aiomnn(data: bytes, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

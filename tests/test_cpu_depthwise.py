@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from aiomnn.backends.cpu.ops import conv, depthwise
-from tests.oracle import run_aiomnn
+from tests.oracle import one_input_model, run_aiomnn, run_ort
 
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
 RNG = np.random.default_rng(11)
 
@@ -42,12 +42,7 @@ def test_depthwise_band(xs, ws, attrs, way, bias):
     plan["pads"], plan["outs"] = conv.conv_geometry(xs[2:], plan["kernel"], plan["strides"], plan["dils"],
                                                     attrs["pads"], "NOTSET")
     assert ("band" if depthwise._plan_band(plan, conv._TILE) else "tiles") == way
-    node = helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["y"], **attrs)
-    graph = helper.make_graph([node, helper.make_node("Relu", ["y"], ["r"])], "dw",
-                              [helper.make_tensor_value_info("x", 1, xs)], [helper.make_empty_tensor_value_info("r")],
-                              initializer=[numpy_helper.from_array(a, n) for n, a in consts.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    data = model.SerializeToString()
-    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_allclose(run_aiomnn(data, {"x": x})[0], expected, rtol=1e-4, atol=1e-4)
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["y"], **attrs),
+             helper.make_node("Relu", ["y"], ["r"])]
+    data = one_input_model(nodes, xs, consts)
+    np.testing.assert_allclose(run_aiomnn(data, {"x": x})[0], run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)

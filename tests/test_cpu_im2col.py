@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from aiomnn.backends.cpu.ops import conv
-from tests.oracle import run_aiomnn
+from tests.oracle import one_input_model, run_aiomnn, run_ort
 
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
 RNG = np.random.default_rng(3)
 
@@ -37,11 +37,5 @@ def test_im2col_tiles(xs, ws, attrs, tile, monkeypatch):
     consts = {"w": RNG.standard_normal(ws).astype(np.float32), "b": RNG.standard_normal(ws[0]).astype(np.float32)}
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs), helper.make_node("Sigmoid", ["y"], ["s"]),
              helper.make_node("Mul", ["y", "s"], ["r"])]  # fused into the conv as its activation
-    graph = helper.make_graph(nodes, "im2col", [helper.make_tensor_value_info("x", 1, xs)],
-                              [helper.make_empty_tensor_value_info("r")],
-                              initializer=[numpy_helper.from_array(a, n) for n, a in consts.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    data = model.SerializeToString()
-    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_allclose(run_aiomnn(data, {"x": x})[0], expected, rtol=1e-4, atol=1e-5)
+    data = one_input_model(nodes, xs, consts)
+    np.testing.assert_allclose(run_aiomnn(data, {"x": x})[0], run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-5)

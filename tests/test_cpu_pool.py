@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import helper
 
-from tests.oracle import run_aiomnn
+from tests.oracle import one_input_model, run_aiomnn, run_ort
 
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
 RNG = np.random.default_rng(5)
 
@@ -28,23 +28,13 @@ CASES = [
 ]
 
 
-def _model(shape, dtype, nodes) -> bytes:
-    elem = TensorProto.DOUBLE if dtype == np.float64 else TensorProto.FLOAT
-    graph = helper.make_graph(nodes, "pool", [helper.make_tensor_value_info("x", elem, shape)],
-                              [helper.make_empty_tensor_value_info(nodes[-1].output[0])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model.SerializeToString()
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape,kernel,pads,attrs", CASES)
 def test_stride1_maxpool(shape, kernel, pads, attrs, dtype):
     x = RNG.standard_normal(shape).astype(dtype)
-    data = _model(shape, dtype, [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=kernel, pads=pads,
-                                                  strides=[1] * len(kernel), **attrs)])
-    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_array_equal(run_aiomnn(data, {"x": x})[0], expected)
+    data = one_input_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=kernel, pads=pads,
+                                             strides=[1] * len(kernel), **attrs)], shape, dtype=dtype, opset=13)
+    np.testing.assert_array_equal(run_aiomnn(data, {"x": x})[0], run_ort(data, {"x": x})[0])
 
 
 def test_sppf_chain():
@@ -54,6 +44,5 @@ def test_sppf_chain():
     pool = {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2], "strides": [1, 1]}
     nodes = [helper.make_node("MaxPool", [a], [b], **pool) for a, b in (("x", "p1"), ("p1", "p2"), ("p2", "p3"))]
     nodes.append(helper.make_node("Concat", ["x", "p1", "p2", "p3"], ["y"], axis=1))
-    data = _model(shape, np.float32, nodes)
-    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    np.testing.assert_array_equal(run_aiomnn(data, {"x": x})[0], expected)
+    data = one_input_model(nodes, shape, opset=13)
+    np.testing.assert_array_equal(run_aiomnn(data, {"x": x})[0], run_ort(data, {"x": x})[0])
