@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from aiomnn.backends.cpu.ops import conv, depthwise
+from aiomnn.backends.cpu.ops import conv, depthwise, window
 from tests.oracle import one_input_model, run_aiomnn, run_ort
 
 pytest.importorskip("onnxruntime")
@@ -39,7 +39,7 @@ def test_depthwise_band(xs, ws, attrs, way, bias):
     attrs = {**attrs, "group": xs[1]}
     plan = {"spatial": xs[2:], "kernel": list(ws[2:]), "strides": attrs.get("strides", [1, 1]),
             "dils": attrs.get("dilations", [1, 1]), "C": xs[1]}
-    plan["pads"], plan["outs"] = conv.conv_geometry(xs[2:], plan["kernel"], plan["strides"], plan["dils"],
+    plan["pads"], plan["outs"] = window.conv_geometry(xs[2:], plan["kernel"], plan["strides"], plan["dils"],
                                                     attrs["pads"], "NOTSET")
     assert ("band" if depthwise._plan_band(plan, conv._TILE) else "tiles") == way
     nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["y"], **attrs),

@@ -42,13 +42,11 @@ from typing import Any, Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from aiomnn.shapes import same_pads
-
 from ..kernel import Kernel, Unsupported, op, parallel, shared_scratch, threads
 from . import depthwise
 from .activations import activation_fn
-
-_NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
+from .dtypes import float_compute_dtype, out_buffer
+from .window import conv_geometry, ints, tap_phases
 
 #: im2col works in tiles of about this many column elements (2 MiB of float32), to stay in cache.
 _TILE = 1 << 19
@@ -61,98 +59,8 @@ _CHUNK = 1 << 17
 _PARALLEL_MACS = 1 << 25
 
 
-def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype a float kernel computes in: float32/64 as is, narrower floats in float32."""
-    dtype = np.dtype(dtype)
-    if dtype in _NATIVE:
-        return dtype
-    if dtype.kind in "fV" or dtype.name in ("bfloat16", "float16"):
-        return np.dtype(np.float32)
-    raise TypeError(f"unsupported dtype {dtype}")
-
-
-def out_buffer(planned: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """The planned output buffer when it fits, else a fresh one."""
-    if planned is not None and planned.shape == tuple(shape) and planned.dtype == dtype:
-        return planned
-    return np.empty(shape, dtype=dtype)
-
-
-def _ints(v: Any, n: int, default: int, what: str) -> list[int]:
-    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
-        return [default] * n
-    v = [int(x) for x in v]
-    if len(v) != n:
-        raise Unsupported(f"{what} {v} does not fit {n} spatial dimensions")
-    return v
-
-
 def _const(t: Any) -> Any:
     return None if t is None else t.const
-
-
-def window_pads(spatial: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int],
-                pads: list[int] | None, auto_pad: str) -> list[int]:
-    """Explicit begin/end pads of a conv or pooling window, resolving auto_pad and checking them."""
-    n = len(spatial)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pads = same_pads(spatial, kernel, strides, dils, upper=auto_pad == "SAME_UPPER")
-    elif auto_pad == "VALID":
-        pads = [0] * (2 * n)
-    elif auto_pad in ("NOTSET", ""):
-        pads = list(pads) if pads else [0] * (2 * n)
-    else:
-        raise Unsupported(f"auto_pad {auto_pad!r}")
-    if len(pads) != 2 * n:
-        raise Unsupported(f"pads {pads} do not fit {n} spatial dimensions")
-    if any(p < 0 for p in pads):
-        raise Unsupported(f"negative pads {pads}")
-    return pads
-
-
-def conv_geometry(spatial: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int],
-                  pads: list[int] | None, auto_pad: str) -> tuple[list[int], list[int]]:
-    """(pads, output spatial sizes) of a convolution, resolving auto_pad."""
-    n = len(spatial)
-    pads = window_pads(spatial, kernel, strides, dils, pads, auto_pad)
-    outs = [(spatial[i] + pads[i] + pads[i + n] - dils[i] * (kernel[i] - 1) - 1) // strides[i] + 1 for i in range(n)]
-    return pads, outs
-
-
-def _tap_phases(kernel: list[int], strides: list[int], dils: list[int]):
-    """_phases_of for lists: the grouping depends on the numbers only, so it is made once for each."""
-    return _phases_of(tuple(kernel), tuple(strides), tuple(dils))
-
-
-@functools.cache
-def _phases_of(kernel: tuple[int, ...], strides: tuple[int, ...], dils: tuple[int, ...]):
-    """Group the kernel taps by stride phase.
-
-    Tap t reads padded input s*o + t*d along each axis, i.e. phase (t*d) % s of the input at offset
-    (t*d) // s. Returns (perm, phases): perm lists the original (raveled) tap indices in the grouped
-    order, and phases holds per phase (phase index per axis, first offset per axis, offset step per
-    axis, tap count per axis, position of its first tap in perm).
-    """
-    n = len(kernel)
-    per_axis = []
-    for a in range(n):
-        groups: dict[int, list[int]] = {}
-        for t in range(kernel[a]):
-            groups.setdefault((t * dils[a]) % strides[a], []).append(t)
-        per_axis.append(sorted(groups.items()))
-    perm: list[int] = []
-    phases = []
-    for combo in np.ndindex(*[len(v) for v in per_axis]):
-        sel = [per_axis[a][combo[a]] for a in range(n)]
-        ph = tuple(ph for ph, _ in sel)
-        taps = [ts for _, ts in sel]
-        q0 = tuple((ts[0] * dils[a]) // strides[a] for a, ts in enumerate(taps))
-        qstep = tuple(((ts[1] - ts[0]) * dils[a]) // strides[a] if len(ts) > 1 else 0 for a, ts in enumerate(taps))
-        counts = tuple(len(ts) for ts in taps)
-        phases.append((ph, q0, qstep, counts, len(perm)))
-        for idx in np.ndindex(*counts):
-            perm.append(int(np.ravel_multi_index(tuple(taps[a][idx[a]] for a in range(n)), kernel)))
-    return perm, phases
 
 
 #: Conv's packed constant weights, by the weight array's id: (its weak reference, [(bias reference,
@@ -222,7 +130,7 @@ class Conv(Kernel):
             raise Unsupported(f"{co} output channels do not split into {g} groups")
         n = w.ndim - 2
         kernel = list(w.shape[2:])
-        cdt = compute_dtype(w.dtype)
+        cdt = float_compute_dtype(w.dtype)
         kk = math.prod(kernel)
         kg = w.shape[1] * kk
         wg = np.ascontiguousarray(w.reshape(g, co // g, kg), dtype=cdt)
@@ -231,8 +139,8 @@ class Conv(Kernel):
             raise Unsupported(f"bias of {bias.shape[0]} values for {co} output channels")
         # im2col weights: taps grouped by stride phase (the column order), plus the bias as an extra
         # column that meets the columns' row of ones.
-        strides = _ints(self.strides, n, 1, "strides")
-        perm, phases = _tap_phases(kernel, strides, _ints(self.dilations, n, 1, "dilations"))
+        strides = ints(self.strides, n, 1, "strides")
+        perm, phases = tap_phases(kernel, strides, ints(self.dilations, n, 1, "dilations"))
         waug = np.empty((g, co // g, kg + 1), cdt)
         waug[:, :, :kg] = wg.reshape(g, co // g, w.shape[1], kk)[..., perm].reshape(g, co // g, kg)
         waug[:, :, kg] = 0 if bias is None else bias.reshape(g, co // g)
@@ -254,15 +162,15 @@ class Conv(Kernel):
         co, cg = ws[0], ws[1]
         if C != cg * g or co % g:
             raise ValueError(f"Conv: input channels {C}, weight {ws}, group {g} do not match")
-        kernel = _ints(self.kernel_shape, n, 1, "kernel_shape") if self.kernel_shape else list(ws[2:])
+        kernel = ints(self.kernel_shape, n, 1, "kernel_shape") if self.kernel_shape else list(ws[2:])
         if list(ws[2:]) != kernel:
             raise ValueError(f"Conv: kernel_shape {kernel} does not match weight {ws}")
-        strides = _ints(self.strides, n, 1, "strides")
-        dils = _ints(self.dilations, n, 1, "dilations")
+        strides = ints(self.strides, n, 1, "strides")
+        dils = ints(self.dilations, n, 1, "dilations")
         pads, outs = conv_geometry(xs[2:], kernel, strides, dils, self.pads, self.auto_pad)
         if any(o <= 0 for o in outs):
             raise ValueError(f"Conv: input {xs} is too small for kernel {kernel}")
-        cdt = compute_dtype(dtype)
+        cdt = float_compute_dtype(dtype)
         pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
         L = math.prod(outs)
         plan = dict(n=n, N=N, C=C, co=co, cog=co // g, cg=cg, kernel=kernel, strides=strides, dils=dils,
@@ -313,7 +221,7 @@ class Conv(Kernel):
                 y1 = min(rows, y0 + rb)
                 descs.append((g0, g1, y0, y1, (y1 - y0 - 1) * row + tail))
         # Which stride phases the taps read, and how each is filled from the input and zeroed around it.
-        _, phases = _tap_phases(kernel, strides, p["dils"])
+        _, phases = tap_phases(kernel, strides, p["dils"])
         used = sorted({ph for ph, *_ in phases})
         slot = {ph: i for i, ph in enumerate(used)}
         fills, zeros = [], []

@@ -13,7 +13,9 @@ import numpy as np
 
 from ..kernel import Kernel, Unsupported, op, shared_scratch
 from .activations import activation_fn
-from .conv import _const, _ints, compute_dtype, conv_geometry, out_buffer
+from .conv import _const
+from .dtypes import float_compute_dtype, out_buffer
+from .window import conv_geometry, ints
 
 
 @op("ConvTranspose", 1)
@@ -43,7 +45,7 @@ class ConvTranspose(Kernel):
         ci = w.shape[0]
         if w.ndim < 3 or ci % g:
             raise Unsupported(f"weight {w.shape} with group {g}")
-        cdt = compute_dtype(w.dtype)
+        cdt = float_compute_dtype(w.dtype)
         cog = w.shape[1]
         kk = math.prod(w.shape[2:])
         # (g, Cog*kk, Cig): cols = wt @ x_group.
@@ -72,9 +74,9 @@ class ConvTranspose(Kernel):
         kernel = list(ws[2:])
         if self.kernel_shape and list(self.kernel_shape) != kernel:
             raise ValueError(f"ConvTranspose: kernel_shape {self.kernel_shape} does not match weight {ws}")
-        strides = _ints(self.strides, n, 1, "strides")
-        dils = _ints(self.dilations, n, 1, "dilations")
-        opad = _ints(self.output_padding, n, 0, "output_padding")
+        strides = ints(self.strides, n, 1, "strides")
+        dils = ints(self.dilations, n, 1, "dilations")
+        opad = ints(self.output_padding, n, 0, "output_padding")
         ins = xs[2:]
         full = [strides[i] * (ins[i] - 1) + dils[i] * (kernel[i] - 1) + 1 for i in range(n)]
         if self.output_shape:
@@ -91,12 +93,12 @@ class ConvTranspose(Kernel):
                 half = int(total / 2)  # as C: toward zero
                 heads.append(half if self.auto_pad == "SAME_UPPER" else total - half)
         else:
-            pads = [0] * (2 * n) if self.auto_pad == "VALID" else _ints(self.pads, 2 * n, 0, "pads")
+            pads = [0] * (2 * n) if self.auto_pad == "VALID" else ints(self.pads, 2 * n, 0, "pads")
             heads = pads[:n]
             outs = [full[i] + opad[i] - pads[i] - pads[i + n] for i in range(n)]
         if any(o <= 0 for o in outs):
             raise ValueError(f"ConvTranspose: output size {outs} is not positive")
-        cdt = compute_dtype(dtype)
+        cdt = float_compute_dtype(dtype)
         L = math.prod(ins)
         # Whether output index o maps onto full index o + head for every o: then no crop buffer is needed.
         exact = all(heads[i] == 0 and outs[i] == full[i] for i in range(n))
@@ -176,15 +178,15 @@ class DeformConv(Kernel):
         self.offset_group, self.pads, self.strides = int(offset_group), pads, strides
 
     def run(self, x, w, offset, b=None, mask=None):
-        cdt = compute_dtype(x.dtype)
+        cdt = float_compute_dtype(x.dtype)
         n = x.ndim - 2
         N, C = x.shape[:2]
         spatial = x.shape[2:]
         co, cg = w.shape[0], w.shape[1]
         g, og = self.group, self.offset_group
         kernel = list(self.kernel_shape) if self.kernel_shape else list(w.shape[2:])
-        strides = _ints(self.strides, n, 1, "strides")
-        dils = _ints(self.dilations, n, 1, "dilations")
+        strides = ints(self.strides, n, 1, "strides")
+        dils = ints(self.dilations, n, 1, "dilations")
         pads, outs = conv_geometry(spatial, kernel, strides, dils, self.pads, "NOTSET")
         if C != cg * g or co % g or C % og:
             raise ValueError(f"DeformConv: input {x.shape}, weight {w.shape}, group {g}, offset_group {og}")
@@ -240,7 +242,7 @@ def causal_conv_with_state(x, w, b=None, past_state=None, activation="none"):
         raise ValueError(f"CausalConvWithState: input {x.shape} and weight {w.shape} (channels, 1, k) do not match")
     B, C, L = x.shape
     k = w.shape[2]
-    cdt = compute_dtype(x.dtype)
+    cdt = float_compute_dtype(x.dtype)
     if past_state is None:
         past_state = np.zeros((B, C, k - 1), x.dtype)
     if past_state.shape != (B, C, k - 1):

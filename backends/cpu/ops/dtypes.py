@@ -45,3 +45,17 @@ def matches(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> 
     if out is not None and out.shape == shape and out.dtype == dtype:
         return out
     return None
+
+
+def float_compute_dtype(dt: np.dtype) -> np.dtype:
+    """compute_dtype for kernels that take floats only (convs, pools): TypeError for any other dtype."""
+    dt = np.dtype(dt)
+    if not is_float(dt):
+        raise TypeError(f"unsupported dtype {dt}")
+    return compute_dtype(dt)
+
+
+def out_buffer(planned: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The planned output buffer when it fits, else a fresh one."""
+    out = matches(planned, tuple(shape), dtype)
+    return np.empty(shape, dtype=dtype) if out is None else out

@@ -5,13 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernel import Kernel, Unsupported, op
-
-
-def _compute_dtype(dtype: np.dtype) -> np.dtype:
-    """float16/bfloat16 are computed in float32 and rounded once at the end."""
-    if dtype.kind == "f" and dtype.itemsize < 4 or dtype.kind == "V" or dtype.name == "bfloat16":
-        return np.dtype(np.float32)
-    return dtype
+from .dtypes import compute_dtype
 
 
 @op("Einsum", 12)
@@ -42,7 +36,7 @@ class Einsum(Kernel):
 
     def run(self, *xs):
         dtype = xs[0].dtype
-        ct = _compute_dtype(dtype)
+        ct = compute_dtype(dtype)
         ops = [x.astype(ct, copy=False) for x in xs]
         y = np.einsum(self.equation, *ops, optimize=len(ops) > 1 and ct.kind == "f")
         return np.asarray(y).astype(dtype, copy=False)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..kernel import Kernel, op
 from .activations import activation_fn
-from .conv import out_buffer
+from .dtypes import out_buffer
 
 _BLAS = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64), np.dtype(np.complex128))
 

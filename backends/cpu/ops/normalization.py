@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ..kernel import Kernel, Unsupported, op
-from .conv import out_buffer
+from .dtypes import out_buffer
 
 
 def _cdt(dtype: np.dtype) -> np.dtype:

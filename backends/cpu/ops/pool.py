@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 from ..kernel import Kernel, Unsupported, op, shared_scratch
-from .conv import _ints, compute_dtype, out_buffer, window_pads
+from .dtypes import float_compute_dtype, out_buffer
+from .window import ints, window_pads
 
 
 def pool_geometry(spatial, kernel, strides, dils, pads, auto_pad, ceil_mode):
@@ -68,8 +69,8 @@ class _Pool(Kernel):
         if n < 1 or len(self.kernel_shape) != n:
             raise ValueError(f"kernel_shape {self.kernel_shape} does not fit input shape {shape}")
         kernel = self.kernel_shape
-        strides = _ints(self.strides, n, 1, "strides")
-        dils = _ints(self.dilations, n, 1, "dilations")
+        strides = ints(self.strides, n, 1, "strides")
+        dils = ints(self.dilations, n, 1, "dilations")
         pads, outs = pool_geometry(shape[2:], kernel, strides, dils, self.pads, self.auto_pad, self.ceil_mode)
         if any(o <= 0 for o in outs):
             raise ValueError(f"input {shape} is too small for pooling window {kernel}")
@@ -173,7 +174,7 @@ class _WindowPool(_Pool):
             return self._max_with_indices(x, p)
         if self.reduce == "max" and all(s_ == 1 for s_ in strides) and x.dtype.kind == "f" and x.ndim > 2:
             return _max_flat(x, p, out_buffer(self.out[0], p["out_shape"], x.dtype))
-        cdt = x.dtype if self.reduce == "max" else compute_dtype(x.dtype)
+        cdt = x.dtype if self.reduce == "max" else float_compute_dtype(x.dtype)
         a = x if x.dtype == cdt else x.astype(cdt)
         if self.reduce == "lp":
             pv = float(self.p)
@@ -309,7 +310,7 @@ class _Global(Kernel):
         if self.reduce == "max":
             np.max(flat, axis=2, out=ov)
             return out
-        cdt = compute_dtype(x.dtype)
+        cdt = float_compute_dtype(x.dtype)
         if self.reduce == "avg":
             if cdt == x.dtype:  # np.mean, without its Python overhead
                 np.add.reduce(flat, axis=2, out=ov)
@@ -356,8 +357,8 @@ def max_unpool(x, indices, output_shape=None, kernel_shape=None, pads=None, stri
         raise ValueError("MaxUnpool needs kernel_shape")
     n = x.ndim - 2
     kernel = [int(k) for k in kernel_shape]
-    strides = _ints(strides, n, 1, "strides")
-    pads = _ints(pads, 2 * n, 0, "pads")
+    strides = ints(strides, n, 1, "strides")
+    pads = ints(pads, 2 * n, 0, "pads")
     if output_shape is not None and np.asarray(output_shape).size:
         shape = tuple(int(v) for v in np.asarray(output_shape).reshape(-1))
     else:

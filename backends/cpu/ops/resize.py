@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..kernel import Kernel, Unsupported, op
-from .conv import out_buffer
+from .dtypes import out_buffer
 
 _MODES = ("nearest", "linear", "cubic")
 _COORDS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
