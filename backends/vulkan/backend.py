@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import struct
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +44,7 @@ from aiomnn.memory import Arena, Block, StorageType
 
 from .memory import Loc, align_up, upload
 from .queue import Submission
-from .record import (COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, Record, barrier, bind,
+from .record import (COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, Record, barrier,
                      record)
 
 if TYPE_CHECKING:
@@ -390,8 +389,8 @@ class VulkanBackend(Backend):
     def prepare_segments(self, segments: list["Segment"]) -> None:
         """Record every segment of this backend from the pipeline's own segments (exact; no prediction)."""
         for seg in segments:
-            if seg.backend is self and seg not in self._records:
-                self._records[seg] = self._record_segment(seg)
+            if seg.backend is self:
+                self.record_of(seg)
 
     def _predict(self) -> None:
         """Record, at resize, the segments this plan will most likely have.
@@ -417,6 +416,13 @@ class VulkanBackend(Backend):
             downloads = [o for e in exes for o in e.out_names if self._locs[o].region == "io"]
             rec = self._build(exes, uploads, downloads, pops=None)
             self._predicted[rec.key] = rec
+
+    def record_of(self, segment: "Segment") -> Record:
+        """The segment's recorded command buffers, recorded now if they were not yet."""
+        rec = self._records.get(segment)
+        if rec is None:
+            rec = self._records[segment] = self._record_segment(segment)
+        return rec
 
     def _record_segment(self, seg: "Segment") -> Record:
         freed = {x for fr in seg.frees for x in fr}
@@ -510,57 +516,11 @@ class VulkanBackend(Backend):
         groups = (max(1, min(-(-n // CAST_LOCAL), self.ctx.max_groups[0], 65535)), 1, 1)
         return Dispatch(k, [dev, Loc("host", offset, n * F32.itemsize, host)], struct.pack("<i", n), groups)
 
-    def profile(self, segment: "Segment", values: dict[str, Any], repeat: int = 3) -> list[tuple[str, str, float]]:
-        """Device time of every dispatch of a segment, in seconds: (node name, kernel, best of `repeat`).
-
-        Blocking; for tools and tuning, not for serving. Inputs are taken from `values`.
-        """
-        dispatches = [(s.node, d) for s in segment.steps for d in s.execution.dispatches]
-        if not dispatches:
-            return []
-        rec = self._records.get(segment) or self._record_segment(segment)
-        self._records[segment] = rec
-        for name, view, shape in rec.uploads:
-            np.copyto(view, values[name], casting="unsafe")
-        # One whole run first: it brings the inputs in (fp16 casts them on the device) and warms up.
-        self.queue.wait_value(self.queue.submit(rec.slot(), lambda err: None))
-        dev = self.ctx.device
-        n = 2 * len(dispatches)
-        pool = vk.vkCreateQueryPool(dev, vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP,
-                                                                  queryCount=n), None)
-        best = [math.inf] * len(dispatches)
-        try:
-            for _ in range(repeat):
-                def record(cmd):
-                    vk.vkCmdResetQueryPool(cmd, pool, 0, n)
-                    barrier(cmd, COMPUTE | TRANSFER, COMPUTE, SHADER_RW | TRANSFER_RW, SHADER_RW)
-                    for i, (_, d) in enumerate(dispatches):
-                        bind(cmd, d.kernel, d.set, d.push)
-                        lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, pool, 2 * i)
-                        lib.vkCmdDispatch(cmd, *d.groups)
-                        lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 2 * i + 1)
-                        barrier(cmd, COMPUTE, COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, SHADER_RW)
-
-                self.ctx.run_once(record, self.queue)
-                data = ffi.new("uint64_t[]", n)
-                r = lib.vkGetQueryPoolResults(dev, pool, 0, n, 8 * n, data, 8,
-                                              vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
-                if r != vk.VK_SUCCESS:
-                    raise BackendError(f"vkGetQueryPoolResults: VkResult {r}")
-                for i in range(len(dispatches)):
-                    dt = (data[2 * i + 1] - data[2 * i]) * self.ctx.timestamp_period * 1e-9
-                    best[i] = min(best[i], dt)
-        finally:
-            vk.vkDestroyQueryPool(dev, pool, None)
-        return [(node.name, d.kernel.name, t) for (node, d), t in zip(dispatches, best)]
-
     # Running ------------------------------------------------------------------------
     def submit(self, segment: "Segment", values: dict[str, Any], device: bool = False) -> Fence:
         fence = Fence()
         try:
-            rec = self._records.get(segment)
-            if rec is None:
-                rec = self._records[segment] = self._record_segment(segment)
+            rec = self.record_of(segment)
             if rec.upload_bytes >= OFFLOAD_BYTES:
                 offload(self.rt.submitter, self._start, rec, values, fence)
             else:
