@@ -374,6 +374,29 @@ async def test_layers_take_their_shapes_as_specialization_constants(runtime):
     assert first is not second and second is third  # 4 -> 8 channels, then twice 8 -> 8
 
 
+@pytest.mark.anyio
+async def test_profile_times_every_dispatch_of_a_segment(runtime):
+    """backends/vulkan/profile.py: one device time per dispatch, in the segment's order, from timestamps."""
+    from aiomnn.backends.vulkan.profile import profile
+
+    conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    case = Case("profiled", [n("Conv", ["x", "w1"], ["h"], **conv), n("Relu", ["h"], ["r"]),
+                             n("Conv", ["r", "w2"], ["y"], **conv)],
+                {"x": (1, 4, 9, 7)}, ("Conv",), {"w1": r(8, 4, 3, 3), "w2": r(8, 8, 3, 3, seed=2)})
+    data, feeds = case.model(), case.feeds()
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
+        await s.run(feeds)
+        (seg,) = [seg for seg in s.pipeline.segments if seg.backend is s.pipeline.main]
+        values = dict(s.pipeline.consts, **feeds)
+        rows = profile(seg.backend, seg, values, repeat=2)
+        want = [(st.node.name, d.kernel.name) for st in seg.steps for d in st.execution.dispatches]
+        assert [(name, kernel) for name, kernel, _ in rows] == want and len(want) >= 2
+        assert all(0 <= t < 1 for _, _, t in rows)
+        got = await s.run(feeds)  # the session still runs after profiling
+    want_out, _, _ = await run(data, feeds, CPU)
+    np.testing.assert_allclose(got["y"], want_out["y"], rtol=1e-4, atol=1e-5)
+
+
 # Segments and fallback --------------------------------------------------------------------------
 def mixed_model() -> tuple[bytes, dict]:
     """Vulkan, then a CPU-only op (Pad), then Vulkan again reading a value the first segment left on the device."""
@@ -629,12 +652,16 @@ async def test_session_closed_after_runtime(runtime):
 def test_waiter_polls_near_the_expected_finish(monkeypatch):
     """The waiter learns how long a submission runs, sleeps until shortly before that and polls: it notices
     the finish at once, not a driver wake-up later; a run that got shorter is found late once, then caught.
-    (Times scaled up to milliseconds, so that a busy machine's sleeps stay well inside the margins.)"""
+    (On a virtual clock, so that a busy machine's scheduling cannot move the times: a poll costs 2 us, the
+    driver's wait wakes 10 ms late, and the host spends 1 ms between runs.)"""
     from types import SimpleNamespace
 
     import vulkan as vk
 
     from aiomnn.backends.vulkan import queue as vq
+
+    clock = SimpleNamespace(t=0.0)
+    monkeypatch.setattr(vq, "time", SimpleNamespace(perf_counter=lambda: clock.t, monotonic=lambda: clock.t))
 
     class SlowWakeQueue(vq.Queue):
         """Work that finishes at `finish`, which the driver's wait notices `wake_s` late."""
@@ -643,11 +670,12 @@ def test_waiter_polls_near_the_expected_finish(monkeypatch):
             self.timeline, self.wake_s, self.finish, self.last_completion = False, wake_s, 0.0, 0.0
 
         def _done(self, value, sub) -> bool:
-            return time.perf_counter() >= self.finish
+            clock.t += 2e-6
+            return clock.t >= self.finish
 
         def _block(self, value, sub, timeout_ns: int) -> int:
-            wake, until = self.finish + self.wake_s, time.perf_counter() + timeout_ns * 1e-9
-            time.sleep(max(0.0, min(wake, until) - time.perf_counter()))
+            wake, until = self.finish + self.wake_s, clock.t + timeout_ns * 1e-9
+            clock.t = max(clock.t, min(wake, until))
             return vk.VK_SUCCESS if wake <= until else vk.VK_TIMEOUT
 
     monkeypatch.setattr(vq, "POLL_LEAD_S", 0.004)
@@ -657,11 +685,12 @@ def test_waiter_polls_near_the_expected_finish(monkeypatch):
     def runs(n: int, run_s: float) -> list[float]:
         delays = []
         for _ in range(n):
-            sub.sent_at = time.perf_counter()
+            sub.sent_at = clock.t
             q.finish = sub.sent_at + run_s
             assert q._wait(1, sub) == vk.VK_SUCCESS
-            delays.append(time.perf_counter() - q.finish)
-            q.last_completion = time.perf_counter()
+            delays.append(clock.t - q.finish)
+            q.last_completion = clock.t
+            clock.t += 1e-3
         return delays
 
     delays = runs(6, 0.015)
