@@ -30,6 +30,21 @@ int lanes(int rows) {
     return t;
 }
 
+// s = the sum of TERM(i) for i = first, first + step, ... below n, in four partial sums: four loads in flight
+// per invocation instead of one. With one workgroup doing all the work, the shader waits on memory latency.
+#define STRIDED_SUM(s, first, n, step, TERM) { \
+    float s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0; \
+    int i = first; \
+    for (; i + 3 * (step) < (n); i += 4 * (step)) { \
+        s0 += TERM(i); s1 += TERM(i + (step)); s2 += TERM(i + 2 * (step)); s3 += TERM(i + 3 * (step)); \
+    } \
+    for (; i < (n); i += (step)) s0 += TERM(i); \
+    s = (s0 + s1) + (s2 + s3); \
+}
+#define X_AT(i) float(x[xb + c * p.HW + (i)])
+#define W1G(i) (float(w1[j * p.C + (i)]) * g[i])
+#define W2H(i) (float(w2[j * p.C1 + (i)]) * h[i])
+
 // Adds the partial sums of each run of t lanes into its first; every invocation calls it.
 float reduce_lanes(int tid, int lane, int t, float s) {
     red[tid] = s;
@@ -53,7 +68,7 @@ void main() {
         int c = c0 + row;
         float s = 0.0;
         if (c < p.C)
-            for (int i = lane; i < p.HW; i += t) s += float(x[xb + c * p.HW + i]);
+            STRIDED_SUM(s, lane, p.HW, t, X_AT)
         s = reduce_lanes(tid, lane, t, s);
         if (lane == 0 && c < p.C) g[c] = s / float(p.HW);
     }
@@ -64,7 +79,7 @@ void main() {
         int j = j0 + row;
         float s = 0.0;
         if (j < p.C1)
-            for (int c = lane; c < p.C; c += t) s += float(w1[j * p.C + c]) * g[c];
+            STRIDED_SUM(s, lane, p.C, t, W1G)
         s = reduce_lanes(tid, lane, t, s);
         if (lane == 0 && j < p.C1) {
             if (p.has_b1 != 0) s += float(b1[j]);
@@ -78,7 +93,7 @@ void main() {
         int j = j0 + row;
         float s = 0.0;
         if (j < p.C)
-            for (int c = lane; c < p.C1; c += t) s += float(w2[j * p.C1 + c]) * h[c];
+            STRIDED_SUM(s, lane, p.C1, t, W2H)
         s = reduce_lanes(tid, lane, t, s);
         if (lane == 0 && j < p.C) {
             if (p.has_b2 != 0) s += float(b2[j]);
