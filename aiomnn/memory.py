@@ -69,3 +69,18 @@ class Arena:
             self._free[i] = (self._free[i][0], self._free[i][1] + self._free.pop(i + 1)[1])
         if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == self._free[i][0]:
             self._free[i - 1] = (self._free[i - 1][0], self._free[i - 1][1] + self._free.pop(i)[1])
+
+
+class HandedOver:
+    """Host memory a backend hands to the caller as one output array's base (`np.asarray(HandedOver(...))`).
+
+    The array is the memory's only user, so the session returns it as it is instead of copying it;
+    `memory` (any object that keeps the bytes alive) goes when the array goes.
+    """
+
+    __slots__ = ("memory", "__array_interface__", "__weakref__")
+
+    def __init__(self, memory: Any, address: int, shape: tuple[int, ...], dtype: Any):
+        self.memory = memory
+        self.__array_interface__ = {"data": (address, False), "shape": tuple(shape), "typestr": dtype.str,
+                                    "version": 3}

@@ -17,6 +17,7 @@ from .config import ForwardType, ScheduleConfig
 from .errors import AiomnnError, BackendError, InputError
 from .fence import offload
 from .graph import Graph, ValueInfo
+from .memory import HandedOver
 from .pipeline import Pipeline
 from .run_lock import RunLock
 from .runtime import RuntimeInfo
@@ -262,12 +263,13 @@ def _fmt(shape) -> str:
 
 
 def _own_outputs(outputs: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Outputs the caller owns: never a view of a feed, a constant or a planned buffer."""
+    """Outputs the caller owns: never a view of a feed, a constant or a planned buffer. An array on memory a
+    backend handed over (memory.HandedOver) is the caller's already."""
     def own(v: Any) -> Any:
         if isinstance(v, list):
             return [own(x) for x in v]
-        if isinstance(v, np.ndarray) and (v.base is not None or not v.flags.writeable
-                                           or any(v is f for f in feeds.values())):
+        if isinstance(v, np.ndarray) and (v.base is not None and type(v.base) is not HandedOver
+                                           or not v.flags.writeable or any(v is f for f in feeds.values())):
             return v.copy()
         return v
 

@@ -14,20 +14,20 @@ Resize, in the pipeline's order:
                    staging buffers, kernel compilation and binding, one eager
                    warm-up, then stream capture of each segment into a CUDA graph.
 
-A run (submit): copy the inputs to the device (_copy_in), launch the graph (it
-holds every kernel and the copies back to pinned buffers), and complete the
-Fence when the stream reaches its end (see WAIT_MODES). Large outputs
-(aiomnn/copies.py) are copied out of their pinned buffers by a few threads, in
-pieces, into fresh arrays once the run is done.
+A run (submit): copy the inputs to the device (_copy_in), launch the graph (every
+kernel), copy each output into a pinned block of cupy's pool that becomes the
+caller's array (no host copy after the run: memory.HandedOver), and complete the
+Fence when the stream reaches its end (see WAIT_MODES).
 """
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 import os
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -40,7 +40,7 @@ from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.graph import Node
-from aiomnn.memory import Block, StorageType
+from aiomnn.memory import Block, HandedOver, StorageType
 
 from . import kernels
 from .kernels import Inline, LeafPlan, Lit, Raw, Val, collapse, contiguous, leaves, vals
@@ -63,14 +63,19 @@ F16 = np.dtype(np.float16)
 #: "thread" (default): a waiter thread per backend (waiter.py) sleeps until shortly before the
 #:     run is expected to finish, polls its event, falls back to cudaEventSynchronize on a
 #:     blocking-sync event, then signals the Fence;
-#: "hostfunc": cudaLaunchHostFunc after the graph signals the Fence from a driver thread;
-#: "graph": that host function is recorded inside the graph (one launch per run).
+#: "hostfunc": cudaLaunchHostFunc after the run's copies signals the Fence from a driver thread.
 #: On an H100 the waiter thread woke the awaiting task 20-50 us sooner than a host
 #: function (median await 58 against 93 us under uvloop, 87 against 142 us under asyncio),
 #: and it does not hold the stream while a driver thread waits for the GIL.
-WAIT_MODES = ("thread", "hostfunc", "graph")
+WAIT_MODES = ("thread", "hostfunc")
 #: How often a segment's graph capture is tried before its launches run one by one.
 CAPTURE_TRIES = 3
+#: Pinned bytes the caller may hold in output arrays. Past it, an output still comes back through a
+#: pinned block, and the session copies it into ordinary memory (pinned memory is locked memory: a
+#: caller who keeps many outputs must not lock the host's RAM with them).
+HANDED_LIMIT = 256 << 20
+_handed = [0]  # pinned bytes in the callers' output arrays now
+_handed_lock = threading.Lock()
 
 @dataclass(eq=False)
 class Step:
@@ -89,18 +94,17 @@ class Run:
     # Inputs, copied to the device by submit, before the graph (_copy_in): (name, pinned host view, device
     # address).
     inputs: list[tuple[str, np.ndarray, int]] = field(default_factory=list)
-    outputs: list[tuple[str, np.ndarray]] = field(default_factory=list)  # pinned host views to read
-    fns: list[Callable[[], None]] = field(default_factory=list)
+    # (name, device array in its host dtype): each output, copied to the host after the graph, or to a
+    # fresh device array when the caller wants it there (the names in `on_device`).
+    outputs: list[tuple[str, Any]] = field(default_factory=list)
+    on_device: set[str] = field(default_factory=set)
+    fns: list[Callable[[], None]] = field(default_factory=list)  # the graph's launches
     graph: Any = None
-    # The variant that leaves graph outputs on the device: no copies to the host for them.
-    device_fns: list[Callable[[], None]] = field(default_factory=list)
-    device_graph: Any = None
-    device_outputs: list[tuple[str, Any]] = field(default_factory=list)  # (name, device array in its host dtype)
-    compute: list[Callable[[], None]] = field(default_factory=list)  # the steps' launches, without the copies
+    compute: list[Callable[[], None]] = field(default_factory=list)  # the steps' launches, without the casts
     keep: list[Any] = field(default_factory=list)
-    slot: list = field(default_factory=lambda: [None])  # the fence a graph-recorded host function signals
-    # How long a run takes, as the waiter saw it: of the graph that copies outputs to the host, and of
-    # the device variant.
+    held: list[Any] = field(default_factory=list)  # the pinned blocks the latest launch copies into
+    # How long a run takes, as the waiter saw it: with the outputs copied to the host, and with them on
+    # the device.
     timing: tuple[Timing, Timing] = field(default_factory=lambda: (Timing(), Timing()))
 
 
@@ -108,10 +112,9 @@ def _signal(fence: Fence) -> None:
     fence.signal()
 
 
-def _signal_slot(slot: list) -> None:
-    fence = slot[0]
-    if fence is not None:
-        fence.signal()
+def _handed_back(nbytes: int) -> None:
+    with _handed_lock:
+        _handed[0] -= nbytes
 
 
 class CudaBackend(Backend):
@@ -572,9 +575,9 @@ class CudaBackend(Backend):
                     continue
                 needs.append(x)
         fns: list[Callable[[], None]] = []
-        stream = self.stream
         for x in needs:
-            host, dev, stage = self._pinned(run, x)
+            dev, stage = self._staged(run, x)
+            host = self._pinned(run, stage)
             run.inputs.append((x, host, stage.data.ptr))  # copied by submit, before the graph
             if host.size and stage is not dev:
                 fns.append(self._cast_fn(stage, dev))
@@ -587,7 +590,6 @@ class CudaBackend(Backend):
             self._after_step(s, fns)
         run.compute = fns[first:]
         # Outputs: made here and read by another backend, or graph outputs.
-        tail: list[Callable[[], None]] = []  # copies of graph outputs to the host: not in the device variant
         for s in steps:
             for o in s.outs:
                 if not o:
@@ -596,38 +598,36 @@ class CudaBackend(Backend):
                 external = o in self._kept or any(self._steps[r].exe is None for r in readers)
                 if not external:
                     continue
-                host, dev, stage = self._pinned(run, o)
-                run.outputs.append((o, host))
-                on_device = o in self._kept and not any(self._steps[r].exe is None for r in readers)
-                if on_device:
-                    run.device_outputs.append((o, stage))
-                if not host.size:
-                    continue
-                if stage is not dev:
+                dev, stage = self._staged(run, o)
+                run.outputs.append((o, stage))
+                if o in self._kept and not any(self._steps[r].exe is None for r in readers):
+                    run.on_device.add(o)
+                if stage.size and stage is not dev:
                     fns.append(self._cast_fn(dev, stage))
-                copy = _copy_fn(host.ctypes.data, stage.data.ptr, host.nbytes, D2H, stream)
-                (tail if on_device else fns).append(copy)
-        run.device_fns = fns
-        run.fns = fns + tail
+        run.fns = fns
         return run
 
-    def _pinned(self, run: Run, name: str) -> tuple[np.ndarray, Any, Any]:
-        """A value's pinned host buffer (the run keeps it), its device view, and the device array the
-        host copies go through: the view itself, or a staging array where the device stores another
-        dtype (fp16)."""
+    def _staged(self, run: Run, name: str) -> tuple[Any, Any]:
+        """A value's device view, and the device array its host copies go through: the view itself, or a
+        staging array (the run keeps it) where the device stores another dtype (fp16)."""
         t = self._tensors[name]
         host_dtype, dev = np.dtype(t.dtype), self._views.get(name)
-        n = int(np.prod(t.shape, dtype=np.int64))
-        if n == 0:
-            return np.empty(t.shape, host_dtype), dev, cupy.empty(t.shape, host_dtype)
-        pinned = cupy.cuda.alloc_pinned_memory(n * host_dtype.itemsize)
-        run.keep.append(pinned)
-        host = np.frombuffer(pinned, host_dtype, n).reshape(t.shape)
+        if dev is None or not dev.size:
+            return dev, cupy.empty(t.shape, host_dtype)
         if dev.dtype == host_dtype:
-            return host, dev, dev
+            return dev, dev
         stage = cupy.empty(t.shape, host_dtype)
         run.keep.append(stage)
-        return host, dev, stage
+        return dev, stage
+
+    @staticmethod
+    def _pinned(run: Run, like: Any) -> np.ndarray:
+        """A pinned host buffer (the run keeps it) of a device array's shape and dtype."""
+        if not like.size:
+            return np.empty(like.shape, like.dtype)
+        pinned = cupy.cuda.alloc_pinned_memory(like.nbytes)
+        run.keep.append(pinned)
+        return np.frombuffer(pinned, like.dtype, like.size).reshape(like.shape)
 
     def _after_step(self, step: Step, fns: list) -> None:
         """A hook for debugging tools: called as each step's launches are recorded."""
@@ -638,8 +638,7 @@ class CudaBackend(Backend):
         return self.launcher(kern, n, (src, dst, np.uint32(n)))
 
     def _record(self, run: Run) -> None:
-        """One eager warm-up (compiles, sets cuBLAS up), then stream capture into graphs: one that
-        copies the graph outputs to the host, and one that leaves them on the device."""
+        """One eager warm-up (compiles, sets cuBLAS up), then stream capture into a graph."""
         held: list = []
 
         def hold(nbytes: int):
@@ -660,16 +659,15 @@ class CudaBackend(Backend):
         for attempt in range(CAPTURE_TRIES):
             try:
                 with cupy.cuda.using_allocator(hold):
-                    run.graph = self._capture(run.fns, run.slot if self.wait_mode == "graph" else None)
-                    run.device_graph = self._capture(run.device_fns, None)
+                    run.graph = self._capture(run.fns)
                 return
             except Exception as exc:  # capture is an optimisation; eager launches still work
-                run.graph = run.device_graph = None
+                run.graph = None
                 if attempt + 1 == CAPTURE_TRIES:
                     log.warning("cuda: graph capture failed %d times (%s: %s); launching kernels one by one",
                                 CAPTURE_TRIES, type(exc).__name__, exc)
 
-    def _capture(self, fns: list[Callable[[], None]], slot: list | None) -> Any:
+    def _capture(self, fns: list[Callable[[], None]]) -> Any:
         """Capture fns into a graph. The garbage collector waits meanwhile: a CUDA object it frees
         (a stream, device memory) synchronizes, and that invalidates a capture in progress."""
         stream = self.stream
@@ -681,8 +679,6 @@ class CudaBackend(Backend):
                 try:
                     for fn in fns:
                         fn()
-                    if slot is not None:
-                        stream.launch_host_func(_signal_slot, slot)
                 finally:
                     graph = stream.end_capture()
         finally:
@@ -698,58 +694,63 @@ class CudaBackend(Backend):
         if run is None:
             raise BackendError("cuda: this segment was not recorded at resize")
         fence = Fence()
-        fills = []  # (pinned host view, fresh array): large outputs the waiter copies out (_fill_outputs)
-        if self.wait_mode == "thread":
-            fills = [(host, np.empty_like(host)) for name, host in run.outputs
-                     if copies.large(host.nbytes) and not (device and name in dict(run.device_outputs))]
         with self.rt.device:
             for name, host, dst in run.inputs:
                 self._copy_in(host, values[name], dst)
-            kept = self.launch(run, fence, device, fills)
-        fresh = {id(h): f for h, f in fills}
-        for name, host in run.outputs:
-            values[name] = fresh.get(id(host), host)
-        values.update(kept)
+            values.update(self.launch(run, fence, device))
         return fence
 
-    def launch(self, run: Run, fence: Fence, device: bool = False, fills: list | None = None) -> dict[str, Any]:
-        """Start the run; with device, the graph outputs are fresh device arrays (returned), copied
-        on the device from the plan's buffers, so the next run cannot overwrite them. fills: (pinned
-        host view, array) pairs the waiter thread copies before it signals (the "thread" mode only)."""
+    def launch(self, run: Run, fence: Fence, device: bool = False) -> dict[str, Any]:
+        """Start the run and return its outputs, to read once the fence completes: host arrays the caller
+        owns, or with device, fresh device arrays for the graph outputs (copied on the device from the
+        plan's buffers, so the next run cannot overwrite them)."""
         stream = self.stream
-        graph = run.device_graph if device else run.graph
         mode = self.wait_mode
         sent_at = time.perf_counter()
-        if graph is None:
+        if run.graph is None:
             with stream:
-                for fn in run.device_fns if device else run.fns:
+                for fn in run.fns:
                     fn()
-            mode = "thread" if mode == "thread" else "hostfunc"
         else:
-            if mode == "graph":
-                if device:  # the device variant's signal must follow the copies below
-                    mode = "hostfunc"
-                else:
-                    run.slot[0] = fence
-            graph.launch(stream)
-        kept = {}
-        if device:
-            for name, src in run.device_outputs:
+            run.graph.launch(stream)
+        outs, held = {}, []
+        for name, src in run.outputs:
+            if device and name in run.on_device:
                 out = cupy.ndarray(src.shape, src.dtype, memptr=self.rt.malloc(src.nbytes))
                 if src.nbytes:
                     cupy.cuda.runtime.memcpyAsync(out.data.ptr, src.data.ptr, src.nbytes, D2D, stream.ptr)
-                kept[name] = out
+            else:
+                out = self._to_host(src, held)
+            outs[name] = out
+        run.held = held  # until the next launch, which comes after this one ends even if its caller is gone
         if mode == "hostfunc":
             stream.launch_host_func(_signal, fence)
-        elif mode == "thread":
+        else:
             events = self._events
             event = events.pop() if events else cupy.cuda.Event(block=True, disable_timing=True)
             event.record(stream)
-            done = events.append
-            if fills:
-                done = functools.partial(self._fill_outputs, fills, fence, events.append)
-            self._wait_thread().put(event, fence, run.timing[device], sent_at, done)
-        return kept
+            self._wait_thread().put(event, fence, run.timing[device], sent_at, events.append)
+        return outs
+
+    def _to_host(self, src: "cupy.ndarray", held: list) -> np.ndarray:
+        """An array the caller owns, which a copy queued now on the stream fills from src: a block of cupy's
+        pinned pool, handed over with the array (it goes back to the pool when the array goes), within
+        HANDED_LIMIT."""
+        n = src.nbytes
+        if not n:
+            return np.empty(src.shape, src.dtype)
+        mem = cupy.cuda.alloc_pinned_memory(n)
+        held.append(mem)
+        cupy.cuda.runtime.memcpyAsync(mem.ptr, src.data.ptr, n, D2H, self.stream.ptr)
+        with _handed_lock:
+            handed = _handed[0] + n <= HANDED_LIMIT
+            if handed:
+                _handed[0] += n
+        if not handed:  # the session copies it into ordinary memory; the block goes back then
+            return np.frombuffer(mem, src.dtype, src.size).reshape(src.shape)
+        owner = HandedOver(mem, mem.ptr, src.shape, src.dtype)
+        weakref.finalize(owner, _handed_back, n)
+        return np.asarray(owner)
 
     def _copy_in(self, host: np.ndarray, src: Any, dst: int) -> None:
         """An input to the device, ahead of the graph on the stream.
@@ -772,17 +773,6 @@ class CudaBackend(Backend):
         base = host.ctypes.data
         for a, b in copies.fill(host, src):
             cupy.cuda.runtime.memcpyAsync(dst + a, base + a, b - a, H2D, stream)
-
-    def _fill_outputs(self, fills: list, fence: Fence, give_back: Callable[[Any], None], event: Any) -> None:
-        """In the waiter thread, once the run is done (before it signals the fence): large outputs out
-        of their pinned buffers into fresh arrays the caller owns (so the session need not copy them),
-        in pieces on the copy threads."""
-        give_back(event)
-        try:
-            for host, out in fills:
-                copies.copy(out, host)
-        except BaseException as exc:  # the first signal wins: the waiter's own is then ignored
-            fence.signal(error=BackendError(f"cuda: copying the outputs out failed: {type(exc).__name__}: {exc}"))
 
     def _wait_thread(self) -> Waiter:
         if self._waiter is None:
@@ -811,13 +801,6 @@ class CudaBackend(Backend):
 
 def _tiled(root) -> bool:
     return any(isinstance(leaf, Inline) and leaf.op.tiled for leaf in leaves(root).values())
-
-
-def _copy_fn(dst: int, src: int, nbytes: int, kind: int, stream) -> Callable[[], None]:
-    def go() -> None:
-        cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, kind, stream.ptr)
-
-    return go
 
 
 def broadcast_strides(shape: tuple[int, ...], out: list[int]) -> list[int]:

@@ -88,7 +88,7 @@ class ConvAlgoTask:
             run = next(iter(backend._runs.values()))
             stream = backend.stream
             with self.runtime.device:
-                graph = backend._capture(run.compute * REPEATS, None)  # each launch is idempotent
+                graph = backend._capture(run.compute * REPEATS)  # each launch is idempotent
                 start, end = cupy.cuda.Event(), cupy.cuda.Event()
                 best = float("inf")
                 for i in range(samples + 1):  # the first is a warm-up
