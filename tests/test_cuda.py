@@ -756,21 +756,13 @@ MODEL_CASES = [(name, shape) for name, spec in MODELS.items() for shape in spec.
 @pytest.mark.models
 @pytest.mark.parametrize("precision,tol", [("normal", 1e-4), ("low", 1e-2)], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("name,shape", MODEL_CASES, ids=[f"{n}-{'x'.join(map(str, s))}" for n, s in MODEL_CASES])
-async def test_model_matches_onnxruntime(name, shape, precision, tol, request):
+async def test_model_matches_onnxruntime(name, shape, precision, tol):
     ort = pytest.importorskip("onnxruntime")
     from .test_models import sample_input
 
-    if name == "det" and tuple(shape[2:]) == (480, 320) and precision == "low":
-        # Measured on an H200: 1.5e-2 to 2.9e-2, by which conv algorithms tuning picks. The map holds no
-        # text here (at most 0.0103; 10 pixels carry 95% of the squared error, the largest difference is
-        # 2.5e-4), and a CPU simulation puts fp16 storage of the activations alone at 1.3e-2, of the
-        # weights or the biases alone at 3e-2: what fp16 costs on this input, not a kernel bug.
-        request.applymarker(pytest.mark.xfail(reason="fp16 storage on a text-free det map: 1.5e-2 to 2.9e-2",
-                                              strict=False))
-
     spec = MODELS[name]
     path = model_path(name)
-    x = sample_input(name, shape)  # for det a page of word blocks: on noise its map is ~1e-12
+    x = sample_input(name, shape)  # for det a page of text: on noise its map is ~1e-12
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {spec.input: x})
     net = aiomnn.Interpreter.from_file(path)
     cfg = aiomnn.ScheduleConfig(type="cuda", background_tuning=False, backend_config=aiomnn.BackendConfig(precision=precision))

@@ -19,6 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
+from aiomnn import models
 from aiomnn.config import ForwardType
 
 pytest.importorskip("pyopencl", reason="pyopencl is not installed")
@@ -458,42 +459,23 @@ def test_probe_marks_cpu_devices():
 
 
 # Real models ------------------------------------------------------------------------------------
-MODELS = Path(os.environ.get("AIOMNN_MODELS", "/tmp/models/x"))
+MODEL_DIR = Path(os.environ.get("AIOMNN_MODELS", "/tmp/models/x"))
 
 
-def page(h: int, w: int, seed: int = 0) -> np.ndarray:
-    """A synthetic page of dark strokes on white, normalised like PaddleOCR's input.
-
-    Random noise drives the detector's sigmoid to 1e-10 and below, where onnxruntime's
-    fast sigmoid is off by 10% relative; text-like input keeps the comparison meaningful.
-    """
-    rng = np.random.default_rng(seed)
-    img = np.ones((h, w, 3), np.float32)
-    for _ in range(max(2, h * w // 8000)):
-        y0, x0 = rng.integers(0, max(1, h - 16)), rng.integers(0, max(1, w - 60))
-        hh, ww = rng.integers(6, 16), rng.integers(20, 60)
-        for k in range(0, ww, 6):
-            img[y0:y0 + hh, x0 + k:x0 + k + 3] = 0.0
-    img = (img - np.array([0.485, 0.456, 0.406], np.float32)) / np.array([0.229, 0.224, 0.225], np.float32)
-    return np.ascontiguousarray(img.transpose(2, 0, 1)[None])
-
-
-REAL = [("ch_PP-OCRv4_det_infer.onnx", "x", (1, 3, 320, 320)), ("ch_PP-OCRv4_rec_infer.onnx", "x", (1, 3, 48, 320)),
-        ("ch_ppocr_mobile_v2.0_cls_infer.onnx", "x", (1, 3, 48, 192)), ("320n.onnx", "images", (1, 3, 320, 320))]
+REAL = [("det", (1, 3, 320, 320)), ("rec", (1, 3, 48, 320)), ("cls", (1, 3, 48, 192)), ("yolov8n", (1, 3, 320, 320))]
 
 
 @pytest.mark.models
 @pytest.mark.anyio
 @pytest.mark.parametrize("precision,tol", [("normal", 1e-4), ("low", 1e-2)], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("name,input,shape", REAL, ids=[r[0].split(".onnx")[0] for r in REAL])
-async def test_real_model_matches_onnxruntime(name, input, shape, runtime, precision, tol, request, monkeypatch):
+@pytest.mark.parametrize("name,shape", REAL, ids=[name for name, _ in REAL])
+async def test_real_model_matches_onnxruntime(name, shape, runtime, precision, tol, monkeypatch):
     monkeypatch.setattr(runtime.runtimes[ForwardType.OPENCL], "half_ok", True)  # PoCL has no cl_khr_fp16
-    if name.startswith("ch_PP-OCRv4_det") and precision == "low":  # CUDA shows the same, 1.5e-2 to 2.3e-2
-        request.applymarker(pytest.mark.xfail(strict=True, reason="det in fp16 is 1.7e-2 off, over 1e-2: open"))
-    path = MODELS / name
+    path = MODEL_DIR / models.MODELS[name].filename
     if not path.exists():
         pytest.skip(f"{path} is missing (set AIOMNN_MODELS)")
-    x = page(*shape[2:]) if name.startswith("ch_") else np.random.default_rng(0).random(shape, dtype=np.float32)
+    input = models.MODELS[name].input
+    x = models.sample_input(name, shape)
     net = aiomnn.Interpreter.from_file(path)
     config = aiomnn.ScheduleConfig(type="opencl", num_threads=2,
                                    backend_config=aiomnn.BackendConfig(tuning="none", precision=precision))

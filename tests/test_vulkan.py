@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
 from aiomnn.config import ForwardType
+from aiomnn.models import sample_input
 from aiomnn.runtime import probe
 
 from .conftest import model_path
@@ -777,21 +778,6 @@ async def test_conformance_matches_cpu():
 
 
 # The public real models -------------------------------------------------------------------------
-def text_image(h: int, w: int, seed: int = 0) -> np.ndarray:
-    """Dark strokes in lines on a light page, normalised as PP-OCR does (a random image gives det nothing to find)."""
-    rng = np.random.default_rng(seed)
-    img = np.full((h, w, 3), 235.0)
-    for row in range(2, max(3, h - 12), 18):
-        x = 4
-        while x < w - 12:
-            cw = int(rng.integers(3, 9))
-            img[row: row + 10, x: x + cw] = rng.integers(0, 60)
-            x += cw + int(rng.integers(2, 6))
-    img += rng.normal(0, 4, img.shape)
-    x = (img / 255.0 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
-    return x.transpose(2, 0, 1)[None].astype(np.float32)
-
-
 MODELS = [("det", (1, 3, 160, 160)), ("rec", (1, 3, 48, 160)), ("cls", (1, 3, 48, 192)), ("yolov8n", (1, 3, 160, 160))]
 
 
@@ -802,8 +788,7 @@ async def test_real_model(name, shape, runtime):
     if ort is None:
         pytest.skip("onnxruntime is not installed")
     path = model_path(name)
-    x = text_image(shape[2], shape[3]) if name != "yolov8n" else \
-        np.random.default_rng(0).random(shape, dtype=np.float32)
+    x = sample_input(name, shape)
     net = aiomnn.Interpreter.from_file(path)
     async with await net.create_session(CONFIG, runtime) as s:
         got = await s.run({net.input_names[0]: x})
