@@ -138,6 +138,9 @@ class CudaBackend(Backend):
         self._waiter: Waiter | None = None
         self._events: list = []  # blocking-sync events the waiter is done with, to record again
         self._blas = None
+        # The tuner plans its candidates first and records each when it times it (tune.py): the
+        # candidates' kernels compile side by side meanwhile.
+        self.record_at_resize = True
         self._reset_plan()
 
     def _reset_plan(self) -> None:
@@ -500,8 +503,9 @@ class CudaBackend(Backend):
             self._runs[id(rsteps[0].exe)] = run
         self._keep.append(self._arena_mem)
         self.rt.device.synchronize()  # weights and metas uploaded on other streams
-        for run in self._runs.values():
-            self._record(run)
+        if self.record_at_resize:
+            for run in self._runs.values():
+                self._record(run)
         declined = [s.node.op_type for s in self._steps if s.exe is None]
         self.summary = {
             "steps": len(steps), "declined": {t: declined.count(t) for t in sorted(set(declined))},

@@ -7,6 +7,8 @@ one-node pipeline on a backend of its own (its own stream and buffers), and
 times, between two events, a CUDA graph of the conv's own launches repeated
 (REPEATS): not the pipeline's graph, whose copies of the input and output
 through pinned host memory cost more than a small conv and decided close calls.
+Every candidate is planned before the first is timed, so that all their
+kernels compile side by side on the runtime's compile threads.
 """
 
 from __future__ import annotations
@@ -54,9 +56,11 @@ class ConvAlgoTask:
         self.runtime, self.node, self.inputs, self.output = runtime, node, inputs, output
         self.half, self.key, self.algos = half, key, algos
         self.label = f"{node} conv algorithm {tuple(inputs[0].shape)}"
+        self.tried: list[str] = []
 
     def candidates(self, limit: int) -> list[Any]:
-        return self.algos[:limit]
+        self.tried = self.algos[:limit]
+        return self.tried
 
     def _graph(self, algo: str) -> Graph:
         x, out = self.inputs[0], self.output
@@ -77,17 +81,28 @@ class ConvAlgoTask:
         backends: list[Any] = []
         config = BackendConfig(precision="low" if self.half else "normal", tuning="none")
 
-        def time(algo: str, samples: int) -> float:
+        def plan(algo: str) -> Any:
+            """The candidate's backend, planned and bound: its kernels are compiling, nothing ran yet."""
             backend = CudaBackend(self.runtime, config)
+            backend.record_at_resize = False
             backends.append(backend)
             p = Pipeline(self._graph(algo), backend, backend)
             p.encode({self.inputs[0].name: tuple(self.inputs[0].shape)})
             p.alloc()
             if not p.segments or p.segments[0].backend is not backend:
                 raise RuntimeError(f"the CUDA backend declined {algo}")
+            return backend
+
+        planned: dict[str, Any] = {}
+
+        def time(algo: str, samples: int) -> float:
+            backend = planned.pop(algo, None) or plan(algo)
+            if isinstance(backend, Exception):
+                raise backend
             run = next(iter(backend._runs.values()))
             stream = backend.stream
             with self.runtime.device:
+                backend._record(run)  # the warm-up waits for this candidate's kernels
                 graph = backend._capture(run.compute * REPEATS)  # each launch is idempotent
                 start, end = cupy.cuda.Event(), cupy.cuda.Event()
                 best = float("inf")
@@ -102,6 +117,11 @@ class ConvAlgoTask:
             return best
 
         try:
+            for algo in self.tried:
+                try:
+                    planned[algo] = plan(algo)
+                except Exception as exc:  # time() raises it, so the tuner skips this candidate
+                    planned[algo] = exc
             yield time
         finally:
             for backend in backends:
