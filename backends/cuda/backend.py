@@ -739,22 +739,23 @@ class CudaBackend(Backend):
     def _to_host(self, src: "cupy.ndarray", held: list) -> np.ndarray:
         """An array the caller owns, which a copy queued now on the stream fills from src: a block of cupy's
         pinned pool, handed over with the array (it goes back to the pool when the array goes), within
-        HANDED_LIMIT."""
-        n = src.nbytes
+        HANDED_LIMIT and for dtypes the array interface carries (not ml_dtypes' bfloat16)."""
+        n, dtype = src.nbytes, src.dtype
         if not n:
-            return np.empty(src.shape, src.dtype)
+            return np.empty(src.shape, dtype)
         mem = cupy.cuda.alloc_pinned_memory(n)
         held.append(mem)
         cupy.cuda.runtime.memcpyAsync(mem.ptr, src.data.ptr, n, D2H, self.stream.ptr)
-        with _handed_lock:
-            handed = _handed[0] + n <= HANDED_LIMIT
+        if np.dtype(dtype.str) == dtype:
+            with _handed_lock:
+                handed = _handed[0] + n <= HANDED_LIMIT
+                if handed:
+                    _handed[0] += n
             if handed:
-                _handed[0] += n
-        if not handed:  # the session copies it into ordinary memory; the block goes back then
-            return np.frombuffer(mem, src.dtype, src.size).reshape(src.shape)
-        owner = HandedOver(mem, mem.ptr, src.shape, src.dtype)
-        weakref.finalize(owner, _handed_back, n)
-        return np.asarray(owner)
+                owner = HandedOver(mem, mem.ptr, src.shape, dtype)
+                weakref.finalize(owner, _handed_back, n)
+                return np.asarray(owner)
+        return np.frombuffer(mem, dtype, src.size).reshape(src.shape)  # the session copies it
 
     def _copy_in(self, host: np.ndarray, src: Any, dst: int) -> None:
         """An input to the device, ahead of the graph on the stream.
