@@ -12,6 +12,8 @@ import numpy as np
 from ..kernel import shared_scratch
 from .dtypes import F32, compute_dtype
 
+F64 = np.dtype(np.float64)
+
 _SQRT_PI_2 = 2.0 / math.sqrt(math.pi)
 # Maclaurin series of erf(x)/x in x^2: 2/sqrt(pi) * (-1)^n / (n! (2n+1)); 10 terms reach 1e-13 for |x| < 0.5.
 _ERF_TAYLOR = [_SQRT_PI_2 * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(10)][::-1]
@@ -99,10 +101,14 @@ def hard_sigmoid_(y: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.nd
 
 def hard_swish_(y: np.ndarray) -> np.ndarray:
     t = _temp(y)
-    np.multiply(y, y.dtype.type(1 / 6), out=t)
-    t += y.dtype.type(0.5)
+    np.multiply(y, _SIXTH.get(y.dtype) or y.dtype.type(1 / 6), out=t)
+    np.add(t, _HALF.get(y.dtype) or y.dtype.type(0.5), out=t)
     clip_ufunc(t, 0, 1, out=t)
     return np.multiply(y, t, out=y)
+
+
+_SIXTH = {np.dtype(t): t(1 / 6) for t in (np.float32, np.float64)}
+_HALF = {np.dtype(t): t(0.5) for t in (np.float32, np.float64)}
 
 
 def gelu_(y: np.ndarray, approximate: str = "none") -> np.ndarray:
@@ -185,6 +191,8 @@ def activation_fn(activation: tuple[str, dict[str, Any]] | None) -> Callable[[np
     fn = functools.partial(ACTIVATIONS[name], **attrs) if attrs else ACTIVATIONS[name]
 
     def apply(y: np.ndarray) -> np.ndarray:
+        if y.size <= CHUNK and (y.dtype is F32 or y.dtype is F64):  # most calls: no lookups on the way
+            return fn(y)
         if compute_dtype(y.dtype) != y.dtype:
             np.copyto(y, fn(y.astype(F32)), casting="unsafe")
             return y

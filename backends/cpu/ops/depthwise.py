@@ -80,7 +80,10 @@ def _run_band(x, y, p, packed, act) -> None:
     for b in borders:  # the scratch is shared: other convs wrote there
         b.fill(0)
     ones.fill(1)
-    wm = _band_weights(packed, p)
+    wm = p.get("band_wm")
+    if wm is None or wm[0] is not packed:
+        wm = p["band_wm"] = (packed, _band_weights(packed, p))
+    wm = wm[1]
     for i in range(p["N"]):
         np.copyto(inside, x[i, :, lo:hi])
         yi = y[i].reshape(wm.shape[0], wm.shape[1], -1)
