@@ -1,4 +1,4 @@
-"""The CPU conv's SiLU passes and its bound fast path (backends/cpu/ops/conv.py), against onnxruntime and
+"""The CPU conv's SiLU passes and its bound fast path (backends/cpu/ops/conv.py, products.py), against onnxruntime and
 plain numpy.
 
 A conv fused with SiLU multiplies by negated weights and finishes in three passes; the result must match
@@ -15,7 +15,7 @@ import pytest
 from onnx import helper
 
 import aiomnn
-from aiomnn.backends.cpu.ops import conv
+from aiomnn.backends.cpu.ops import conv, products
 from aiomnn.backends.cpu.ops.activations import swish_
 from tests.oracle import one_input_model, run_ort
 
@@ -56,7 +56,7 @@ def test_silu_negated_matches_swish_to_the_bit():
     nz = -z
     with np.errstate(invalid="ignore"):  # -inf: inf / inf, in both
         want = swish_(z.copy())
-        conv.silu_negated([(nz[:2000], np.empty(2000, np.float32)), (nz[2000:], np.empty(nz.size - 2000, np.float32))])
+        products.silu_negated([(nz[:2000], np.empty(2000, np.float32)), (nz[2000:], np.empty(nz.size - 2000, np.float32))])
     np.testing.assert_array_equal(nz, want)
     num = ~np.isnan(want)
     assert np.array_equal(np.signbit(nz[num]), np.signbit(want[num]))  # -0.0 where Swish gives -0.0

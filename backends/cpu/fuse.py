@@ -25,7 +25,8 @@ import numpy as np
 
 from aiomnn.backend import Execution
 
-from .ops.conv import Conv, bias_tile, product
+from .ops.conv import Conv
+from .ops.products import bias_tile, product
 from .ops.dtypes import matches, out_buffer
 from .ops.elementwise import Mul
 from .ops.pool import GlobalAveragePool

@@ -23,7 +23,7 @@ the first run with a new shape) and reused:
 
 The bias and a fused activation (`_activation`) are applied to each chunk or
 tile while it is in cache; SiLU, from products of the negated weights, in three
-passes instead of Swish's four (silu_negated). Chunks and tiles of convs with
+passes instead of Swish's four (products.py). Chunks and tiles of convs with
 enough GEMM work are shared with the runtime's helper threads
 (kernel.parallel); depthwise convs, bound by memory traffic, stay on one
 thread. Small convs keep their run as one closure after the first
@@ -47,6 +47,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..kernel import Kernel, Unsupported, op, parallel, shared_scratch, threads
 from . import depthwise
+from .products import SILU_CHUNK, bias_tile, negated, product, silu_negated, silu_product
 from .activations import activation_fn
 from .dtypes import float_compute_dtype, out_buffer
 from .window import conv_geometry, ints, tap_phases
@@ -267,7 +268,7 @@ class Conv(Kernel):
         acc_buf, t3 = shared_scratch("conv.acc", p["acc_shape"], cdt)
         silu = self.silu and self.group == 1 and cdt == np.float32
         # One chunk's exp scratch, used by every chunk in turn, so that it stays in cache.
-        silu_rows = min(p["cog"], max(1, _SILU_CHUNK // p["width"]))
+        silu_rows = min(p["cog"], max(1, SILU_CHUNK // p["width"]))
         exp_buf, t4 = shared_scratch("conv.exp", (silu_rows * p["width"],), cdt) if silu else (None, None)
         token = (xph_token, t2, t3, t4)
         me = threading.get_ident()
@@ -481,60 +482,3 @@ def _split(count: int, fn, macs: int) -> None:
     else:
         for k in range(count):
             fn(k)
-
-
-def product(w: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray | None, act) -> None:
-    """y = act(w @ x + bias), the bias shaped as y's last two axes."""
-    np.matmul(w, x, out=y)
-    if bias is not None:
-        np.add(y, bias, out=y)
-    if act is not None:
-        act(y)
-
-
-def negated(packed: dict[str, Any], key: str) -> np.ndarray:
-    """-packed[key], made once: a product with negated weights gives -z exactly, the input SiLU's exp needs."""
-    neg = packed.get(("negated", key))
-    if neg is None:
-        neg = packed[("negated", key)] = np.negative(packed[key])
-    return neg
-
-
-#: SiLU runs over chunks of about this many elements, so that its passes stay in cache.
-_SILU_CHUNK = 1 << 15
-
-
-def silu_negated(chunks: list) -> None:
-    """SiLU in place over products that hold -z, chunk by chunk ((-z, scratch of its size)): e = exp(-z),
-    e = -1 - e, -z / e. Three passes where Swish takes four, with the same result to the bit: 0.8x the time
-    over 32K floats."""
-    with np.errstate(over="ignore"):  # exp(-z) is inf for z below -88: the quotient is then -0.0, as Swish's
-        for nz, e in chunks:
-            np.exp(nz, out=e)
-            np.subtract(_MINUS_ONE, e, out=e)
-            np.divide(nz, e, out=nz)
-
-
-_MINUS_ONE = np.float32(-1)
-
-
-def silu_product(packed: dict[str, Any], x: np.ndarray, y: np.ndarray, width: int) -> None:
-    """y = SiLU(w @ x + bias) for a pointwise conv's packed weights, x (N, C, width), y (N, co, width): the
-    product of the negated weights gives -z for silu_negated."""
-    np.matmul(negated(packed, "w")[0], x, out=y)
-    if packed["b"] is not None:
-        np.subtract(y, bias_tile(packed, width), out=y)
-    flat = y.reshape(-1)
-    step = _SILU_CHUNK
-    e = shared_scratch("conv.exp", (min(step, flat.size),), y.dtype)[0]
-    silu_negated([(flat[i:i + step], e[:min(step, flat.size - i)]) for i in range(0, flat.size, step)])
-
-
-def bias_tile(packed: dict[str, Any], width: int) -> np.ndarray:
-    """The bias as a (co, width) tile, made once per width: adding a same-shaped array is several times
-    faster than a (co, 1) column broadcast along short rows."""
-    key = ("bias tile", width)
-    tile = packed.get(key)
-    if tile is None:
-        tile = packed[key] = np.ascontiguousarray(np.broadcast_to(packed["bcol"], (packed["bcol"].shape[0], width)))
-    return tile
