@@ -16,6 +16,7 @@ import numpy as np
 from .backend import Tensor
 from .errors import ModelError
 from .graph import Node
+from .window import window_params
 
 Out = tuple[np.dtype, tuple[int, ...]] | Tensor
 ShapeFn = Callable[[Node, list[Tensor | None]], list[Out]]
@@ -143,44 +144,6 @@ def _size(node, ins):
 
 def _conv_out(in_size, k, stride, dil, pad_total):
     return (in_size + pad_total - dil * (k - 1) - 1) // stride + 1
-
-
-def same_pads(spatial, kernel, strides, dils, upper: bool) -> list[int]:
-    """Begin/end pads for auto_pad SAME_UPPER (the odd one at the end) or SAME_LOWER: output = ceil(in / stride)."""
-    n = len(spatial)
-    pads = [0] * (2 * n)
-    for i in range(n):
-        out = -(-spatial[i] // strides[i])
-        total = max(0, (out - 1) * strides[i] + dils[i] * (kernel[i] - 1) + 1 - spatial[i])
-        small, big = total // 2, total - total // 2
-        pads[i], pads[i + n] = (small, big) if upper else (big, small)
-    return pads
-
-
-def conv_pads(node: Node, spatial: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int],
-              ceil_mode: int = 0) -> list[int]:
-    """Explicit begin/end pads for a conv or pool, resolving auto_pad."""
-    n = len(spatial)
-    auto_pad = node.attrs.get("auto_pad", "NOTSET")
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        return same_pads(spatial, kernel, strides, dils, upper=auto_pad == "SAME_UPPER")
-    if auto_pad == "VALID":
-        return [0] * (2 * n)
-    pads = list(node.attrs.get("pads", [0] * (2 * n)))
-    if len(pads) != 2 * n:
-        raise ModelError(f"{node}: pads {pads} do not fit {n} spatial dimensions")
-    return pads
-
-
-def window_params(node: Node, x_shape: tuple[int, ...], kernel: list[int] | None = None):
-    n = len(x_shape) - 2
-    kernel = list(kernel if kernel is not None else node.attrs.get("kernel_shape", []))
-    if len(kernel) != n:
-        raise ModelError(f"{node}: kernel_shape {kernel} does not fit input shape {x_shape}")
-    strides = list(node.attrs.get("strides", [1] * n))
-    dils = list(node.attrs.get("dilations", [1] * n))
-    pads = conv_pads(node, x_shape[2:], kernel, strides, dils)
-    return kernel, strides, dils, pads
 
 
 @shape_fn("Conv", "ConvInteger", "QLinearConv")

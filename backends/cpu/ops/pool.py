@@ -13,9 +13,11 @@ import math
 
 import numpy as np
 
+from aiomnn.window import window_pads
+
 from ..kernel import Kernel, Unsupported, op, shared_scratch
 from .dtypes import float_compute_dtype, out_buffer
-from .window import ints, window_pads
+from .window import ints
 
 
 def pool_geometry(spatial, kernel, strides, dils, pads, auto_pad, ceil_mode):

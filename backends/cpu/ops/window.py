@@ -1,5 +1,5 @@
-"""Window geometry that Conv, ConvTranspose and the pooling ops share: per-axis attributes, explicit
-pads (auto_pad resolved) and output sizes, and the grouping of kernel taps by stride phase."""
+"""Window geometry that Conv, ConvTranspose and the pooling ops share: per-axis attributes, output sizes
+(the pads come from aiomnn.window, as for shape inference), and the grouping of kernel taps by stride phase."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from aiomnn.shapes import same_pads
+from aiomnn.window import window_pads
 
 from ..kernel import Unsupported
 
@@ -21,25 +21,6 @@ def ints(v: Any, n: int, default: int, what: str) -> list[int]:
     if len(v) != n:
         raise Unsupported(f"{what} {v} does not fit {n} spatial dimensions")
     return v
-
-
-def window_pads(spatial: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int],
-                pads: list[int] | None, auto_pad: str) -> list[int]:
-    """Explicit begin/end pads of a conv or pooling window, resolving auto_pad and checking them."""
-    n = len(spatial)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        pads = same_pads(spatial, kernel, strides, dils, upper=auto_pad == "SAME_UPPER")
-    elif auto_pad == "VALID":
-        pads = [0] * (2 * n)
-    elif auto_pad in ("NOTSET", ""):
-        pads = list(pads) if pads else [0] * (2 * n)
-    else:
-        raise Unsupported(f"auto_pad {auto_pad!r}")
-    if len(pads) != 2 * n:
-        raise Unsupported(f"pads {pads} do not fit {n} spatial dimensions")
-    if any(p < 0 for p in pads):
-        raise Unsupported(f"negative pads {pads}")
-    return pads
 
 
 def conv_geometry(spatial: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int],

@@ -26,7 +26,7 @@ import os
 import cupy
 import numpy as np
 
-from aiomnn import shapes
+from aiomnn.window import window_params
 
 from .. import kernels
 from ..kernels import Expr, Inline, Raw, Val
@@ -54,7 +54,7 @@ NARROW_CO = int(os.environ.get("AIOMNN_CUDA_NARROW_CO", 32))
 
 def conv_choices(node, x_shape, w_shape, out_shape, half: bool) -> tuple[str, list[str]]:
     """A conv's tuning key and its algorithms, the heuristic's pick first."""
-    kernel, strides, dils, pads = shapes.window_params(node, x_shape, node.attrs.get("kernel_shape", w_shape[2:]))
+    kernel, strides, dils, pads = window_params(node, x_shape, node.attrs.get("kernel_shape", w_shape[2:]))
     g = int(node.attrs.get("group", 1))
     key = (f"conv x{tuple(x_shape)} w{tuple(w_shape)} k{list(kernel)} s{list(strides)} d{list(dils)} "
            f"p{list(pads)} g{g} {'fp16' if half else 'fp32'}")
@@ -103,7 +103,7 @@ class Conv(_ConvBase):
         super().__init__(be, node, ins, outs)
         self._common(ins, outs)
         x, w = ins[0], ins[1]
-        kernel, strides, dils, pads = shapes.window_params(node, x.shape, self.attrs.get("kernel_shape", w.shape[2:]))
+        kernel, strides, dils, pads = window_params(node, x.shape, self.attrs.get("kernel_shape", w.shape[2:]))
         self.kernel, self.strides, self.dils, self.pads = kernel, strides, dils, pads
         n, ci, h, wd = x.shape
         co = w.shape[0]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aiomnn import shapes
+from aiomnn.window import window_params
 
 from ..kernels import Inline
 from .base import CudaOp, Decline, check_tensors, float_inputs, op
@@ -19,7 +19,7 @@ class Pool(CudaOp):
         x = ins[0]
         if len(x.shape) != 4:
             raise Decline("only 2-D pooling")
-        self.kernel, self.strides, self.dils, self.pads = shapes.window_params(node, x.shape)
+        self.kernel, self.strides, self.dils, self.pads = window_params(node, x.shape)
         if node.op_type == "MaxPool":
             self.mode = 0
         else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aiomnn.shapes import window_params
+from aiomnn.window import window_params
 
 from ..kernel import F32, Const, Decline, In, Launch, Out, Scratch, act_options, f32, i32, op, require_float
 from .elementwise import activation

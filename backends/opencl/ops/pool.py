@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from aiomnn.shapes import window_params
+from aiomnn.window import window_params
 
 from ..kernel import Decline, In, Launch, Out, i32, op, require_float
 

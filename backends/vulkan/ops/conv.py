@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aiomnn import shapes as shp
+from aiomnn.window import window_params
 from aiomnn.backend import Tensor
 
 from ..launch import CONV_BUSY, CONV_SLICE, CONV_SPLITS, Convolution, Grid, Matmul
@@ -41,7 +41,7 @@ class Conv(VkOp):
     def __init__(self, backend, node, inputs, outputs):
         super().__init__(backend, node, inputs, outputs)
         x, w, b = conv_inputs(backend, node, inputs, set())
-        kernel, strides, dils, pads = shp.window_params(node, x.shape, node.attrs.get("kernel_shape", w.shape[2:]))
+        kernel, strides, dils, pads = window_params(node, x.shape, node.attrs.get("kernel_shape", w.shape[2:]))
         if list(kernel) != list(w.shape[2:]):
             raise Decline("kernel_shape differs from the weight")
         g = int(node.attrs.get("group", 1))

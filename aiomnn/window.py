@@ -1,0 +1,54 @@
+"""Window geometry of convs and pools, which shape inference and every backend share: per-axis attributes
+and explicit begin/end pads, auto_pad resolved and checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import ModelError
+from .graph import Node
+
+
+def same_pads(spatial, kernel, strides, dils, upper: bool) -> list[int]:
+    """Begin/end pads for auto_pad SAME_UPPER (the odd one at the end) or SAME_LOWER: output = ceil(in / stride)."""
+    n = len(spatial)
+    pads = [0] * (2 * n)
+    for i in range(n):
+        out = -(-spatial[i] // strides[i])
+        total = max(0, (out - 1) * strides[i] + dils[i] * (kernel[i] - 1) + 1 - spatial[i])
+        small, big = total // 2, total - total // 2
+        pads[i], pads[i + n] = (small, big) if upper else (big, small)
+    return pads
+
+
+def window_pads(spatial: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int],
+                pads: list[int] | None, auto_pad: str, where: Any = None) -> list[int]:
+    """Explicit begin/end pads of a conv or pooling window, auto_pad resolved; a ModelError (naming `where`)
+    for an unknown auto_pad, or pads that do not fit the spatial axes or are negative."""
+    n = len(spatial)
+    prefix = f"{where}: " if where is not None else ""
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return same_pads(spatial, kernel, strides, dils, upper=auto_pad == "SAME_UPPER")
+    if auto_pad == "VALID":
+        return [0] * (2 * n)
+    if auto_pad not in ("NOTSET", ""):
+        raise ModelError(f"{prefix}auto_pad {auto_pad!r}")
+    pads = [int(p) for p in pads] if pads else [0] * (2 * n)
+    if len(pads) != 2 * n:
+        raise ModelError(f"{prefix}pads {pads} do not fit {n} spatial dimensions")
+    if any(p < 0 for p in pads):
+        raise ModelError(f"{prefix}negative pads {pads}")
+    return pads
+
+
+def window_params(node: Node, x_shape: tuple[int, ...], kernel: list[int] | None = None):
+    """(kernel, strides, dilations, pads) of a conv or pooling node on an input of x_shape."""
+    n = len(x_shape) - 2
+    kernel = list(kernel if kernel is not None else node.attrs.get("kernel_shape", []))
+    if len(kernel) != n:
+        raise ModelError(f"{node}: kernel_shape {kernel} does not fit input shape {x_shape}")
+    strides = list(node.attrs.get("strides", [1] * n))
+    dils = list(node.attrs.get("dilations", [1] * n))
+    pads = window_pads(x_shape[2:], kernel, strides, dils, node.attrs.get("pads"), node.attrs.get("auto_pad", "NOTSET"),
+                       node)
+    return kernel, strides, dils, pads
