@@ -302,6 +302,7 @@ OP_CASES = {
     "conv1x1": lambda: conv_case(r(2, 24, 9, 7), r(40, 24, 1, 1), r(40)),
     # K = 576 over 4 tiles of 64x64: the implicit GEMM splits K
     "conv3x3_deep": lambda: conv_case(r(2, 64, 12, 10), r(24, 64, 3, 3), r(24), pads=[1, 1, 1, 1]),
+    "conv3x3_wide": lambda: conv_case(r(2, 20, 41, 70), r(24, 20, 3, 3), r(24), pads=[1, 1, 1, 1]),
     "conv1x1_s2": lambda: conv_case(r(1, 24, 9, 7), r(8, 24, 1, 1), strides=[2, 2]),
     "conv_1x3_asym": lambda: conv_case(r(1, 6, 5, 20), r(10, 6, 1, 3), pads=[0, 1, 0, 1]),
     "conv_dilated": lambda: conv_case(r(1, 4, 20, 20), r(6, 4, 3, 3), dilations=[2, 2], pads=[2, 2, 2, 2]),
@@ -408,14 +409,14 @@ async def test_op_fp32(case):
     await check(data, feeds)
 
 
-CONV_CASES = ["conv3x3", "conv3x3_deep", "conv3x3_s2_b2", "conv1x1", "conv1x1_s2", "conv_1x3_asym", "conv_dilated",
+CONV_CASES = ["conv3x3", "conv3x3_deep", "conv3x3_wide", "conv3x3_s2_b2", "conv1x1", "conv1x1_s2", "conv_1x3_asym", "conv_dilated",
               "conv_same_upper", "grouped"]
 
 
 @needs_gpu
 @pytest.mark.anyio
 @pytest.mark.parametrize("precision,tol", [("normal", 1e-4), ("low", 1e-2)], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("algo", ["gemm", "im2col", "direct", "igemm", "igemm32", "igemm32x128"])
+@pytest.mark.parametrize("algo", ["gemm", "im2col", "direct", "igemm", "igemm32", "igemm32x128", "narrow"])
 @pytest.mark.parametrize("case", CONV_CASES)
 async def test_conv_algorithms(case, algo, precision, tol, monkeypatch):
     """Each conv algorithm on each case (small convs otherwise all take the direct path)."""

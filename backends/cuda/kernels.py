@@ -505,7 +505,7 @@ def generate(root: Node, plans: list[LeafPlan], dims: list[int]) -> str:
     epi_sig = ", ".join(["T* __restrict__ out", "unsigned i", "float acc"] + params)
     src = (f"__device__ __forceinline__ void epilogue({epi_sig}) {{\n" + "\n".join(body) + "\n}\n"
            f"#define EPILOGUE(i, acc) epilogue({call})\n"
-           f'extern "C" __global__ void fused({sig}) {{\n'
+           f'extern "C" __global__ void {t.leaf.op.launch_bounds()} fused({sig}) {{\n'
            + t.leaf.op.tiled_code([f"q{k}_{j}" for j in range(len(t.ptrs))], t.at, "EPILOGUE") + "}\n")
     return constants(src, meta)
 
