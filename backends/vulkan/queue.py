@@ -17,12 +17,15 @@ is expected to finish (each Submission remembers how long its last run took)
 and then polls the progress, for at most POLL_S, before it blocks in the driver.
 
 It does not sleep in the driver on the way: a run that ends before the sleep
-does is then noticed at the driver's late wake-up. On the H200 that came to
-several ms after an idle spell, and learned as the run's length it kept every
-later run that late: YOLOv8n took 5.5-6 ms a run, against 1.55 ms before a 3 s
-pause. A run found finished at the first look now shrinks the expectation by a
-fifth (EARLY_SHRINK), so a length learned from a late wake-up is unlearned in a
-few runs.
+does would be noticed at the driver's late wake-up, and that late time, learned
+as the run's length, would delay the next runs as well. A run found finished
+at the first look shrinks the expectation by a fifth (EARLY_SHRINK), so a
+length learned from a late wake-up is unlearned in a few runs.
+
+Runs after an idle spell are slower for a reason outside the waiter: on the
+H200, after 3 s with no work the SM clock stood at 345-480 MHz (1980 at work),
+and YOLOv8n took 4.7-6 ms a run until the clock came back, 40 runs later. A
+process with a CUDA context kept 1980 MHz through the same pauses.
 """
 
 from __future__ import annotations
