@@ -24,8 +24,9 @@ length learned from a late wake-up is unlearned in a few runs.
 
 Runs after an idle spell are slower for a reason outside the waiter: on the
 H200, after 3 s with no work the SM clock stood at 345-480 MHz (1980 at work),
-and YOLOv8n took 4.7-6 ms a run until the clock came back, 40 runs later. A
-process with a CUDA context kept 1980 MHz through the same pauses.
+and YOLOv8n took 4.7-6 ms a run until the clock came back, 40 runs later. CUDA
+runs of the same model, next in the same process, found 1980 MHz after the same
+pauses.
 """
 
 from __future__ import annotations
