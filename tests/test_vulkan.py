@@ -164,6 +164,8 @@ CASES = [
          {"x": (1, 5, 13, 12)}, ("Conv",), {"w": r(20, 5, 3, 3, seed=1), "b": r(20, seed=2)}),
     Case("conv_gemm_1d_relu", [n("Conv", ["x", "w", "b"], ["c"], pads=[2, 1], strides=[2]), n("Relu", ["c"], ["y"])],
          {"x": (2, 7, 23)}, ("Conv",), {"w": r(17, 7, 5, seed=1), "b": r(17, seed=2)}),
+    Case("conv_gemm_tiles", [n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["y"])],
+         {"x": (2, 12, 37, 35)}, ("Conv",), {"w": r(24, 12, 3, 3, seed=1, scale=0.3), "b": r(24, seed=2)}),
     Case("conv_gemm_groups", [n("Conv", ["x", "w", "b"], ["y"], group=2, pads=[1, 0, 1, 2])], {"x": (2, 8, 10, 9)},
          ("Conv",), {"w": r(18, 4, 3, 3, seed=1), "b": r(18, seed=2)}),
     Case("conv_gemm_split_k", [n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("Relu", ["c"], ["y"])],
@@ -347,6 +349,38 @@ async def test_conv_gemm_every_choice(cid, runtime, monkeypatch):
         got, _, _ = await run(data, feeds, CONFIG, runtime)
         np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5, err_msg=str(choice))
 
+
+
+NARROW = ["conv_gemm_relu", "conv_gemm_tiles", "conv_gemm_dilated_asym", "conv_gemm_1d_relu"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("precision", ["normal", "low"])
+@pytest.mark.parametrize("cid", NARROW)
+async def test_conv_narrow(cid, precision, runtime, monkeypatch):
+    """conv_narrow (few output channels: each invocation computes them all) gives the CPU's result, where tuning
+    chooses it: channels that are no multiple of 4, several workgroups per image and a partial last one, dilation,
+    strides, and fp16 storage. Convs of groups or of many channels are not offered it."""
+    from aiomnn.backends.vulkan.launch import Convolution
+
+    case = next(c for c in CASES if c.id == cid)
+    data, feeds = case.model(), case.feeds()
+    want, _, _ = await run(data, feeds, CPU)
+    rt = runtime.runtimes[ForwardType.VULKAN]
+    monkeypatch.setattr(rt, "tuned_choice", lambda la: ["narrow"] if isinstance(la.work, Convolution) else None)
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none", precision=precision))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(config, runtime) as s:
+        got = await s.run(feeds)
+        [(launch, dispatch)] = conv_launches(s)
+    assert ["narrow"] in launch.choices(100) and dispatch.kernel.name == "conv_narrow", launch.work
+    err = np.linalg.norm(got["y"] - want["y"]) / np.linalg.norm(want["y"])
+    assert err <= (1e-5 if precision == "normal" else 3e-3), err
+    for cid in ("conv_gemm_groups", "conv_gemm_stride2_leakyrelu"):  # groups; 33 output channels
+        other = next(c for c in CASES if c.id == cid)
+        async with await aiomnn.Interpreter.from_bytes(other.model()).create_session(config, runtime) as s:
+            await s.run(other.feeds())
+            [(launch, dispatch)] = conv_launches(s)
+        assert launch.work.narrow == 0 and dispatch.kernel.name == "conv_gemm", launch.work
 
 
 @pytest.mark.anyio

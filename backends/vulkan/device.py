@@ -46,6 +46,7 @@ KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "conv": 4, "convt": 4, "m
                    "matmul_small": 6, "se": 6,  # out, x, w1, b1, w2, b2
                    "pool": 2, "reduce": 2, "softmax": 2, "layernorm": 4, "resize": 3,
                    "conv_gemm": 6,  # out, x, w, bias, partial sums, tile counters
+                   "conv_narrow": 6,  # conv_gemm's bindings (it reads the first four)
                    "cast": 2}  # device tensor, float32 host staging
 #: Kernels whose workgroup size is fixed in the shader (tiles in shared memory).
 FIXED_LOCAL = {"matmul": (16, 16, 1)}
@@ -54,7 +55,7 @@ PUSH_BYTES = 128  # the minimum every device guarantees
 #: push block is constant PUSH_ID + i (a float keeps its bits), so the driver folds a layer's shapes into its
 #: code (the divisions by them, the loop counts) and each layer gets its own pipeline. Their shaders declare
 #: `layout(constant_id = 16 + i)` in the push block's order and have no push block.
-SPECIALIZED = {"conv", "conv_gemm", "convt", "matmul", "matmul_direct", "matmul_small"}
+SPECIALIZED = {"conv", "conv_gemm", "conv_narrow", "convt", "matmul", "matmul_direct", "matmul_small"}
 PUSH_ID = 16
 
 
@@ -222,6 +223,7 @@ class Context:
         self.max_groups = [int(v) for v in limits.maxComputeWorkGroupCount]
         self.max_invocations = int(limits.maxComputeWorkGroupInvocations)
         self.max_local_x = int(limits.maxComputeWorkGroupSize[0])
+        self.max_shared = int(limits.maxComputeSharedMemorySize)
         self.timestamp_period = float(limits.timestampPeriod)
 
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)

@@ -4,7 +4,8 @@ Work says what a kernel iterates over:
   Grid(n)        a grid-stride loop over n items (elementwise, conv, pool, copy, resize);
   Rows(n, l)     one workgroup per row, l invocations reducing it (reduce, softmax, layernorm);
   Matmul(m,n,b)  a batch of m x n outputs: the tiled shared-memory kernel, the direct one, or the small one.
-  Convolution    an implicit-GEMM convolution (conv_gemm): a tile shape and how many ways to split the sum.
+  Convolution    an implicit-GEMM convolution (conv_gemm): a tile shape and how many ways to split the sum;
+                 or, for few output channels, conv_narrow.
   Blocks(n, l)   one workgroup of l invocations per item (se: an image), not tuned.
 
 A Launch is one dispatch as the tuner sees it: a key (kernel, shader build,
@@ -57,6 +58,7 @@ class Convolution(Work):
     k: int       # input channels per group x kernel taps: the depth of its sums
     groups: int
     splits: int  # the most workgroups a tile's sum may be split between (the scratch is planned for it)
+    narrow: int = 0  # conv_narrow's workgroups, where it can run (else 0)
 
 
 
@@ -87,6 +89,11 @@ CONV_SPLITS = (1, 2, 4, 8, 16)
 #: many workgroups (three per multiprocessor of a large GPU), each slice at least CONV_SLICE deep.
 CONV_BUSY = 384
 CONV_SLICE = 96
+#: conv_narrow's workgroup: invocations along an output row (2 pixels each) and rows; and the input channels
+#: it stages per step (the shader's PX and CB).
+NARROW_LOCAL = (8, 16, 1)
+NARROW_PX = 2
+NARROW_STEP = 8
 #: matmul_small's workgroups, (invocations along the outputs, ways the sum is split): at most 256 invocations.
 SMALL_SHAPES = ((64, 1), (64, 4), (32, 8), (128, 2), (16, 16))
 
@@ -145,6 +152,8 @@ class Launch:
             _, dm, dn, ds = self.default()
             options = sorted([["gemm", bm, bn, s] for s in CONV_SPLITS for bm, bn in CONV_TILES],
                              key=lambda c: abs(c[3].bit_length() - ds.bit_length()) + 1.5 * ((c[1], c[2]) != (dm, dn)))
+            if w.narrow:
+                options.insert(1, ["narrow"])
         else:
             options = ["tiled", ["direct", 8], ["small", 64, 1], ["small", 64, 4], ["small", 32, 8], ["small", 16, 16],
                        ["direct", 16], ["direct", 4], ["small", 128, 2]]
@@ -163,6 +172,8 @@ class Launch:
                 return False
             return choice <= 256 if isinstance(w, Rows) else True
         if isinstance(w, Convolution):
+            if choice == ["narrow"]:
+                return 0 < w.narrow <= self.ctx.max_groups[0] and NARROW_LOCAL[0] * NARROW_LOCAL[1] <= self.ctx.max_invocations
             if not (isinstance(choice, list) and len(choice) == 4 and choice[0] == "gemm"
                     and tuple(choice[1:3]) in CONV_TILES and choice[3] in CONV_SPLITS):
                 return False
@@ -194,6 +205,8 @@ class Launch:
             x = max(1, min(w.n, cap[0], 65535))
             return self.kernel, (choice, 1, 1), (x, -(-w.n // x), 1)
         if isinstance(w, Convolution):
+            if choice == ["narrow"]:
+                return "conv_narrow", NARROW_LOCAL, (w.narrow, 1, 1)
             bm, bn, s = choice[1:]
             return "conv_gemm", (bn // 4, bm // 4, 1), (-(-w.n // bn), -(-w.m // bm), w.groups * s)
         if choice == "tiled":

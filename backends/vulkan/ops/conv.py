@@ -7,7 +7,7 @@ import numpy as np
 from aiomnn.window import window_params
 from aiomnn.backend import Tensor
 
-from ..launch import CONV_BUSY, CONV_SLICE, CONV_SPLITS, Convolution, Grid, Matmul
+from ..launch import CONV_BUSY, CONV_SLICE, CONV_SPLITS, NARROW_LOCAL, NARROW_PX, NARROW_STEP, Convolution, Grid, Matmul
 from ..memory import Loc
 from .base import Decline, VkOp, data_input, fused, pack, register, to_f32
 
@@ -34,6 +34,21 @@ CONV_GEMM_MIN_K = 27
 CONV_GEMM_MIN_M = 8
 #: Bytes of float32 partial sums a convolution may use to split its sums (where its grid is small).
 CONV_SCRATCH = 4 << 20
+#: Convolutions (group 1) with at most this many output channels may run conv_narrow instead.
+NARROW_CO = 32
+
+
+def narrow_groups(ctx, geo) -> int:
+    """conv_narrow's workgroups for a conv's geometry, or 0 where it cannot run it (groups, too many output
+    channels, or its staged input rows and weights would not fit the device's shared memory)."""
+    n, c, h, w, co, oh, ow, kernel, strides, dils, pads, g = geo
+    tx, th, _ = NARROW_LOCAL
+    tw = tx * NARROW_PX
+    ih, iw = (th - 1) * strides[0] + (kernel[0] - 1) * dils[0] + 1, (tw - 1) * strides[1] + (kernel[1] - 1) * dils[1] + 1
+    shared = 4 * NARROW_STEP * (ih * iw + kernel[0] * kernel[1] * -(-co // 4) * 4)
+    if g != 1 or co > NARROW_CO or shared > ctx.max_shared:
+        return 0
+    return n * -(-oh // th) * -(-ow // tw)
 
 
 @register("Conv")
@@ -127,8 +142,8 @@ class Conv(VkOp):
             part = Loc("arena", block.offset, splits * co * npix * 4)
             self.b.arena.release(block)
             cnt = self.b.aux(np.zeros(-(-cog // 16) * -(-npix // 32) * g, np.uint32))
-        self.dispatch("conv_gemm", [out, x, wt, bl, part, cnt], push, Convolution(cog, npix, k, g, splits),
-                      consts=(code,))
+        work = Convolution(cog, npix, k, g, splits, narrow_groups(self.b.ctx, self.geo))
+        self.dispatch("conv_gemm", [out, x, wt, bl, part, cnt], push, work, consts=(code,))
 
 
 @register("ConvTranspose")
