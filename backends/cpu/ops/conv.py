@@ -1,6 +1,6 @@
 """Conv (ConvTranspose, DeformConv and CausalConvWithState are in conv_variants.py).
 
-Conv picks one of three paths per input shape, planned once (at resize, or on
+Conv picks one of four paths per input shape, planned once (at resize, or on
 the first run with a new shape) and reused:
 
 * pointwise (1x1 kernel, stride 1, no padding): one GEMM per image and group,
@@ -10,6 +10,9 @@ the first run with a new shape) and reused:
   depthwise.py, one small GEMM per channel over a band of weights on maps of
   a few rows, else tiles of output rows that skip kernel rows reading only
   padding;
+* winograd (2-D 3x3, stride and dilation 1, enough channels, outputs of 20x20
+  and more): winograd.py, F(4x4, 3x3), 36 GEMMs over transformed tiles of the
+  input, with 4x fewer multiply-adds than im2col;
 * im2col (everything else): the zero-padded input is stored as its stride
   phases (for stride 1, just the padded input), each a long flat row per
   channel, so every kernel tap is a contiguous slice and the columns are built
@@ -46,7 +49,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..kernel import Kernel, Unsupported, op, parallel, shared_scratch, threads
-from . import depthwise
+from . import depthwise, winograd
 from .products import SILU_CHUNK, bias_tile, negated, product, silu_negated, silu_product
 from .activations import activation_fn
 from .dtypes import float_compute_dtype, out_buffer
@@ -187,7 +190,8 @@ class Conv(Kernel):
                     spatial=tuple(xs[2:]), path="pointwise" if pointwise else "depthwise",
                     # A pointwise conv this small is one product on this thread: nothing to split.
                     direct=g == 1 and co * C * L * N < _PARALLEL_MACS and co * L <= 2 * _CHUNK)
-        if not pointwise and not (n == 2 and cg == 1 and depthwise.plan(plan, _TILE)):
+        if not (pointwise or (n == 2 and cg == 1 and depthwise.plan(plan, _TILE))
+                or winograd.plan(plan, _TILE)):
             plan["path"] = "im2col"
             self._plan_tiles(plan)
         self._plan, self._plan_key = plan, (xs, ws, dtype)
@@ -377,6 +381,8 @@ class Conv(Kernel):
             self._pointwise(xc, y, p, packed)
         elif p["path"] == "depthwise":
             depthwise.run(xc, y, p, packed, self.activation)
+        elif p["path"] == "winograd":
+            winograd.run(xc, y, p, packed, self.activation, self.silu, p["work"] >= _PARALLEL_MACS)
         else:
             self._im2col(xc, y, p, packed)
         if native and self._fast is None:
