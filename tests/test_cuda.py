@@ -329,6 +329,9 @@ OP_CASES = {
     # Many long rows: a block per row (a warp per row was slow there)
     "gap_long_rows": lambda: make_model("GlobalAveragePool", {"x": r(2, 300, 48, 48)}, ["y"]),
     "gmp": lambda: make_model("GlobalMaxPool", {"x": r(1, 7, 5, 6)}, ["y"]),
+    # Few long rows: reduced in slices (reduce_slices, then reduce_parts).
+    "gmp_slices": lambda: make_model("GlobalMaxPool", {"x": r(1, 5, 40, 60)}, ["y"]),
+    "reducel2_slices": lambda: make_model("ReduceL2", {"x": r(2, 3, 1500)}, ["y"], {"axes": [-1]}, opset=13),
     "resize_nearest_x2": lambda: make_model("Resize", {"x": r(1, 3, 5, 7)}, ["y"],
                                             {"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
                                              "nearest_mode": "floor"},
@@ -436,6 +439,23 @@ async def test_conv_algorithms(case, algo, precision, tol, monkeypatch):
 async def test_op_fp16(case):
     data, feeds = OP_CASES[case]()
     await check(data, feeds, tol=1e-2, precision="low")
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.parametrize("case,slices", [("gap", 4), ("gmp_slices", 4), ("reducel2_slices", 2), ("reducesum_hw", 8),
+                                         ("reducemean_last", 1)])
+async def test_few_long_rows_reduce_in_slices(case, slices):
+    """A reduction of few long rows runs as slices per row and their combination (two launches); the result
+    matches onnxruntime either way."""
+    data, feeds = OP_CASES[case]()
+    await check(data, feeds)
+    net = aiomnn.Interpreter.from_bytes(data)
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(tuning="none"))
+    async with await net.create_session(cfg) as s:
+        await s.run(feeds)
+        [exe] = [st.execution for seg in s.pipeline.segments for st in seg.steps]
+    assert exe.slices == slices and len(exe.launches) == (2 if slices > 1 else 1)
 
 
 def fused_block():
