@@ -393,7 +393,7 @@ async def host_cost(n=300):
     out = {"300": await cost(300, 1), "30": await cost(30, 1)}
     target = out["300"]["device_us"]
     best = None
-    for up in (2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32):  # the upscale at which 30 ops take as long on the device
+    for up in (2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48):  # the upscale at which 30 ops take as long on the device
         net = aiomnn.Interpreter.from_bytes(chain_model(30, upscale=up))
         async with await net.create_session(ScheduleConfig(type="cuda", backend_config=BackendConfig(tuning="none"))) as s:
             await s.run(x)
