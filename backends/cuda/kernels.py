@@ -79,44 +79,38 @@ __device__ __forceinline__ float warp_comb(int op, float v) {
 
 // ops: 0 sum (post scales: mean), 1 max, 2 min, 3 sum of squares, 4 L2, 5 L1
 // One block per output row (inner == 1); blockDim.x is a multiple of 32, at most 1024.
+// The block's values combined; the result is thread 0's. blockDim.x is a multiple of 32, at most 1024.
+__device__ float block_comb(int op, float acc) {
+  __shared__ float part[32];
+  acc = warp_comb(op, acc);
+  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  if (lane == 0) part[warp] = acc;
+  __syncthreads();
+  return warp_comb(op, lane < nw ? part[lane] : r_init(op));
+}
+
 extern "C" __global__ void reduce_block(const T* __restrict__ x, T* __restrict__ y, unsigned rows, unsigned R,
                                         int op, float post) {
-  __shared__ float part[32];
   const unsigned row = blockIdx.x;
   if (row >= rows) return;
   const T* p = x + (size_t)row * R;
   float acc = r_init(op);
   for (unsigned r = threadIdx.x; r < R; r += blockDim.x) acc = r_comb(op, acc, r_map(op, LD(p[r])));
-  acc = warp_comb(op, acc);
-  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  if (lane == 0) part[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    acc = lane < nw ? part[lane] : r_init(op);
-    acc = warp_comb(op, acc);
-    if (lane == 0) y[row] = ST(r_fin(op, acc, post));
-  }
+  acc = block_comb(op, acc);
+  if (threadIdx.x == 0) y[row] = ST(r_fin(op, acc, post));
 }
 
 // A row reduced in S slices (few long rows: one block each would leave most SMs idle): block b reduces
 // slice b % S of row b / S into part[b]; reduce_parts then combines each row's slices in order.
 extern "C" __global__ void reduce_slices(const T* __restrict__ x, float* __restrict__ part, unsigned R, unsigned S,
                                          int op) {
-  __shared__ float w32[32];
   const unsigned row = blockIdx.x / S, s = blockIdx.x % S, len = (R + S - 1) / S;
   const unsigned lo = s * len, hi = min(R, lo + len);
   const T* p = x + (size_t)row * R;
   float acc = r_init(op);
   for (unsigned r = lo + threadIdx.x; r < hi; r += blockDim.x) acc = r_comb(op, acc, r_map(op, LD(p[r])));
-  acc = warp_comb(op, acc);
-  const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  if (lane == 0) w32[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    acc = lane < nw ? w32[lane] : r_init(op);
-    acc = warp_comb(op, acc);
-    if (lane == 0) part[blockIdx.x] = acc;
-  }
+  acc = block_comb(op, acc);
+  if (threadIdx.x == 0) part[blockIdx.x] = acc;
 }
 
 extern "C" __global__ void reduce_parts(const float* __restrict__ part, T* __restrict__ y, unsigned rows, unsigned S,
