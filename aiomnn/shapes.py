@@ -16,7 +16,7 @@ import numpy as np
 from .backend import Tensor
 from .errors import ModelError
 from .graph import Node
-from .window import window_params
+from .window import pool_geometry, window_params
 
 Out = tuple[np.dtype, tuple[int, ...]] | Tensor
 ShapeFn = Callable[[Node, list[Tensor | None]], list[Out]]
@@ -183,19 +183,8 @@ def _conv_transpose(node, ins):
 def _pool(node, ins):
     x = ins[0]
     kernel, strides, dils, pads = window_params(node, x.shape)
-    n = len(kernel)
-    ceil = node.attrs.get("ceil_mode", 0)
-    spatial = []
-    for i in range(n):
-        eff = dils[i] * (kernel[i] - 1) + 1
-        if node.attrs.get("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
-            size = -(-x.shape[2 + i] // strides[i])
-        else:
-            num = x.shape[2 + i] + pads[i] + pads[i + n] - eff
-            size = (-(-num // strides[i]) if ceil else num // strides[i]) + 1
-            if ceil and (size - 1) * strides[i] >= x.shape[2 + i] + pads[i]:
-                size -= 1
-        spatial.append(size)
+    _, spatial = pool_geometry(x.shape[2:], kernel, strides, dils, pads, node.attrs.get("auto_pad", "NOTSET"),
+                               node.attrs.get("ceil_mode", 0))
     shape = (x.shape[0], x.shape[1]) + tuple(spatial)
     outs = [(x.dtype, shape)]
     if len(node.outputs) > 1:

@@ -52,3 +52,24 @@ def window_params(node: Node, x_shape: tuple[int, ...], kernel: list[int] | None
     pads = window_pads(x_shape[2:], kernel, strides, dils, node.attrs.get("pads"), node.attrs.get("auto_pad", "NOTSET"),
                        node)
     return kernel, strides, dils, pads
+
+
+def pool_geometry(spatial, kernel, strides, dils, pads, auto_pad, ceil_mode):
+    """(pads, output sizes) of a pooling window, resolving auto_pad and ceil_mode."""
+    n = len(spatial)
+    pads = window_pads(spatial, kernel, strides, dils, pads, auto_pad)
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return pads, [-(-spatial[i] // strides[i]) for i in range(n)]
+    outs = []
+    for i in range(n):
+        eff = dils[i] * (kernel[i] - 1) + 1
+        num = spatial[i] + pads[i] + pads[i + n] - eff
+        if ceil_mode:
+            size = -(-num // strides[i]) + 1
+            # The last window must start inside the input or its begin padding.
+            if (size - 1) * strides[i] >= spatial[i] + pads[i]:
+                size -= 1
+        else:
+            size = num // strides[i] + 1
+        outs.append(size)
+    return pads, outs

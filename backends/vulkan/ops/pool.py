@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from aiomnn.window import pool_geometry
+
 from ..launch import Grid
 from .base import Decline, VkOp, data_input, pack, register, to_f32
 
@@ -10,8 +12,6 @@ from .base import Decline, VkOp, data_input, pack, register, to_f32
 class Pool(VkOp):
     def __init__(self, backend, node, inputs, outputs):
         super().__init__(backend, node, inputs, outputs)
-        from aiomnn.backends.cpu.ops.pool import pool_geometry
-
         x = data_input(inputs[0], backend)
         if len(outputs) > 1 and outputs[1].name:
             raise Decline("MaxPool indices")
