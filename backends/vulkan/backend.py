@@ -8,8 +8,8 @@ Resize (the pipeline's alloc):
   on_resize_end creates the arena, io and aux buffers, one descriptor pool sized to
                 the plan, and writes every descriptor set.
   prepare_segments (or the first submit of a segment) records the segment's command
-                buffer: input copies, every dispatch with a barrier after it, output
-                copies, and its VkSubmitInfo.
+                buffer (segments.py): input copies, every dispatch with a barrier after
+                it, output copies, and its VkSubmitInfo.
 
 Run (submit): copy the segment's host inputs into mapped memory, one
 vkQueueSubmit, and return an aiomnn Fence. The queue's waiter thread sees the
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import struct
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,13 +43,12 @@ from aiomnn.memory import Arena, Block, StorageType
 
 from .memory import Loc, align_up, upload
 from .queue import Submission
-from .record import (COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, Record, barrier,
-                     record)
+from . import segments
+from .record import Dispatch, Record
 
 if TYPE_CHECKING:
     from aiomnn.pipeline import Segment
 
-    from .device import Buffer
     from .runtime import VulkanRuntime
 
 log = logging.getLogger("aiomnn.vulkan")
@@ -61,7 +59,6 @@ F16 = np.dtype(np.float16)
 
 #: Inputs of at least this many bytes are copied on the submit thread: about 0.1 ms of memcpy.
 OFFLOAD_BYTES = 1 << 20
-CAST_LOCAL = 256
 
 
 class VulkanBackend(Backend):
@@ -347,7 +344,7 @@ class VulkanBackend(Backend):
             upload(ctx, self.queue, self._aux_buf, 0, data)
         self._write_descriptors([d for e in self._exes for d in e.dispatches])
         if not self.dry:
-            self._predict()
+            segments.predict(self)
 
     def _write_descriptors(self, dispatches: list[Dispatch]) -> None:
         """Give each dispatch its descriptor set, from a pool sized for exactly these."""
@@ -392,129 +389,12 @@ class VulkanBackend(Backend):
             if seg.backend is self:
                 self.record_of(seg)
 
-    def _predict(self) -> None:
-        """Record, at resize, the segments this plan will most likely have.
-
-        The backend does not see the pipeline's segments (consecutive steps on one backend)
-        until the first run, so it predicts them: its executions in order, split before one that
-        reads a host value no earlier execution read (one the CPU made in between, most likely;
-        graph inputs are usually read first). A run checks that its segment is the one predicted
-        (same executions, inputs and outputs); if not, that segment is recorded then.
-        """
-        groups: list[list] = []
-        seen: set[str] = set()
-        for exe in self._exes:
-            fresh = [n for n in exe.in_names if n in self._host_inputs and n not in seen]
-            if not groups or (fresh and any(groups)):
-                groups.append([])
-            seen.update(fresh)
-            groups[-1].append(exe)
-        for exes in groups:
-            made = {o for e in exes for o in e.out_names}
-            needs = list(dict.fromkeys(n for e in exes for n in e.in_names if n not in made))
-            uploads = [n for n in needs if n in self._host_inputs]
-            downloads = [o for e in exes for o in e.out_names if self._locs[o].region == "io"]
-            rec = self._build(exes, uploads, downloads, pops=None)
-            self._predicted[rec.key] = rec
-
     def record_of(self, segment: "Segment") -> Record:
         """The segment's recorded command buffers, recorded now if they were not yet."""
         rec = self._records.get(segment)
         if rec is None:
-            rec = self._records[segment] = self._record_segment(segment)
+            rec = self._records[segment] = segments.record(self, segment)
         return rec
-
-    def _record_segment(self, seg: "Segment") -> Record:
-        freed = {x for fr in seg.frees for x in fr}
-        exes = [s.execution for s in seg.steps]
-        uploads = [n for n in seg.needs if n in self._host_inputs]
-        made = [o for s in seg.steps for o in s.outputs if o]
-        downloads = [n for n in made if n not in freed and n in self._locs]
-        pops = [x for x in seg.needs if x in freed]
-        key = Record.key_of(exes, uploads, downloads)
-        rec = self._predicted.pop(key, None)
-        if rec is not None:
-            rec.pops = pops
-            self.predicted_hits += 1
-            return rec
-        return self._build(exes, uploads, downloads, pops)
-
-    def _build(self, exes: list, upload_names: list[str], download_names: list[str], pops: list[str] | None) -> Record:
-        lost = [n for n in download_names if n in self._fused_away]
-        if lost:  # a reader this backend never saw (fusion checks every reader it was offered)
-            raise BackendError(f"values {lost} were fused away but are read outside the Vulkan segment")
-        uploads = [(n, *self._host_inputs[n]) for n in upload_names]
-        downloads = [(n, self._locs[n], self._shapes[n]) for n in download_names]
-        dispatches = [d for e in exes for d in e.dispatches]
-        staged = not self.ctx.unified
-        cast_in: list[Dispatch] = []
-        cast_out: list[Dispatch] = []
-        if self.fp16 and uploads:
-            stage, offsets = self._host_area([shape for *_, shape in uploads], readback=False)
-            up_views = [(n, stage.view(off, F32, shape), shape) for (n, _, shape), off in zip(uploads, offsets)]
-            cast_in = [self._cast(loc, stage, off, shape, to_f32=False)
-                       for (_, loc, shape), off in zip(uploads, offsets)]
-        else:
-            up_views = [(n, self._io_host.view(loc.offset, self.store, shape), shape) for n, loc, shape in uploads]
-        readback, rb_offsets = None, []
-        if (staged or self.fp16) and downloads:
-            readback, rb_offsets = self._host_area([shape for *_, shape in downloads], readback=True)
-            down_views = [(n, readback.view(off, F32, shape)) for (n, _, shape), off in zip(downloads, rb_offsets)]
-            if self.fp16:
-                cast_out = [self._cast(loc, readback, off, shape, to_f32=True)
-                            for (_, loc, shape), off in zip(downloads, rb_offsets)]
-                readback = None  # the casts fill it: nothing to copy
-        else:
-            down_views = [(n, self.host_view(loc, shape)) for n, loc, shape in downloads]
-        self._write_descriptors(cast_in + cast_out)
-
-        def make() -> Submission:
-            cmd = self.ctx.command_buffers(1)[0]
-            self._cmds.append(cmd)
-            vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
-            # Earlier submissions' writes (other segments, other runs) become visible here.
-            everything = SHADER_RW | TRANSFER_RW
-            barrier(cmd, COMPUTE | TRANSFER, COMPUTE | TRANSFER, everything, everything)
-            if cast_in:
-                record(cmd, cast_in)
-            elif staged and uploads:
-                regions = [vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=loc.offset, size=max(loc.nbytes, 1))
-                           for _, loc, _ in uploads]
-                vk.vkCmdCopyBuffer(cmd, self._io_host.handle, self._io_dev.handle, len(regions), regions)
-                barrier(cmd, TRANSFER, COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, SHADER_RW)
-            record(cmd, dispatches + cast_out)
-            if readback is not None:
-                barrier(cmd, COMPUTE, TRANSFER, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_TRANSFER_READ_BIT)
-                for (_, loc, _), off in zip(downloads, rb_offsets):
-                    region = vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=off, size=max(loc.nbytes, 1))
-                    vk.vkCmdCopyBuffer(cmd, self.buffer_of(loc).handle, readback.handle, 1, [region])
-                barrier(cmd, TRANSFER, HOST, vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
-            else:
-                barrier(cmd, COMPUTE, HOST, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
-            vk.vkEndCommandBuffer(cmd)
-            sub = Submission(self.queue, cmd)
-            self._subs.append(sub)
-            return sub
-
-        return Record(make, up_views, down_views, pops, Record.key_of(exes, upload_names, download_names))
-
-    def _host_area(self, shapes: list[tuple[int, ...]], readback: bool):
-        """A host buffer holding a float32 tensor of each shape, and their offsets in it."""
-        size, offsets = 0, []
-        for shape in shapes:
-            off = align_up(size, self.align)
-            offsets.append(off)
-            size = off + max(int(np.prod(shape, dtype=np.int64)) * F32.itemsize, 1)
-        buf = self.ctx.host_buffer(size, readback=readback)
-        self._extra_bufs.append(buf)
-        return buf, offsets
-
-    def _cast(self, dev: Loc, host: "Buffer", offset: int, shape: tuple[int, ...], to_f32: bool) -> Dispatch:
-        """A dispatch converting a device tensor from (or to) float32 at `offset` of a host buffer."""
-        n = int(np.prod(shape, dtype=np.int64))
-        k = self.ctx.kernel("cast", True, (CAST_LOCAL, 1, 1), (int(to_f32),))
-        groups = (max(1, min(-(-n // CAST_LOCAL), self.ctx.max_groups[0], 65535)), 1, 1)
-        return Dispatch(k, [dev, Loc("host", offset, n * F32.itemsize, host)], struct.pack("<i", n), groups)
 
     # Running ------------------------------------------------------------------------
     def submit(self, segment: "Segment", values: dict[str, Any], device: bool = False) -> Fence:

@@ -1,0 +1,152 @@
+"""A Vulkan backend's segments as recorded command buffers (backend.py calls these).
+
+predict   at resize, records the segments the plan will most likely have (the
+          pipeline's own are seen only at the first run).
+record    a segment's Record: the prediction when it matches, else recorded now.
+
+A Record's command buffer copies the inputs in where the device has memory of
+its own (or casts them from float32 with fp16 storage), runs every dispatch with
+a barrier after it, and copies the outputs out to a readback area the host reads.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+import numpy as np
+import vulkan as vk
+
+from aiomnn.errors import BackendError
+
+from .memory import Loc, align_up
+from .queue import Submission
+from .record import COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, Record, barrier, record as record_cmds
+
+if TYPE_CHECKING:
+    from aiomnn.pipeline import Segment
+
+    from .backend import VulkanBackend
+    from .device import Buffer
+
+F32 = np.dtype(np.float32)
+CAST_LOCAL = 256
+
+
+def predict(be: "VulkanBackend") -> None:
+    """Record, at resize, the segments this plan will most likely have.
+
+    The backend does not see the pipeline's segments (consecutive steps on one backend)
+    until the first run, so it predicts them: its executions in order, split before one that
+    reads a host value no earlier execution read (one the CPU made in between, most likely;
+    graph inputs are usually read first). A run checks that its segment is the one predicted
+    (same executions, inputs and outputs); if not, that segment is recorded then.
+    """
+    groups: list[list] = []
+    seen: set[str] = set()
+    for exe in be._exes:
+        fresh = [n for n in exe.in_names if n in be._host_inputs and n not in seen]
+        if not groups or (fresh and any(groups)):
+            groups.append([])
+        seen.update(fresh)
+        groups[-1].append(exe)
+    for exes in groups:
+        made = {o for e in exes for o in e.out_names}
+        needs = list(dict.fromkeys(n for e in exes for n in e.in_names if n not in made))
+        uploads = [n for n in needs if n in be._host_inputs]
+        downloads = [o for e in exes for o in e.out_names if be._locs[o].region == "io"]
+        rec = _build(be, exes, uploads, downloads, pops=None)
+        be._predicted[rec.key] = rec
+
+def record(be: "VulkanBackend", seg: "Segment") -> Record:
+    freed = {x for fr in seg.frees for x in fr}
+    exes = [s.execution for s in seg.steps]
+    uploads = [n for n in seg.needs if n in be._host_inputs]
+    made = [o for s in seg.steps for o in s.outputs if o]
+    downloads = [n for n in made if n not in freed and n in be._locs]
+    pops = [x for x in seg.needs if x in freed]
+    key = Record.key_of(exes, uploads, downloads)
+    rec = be._predicted.pop(key, None)
+    if rec is not None:
+        rec.pops = pops
+        be.predicted_hits += 1
+        return rec
+    return _build(be, exes, uploads, downloads, pops)
+
+def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_names: list[str], pops: list[str] | None) -> Record:
+    lost = [n for n in download_names if n in be._fused_away]
+    if lost:  # a reader this backend never saw (fusion checks every reader it was offered)
+        raise BackendError(f"values {lost} were fused away but are read outside the Vulkan segment")
+    uploads = [(n, *be._host_inputs[n]) for n in upload_names]
+    downloads = [(n, be._locs[n], be._shapes[n]) for n in download_names]
+    dispatches = [d for e in exes for d in e.dispatches]
+    staged = not be.ctx.unified
+    cast_in: list[Dispatch] = []
+    cast_out: list[Dispatch] = []
+    if be.fp16 and uploads:
+        stage, offsets = _host_area(be, [shape for *_, shape in uploads], readback=False)
+        up_views = [(n, stage.view(off, F32, shape), shape) for (n, _, shape), off in zip(uploads, offsets)]
+        cast_in = [_cast(be, loc, stage, off, shape, to_f32=False)
+                   for (_, loc, shape), off in zip(uploads, offsets)]
+    else:
+        up_views = [(n, be._io_host.view(loc.offset, be.store, shape), shape) for n, loc, shape in uploads]
+    readback, rb_offsets = None, []
+    if (staged or be.fp16) and downloads:
+        readback, rb_offsets = _host_area(be, [shape for *_, shape in downloads], readback=True)
+        down_views = [(n, readback.view(off, F32, shape)) for (n, _, shape), off in zip(downloads, rb_offsets)]
+        if be.fp16:
+            cast_out = [_cast(be, loc, readback, off, shape, to_f32=True)
+                        for (_, loc, shape), off in zip(downloads, rb_offsets)]
+            readback = None  # the casts fill it: nothing to copy
+    else:
+        down_views = [(n, be.host_view(loc, shape)) for n, loc, shape in downloads]
+    be._write_descriptors(cast_in + cast_out)
+
+    def make() -> Submission:
+        cmd = be.ctx.command_buffers(1)[0]
+        be._cmds.append(cmd)
+        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
+        # Earlier submissions' writes (other segments, other runs) become visible here.
+        everything = SHADER_RW | TRANSFER_RW
+        barrier(cmd, COMPUTE | TRANSFER, COMPUTE | TRANSFER, everything, everything)
+        if cast_in:
+            record_cmds(cmd, cast_in)
+        elif staged and uploads:
+            regions = [vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=loc.offset, size=max(loc.nbytes, 1))
+                       for _, loc, _ in uploads]
+            vk.vkCmdCopyBuffer(cmd, be._io_host.handle, be._io_dev.handle, len(regions), regions)
+            barrier(cmd, TRANSFER, COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, SHADER_RW)
+        record_cmds(cmd, dispatches + cast_out)
+        if readback is not None:
+            barrier(cmd, COMPUTE, TRANSFER, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_TRANSFER_READ_BIT)
+            for (_, loc, _), off in zip(downloads, rb_offsets):
+                region = vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=off, size=max(loc.nbytes, 1))
+                vk.vkCmdCopyBuffer(cmd, be.buffer_of(loc).handle, readback.handle, 1, [region])
+            barrier(cmd, TRANSFER, HOST, vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+        else:
+            barrier(cmd, COMPUTE, HOST, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+        vk.vkEndCommandBuffer(cmd)
+        sub = Submission(be.queue, cmd)
+        be._subs.append(sub)
+        return sub
+
+    return Record(make, up_views, down_views, pops, Record.key_of(exes, upload_names, download_names))
+
+def _host_area(be: "VulkanBackend", shapes: list[tuple[int, ...]], readback: bool):
+    """A host buffer holding a float32 tensor of each shape, and their offsets in it."""
+    size, offsets = 0, []
+    for shape in shapes:
+        off = align_up(size, be.align)
+        offsets.append(off)
+        size = off + max(int(np.prod(shape, dtype=np.int64)) * F32.itemsize, 1)
+    buf = be.ctx.host_buffer(size, readback=readback)
+    be._extra_bufs.append(buf)
+    return buf, offsets
+
+def _cast(be: "VulkanBackend", dev: Loc, host: "Buffer", offset: int, shape: tuple[int, ...], to_f32: bool) -> Dispatch:
+    """A dispatch converting a device tensor from (or to) float32 at `offset` of a host buffer."""
+    n = int(np.prod(shape, dtype=np.int64))
+    k = be.ctx.kernel("cast", True, (CAST_LOCAL, 1, 1), (int(to_f32),))
+    groups = (max(1, min(-(-n // CAST_LOCAL), be.ctx.max_groups[0], 65535)), 1, 1)
+    return Dispatch(k, [dev, Loc("host", offset, n * F32.itemsize, host)], struct.pack("<i", n), groups)
+
