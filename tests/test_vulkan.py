@@ -368,7 +368,8 @@ async def test_conv_narrow(cid, precision, runtime, monkeypatch):
     want, _, _ = await run(data, feeds, CPU)
     rt = runtime.runtimes[ForwardType.VULKAN]
     monkeypatch.setattr(rt, "tuned_choice", lambda la: ["narrow"] if isinstance(la.work, Convolution) else None)
-    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none", precision=precision))
+    config = aiomnn.ScheduleConfig(type="vulkan",
+                                   backend_config=aiomnn.BackendConfig(tuning="none", precision=precision))
     async with await aiomnn.Interpreter.from_bytes(data).create_session(config, runtime) as s:
         got = await s.run(feeds)
         [(launch, dispatch)] = conv_launches(s)

@@ -173,7 +173,8 @@ class Launch:
             return choice <= 256 if isinstance(w, Rows) else True
         if isinstance(w, Convolution):
             if choice == ["narrow"]:
-                return 0 < w.narrow <= self.ctx.max_groups[0] and NARROW_LOCAL[0] * NARROW_LOCAL[1] <= self.ctx.max_invocations
+                invocations = NARROW_LOCAL[0] * NARROW_LOCAL[1]
+                return 0 < w.narrow <= self.ctx.max_groups[0] and invocations <= self.ctx.max_invocations
             if not (isinstance(choice, list) and len(choice) == 4 and choice[0] == "gemm"
                     and tuple(choice[1:3]) in CONV_TILES and choice[3] in CONV_SPLITS):
                 return False

@@ -384,7 +384,8 @@ class Conv(_ConvBase):
     for (int e = g_tid; e < {cb * ih * iw}; e += {th * tw // px}) {{
       const int c = e / {ih * iw}, r = e % {ih * iw}, iy = g_iy0 + r / {iw}, ix = g_ix0 + r % {iw};
       float v = 0.f;
-      if (c0 + c < {ci} && iy >= 0 && iy < {h} && ix >= 0 && ix < {wd}) v = LD(g_x[((size_t)(c0 + c) * {h} + iy) * {wd} + ix]);
+      if (c0 + c < {ci} && iy >= 0 && iy < {h} && ix >= 0 && ix < {wd})
+        v = LD(g_x[((size_t)(c0 + c) * {h} + iy) * {wd} + ix]);
       g_xs[c][r / {iw}][r % {iw}] = v;
     }}
     for (int e = g_tid; e < {cb * taps * cop}; e += {th * tw // px}) {{

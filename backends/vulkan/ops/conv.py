@@ -44,7 +44,8 @@ def narrow_groups(ctx, geo) -> int:
     n, c, h, w, co, oh, ow, kernel, strides, dils, pads, g = geo
     tx, th, _ = NARROW_LOCAL
     tw = tx * NARROW_PX
-    ih, iw = (th - 1) * strides[0] + (kernel[0] - 1) * dils[0] + 1, (tw - 1) * strides[1] + (kernel[1] - 1) * dils[1] + 1
+    ih = (th - 1) * strides[0] + (kernel[0] - 1) * dils[0] + 1
+    iw = (tw - 1) * strides[1] + (kernel[1] - 1) * dils[1] + 1
     shared = 4 * NARROW_STEP * (ih * iw + kernel[0] * kernel[1] * -(-co // 4) * 4)
     if g != 1 or co > NARROW_CO or shared > ctx.max_shared:
         return 0
