@@ -9,13 +9,18 @@ from .errors import ModelError
 from .graph import Node
 
 
+def window_span(outputs: int, kernel: int, stride: int, dilation: int) -> int:
+    """How many input positions along an axis `outputs` consecutive outputs of a window read."""
+    return (outputs - 1) * stride + (kernel - 1) * dilation + 1
+
+
 def same_pads(spatial, kernel, strides, dils, upper: bool) -> list[int]:
     """Begin/end pads for auto_pad SAME_UPPER (the odd one at the end) or SAME_LOWER: output = ceil(in / stride)."""
     n = len(spatial)
     pads = [0] * (2 * n)
     for i in range(n):
         out = -(-spatial[i] // strides[i])
-        total = max(0, (out - 1) * strides[i] + dils[i] * (kernel[i] - 1) + 1 - spatial[i])
+        total = max(0, window_span(out, kernel[i], strides[i], dils[i]) - spatial[i])
         small, big = total // 2, total - total // 2
         pads[i], pads[i + n] = (small, big) if upper else (big, small)
     return pads

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from aiomnn.window import pool_geometry
+from aiomnn.window import pool_geometry, window_span
 
 from ..kernel import Kernel, Unsupported, op, shared_scratch
 from .dtypes import float_compute_dtype, out_buffer
@@ -56,7 +56,7 @@ class _Pool(Kernel):
         if any(o <= 0 for o in outs):
             raise ValueError(f"input {shape} is too small for pooling window {kernel}")
         # Per axis: the padded length the windows need (beyond the end padding with ceil_mode).
-        need = [max(shape[2 + i] + pads[i] + pads[i + n], (outs[i] - 1) * strides[i] + dils[i] * (kernel[i] - 1) + 1)
+        need = [max(shape[2 + i] + pads[i] + pads[i + n], window_span(outs[i], kernel[i], strides[i], dils[i]))
                 for i in range(n)]
         plan = dict(n=n, kernel=kernel, strides=strides, dils=dils, pads=pads, outs=outs, need=need,
                     out_shape=tuple(shape[:2]) + tuple(outs))

@@ -31,7 +31,7 @@ import os
 import cupy
 import numpy as np
 
-from aiomnn.window import window_params
+from aiomnn.window import window_params, window_span
 
 from .. import kernels
 from ..kernels import Expr, Inline, Raw, Val
@@ -73,8 +73,7 @@ def narrow_channels(co: int, kernel, strides, dils) -> int:
     """Input channels the narrow algorithm stages per step (its input rows and their weights fit
     NARROW_SMEM), or 0 where even 4 do not fit."""
     th, tw, _ = NARROW
-    ih = (th - 1) * strides[0] + (kernel[0] - 1) * dils[0] + 1
-    iw = (tw - 1) * strides[1] + (kernel[1] - 1) * dils[1] + 1
+    ih, iw = window_span(th, kernel[0], strides[0], dils[0]), window_span(tw, kernel[1], strides[1], dils[1])
     per_channel = 4 * (ih * iw + kernel[0] * kernel[1] * -(-co // 4) * 4)
     return next((cb for cb in (16, 8, 4) if cb * per_channel <= NARROW_SMEM), 0)
 
@@ -365,8 +364,8 @@ class Conv(_ConvBase):
         sh, sw = self.strides
         dh, dw = self.dils
         cb = narrow_channels(co, self.kernel, self.strides, self.dils)
-        ih, iw = (th - 1) * sh + (kh - 1) * dh + 1, (tw - 1) * sw + (kw - 1) * dw + 1
-        span, cop, taps = (px - 1) * sw + (kw - 1) * dw + 1, -(-co // 4) * 4, kh * kw
+        ih, iw, span = window_span(th, kh, sh, dh), window_span(tw, kw, sw, dw), window_span(px, kw, sw, dw)
+        cop, taps = -(-co // 4) * 4, kh * kw
         ty, tx = -(-oh // th), -(-ow // tw)
         return f"""  __shared__ float g_xs[{cb}][{ih}][{iw}];
   __shared__ __align__(16) float g_ws[{cb * taps}][{cop}];

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aiomnn.window import window_params
+from aiomnn.window import window_params, window_span
 from aiomnn.backend import Tensor
 
 from ..launch import CONV_BUSY, CONV_SLICE, CONV_SPLITS, NARROW_LOCAL, NARROW_PX, NARROW_STEP, Convolution, Grid, Matmul
@@ -44,8 +44,7 @@ def narrow_groups(ctx, geo) -> int:
     n, c, h, w, co, oh, ow, kernel, strides, dils, pads, g = geo
     tx, th, _ = NARROW_LOCAL
     tw = tx * NARROW_PX
-    ih = (th - 1) * strides[0] + (kernel[0] - 1) * dils[0] + 1
-    iw = (tw - 1) * strides[1] + (kernel[1] - 1) * dils[1] + 1
+    ih, iw = window_span(th, kernel[0], strides[0], dils[0]), window_span(tw, kernel[1], strides[1], dils[1])
     shared = 4 * NARROW_STEP * (ih * iw + kernel[0] * kernel[1] * -(-co // 4) * 4)
     if g != 1 or co > NARROW_CO or shared > ctx.max_shared:
         return 0
