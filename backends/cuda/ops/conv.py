@@ -10,11 +10,8 @@ Conv algorithms:
   (no im2col buffer) and runs the epilogue on its accumulators: one kernel.
   Where there are few tiles, K is split into slices that run on other SMs
   (split_k).
-- "narrow": convs of few output channels (at most NARROW_CO) on large maps,
-  like det's 96 -> 24 3x3 convs at 160x160. Each thread computes every output
-  channel for a few pixels of a row, from input rows and weights staged in
-  shared memory: one input value feeds all the channels from a register, and
-  the tap's index needs no division (the implicit GEMM decodes every k).
+- "narrow" (conv_narrow.py): convs of few output channels (at most NARROW_CO)
+  on large maps; each thread computes every output channel for a few pixels.
 The cuBLAS algorithms write the raw product into the output buffer; bias,
 activation and any elementwise chain that follows run in one fused kernel.
 
@@ -31,11 +28,12 @@ import os
 import cupy
 import numpy as np
 
-from aiomnn.window import window_params, window_span
+from aiomnn.window import window_params
 
 from .. import kernels
 from ..kernels import Expr, Inline, Raw, Val
 from .base import CudaOp, Decline, check_tensors, float_inputs, op
+from .conv_narrow import NARROW_PIXELS, narrow_bounds, narrow_channels, narrow_code, narrow_launch
 from .elementwise import activation
 from .matmul import gemm_fn
 
@@ -55,29 +53,6 @@ BK = 32
 IGEMM_PIXELS = 1024
 #: Such convs with at most this many output channels start as "igemm32x128" and may run "narrow".
 NARROW_CO = int(os.environ.get("AIOMNN_CUDA_NARROW_CO", 32))
-#: The narrow algorithm's block: output rows, output columns and pixels of a row per thread. On an H200,
-#: det's 96 -> 24 3x3 conv at 8x160x160 took 318 us so (16 x 16, 2 per thread, 16 input channels a
-#: step), against 355 us with 8 x 16 and 407-446 us with 1 pixel per thread; 4 pixels per thread held
-#: 96 accumulators and took 478-513 us, the implicit GEMM 592 us.
-NARROW = (16, 16, 2)
-#: Blocks of the narrow algorithm each SM holds at once (nvcc caps the registers to match: 128).
-NARROW_BLOCKS = 4
-#: The most shared memory (bytes) the narrow algorithm stages per block.
-NARROW_SMEM = 40 << 10
-#: Convs with at least this many output pixels (batch included) start as "narrow" before tuning. On an
-#: H200, 96 -> 24 3x3: 8x40x40 took 75 us narrow and 52 us "igemm32x128"; 1x160x160 took 76 us and 90 us.
-NARROW_PIXELS = 1 << 14
-
-
-def narrow_channels(co: int, kernel, strides, dils) -> int:
-    """Input channels the narrow algorithm stages per step (its input rows and their weights fit
-    NARROW_SMEM), or 0 where even 4 do not fit."""
-    th, tw, _ = NARROW
-    ih, iw = window_span(th, kernel[0], strides[0], dils[0]), window_span(tw, kernel[1], strides[1], dils[1])
-    per_channel = 4 * (ih * iw + kernel[0] * kernel[1] * -(-co // 4) * 4)
-    return next((cb for cb in (16, 8, 4) if cb * per_channel <= NARROW_SMEM), 0)
-
-
 def conv_choices(node, x_shape, w_shape, out_shape, half: bool) -> tuple[str, list[str]]:
     """A conv's tuning key and its algorithms, the heuristic's pick first."""
     kernel, strides, dils, pads = window_params(node, x_shape, node.attrs.get("kernel_shape", w_shape[2:]))
@@ -252,16 +227,12 @@ class Conv(_ConvBase):
         """The implicit GEMM's grid and block: one block per tile and slice of K, one thread per 4x4 outputs.
         The narrow algorithm's: one block per image and tile of output rows and columns."""
         if self.algo == "narrow":
-            th, tw, px = NARROW
-            n, _, oh, ow = self.out_shape
-            return n * -(-oh // th) * -(-ow // tw), th * tw // px
+            return narrow_launch(self.out_shape)
         bm, bn = TILES[self.algo]
         return self.tiles() * self.splits, bm * bn // 16
 
     def launch_bounds(self) -> str:
-        if self.algo != "narrow":
-            return ""
-        return f"__launch_bounds__({self.launch_shape()[1]}, {NARROW_BLOCKS})"
+        return narrow_bounds(self.out_shape) if self.algo == "narrow" else ""
 
     def tiled_code(self, ptrs: list[str], at: int, epi: str) -> str:
         """The implicit GEMM's kernel body; `epi(i, acc)` stores output element i from its accumulator.
@@ -272,7 +243,7 @@ class Conv(_ConvBase):
         A block runs one slice of K (split_k); its tile is blockIdx.x / slices.
         """
         if self.algo == "narrow":
-            return self._narrow_code(ptrs, epi)
+            return narrow_code(self, ptrs, epi)
         bm, bn = TILES[self.algo]
         nt, bk = bm * bn // 16, BK
         ra, rb = bk * bm // nt, bk * bn // nt  # values each thread stages per k-step
@@ -348,84 +319,6 @@ class Conv(_ConvBase):
       const unsigned px = g_p0 + g_tx * 4 + j;
       if (px < g_NP) {epi}((px / g_OHW * g_CO + co) * g_OHW + px % g_OHW, g_acc[i][j]);
     }}
-  }}
-"""
-
-    def _narrow_code(self, ptrs: list[str], epi: str) -> str:
-        """The narrow algorithm's kernel body (see the module's docstring). Per step, the block stages CB input
-        channels of the rows its outputs read (zero outside the input) and their weights, [k][output channel];
-        each thread then keeps a row's span of inputs in registers and, per tap, multiplies the tap's weights
-        for every channel (read as float4, the same for all threads) into its pixels' accumulators."""
-        th, tw, px = NARROW
-        x, w = ptrs[:2]
-        n, ci, h, wd = self.in_shape(0)
-        co, oh, ow = self.out_shape[1:]
-        kh, kw = self.kernel
-        sh, sw = self.strides
-        dh, dw = self.dils
-        cb = narrow_channels(co, self.kernel, self.strides, self.dils)
-        ih, iw, span = window_span(th, kh, sh, dh), window_span(tw, kw, sw, dw), window_span(px, kw, sw, dw)
-        cop, taps = -(-co // 4) * 4, kh * kw
-        ty, tx = -(-oh // th), -(-ow // tw)
-        return f"""  __shared__ float g_xs[{cb}][{ih}][{iw}];
-  __shared__ __align__(16) float g_ws[{cb * taps}][{cop}];
-  const int g_tid = threadIdx.x, g_tx = g_tid % {tw // px}, g_ty = g_tid / {tw // px};
-  const int g_bx = blockIdx.x % {tx}, g_by = blockIdx.x / {tx} % {ty}, g_n = blockIdx.x / {tx * ty};
-  const int g_oy0 = g_by * {th}, g_ox0 = g_bx * {tw};
-  const int g_iy0 = g_oy0 * {sh} - {self.pads[0]}, g_ix0 = g_ox0 * {sw} - {self.pads[1]};
-  const T* g_x = {x} + (size_t)g_n * {ci * h * wd};
-  float g_acc[{cop}][{px}];
-  #pragma unroll
-  for (int o = 0; o < {cop}; ++o)
-    #pragma unroll
-    for (int p = 0; p < {px}; ++p) g_acc[o][p] = 0.f;
-  for (int c0 = 0; c0 < {ci}; c0 += {cb}) {{
-    for (int e = g_tid; e < {cb * ih * iw}; e += {th * tw // px}) {{
-      const int c = e / {ih * iw}, r = e % {ih * iw}, iy = g_iy0 + r / {iw}, ix = g_ix0 + r % {iw};
-      float v = 0.f;
-      if (c0 + c < {ci} && iy >= 0 && iy < {h} && ix >= 0 && ix < {wd})
-        v = LD(g_x[((size_t)(c0 + c) * {h} + iy) * {wd} + ix]);
-      g_xs[c][r / {iw}][r % {iw}] = v;
-    }}
-    for (int e = g_tid; e < {cb * taps * cop}; e += {th * tw // px}) {{
-      const int r = e / {cop}, o = e % {cop}, k = c0 * {taps} + r;
-      g_ws[r][o] = (o < {co} && k < {ci * taps}) ? LD({w}[(size_t)k * {co} + o]) : 0.f;
-    }}
-    __syncthreads();
-    #pragma unroll 1
-    for (int c = 0; c < {cb}; ++c) {{
-      #pragma unroll
-      for (int ky = 0; ky < {kh}; ++ky) {{
-        float xr[{span}];
-        #pragma unroll
-        for (int j = 0; j < {span}; ++j) xr[j] = g_xs[c][g_ty * {sh} + ky * {dh}][g_tx * {px * sw} + j];
-        #pragma unroll
-        for (int kx = 0; kx < {kw}; ++kx) {{
-          const float* wr = g_ws[(c * {kh} + ky) * {kw} + kx];
-          #pragma unroll
-          for (int o = 0; o < {cop}; o += 4) {{
-            const float4 wv = *reinterpret_cast<const float4*>(wr + o);
-            #pragma unroll
-            for (int p = 0; p < {px}; ++p) {{
-              const float xv = xr[p * {sw} + kx * {dw}];
-              g_acc[o][p] += wv.x * xv; g_acc[o + 1][p] += wv.y * xv;
-              g_acc[o + 2][p] += wv.z * xv; g_acc[o + 3][p] += wv.w * xv;
-            }}
-          }}
-        }}
-      }}
-    }}
-    __syncthreads();
-  }}
-  const int g_oy = g_oy0 + g_ty;
-  if (g_oy < {oh}) {{
-    #pragma unroll
-    for (int o = 0; o < {co}; ++o)
-      #pragma unroll
-      for (int p = 0; p < {px}; ++p) {{
-        const int ox = g_ox0 + g_tx * {px} + p;
-        if (ox < {ow}) {epi}(((unsigned)(g_n * {co} + o) * {oh} + g_oy) * {ow} + ox, g_acc[o][p]);
-      }}
   }}
 """
 
