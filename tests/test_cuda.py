@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
-from aiomnn.backends.cuda import kernels
+from aiomnn.backends.cuda import fused, kernels
 from aiomnn.models import MODELS
 
 from .conftest import model_path
@@ -79,25 +79,25 @@ def test_cuda_request_falls_back_without_gpu():
 
 
 def test_collapse_merges_contiguous_dims():
-    dims, st = kernels.collapse([2, 3, 4, 5], [[60, 20, 5, 1], [0, 1, 0, 0]])
+    dims, st = fused.collapse([2, 3, 4, 5], [[60, 20, 5, 1], [0, 1, 0, 0]])
     assert dims == [2, 3, 20] and st == [[60, 20, 1], [0, 1, 0]]
-    dims, st = kernels.collapse([1, 8, 1, 1], [[0, 1, 0, 0]])
+    dims, st = fused.collapse([1, 8, 1, 1], [[0, 1, 0, 0]])
     assert dims == [8] and st == [[1]]
 
 
 def test_generated_source_holds_the_layer_constants():
     """Shapes and scalars are written into the source as constants, not read from a table."""
-    a = kernels.Expr("Add", (kernels.Val("x", (4, 7)), kernels.Lit(3.0)))
-    b = kernels.Expr("Add", (kernels.Val("y", (9, 5)), kernels.Lit(0.5)))
+    a = fused.Expr("Add", (fused.Val("x", (4, 7)), fused.Lit(3.0)))
+    b = fused.Expr("Add", (fused.Val("y", (9, 5)), fused.Lit(0.5)))
     srcs = []
     for root, dims in ((a, [4, 7]), (b, [9, 5])):
-        plans = [kernels.LeafPlan(leaf, "lit" if isinstance(leaf, kernels.Lit) else "s",
-                                  meta=[kernels.float_bits(leaf.value)] if isinstance(leaf, kernels.Lit) else [],
-                                  strides=[] if isinstance(leaf, kernels.Lit) else [dims[1] * 2, 1])
-                 for leaf in kernels.leaves(root).values()]
-        src = kernels.generate(root, plans, dims)
+        plans = [fused.LeafPlan(leaf, "lit" if isinstance(leaf, fused.Lit) else "s",
+                                  meta=[fused.float_bits(leaf.value)] if isinstance(leaf, fused.Lit) else [],
+                                  strides=[] if isinstance(leaf, fused.Lit) else [dims[1] * 2, 1])
+                 for leaf in fused.leaves(root).values()]
+        src = fused.generate(root, plans, dims)
         srcs.append(src)
-        assert "m[" not in src and f"__int_as_float(({kernels.float_bits(root.args[1].value)}))" in src
+        assert "m[" not in src and f"__int_as_float(({fused.float_bits(root.args[1].value)}))" in src
         assert f"% (unsigned)({dims[1]})" in src and f"c0 * (unsigned)({dims[1] * 2})" in src
     assert srcs[0] != srcs[1]
     view = kernels.constants("const int* q = m + 1;\n  a = q[0] + m[0];", [5, 6, 7])
@@ -105,16 +105,16 @@ def test_generated_source_holds_the_layer_constants():
 
 
 def test_substitute_shares_a_value_used_twice():
-    x = kernels.Val("x", (2,))
-    y = kernels.Expr("Mul", (x, kernels.Expr("Clip", (kernels.Expr("Add", (x, kernels.Lit(3.0))),),
+    x = fused.Val("x", (2,))
+    y = fused.Expr("Mul", (x, fused.Expr("Clip", (fused.Expr("Add", (x, fused.Lit(3.0))),),
                                                         (("lo", 0.0), ("hi", 6.0)))))
-    conv = kernels.Expr("Relu", (kernels.Val("c", (2,)),))
-    z = kernels.substitute(y, "x", conv)
-    assert kernels.vals(z) == ["c"]
-    plans = [kernels.LeafPlan(leaf, "lit" if isinstance(leaf, kernels.Lit) else "c",
-                              meta=[0] if isinstance(leaf, kernels.Lit) else [])
-             for leaf in kernels.leaves(z).values()]
-    src = kernels.generate(z, plans, [2])
+    conv = fused.Expr("Relu", (fused.Val("c", (2,)),))
+    z = fused.substitute(y, "x", conv)
+    assert fused.vals(z) == ["c"]
+    plans = [fused.LeafPlan(leaf, "lit" if isinstance(leaf, fused.Lit) else "c",
+                              meta=[0] if isinstance(leaf, fused.Lit) else [])
+             for leaf in fused.leaves(z).values()]
+    src = fused.generate(z, plans, [2])
     assert src.count("fmaxf(l0, 0.f)") == 1  # the producer is computed once
 
 

@@ -42,8 +42,8 @@ from aiomnn.fence import Fence
 from aiomnn.graph import Node
 from aiomnn.memory import Block, HandedOver, StorageType
 
-from . import kernels
-from .kernels import Inline, LeafPlan, Lit, Raw, Val, collapse, contiguous, leaves, vals
+from . import fused, kernels
+from .fused import Inline, LeafPlan, Lit, Raw, Val, collapse, contiguous, leaves, vals
 from .ops import OPS
 from .ops.base import CudaOp, Decline
 from .ops.tensor import Concat, Split
@@ -276,7 +276,7 @@ class CudaBackend(Backend):
                         continue
                     if _tiled(root) and _tiled(roots[i]):  # one tiled kernel each
                         continue
-                    root = kernels.substitute(root, name, roots[i])
+                    root = fused.substitute(root, name, roots[i])
                     mem = new_mem
                     absorbed[i] = j
                     changed = True
@@ -531,7 +531,7 @@ class CudaBackend(Backend):
         inline = False
         for leaf in leaves(root).values():
             if isinstance(leaf, Lit):
-                plans.append(LeafPlan(leaf, "lit", meta=[kernels.float_bits(leaf.value)]))
+                plans.append(LeafPlan(leaf, "lit", meta=[fused.float_bits(leaf.value)]))
             elif isinstance(leaf, Inline):
                 inline = True
                 plans.append(LeafPlan(leaf, "inline", ptrs=leaf.op.inline_ptrs(), meta=leaf.op.inline_meta()))
@@ -555,7 +555,7 @@ class CudaBackend(Backend):
                 p.mode = "c"
             elif all(a == 0 for a in st):
                 p.mode = "0"
-        kern = self.rt.kernel(kernels.generate(root, plans, list(dims)), self.half)
+        kern = self.rt.kernel(fused.generate(root, plans, list(dims)), self.half)
         ptrs = [a for p in plans for a in p.ptrs if p.mode != "lit"]
         total = int(np.prod(dims))
         args = (out, np.uint32(total), *ptrs)

@@ -1,6 +1,6 @@
 """What every CUDA op is: an Execution that plans at resize and launches into the recorded graph.
 
-An op may carry `group`, an expression for its output 0 (kernels.Node). The
+An op may carry `group`, an expression for its output 0 (fused.Node). The
 backend turns groups into generated kernels and fuses an elementwise consumer
 with its producers when nothing else reads the value in between: a
 Conv -> Add -> Clip -> Mul -> Div chain becomes one GEMM and one kernel.
@@ -53,7 +53,7 @@ class CudaOp(Execution):
         self.outs = outs
         self.in_names = [t.name if t is not None else "" for t in ins]
         self.out_names = [t.name for t in outs]
-        self.group = None  # kernels.Node for output 0
+        self.group = None  # fused.Node for output 0
         self.step = -1
         self.resized = False
         self.launches: list[Callable[[], None]] = []
@@ -96,7 +96,7 @@ class CudaOp(Execution):
     # Group leaves -------------------------------------------------------------
     def raw_strides(self) -> list[int]:
         """Element strides of the raw result over the output shape (a Raw leaf)."""
-        from ..kernels import contiguous
+        from ..fused import contiguous
 
         return contiguous(list(self.out_shape))
 

@@ -31,7 +31,7 @@ import numpy as np
 from aiomnn.window import window_params
 
 from .. import kernels
-from ..kernels import Expr, Inline, Raw, Val
+from ..fused import Expr, Inline, Raw, Val
 from .base import CudaOp, Decline, check_tensors, float_inputs, op
 from .conv_narrow import NARROW_PIXELS, narrow_bounds, narrow_channels, narrow_code, narrow_launch
 from .elementwise import activation

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..kernels import EXPR, Expr, Lit, Node, Val
+from ..fused import EXPR, Expr, Lit, Node, Val
 from .base import F32, CudaOp, Decline, check_tensors, float_inputs, op
 
 UNARY = {"Relu", "Sigmoid", "Tanh", "HardSwish", "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Floor", "Ceil",

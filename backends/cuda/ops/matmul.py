@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import Expr, Lit, Raw, Val
+from ..fused import Expr, Lit, Raw, Val
 from .base import F32, CudaOp, Decline, check_tensors, float_inputs, op
 from .elementwise import activation
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiomnn.window import window_params
 
-from ..kernels import Inline
+from ..fused import Inline
 from .base import CudaOp, Decline, check_tensors, float_inputs, op
 
 

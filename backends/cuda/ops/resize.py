@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import Inline, float_bits
+from ..fused import Inline, float_bits
 from .base import CudaOp, Decline, check_tensors, float_inputs, op
 
 COORD = {

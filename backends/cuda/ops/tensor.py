@@ -6,7 +6,8 @@ import numpy as np
 
 from aiomnn.graph import dtype_of
 
-from ..kernels import CTYPES, MAX_COPY_RANK, cast_source, collapse
+from ..fused import collapse
+from ..kernels import CTYPES, MAX_COPY_RANK, cast_source
 from .base import F32, CudaOp, Decline, check_tensors, op
 from .elementwise import Copy
 
