@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import bisect
 import enum
+import threading
+import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 
 class StorageType(enum.Enum):
@@ -75,7 +77,7 @@ class HandedOver:
     """Host memory a backend hands to the caller as one output array's base (`np.asarray(HandedOver(...))`).
 
     The array is the memory's only user, so the session returns it as it is instead of copying it;
-    `memory` (any object that keeps the bytes alive) goes when the array goes.
+    `memory` (any object that keeps the bytes alive, a Lease) goes when the array goes.
     """
 
     __slots__ = ("memory", "__array_interface__", "__weakref__")
@@ -84,3 +86,48 @@ class HandedOver:
         self.memory = memory
         self.__array_interface__ = {"data": (address, False), "shape": tuple(shape), "typestr": dtype.str,
                                     "version": 3}
+
+
+class Handed:
+    """The bytes of host memory that callers hold in output arrays a backend handed over, within a limit.
+
+    That memory is locked (CUDA's pinned blocks, host memory a Vulkan device imported): a caller who keeps
+    many outputs must not lock the host's RAM with them. Past the limit, outputs are copied into ordinary
+    memory instead."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bool:
+        """Count nbytes as handed over, if they fit under the limit."""
+        with self._lock:
+            if self.bytes + nbytes > self.limit:
+                return False
+            self.bytes += nbytes
+            return True
+
+    def give_back(self, nbytes: int) -> None:
+        with self._lock:
+            self.bytes -= nbytes
+
+
+handed = Handed(256 << 20)
+
+
+class Lease:
+    """The `memory` of HandedOver arrays: it keeps `keep` (what owns their bytes) alive, and when the last of
+    them is gone it gives nbytes back to `handed`, then calls `returned` (the memory may be used again)."""
+
+    __slots__ = ("keep", "__weakref__")
+
+    def __init__(self, keep: Any, nbytes: int, returned: Callable[[], None] | None = None):
+        self.keep = keep
+        weakref.finalize(self, _lease_ended, nbytes, returned)
+
+
+def _lease_ended(nbytes: int, returned: Callable[[], None] | None) -> None:
+    handed.give_back(nbytes)
+    if returned is not None:
+        returned()

@@ -613,22 +613,21 @@ async def test_large_inputs_are_copied_in_pieces(mode, precision, monkeypatch):
 @pytest.mark.parametrize("limit", [None, 0])
 async def test_outputs_are_handed_over_in_pinned_blocks_up_to_a_limit(limit, monkeypatch):
     """Outputs come back in pinned blocks handed to the caller (no copy after the run) while callers hold
-    less than HANDED_LIMIT in them; past it the session copies them into ordinary memory. Either way a
+    less than memory.handed's limit in them; past it the session copies them into ordinary memory. Either way a
     later run leaves earlier outputs alone, and a dropped output gives its bytes back."""
     import gc
 
-    from aiomnn.backends.cuda import backend as cb
-    from aiomnn.memory import HandedOver
+    from aiomnn.memory import HandedOver, handed
 
     # Other tests' outputs may still count: the limit is set from what is held now.
-    monkeypatch.setattr(cb, "HANDED_LIMIT", cb._handed[0] + (1 << 30) if limit is None else limit)
+    monkeypatch.setattr(handed, "limit", handed.bytes + (1 << 30) if limit is None else limit)
     data, _ = conv_case(r(1, 8, 9, 7), r(16, 8, 3, 3), r(16), pads=[1, 1, 1, 1])
     cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(tuning="none"))
     async with await aiomnn.Interpreter.from_bytes(data).create_session(cfg) as s, \
             await aiomnn.Interpreter.from_bytes(data).create_session(aiomnn.ScheduleConfig(type="cpu")) as cpu:
         await s.run({"x": r(1, 8, 9, 7)})
         gc.collect()
-        before = cb._handed[0]
+        before = handed.bytes
         outs = []
         for _ in range(3):
             x = {"x": r(1, 8, 9, 7)}
@@ -636,12 +635,12 @@ async def test_outputs_are_handed_over_in_pinned_blocks_up_to_a_limit(limit, mon
         for got, want in outs:
             assert rel_error(got, want) <= 1e-4
             assert isinstance(got.base, HandedOver) == (limit is None)
-        held, nbytes = cb._handed[0], 3 * outs[0][0].nbytes
+        held, nbytes = handed.bytes, 3 * outs[0][0].nbytes
         assert held - before == (nbytes if limit is None else 0)
         del got, want
         outs.clear()
         gc.collect()
-        assert held - cb._handed[0] == (nbytes if limit is None else 0)
+        assert held - handed.bytes == (nbytes if limit is None else 0)
 
 
 @needs_gpu

@@ -25,9 +25,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -40,7 +38,7 @@ from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.graph import Node
-from aiomnn.memory import Block, HandedOver, StorageType
+from aiomnn.memory import Block, HandedOver, Lease, StorageType, handed
 
 from . import fused, kernels
 from .fused import Inline, LeafPlan, Lit, Raw, Val, collapse, contiguous, leaves, vals
@@ -70,12 +68,6 @@ F16 = np.dtype(np.float16)
 WAIT_MODES = ("thread", "hostfunc")
 #: How often a segment's graph capture is tried before its launches run one by one.
 CAPTURE_TRIES = 3
-#: Pinned bytes the caller may hold in output arrays. Past it, an output still comes back through a
-#: pinned block, and the session copies it into ordinary memory (pinned memory is locked memory: a
-#: caller who keeps many outputs must not lock the host's RAM with them).
-HANDED_LIMIT = 256 << 20
-_handed = [0]  # pinned bytes in the callers' output arrays now
-_handed_lock = threading.Lock()
 
 @dataclass(eq=False)
 class Step:
@@ -110,11 +102,6 @@ class Run:
 
 def _signal(fence: Fence) -> None:
     fence.signal()
-
-
-def _handed_back(nbytes: int) -> None:
-    with _handed_lock:
-        _handed[0] -= nbytes
 
 
 class CudaBackend(Backend):
@@ -739,22 +726,16 @@ class CudaBackend(Backend):
     def _to_host(self, src: "cupy.ndarray", held: list) -> np.ndarray:
         """An array the caller owns, which a copy queued now on the stream fills from src: a block of cupy's
         pinned pool, handed over with the array (it goes back to the pool when the array goes), within
-        HANDED_LIMIT and for dtypes the array interface carries (not ml_dtypes' bfloat16)."""
+        the bytes callers may hold (memory.handed) and for dtypes the array interface carries (not ml_dtypes'
+        bfloat16)."""
         n, dtype = src.nbytes, src.dtype
         if not n:
             return np.empty(src.shape, dtype)
         mem = cupy.cuda.alloc_pinned_memory(n)
         held.append(mem)
         cupy.cuda.runtime.memcpyAsync(mem.ptr, src.data.ptr, n, D2H, self.stream.ptr)
-        if np.dtype(dtype.str) == dtype:
-            with _handed_lock:
-                handed = _handed[0] + n <= HANDED_LIMIT
-                if handed:
-                    _handed[0] += n
-            if handed:
-                owner = HandedOver(mem, mem.ptr, src.shape, dtype)
-                weakref.finalize(owner, _handed_back, n)
-                return np.asarray(owner)
+        if np.dtype(dtype.str) == dtype and handed.take(n):
+            return np.asarray(HandedOver(Lease(mem, n), mem.ptr, src.shape, dtype))
         return np.frombuffer(mem, dtype, src.size).reshape(src.shape)  # the session copies it
 
     def _copy_in(self, host: np.ndarray, src: Any, dst: int) -> None:

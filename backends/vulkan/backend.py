@@ -39,12 +39,12 @@ from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence, offload
 from aiomnn.graph import Node
-from aiomnn.memory import Arena, Block, StorageType
+from aiomnn.memory import Arena, Block, HandedOver, Lease, StorageType, handed
 
 from .memory import Loc, align_up, upload
 from .queue import Submission
 from . import segments
-from .record import Dispatch, Record
+from .record import Dispatch, Record, Slot
 
 if TYPE_CHECKING:
     from aiomnn.pipeline import Segment
@@ -412,24 +412,30 @@ class VulkanBackend(Backend):
     def _start(self, rec: Record, values: dict[str, Any], fence: Fence) -> None:
         """Copy the inputs into mapped memory and submit; errors go to the fence."""
         try:
+            slot = rec.slot()
             for name, view, shape in rec.uploads:
                 v = values[name]
                 if v.shape != shape:
                     raise BackendError(f"input {name!r} has shape {v.shape}, the plan has {shape}")
-                copies.copy(view, v)
-            sub = rec.slot()
-            self._last_value = self.queue.submit(sub, functools.partial(_finish, rec, values, fence))
+                sends = slot.sends.get(name, ())
+                i = 0
+                for _, filled in copies.fill(view, v):
+                    while i < len(sends) and sends[i][0] <= filled:
+                        self.queue.send(sends[i][1])
+                        i += 1
+            self._last_value = self.queue.submit(slot.sub, functools.partial(_finish, rec, slot, values, fence))
         except BaseException as exc:
             fence.signal(error=exc)
 
 
-def _finish(rec: Record, values: dict[str, Any], fence: Fence, err: BaseException | None) -> None:
-    """On the waiter thread: the segment completed; copy its outputs to the host and signal."""
+def _finish(rec: Record, slot: Slot, values: dict[str, Any], fence: Fence, err: BaseException | None) -> None:
+    """On the waiter thread: the segment completed; hand its outputs over (or copy them) and signal."""
     if err is not None:
         fence.signal(error=BackendError(f"the Vulkan run failed: {err}"))
         return
     try:
-        for name, view in rec.downloads:
+        lent = slot.handover and _lend(slot, values)
+        for name, view in () if lent else slot.downloads:
             if copies.large(view.nbytes):
                 values[name] = out = np.empty(view.shape, view.dtype)
                 copies.copy(out, view)
@@ -441,3 +447,16 @@ def _finish(rec: Record, values: dict[str, Any], fence: Fence, err: BaseExceptio
         fence.signal(error=exc)
         return
     fence.signal()
+
+
+def _lend(slot: Slot, values: dict[str, Any]) -> bool:
+    """Make the slot's outputs arrays on its own readback, as they are, within the bytes callers may hold
+    (memory.handed); the slot is free again when they are all gone."""
+    nbytes = sum(view.nbytes for _, view in slot.downloads)
+    if not handed.take(nbytes):
+        return False
+    lease = Lease(slot, nbytes, slot.returned)
+    for name, view in slot.downloads:
+        values[name] = np.asarray(HandedOver(lease, view.ctypes.data, view.shape, view.dtype))
+    slot.lent = True
+    return True

@@ -38,6 +38,9 @@ _HOST_COHERENT = vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
 _HOST_CACHED = vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT
 _DEVICE_LOCAL = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
 
+HOST_IMPORT = "VK_EXT_external_memory_host"
+_HOST_ALLOCATION = vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT
+
 _BUFFER_USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
                  | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
 
@@ -113,23 +116,29 @@ def physical_devices() -> list[tuple[PhysicalInfo, Any]]:
 class Buffer:
     """A VkBuffer with its own memory; `host` is a uint8 view of its mapping when host-visible."""
 
-    def __init__(self, ctx: "Context", size: int, memory_type: int):
+    def __init__(self, ctx: "Context", size: int, memory_type: int,
+                 imported: tuple[np.ndarray, int] | None = None):
         self.ctx = ctx
         self.size = size = max(16, int(size))
         dev = ctx.device
-        self.handle = vk.vkCreateBuffer(dev, vk.VkBufferCreateInfo(size=size, usage=_BUFFER_USAGE,
+        external = imported and vk.VkExternalMemoryBufferCreateInfo(handleTypes=_HOST_ALLOCATION)
+        self.handle = vk.vkCreateBuffer(dev, vk.VkBufferCreateInfo(pNext=external or None, size=size,
+                                                                   usage=_BUFFER_USAGE,
                                                                    sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
         req = vk.vkGetBufferMemoryRequirements(dev, self.handle)
-        mt = ctx.pick_memory(req.memoryTypeBits, memory_type)
+        bits = req.memoryTypeBits & (imported[1] if imported else ~0)
         try:
-            self.memory = vk.vkAllocateMemory(dev, vk.VkMemoryAllocateInfo(allocationSize=req.size,
-                                                                           memoryTypeIndex=mt), None)
+            mt = ctx.pick_memory(bits, memory_type)
+            source = imported and vk.VkImportMemoryHostPointerInfoEXT(
+                handleType=_HOST_ALLOCATION, pHostPointer=ffi.cast("void*", imported[0].ctypes.data))
+            self.memory = vk.vkAllocateMemory(dev, vk.VkMemoryAllocateInfo(
+                pNext=source or None, allocationSize=size if imported else req.size, memoryTypeIndex=mt), None)
         except Exception:
             vk.vkDestroyBuffer(dev, self.handle, None)
             raise
         vk.vkBindBufferMemory(dev, self.handle, self.memory, 0)
-        self.host_visible = bool(ctx.memory_flags[mt] & _HOST_VISIBLE)
-        self.host: np.ndarray | None = None
+        self.host_visible = bool(ctx.memory_flags[mt] & _HOST_VISIBLE) and not imported
+        self.host: np.ndarray | None = imported[0] if imported else None
         if self.host_visible:
             mapped = vk.vkMapMemory(dev, self.memory, 0, size, 0)
             self.host = np.frombuffer(mapped, dtype=np.uint8)
@@ -251,9 +260,22 @@ class Context:
             self.storage16 = bool(f16.storageBuffer16BitAccess)
             enable_chain = vk.VkPhysicalDevice16BitStorageFeatures(storageBuffer16BitAccess=int(self.storage16))
 
+        # Host memory the GPU copies outputs into can become the caller's arrays where it can be imported
+        # (VK_EXT_external_memory_host): numpy owns it, so it outlives this device (import_host).
+        extensions = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)}
+        self.import_align = 0
+        if HOST_IMPORT in extensions and not os.environ.get("AIOMNN_VULKAN_NO_IMPORT"):
+            hp = vk.VkPhysicalDeviceExternalMemoryHostPropertiesEXT()
+            vk.vkGetPhysicalDeviceProperties2(physical, vk.VkPhysicalDeviceProperties2(pNext=hp))
+            self.import_align = int(hp.minImportedHostPointerAlignment)
+        enabled = [HOST_IMPORT] if self.import_align else []
+
         qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=[1.0])
         self.device = vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(
-            pNext=enable_chain, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo]), None)
+            pNext=enable_chain, queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
+            enabledExtensionCount=len(enabled), ppEnabledExtensionNames=enabled), None)
+        self._host_pointer_props = (vk.vkGetDeviceProcAddr(self.device, "vkGetMemoryHostPointerPropertiesEXT")
+                                    if self.import_align else None)
 
         # Memory: a device-local type, a host-visible coherent type, and whether they are one (UMA, lavapipe).
         mp = vk.vkGetPhysicalDeviceMemoryProperties(physical)
@@ -307,6 +329,18 @@ class Context:
 
     def host_buffer(self, size: int, readback: bool = False) -> Buffer:
         return Buffer(self, size, self.readback_flags if readback else self.host_flags)
+
+    def import_host(self, size: int) -> Buffer:
+        """A buffer on new host memory that numpy owns (`host`), imported into this device: the memory stays
+        valid after the buffer and the device are gone, so arrays on it can be handed to callers.
+        Needs `import_align` (the extension); the size is rounded up to it."""
+        align = self.import_align
+        size = -(-max(16, int(size)) // align) * align
+        raw = np.empty(size + align, np.uint8)
+        host = raw[-raw.ctypes.data % align:][:size]
+        props = vk.VkMemoryHostPointerPropertiesEXT()
+        self._host_pointer_props(self.device, _HOST_ALLOCATION, ffi.cast("void*", host.ctypes.data), props)
+        return Buffer(self, size, self.readback_flags, imported=(host, int(props.memoryTypeBits)))
 
     # Pipelines ------------------------------------------------------------
     def _create_cache(self, data: bytes | None):

@@ -37,7 +37,7 @@ def profile(backend: "VulkanBackend", segment: "Segment", values: dict[str, Any]
     for name, view, shape in rec.uploads:
         np.copyto(view, values[name], casting="unsafe")
     # One whole run first: it brings the inputs in (fp16 casts them on the device) and warms up.
-    backend.queue.wait_value(backend.queue.submit(rec.slot(), lambda err: None))
+    backend.queue.wait_value(backend.queue.submit(rec.slot().sub, lambda err: None))
     dev = backend.ctx.device
     n = 2 * len(dispatches)
     pool = vk.vkCreateQueryPool(dev, vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP,

@@ -56,19 +56,20 @@ def _error(result: int, what: str) -> Exception:
 
 
 class Submission:
-    """One command buffer and its prebuilt VkSubmitInfo (plus a fence when there is no timeline)."""
+    """One command buffer and its prebuilt VkSubmitInfo (plus a fence when there is no timeline). An
+    untracked one signals nothing: Queue.send submits it and nothing waits for it."""
 
     __slots__ = ("queue", "cmd", "_cmds", "_values", "_sems", "_tinfo", "info", "fence", "_fences", "value",
                  "sent_at", "expect")
 
-    def __init__(self, queue: "Queue", cmd: Any):
+    def __init__(self, queue: "Queue", cmd: Any, tracked: bool = True):
         self.queue = queue
         self.cmd = cmd
         self._cmds = ffi.new("VkCommandBuffer[1]", [cmd])
         self.value = 0  # the queue value of its latest submission; done once queue.completed reaches it
         self.sent_at = 0.0  # perf_counter() at its latest submission
         self.expect = 0.0  # seconds its runs take on the queue, as the waiter saw them (when to poll)
-        if queue.timeline:
+        if queue.timeline and tracked:
             self._values = ffi.new("uint64_t[1]")
             self._sems = ffi.new("VkSemaphore[1]", [queue.semaphore])
             self._tinfo = ffi.new("VkTimelineSemaphoreSubmitInfo*", {
@@ -83,8 +84,8 @@ class Submission:
             self._values = self._sems = self._tinfo = None
             self.info = ffi.new("VkSubmitInfo*", {
                 "sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1, "pCommandBuffers": self._cmds})
-            self.fence = vk.vkCreateFence(queue.device, vk.VkFenceCreateInfo(), None)
-            self._fences = ffi.new("VkFence[1]", [self.fence])
+            self.fence = vk.vkCreateFence(queue.device, vk.VkFenceCreateInfo(), None) if tracked else ffi.NULL
+            self._fences = ffi.new("VkFence[1]", [self.fence]) if tracked else None
 
     @property
     def pending(self) -> bool:
@@ -97,6 +98,14 @@ class Submission:
 
 
 Callback = Callable[[BaseException | None], None]
+
+
+def _call(ready: list[tuple[int, Submission, Callback]], err: BaseException | None) -> None:
+    for _, _, cb in ready:
+        try:
+            cb(err)
+        except BaseException:  # a callback's failure must not kill the waiter
+            log.exception("a Vulkan completion callback failed")
 
 
 class Queue:
@@ -145,6 +154,17 @@ class Queue:
             self._cond.notify()
         return value
 
+    def send(self, sub: Submission) -> None:
+        """Submit an untracked Submission. Work submitted after it completes after it where that work's
+        first barrier waits for what came before (a run's inputs, sent in pieces while the host fills them:
+        the run's own command buffer begins with such a barrier)."""
+        with self._cond:
+            if self.closed:
+                raise RuntimeError("the Vulkan queue is closed")
+            r = lib.vkQueueSubmit(self.handle, 1, sub.info, ffi.NULL)
+            if r != vk.VK_SUCCESS:
+                raise _error(r, "vkQueueSubmit")
+
     def run_blocking(self, cmd: Any) -> None:
         """Submit a one-off command buffer and block until it completes (resize-time uploads)."""
         sub = Submission(self, cmd)
@@ -182,7 +202,7 @@ class Queue:
                     self._cond.wait()
                 if not self._pending:
                     return
-                value, sub, _ = self._pending[0]
+                value, sub = self._pending[0][:2]
             err: BaseException | None = None
             r = self._wait(value, sub)
             if r == vk.VK_SUCCESS and self.timeline:
@@ -203,11 +223,8 @@ class Queue:
                     self.completed = self.submitted  # the device is lost: nothing more will finish
                 self.last_completion = now
                 self._cond.notify_all()
-            for _, _, cb in ready:
-                try:
-                    cb(err)
-                except BaseException:  # a callback's failure must not kill the waiter
-                    log.exception("a Vulkan completion callback failed")
+            _call(ready, err)
+            del ready  # what the callbacks hold (a run's outputs) must not wait here for the next completion
 
     def _wait(self, value: int, sub: Submission) -> int:
         """Wait until `value` (sub's submission) completes, for at most about _WAIT_NS: sleep, poll from

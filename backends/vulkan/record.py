@@ -31,16 +31,37 @@ class Dispatch:
         self.set = None
 
 
+class Slot:
+    """One recorded command buffer of a segment, and where its outputs land on the host (name, host view).
+
+    A slot with a readback of its own (`handover`) lends its outputs to the caller as they are (the
+    backend's _finish), and is not used again until every array of that run is gone (`lent`). `sends`
+    holds, per large input, the untracked submissions that copy its pieces to the device, each with the
+    end of its byte range (the backend sends each once the host has filled it)."""
+
+    __slots__ = ("sub", "downloads", "handover", "sends", "lent")
+
+    def __init__(self, sub: Submission, downloads: list, handover: bool, sends: dict[str, list]):
+        self.sub, self.downloads, self.handover, self.sends, self.lent = sub, downloads, handover, sends, False
+
+    @property
+    def pending(self) -> bool:
+        return self.sub.pending
+
+    def returned(self) -> None:
+        self.lent = False
+
+
 class Record:
-    """A segment's recorded command buffers (a ring, grown only if one is still pending) and its host copies."""
+    """A segment's recorded command buffers (a ring of slots, grown only while each is still pending or lent)
+    and its host copies."""
 
-    __slots__ = ("slots", "uploads", "downloads", "pops", "make", "key", "upload_bytes")
+    __slots__ = ("slots", "uploads", "pops", "make", "key", "upload_bytes")
 
-    def __init__(self, make, uploads, downloads, pops, key):
-        self.make = make  # records one more command buffer for this segment
-        self.slots: list[Submission] = [make()]
+    def __init__(self, make, uploads, pops, key):
+        self.make = make  # records one more slot for this segment
+        self.slots: list[Slot] = [make()]
         self.uploads = uploads  # (name, host view, shape)
-        self.downloads = downloads  # (name, host view)
         self.pops = pops  # host values whose last use is in this segment (known once a run brings the segment)
         self.key = key
         self.upload_bytes = sum(view.nbytes for _, view, _ in uploads)
@@ -49,14 +70,13 @@ class Record:
     def key_of(exes: list, uploads: list[str], downloads: list[str]) -> tuple:
         return tuple(id(e) for e in exes), tuple(uploads), tuple(downloads)
 
-    def slot(self) -> Submission:
+    def slot(self) -> Slot:
         for s in self.slots:
-            if not s.pending:
+            if not s.pending and not s.lent:
                 return s
         s = self.make()
         self.slots.append(s)
         return s
-
 
 
 def bind(cmd, kernel, descriptor_set, push: bytes, pipeline: bool = True) -> None:
@@ -71,14 +91,49 @@ def bind(cmd, kernel, descriptor_set, push: bytes, pipeline: bool = True) -> Non
                                ffi.from_buffer(push))
 
 
-def record(cmd, dispatches: list[Dispatch]) -> None:
-    """Record dispatches, each followed by a barrier that makes its writes visible to the next."""
-    bound = None
+#: The bindings each kernel writes (all others it only reads); binding 0, the output, for kernels not named.
+WRITES = {"conv_gemm": (0, 4, 5), "conv_narrow": (0, 4, 5), "cast": (0, 1)}
+
+
+def waves(dispatches: list[Dispatch]) -> list[list[Dispatch]]:
+    """The dispatches in waves, in order, a barrier to go between two waves: each dispatch joins the wave
+    after the last one holding a dispatch it must follow, one whose memory its own touches where either
+    writes (the arena reuses memory, so a dispatch may have to wait for another to have read). Weights are
+    never written and are left out.
+
+    On an NVIDIA H200 a barrier after every dispatch cost about 10 us each: with them YOLOv8n's 93
+    dispatches took 1.21 ms of GPU time at batch 1, without them (wrong results, for the measure) 0.19.
+    Branches that do not depend on each other (detection heads, the pieces of a Concat) share waves.
+    """
+    seen: dict[tuple, list[tuple[int, int, bool, int]]] = {}  # memory -> (start, end, written, wave)
+    out: list[list[Dispatch]] = []
     for d in dispatches:
-        k = d.kernel
-        bind(cmd, k, d.set, d.push, pipeline=k.pipeline is not bound)
-        bound = k.pipeline
-        lib.vkCmdDispatch(cmd, *d.groups)
+        writes = WRITES.get(d.kernel.name, (0,))
+        spans = [((loc.region, id(loc.buffer)), loc.offset, loc.offset + max(loc.nbytes, 1), i in writes)
+                 for i, loc in enumerate(d.locs) if loc.region != "static"]
+        wave = 0
+        for key, a, b, w in spans:
+            for a2, b2, w2, wave2 in seen.get(key, ()):
+                if wave2 >= wave and (w or w2) and a < b2 and a2 < b:
+                    wave = wave2 + 1
+        if wave == len(out):
+            out.append([])
+        out[wave].append(d)
+        for key, a, b, w in spans:
+            seen.setdefault(key, []).append((a, b, w, wave))
+    return out
+
+
+def record(cmd, dispatches: list[Dispatch]) -> None:
+    """Record dispatches in waves (see waves), a barrier after each wave that makes its writes visible to
+    the next."""
+    bound = None
+    for wave in waves(dispatches):
+        for d in wave:
+            k = d.kernel
+            bind(cmd, k, d.set, d.push, pipeline=k.pipeline is not bound)
+            bound = k.pipeline
+            lib.vkCmdDispatch(cmd, *d.groups)
         barrier(cmd, COMPUTE, COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, SHADER_RW)
 
 

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import vulkan as vk
 
+from aiomnn import copies
 from aiomnn.errors import BackendError
 
 from .memory import Loc, align_up
 from .queue import Submission
-from .record import COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, Record, barrier, record as record_cmds
+from .record import (COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, Record, Slot, barrier,
+                     record as record_cmds)
 
 if TYPE_CHECKING:
     from aiomnn.pipeline import Segment
@@ -84,16 +86,26 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
     cast_in: list[Dispatch] = []
     cast_out: list[Dispatch] = []
     if be.fp16 and uploads:
-        stage, offsets = _host_area(be, [shape for *_, shape in uploads], readback=False)
+        size, offsets = _host_layout(be, [shape for *_, shape in uploads])
+        stage = be.ctx.host_buffer(size)
+        be._extra_bufs.append(stage)
         up_views = [(n, stage.view(off, F32, shape), shape) for (n, _, shape), off in zip(uploads, offsets)]
         cast_in = [_cast(be, loc, stage, off, shape, to_f32=False)
                    for (_, loc, shape), off in zip(uploads, offsets)]
     else:
         up_views = [(n, be._io_host.view(loc.offset, be.store, shape), shape) for n, loc, shape in uploads]
+    # Large inputs go to the device in pieces, each sent as soon as the host has filled it (Slot.sends).
+    in_pieces = {n: copies.pieces(loc.nbytes, be.store.itemsize) for n, loc, _ in uploads
+                 if staged and not cast_in and copies.large(loc.nbytes)}
     readback, rb_offsets = None, []
+    # Staged fp32 outputs land in host memory each slot imports, handed to the caller as they are.
+    handover = staged and not be.fp16 and bool(downloads) and bool(be.ctx.import_align)
     if (staged or be.fp16) and downloads:
-        readback, rb_offsets = _host_area(be, [shape for *_, shape in downloads], readback=True)
-        down_views = [(n, readback.view(off, F32, shape)) for (n, _, shape), off in zip(downloads, rb_offsets)]
+        rb_size, rb_offsets = _host_layout(be, [shape for *_, shape in downloads])
+        if not handover:
+            readback = be.ctx.host_buffer(rb_size, readback=True)
+            be._extra_bufs.append(readback)
+            down_views = _views(readback, downloads, rb_offsets)
         if be.fp16:
             cast_out = [_cast(be, loc, readback, off, shape, to_f32=True)
                         for (_, loc, shape), off in zip(downloads, rb_offsets)]
@@ -102,18 +114,26 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
         down_views = [(n, be.host_view(loc, shape)) for n, loc, shape in downloads]
     be._write_descriptors(cast_in + cast_out)
 
-    def make() -> Submission:
+    def make() -> Slot:
+        nonlocal readback, down_views
+        if handover:
+            readback = be.ctx.import_host(rb_size)
+            be._extra_bufs.append(readback)
+            down_views = _views(readback, downloads, rb_offsets)
+        sends = {n: [(b, _piece(be, loc.offset + a, b - a)) for a, b in in_pieces[n]]
+                 for n, loc, _ in uploads if n in in_pieces}
         cmd = be.ctx.command_buffers(1)[0]
         be._cmds.append(cmd)
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
-        # Earlier submissions' writes (other segments, other runs) become visible here.
+        # Earlier submissions' writes (other segments, other runs, this run's input pieces) become visible here.
         everything = SHADER_RW | TRANSFER_RW
         barrier(cmd, COMPUTE | TRANSFER, COMPUTE | TRANSFER, everything, everything)
+        whole = [loc for n, loc, _ in uploads if n not in in_pieces]
         if cast_in:
             record_cmds(cmd, cast_in)
-        elif staged and uploads:
+        elif staged and whole:
             regions = [vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=loc.offset, size=max(loc.nbytes, 1))
-                       for _, loc, _ in uploads]
+                       for loc in whole]
             vk.vkCmdCopyBuffer(cmd, be._io_host.handle, be._io_dev.handle, len(regions), regions)
             barrier(cmd, TRANSFER, COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, SHADER_RW)
         record_cmds(cmd, dispatches + cast_out)
@@ -128,20 +148,33 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
         vk.vkEndCommandBuffer(cmd)
         sub = Submission(be.queue, cmd)
         be._subs.append(sub)
-        return sub
+        return Slot(sub, down_views, handover, sends)
 
-    return Record(make, up_views, down_views, pops, Record.key_of(exes, upload_names, download_names))
+    return Record(make, up_views, pops, Record.key_of(exes, upload_names, download_names))
 
-def _host_area(be: "VulkanBackend", shapes: list[tuple[int, ...]], readback: bool):
-    """A host buffer holding a float32 tensor of each shape, and their offsets in it."""
+def _piece(be: "VulkanBackend", offset: int, nbytes: int) -> Submission:
+    """An untracked submission copying bytes [offset, offset + nbytes) of the inputs' staging to the device."""
+    cmd = be.ctx.command_buffers(1)[0]
+    be._cmds.append(cmd)
+    vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
+    region = vk.VkBufferCopy(srcOffset=offset, dstOffset=offset, size=nbytes)
+    vk.vkCmdCopyBuffer(cmd, be._io_host.handle, be._io_dev.handle, 1, [region])
+    vk.vkEndCommandBuffer(cmd)
+    sub = Submission(be.queue, cmd, tracked=False)
+    be._subs.append(sub)
+    return sub
+
+def _host_layout(be: "VulkanBackend", shapes: list[tuple[int, ...]]) -> tuple[int, list[int]]:
+    """The size of a host area holding a float32 tensor of each shape, and their offsets in it."""
     size, offsets = 0, []
     for shape in shapes:
         off = align_up(size, be.align)
         offsets.append(off)
         size = off + max(int(np.prod(shape, dtype=np.int64)) * F32.itemsize, 1)
-    buf = be.ctx.host_buffer(size, readback=readback)
-    be._extra_bufs.append(buf)
-    return buf, offsets
+    return size, offsets
+
+def _views(buf: "Buffer", downloads: list, offsets: list[int]) -> list[tuple[str, np.ndarray]]:
+    return [(n, buf.view(off, F32, shape)) for (n, _, shape), off in zip(downloads, offsets)]
 
 def _cast(be: "VulkanBackend", dev: Loc, host: "Buffer", offset: int, shape: tuple[int, ...], to_f32: bool) -> Dispatch:
     """A dispatch converting a device tensor from (or to) float32 at `offset` of a host buffer."""
