@@ -529,14 +529,18 @@ async def test_fp16_storage(case):
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("knob", ["AIOMNN_VULKAN_FORCE_STAGING", "AIOMNN_VULKAN_NO_TIMELINE"])
-async def test_staged_and_fence_paths(knob, monkeypatch):
-    """What a discrete GPU (device-local memory with staging copies) or a driver without timeline semaphores takes."""
-    monkeypatch.setenv(knob, "1")
+@pytest.mark.parametrize("knobs", [("AIOMNN_VULKAN_FORCE_STAGING",), ("AIOMNN_VULKAN_NO_TIMELINE",),
+                                   ("AIOMNN_VULKAN_FORCE_STAGING", "AIOMNN_VULKAN_NO_IMPORT")])
+async def test_staged_and_fence_paths(knobs, monkeypatch):
+    """What a discrete GPU (device-local memory with staging copies, with or without host memory it can import
+    for the outputs) or a driver without timeline semaphores takes."""
+    for knob in knobs:
+        monkeypatch.setenv(knob, "1")
     info = aiomnn.create_runtime(CONFIG)
     try:
         ctx = info.runtimes[ForwardType.VULKAN].ctx
-        assert (not ctx.unified) if knob.endswith("STAGING") else (not ctx.timeline)
+        assert (not ctx.unified) if "AIOMNN_VULKAN_FORCE_STAGING" in knobs else (not ctx.timeline)
+        assert not ("AIOMNN_VULKAN_NO_IMPORT" in knobs and ctx.import_align)
         for data, feeds in [mixed_model(), (CASES[0].model(), CASES[0].feeds())]:
             got, _, _ = await run(data, feeds, CONFIG, info)
             want, _, _ = await run(data, feeds, CPU)

@@ -8,14 +8,17 @@ Resize (the pipeline's alloc):
   on_resize_end creates the arena, io and aux buffers, one descriptor pool sized to
                 the plan, and writes every descriptor set.
   prepare_segments (or the first submit of a segment) records the segment's command
-                buffer (segments.py): input copies, every dispatch with a barrier after
-                it, output copies, and its VkSubmitInfo.
+                buffer (segments.py): input copies, the dispatches in waves with a
+                barrier between waves (record.waves), output copies, and its VkSubmitInfo.
 
-Run (submit): copy the segment's host inputs into mapped memory, one
-vkQueueSubmit, and return an aiomnn Fence. The queue's waiter thread sees the
-completion, copies outputs into the values dict, and signals the fence. Large
-inputs are copied and submitted on the runtime's submit thread instead, so the
-event loop never spends milliseconds in memcpy.
+Run (submit): copy the segment's host inputs into mapped memory (a large one in
+pieces, each sent to the device as soon as it is filled), one vkQueueSubmit, and
+return an aiomnn Fence. The queue's waiter thread sees the completion, puts the
+outputs into the values dict and signals the fence. Where outputs are staged
+through host memory the device imported, the arrays are that memory, handed to
+the caller (memory.HandedOver); elsewhere they are copied. Inputs of a MiB or more
+are copied and submitted on the runtime's submit thread instead, so the event loop
+never spends milliseconds in memcpy.
 
 With fp16 storage (precision="low") the host still reads and writes float32:
 inputs go to a float32 staging area and outputs come back in one, and cast

@@ -5,8 +5,10 @@ predict   at resize, records the segments the plan will most likely have (the
 record    a segment's Record: the prediction when it matches, else recorded now.
 
 A Record's command buffer copies the inputs in where the device has memory of
-its own (or casts them from float32 with fp16 storage), runs every dispatch with
-a barrier after it, and copies the outputs out to a readback area the host reads.
+its own (or casts them from float32 with fp16 storage; large inputs come in pieces
+submitted ahead of it), runs the dispatches in waves (record.waves), and copies the
+outputs out to a readback area the host reads: the record's own, or, where host
+memory can be imported, each slot's own, whose arrays go to the caller.
 """
 
 from __future__ import annotations
