@@ -429,6 +429,8 @@ async def await_lag(n=500):
     """Latency from GPU completion to the awaiting task, per AIOMNN_CUDA_WAIT mode."""
     from onnx import TensorProto, helper
 
+    from aiomnn.backends.cuda import runs
+
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "tiny",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 16))],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 16))])
@@ -460,7 +462,7 @@ async def await_lag(n=500):
             for k in range(n):
                 t0 = time.perf_counter()
                 f = Fence()
-                be.launch(run, f)
+                runs.launch(be, run, f)
                 await f.wait()
                 fence_t[k] = time.perf_counter() - t0
             session_ms = await time_async(lambda: s.run(x), n)

@@ -647,24 +647,24 @@ async def test_outputs_are_handed_over_in_pinned_blocks_up_to_a_limit(limit, mon
 @pytest.mark.anyio
 @pytest.mark.parametrize("failures", [1, 99])
 async def test_a_failed_graph_capture_is_tried_again_then_runs_without_a_graph(failures, monkeypatch):
-    from aiomnn.backends.cuda import backend as cb
+    from aiomnn.backends.cuda import runs
 
-    real, left = cb.CudaBackend._capture, [failures]
+    real, left = runs.capture, [failures]
 
-    def flaky(self, fns):
+    def flaky(be, fns):
         if left[0] > 0:
             left[0] -= 1
             raise RuntimeError("operation failed due to a previous error during capture (test)")
-        return real(self, fns)
+        return real(be, fns)
 
-    monkeypatch.setattr(cb.CudaBackend, "_capture", flaky)
+    monkeypatch.setattr(runs, "capture", flaky)
     data, feeds = conv_case(r(1, 8, 9, 7), r(16, 8, 3, 3), r(16), pads=[1, 1, 1, 1])
     cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(tuning="none"))
     async with await aiomnn.Interpreter.from_bytes(data).create_session(cfg) as s, \
             await aiomnn.Interpreter.from_bytes(data).create_session(aiomnn.ScheduleConfig(type="cpu")) as cpu:
         got, want = await s.run(feeds), await cpu.run(feeds)
         run = next(iter(s.pipeline.main._runs.values()))
-        assert (run.graph is not None) == (failures < cb.CAPTURE_TRIES)
+        assert (run.graph is not None) == (failures < runs.CAPTURE_TRIES)
         assert rel_error(got["y"], want["y"]) <= 1e-4
 
 
@@ -672,11 +672,12 @@ async def test_a_failed_graph_capture_is_tried_again_then_runs_without_a_graph(f
 @pytest.mark.anyio
 @pytest.mark.parametrize("split", [False, True])
 async def test_inputs_of_any_layout_reach_the_device(split, monkeypatch):
-    """_copy_in sends a C-contiguous input straight from the caller's array; a strided one, or a large one
+    """runs.copy_in sends a C-contiguous input straight from the caller's array; a strided one, or a large one
     (in pieces, by the copy threads), through the pinned buffer."""
     import cupy
 
     from aiomnn import copies
+    from aiomnn.backends.cuda import runs
 
     monkeypatch.setattr(copies, "SPLIT_BYTES", 1 if split else 8 << 20)
     monkeypatch.setattr(copies, "PIECE_MIN", 4096)
@@ -691,7 +692,7 @@ async def test_inputs_of_any_layout_reach_the_device(split, monkeypatch):
         be = s.pipeline.main
         (name, host, dst), = next(iter(be._runs.values())).inputs
         for src in (r(2, 8, 40, 37), r(2, 37, 40, 8).transpose(0, 3, 2, 1)):
-            be._copy_in(host, src, dst)
+            runs.copy_in(be, host, src, dst)
             be.stream.synchronize()
             back = np.empty_like(host)
             cupy.cuda.runtime.memcpy(back.ctypes.data, dst, back.nbytes, cupy.cuda.runtime.memcpyDeviceToHost)

@@ -24,6 +24,7 @@ from aiomnn.backend import Tensor
 from aiomnn.config import BackendConfig
 from aiomnn.graph import Graph, Node, ValueInfo
 
+from . import runs
 from .ops.conv import conv_choices
 
 #: Launches of the conv per timed graph, so the graph's own start is shared out (a few us on an H100).
@@ -102,8 +103,8 @@ class ConvAlgoTask:
             run = next(iter(backend._runs.values()))
             stream = backend.stream
             with self.runtime.device:
-                backend._record(run)  # the warm-up waits for this candidate's kernels
-                graph = backend._capture(run.compute * REPEATS)  # each launch is idempotent
+                runs.record(backend, run)  # the warm-up waits for this candidate's kernels
+                graph = runs.capture(backend, run.compute * REPEATS)  # each launch is idempotent
                 start, end = cupy.cuda.Event(), cupy.cuda.Event()
                 best = float("inf")
                 for i in range(samples + 1):  # the first is a warm-up
