@@ -1015,6 +1015,20 @@ FUSION_CASES = [
                                     n("Conv", ["m", "w", "b"], ["c"]), n("Add", ["c", "m"], ["y"])],
           {"x": (2, 4, 3, 5), "s": (2, 4, 1, 1)}, ("Mul", "Conv", "Add"),
           {"w": r(4, 4, 1, 1, seed=1), "b": r(4, seed=2)}), ["pointwise"]),
+    # det's learnable hard-swish: a Mul and an Add by scalar constants, in either operand order, as one unary.
+    (Case("scale_shift", [n("Relu", ["x"], ["t"]), n("Mul", ["a", "t"], ["m"]), n("Add", ["m", "b"], ["y"])],
+          {"x": (2, 3, 4, 5)}, ("Mul", "Add"), {"a": np.float32(0.7), "b": np.float32(-0.25)}), ["scale_shift"]),
+    # A per-channel scale is no scalar: no fusion.
+    (Case("scale_shift_vector", [n("Relu", ["x"], ["t"]), n("Mul", ["t", "a"], ["m"]), n("Add", ["b", "m"], ["y"])],
+          {"x": (2, 3, 4, 5)}, ("Mul", "Add"), {"a": r(3, 1, 1, seed=1), "b": np.float32(0.5)}), []),
+    # det's residual SE: x + x * s, s a gate per image and channel, as one binary dispatch.
+    (Case("gate", [n("Relu", ["x"], ["t"]), n("Sigmoid", ["s"], ["g"]), n("Mul", ["t", "g"], ["m"]),
+                   n("Add", ["t", "m"], ["y"])], {"x": (2, 6, 5, 7), "s": (2, 6, 1, 1)}, ("Mul", "Add"), {}),
+     ["gate"]),
+    # The product is read twice: no fusion.
+    (Case("gate_product_read", [n("Relu", ["x"], ["t"]), n("Mul", ["g", "t"], ["m"]), n("Add", ["m", "t"], ["a"]),
+                                n("Mul", ["a", "m"], ["y"])], {"x": (1, 4, 3, 3), "g": (1, 4, 3, 3)}, ("Mul", "Add"),
+          {}), []),
     # The conv's output is read by the Add and a Relu: no fusion.
     (Case("pointwise_product_read", [n("Relu", ["x"], ["t"]), n("Conv", ["t", "w"], ["c"]), n("Add", ["c", "t"], ["a"]),
                                      n("Relu", ["c"], ["rc"]), n("Mul", ["a", "rc"], ["y"])],
@@ -1050,7 +1064,7 @@ async def test_fusion(case, kinds, runtime):
     # pointwise conv's matmul (the last Relu is the conv's activation) after the Relu (and the Sigmoid), or the Mul.
     want_dispatches = {"se_block": 2, "se_block_wide": 2, "ln_decomposed": 2, "ln_decomposed_noaffine": 3, "matmul_bias_swish": 1,
                        "matmul_bias_then_residual": 2, "pointwise_scale_residual": 3, "pointwise_scale": 2,
-                       "pointwise_scaled_read": 3}
+                       "pointwise_scaled_read": 3, "scale_shift": 2, "gate": 3}
     if case.id in want_dispatches:
         assert n_dispatch == want_dispatches[case.id]
     want, _, _ = await run(data, feeds, CPU)

@@ -77,6 +77,19 @@ class Dropout(Unary):
 BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Max": 5, "Min": 6, "PRelu": 7, "Sum": 0, "Mean": 0}
 
 
+#: binary_op's code for x + x * y (a gate that fusion.py makes of a Mul and the Add of its input).
+GATE = 8
+
+
+def binary(exe: VkOp, op: int, out: Loc, a: Loc, ash, b: Loc, bsh, oshape, act) -> None:
+    """Dispatch, on exe, out = act(a op b), a and b broadcast from shapes ash and bsh to oshape."""
+    n = numel(oshape)
+    dims, (sa, sb) = coalesce(list(oshape), broadcast_strides(ash, oshape), broadcast_strides(bsh, oshape))
+    code, x, y = act
+    exe.dispatch("binary", [out, a, b], pack(n, to_f32(x), to_f32(y), pad(dims), pad(sa), pad(sb)), Grid(n),
+                 consts=(op, code, len(dims)))
+
+
 @register(*BINARY)
 class Binary(VkOp):
     def __init__(self, backend, node, inputs, outputs):
@@ -107,11 +120,7 @@ class Binary(VkOp):
             raise Decline("PRelu slope larger than x")
 
     def _one(self, out: Loc, a: Loc, ash, b: Loc, bsh, oshape, act) -> None:
-        n = numel(oshape)
-        dims, (sa, sb) = coalesce(list(oshape), broadcast_strides(ash, oshape), broadcast_strides(bsh, oshape))
-        code, x, y = act
-        self.dispatch("binary", [out, a, b], pack(n, to_f32(x), to_f32(y), pad(dims), pad(sa), pad(sb)), Grid(n),
-                      consts=(self.op, code, len(dims)))
+        binary(self, self.op, out, a, ash, b, bsh, oshape, act)
 
     def plan(self, inputs, outputs):
         out = self.out_locs[0]

@@ -149,6 +149,7 @@ float binary_op(float x, float y, int op) {
     case 5: return (isnan(x) || isnan(y)) ? NAN_ : max(x, y);
     case 6: return (isnan(x) || isnan(y)) ? NAN_ : min(x, y);
     case 7: return x < 0.0 ? x * y : x;                        // PRelu(x, slope)
+    case 8: return x + x * y;                                  // a gate: x scaled by y, plus x (fusion.py)
     }
     return x;
 }
