@@ -1029,6 +1029,18 @@ FUSION_CASES = [
     (Case("gate_product_read", [n("Relu", ["x"], ["t"]), n("Mul", ["g", "t"], ["m"]), n("Add", ["m", "t"], ["a"]),
                                 n("Mul", ["a", "m"], ["y"])], {"x": (1, 4, 3, 3), "g": (1, 4, 3, 3)}, ("Mul", "Add"),
           {}), []),
+    # A conv with its hard-swish, then the Add of a scalar (det's and rec's): the conv adds it in its epilogue,
+    # with its implicit GEMM (conv_gemm) and as the direct kernel (a depthwise conv).
+    (Case("conv_shift_hardswish", [n("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), n("HardSwish", ["c"], ["h"]),
+                                   n("Add", ["h", "k"], ["y"])], {"x": (2, 16, 9, 9)}, ("Conv", "Add"),
+          {"w": r(32, 16, 3, 3, seed=1), "b": r(32, seed=2), "k": np.float32(0.375)}), ["conv_shift"]),
+    (Case("conv_shift_depthwise", [n("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], group=8),
+                                   n("HardSwish", ["c"], ["h"]), n("Add", ["k", "h"], ["y"])], {"x": (1, 8, 6, 7)},
+          ("Conv", "Add"),
+          {"w": r(8, 1, 3, 3, seed=1), "k": np.float32(-1.5)}), ["conv_shift"]),
+    # After a Relu: no fusion (only hard-swish takes the shift).
+    (Case("conv_shift_relu", [n("Conv", ["x", "w"], ["c"]), n("Relu", ["c"], ["h"]), n("Add", ["h", "k"], ["y"])],
+          {"x": (1, 4, 5, 5)}, ("Conv", "Add"), {"w": r(4, 4, 1, 1, seed=1), "k": np.float32(0.5)}), []),
     # The conv's output is read by the Add and a Relu: no fusion.
     (Case("pointwise_product_read", [n("Relu", ["x"], ["t"]), n("Conv", ["t", "w"], ["c"]), n("Add", ["c", "t"], ["a"]),
                                      n("Relu", ["c"], ["rc"]), n("Mul", ["a", "rc"], ["y"])],
@@ -1064,7 +1076,8 @@ async def test_fusion(case, kinds, runtime):
     # pointwise conv's matmul (the last Relu is the conv's activation) after the Relu (and the Sigmoid), or the Mul.
     want_dispatches = {"se_block": 2, "se_block_wide": 2, "ln_decomposed": 2, "ln_decomposed_noaffine": 3, "matmul_bias_swish": 1,
                        "matmul_bias_then_residual": 2, "pointwise_scale_residual": 3, "pointwise_scale": 2,
-                       "pointwise_scaled_read": 3, "scale_shift": 2, "gate": 3}
+                       "pointwise_scaled_read": 3, "scale_shift": 2, "gate": 3, "conv_shift_hardswish": 1,
+                       "conv_shift_depthwise": 1, "conv_shift_relu": 2}
     if case.id in want_dispatches:
         assert n_dispatch == want_dispatches[case.id]
     want, _, _ = await run(data, feeds, CPU)

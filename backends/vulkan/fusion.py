@@ -12,7 +12,9 @@ knows every reader of each value. plan_fusions then finds:
   result (with their biases and fused activations), as one se dispatch (a workgroup per image);
 - a Mul by a scalar constant, then the Add of another (PP-OCRv4 det's learnable hard-swish), as one unary
   dispatch (x * a + b);
-- a Mul of x by a gate, then the Add of x itself (det's residual SE blocks, x + x * s), as one binary dispatch.
+- a Mul of x by a gate, then the Add of x itself (det's residual SE blocks, x + x * s), as one binary dispatch;
+- a Conv, then the Add of a scalar constant after its activation (det's and rec's hard-swish, whose learnable
+  scale is 1), as the conv alone, adding it in its epilogue.
 
 Each dispatch saved is a barrier saved (record.waves); on an H200 a dependent dispatch cost about 10 us.
 
@@ -371,6 +373,42 @@ def _gate_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
     return Group("gate", [st.steps[i][1], st.steps[ka][1]], [st.steps[i][3][0].name], [x.name, s.name], build)
 
 
+#: unary_op's codes of HardSwish, and of HardSwish then + its second constant. (With no activation, the graph
+#: optimizer folds such an Add into the conv's bias already.)
+HARD_SWISH, HARD_SWISH_SHIFTED = 6, 43
+
+
+def _conv_shift_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
+    """A Conv with its hard-swish whose one reader is an Add of a scalar constant: the conv adds it after."""
+    steps = st.steps
+    _, exe, ins, outs = steps[i]
+    if not isinstance(exe, Conv) or len(outs) != 1 or exe.act[0] != HARD_SWISH:
+        return None
+    ka = st.only(outs[0].name, "Add", taken)
+    if ka is None:
+        return None
+    an, ae, ains, aouts = steps[ka]
+    other = [t for t in ains if t is not None and t.name != outs[0].name]
+    shift = _scalar(other[0]) if len(ains) == 2 and len(other) == 1 else None
+    if not isinstance(ae, Binary) or an.attrs or shift is None or tuple(aouts[0].shape) != tuple(outs[0].shape):
+        return None
+    if any(steps[k][1] is None for k in range(i, ka + 1)):
+        return None
+    def build(final: VkOp) -> None:
+        # The conv plans again, with the shifted activation, into the group's output; the dispatches go to final.
+        act, out_locs = exe.act, exe.out_locs
+        exe.act, exe.out_locs = (HARD_SWISH_SHIFTED, 0.0, shift), [final.out_locs[0]]
+        try:
+            exe.plan(ins, outs)
+            final.dispatches, final.launches = exe.dispatches, exe.launches
+        finally:
+            exe.act, exe.out_locs, exe.dispatches, exe.launches = act, out_locs, [], []
+
+    taken.update((i, ka))
+    reads = [t.name for t in ins if t is not None and not t.is_const]
+    return Group("conv_shift", [exe, ae], [outs[0].name], reads, build)
+
+
 #: The se kernel's shared arrays: the channel means (C) and the hidden values (C1).
 SE_MAX_C = 1024
 SE_MAX_HIDDEN = 256
@@ -454,7 +492,7 @@ def plan_fusions(backend, created: list[tuple]) -> None:
             elif node.op_type == "MatMul":
                 group = _matmul_bias_at(st, i, taken)
             elif node.op_type == "Conv":
-                group = _pointwise_at(st, i, taken)
+                group = _pointwise_at(st, i, taken) or _conv_shift_at(st, i, taken)
             elif node.op_type == "GlobalAveragePool":
                 group = _se_at(st, i, taken)
             elif node.op_type == "Mul":

@@ -123,6 +123,7 @@ float unary_op(float x, int op, float a, float b) {
     case 40: return asinh(x);
     case 41: return acosh(x);
     case 42: return atanh(x);
+    case 43: return x * clamp(x / 6.0 + 0.5, 0.0, 1.0) + b;   // HardSwish, then + b (fusion.py)
     }
     return x;
 }
