@@ -309,14 +309,12 @@ def _pointwise_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
     return Group("pointwise", [steps[k][1] for k in chain], inner, reads, build)
 
 
-def _mul_then_add(st: _Steps, i: int, taken: set[int]) -> tuple | None:
-    """A Mul (no attributes) of a value by another, then the one Add that reads its product, with no fused
-    activation and of the Mul's output shape: (the Add's step, the Mul's inputs, the Add's other input)."""
+def _then_add(st: _Steps, i: int, taken: set[int]) -> tuple[int, Tensor] | None:
+    """The one reader of step i's one output, if it is an Add with no fused activation, of that output's shape,
+    and on this backend with every step in between: (its step, its other input)."""
     steps = st.steps
-    node, exe, ins, outs = steps[i]
-    if not isinstance(exe, Binary) or node.attrs or len(ins) != 2 or len(outs) != 1 or None in ins:
-        return None
-    ka = st.only(outs[0].name, "Add", taken)
+    outs = steps[i][3]
+    ka = st.only(outs[0].name, "Add", taken) if len(outs) == 1 else None
     if ka is None:
         return None
     an, ae, ains, aouts = steps[ka]
@@ -325,7 +323,17 @@ def _mul_then_add(st: _Steps, i: int, taken: set[int]) -> tuple | None:
         return None
     if tuple(aouts[0].shape) != tuple(outs[0].shape) or any(steps[k][1] is None for k in range(i, ka + 1)):
         return None
-    return ka, ins, other[0]
+    return ka, other[0]
+
+
+def _mul_then_add(st: _Steps, i: int, taken: set[int]) -> tuple | None:
+    """A Mul (no attributes) of a value by another, then the Add of its product (_then_add): (the Add's step,
+    the Mul's inputs, the Add's other input)."""
+    node, exe, ins, _ = st.steps[i]
+    if not isinstance(exe, Binary) or node.attrs or len(ins) != 2 or None in ins:
+        return None
+    found = _then_add(st, i, taken)
+    return None if found is None else (found[0], ins, found[1])
 
 
 def _scale_shift_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
@@ -380,20 +388,14 @@ HARD_SWISH, HARD_SWISH_SHIFTED = 6, 43
 
 def _conv_shift_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
     """A Conv with its hard-swish whose one reader is an Add of a scalar constant: the conv adds it after."""
-    steps = st.steps
-    _, exe, ins, outs = steps[i]
-    if not isinstance(exe, Conv) or len(outs) != 1 or exe.act[0] != HARD_SWISH:
+    _, exe, ins, outs = st.steps[i]
+    found = _then_add(st, i, taken) if isinstance(exe, Conv) and exe.act[0] == HARD_SWISH else None
+    shift = _scalar(found[1]) if found is not None else None
+    if shift is None:
         return None
-    ka = st.only(outs[0].name, "Add", taken)
-    if ka is None:
-        return None
-    an, ae, ains, aouts = steps[ka]
-    other = [t for t in ains if t is not None and t.name != outs[0].name]
-    shift = _scalar(other[0]) if len(ains) == 2 and len(other) == 1 else None
-    if not isinstance(ae, Binary) or an.attrs or shift is None or tuple(aouts[0].shape) != tuple(outs[0].shape):
-        return None
-    if any(steps[k][1] is None for k in range(i, ka + 1)):
-        return None
+    ka = found[0]
+    ae = st.steps[ka][1]
+
     def build(final: VkOp) -> None:
         # The conv plans again, with the shifted activation, into the group's output; the dispatches go to final.
         act, out_locs = exe.act, exe.out_locs
