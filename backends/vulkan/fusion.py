@@ -10,13 +10,7 @@ knows every reader of each value. plan_fusions then finds:
   squeeze-and-excitation block's) and the residual Add after it, as one matmul;
 - a squeeze-and-excitation block's squeeze: GlobalAveragePool, then two pointwise Convs on its (N, C, 1, 1)
   result (with their biases and fused activations), as one se dispatch (a workgroup per image);
-- a Mul by a scalar constant, then the Add of another (PP-OCRv4 det's learnable hard-swish), as one unary
-  dispatch (x * a + b);
-- a Mul of x by a gate, then the Add of x itself (det's residual SE blocks, x + x * s), as one binary dispatch;
-- a Conv, then the Add of a scalar constant after its activation (det's and rec's hard-swish, whose learnable
-  scale is 1), as the conv alone, adding it in its epilogue.
-
-Each dispatch saved is a barrier saved (record.waves); on an H200 a dependent dispatch cost about 10 us.
+- the Adds that epilogues.py fuses into the op before them (scale and shift, gate, a conv's shift).
 
 A group's dispatches run at its last member; the values it reads live until then.
 """
@@ -28,78 +22,18 @@ import logging
 import numpy as np
 
 from aiomnn import shapes as shp
-from aiomnn.backend import Tensor
 from aiomnn.graph import Node
 
-from .launch import Blocks, Grid, Matmul, Rows
-from .ops.base import F32, VkOp, is_f32, numel, pack, pad, to_f32
+from .epilogues import conv_shift_at, gate_at, scale_shift_at
+from .groups import Group, Steps, const_array, scalar
+from .launch import Blocks, Matmul, Rows
+from .ops.base import VkOp, is_f32, numel, pack, pad, to_f32
 from .ops.conv import Conv
-from .ops.elementwise import GATE, Binary, binary
+from .ops.elementwise import Binary
 from .ops.matmul import MatMul
 from .ops.reduce import Reduce, local_for
 
 log = logging.getLogger("aiomnn.vulkan")
-
-
-class Group:
-    """Ops whose work one set of dispatches does, recorded at the group's last member.
-
-    `inner` are the values computed only for other members (each read by members alone); `build(final)`
-    plans the fused dispatches on the last member. The inputs the group reads (`reads`) live until that
-    member runs (the backend defers their release), so the fused dispatches can run there. If an inner
-    value turns out to need memory of its own (a graph output, say), the members keep their own dispatches.
-    """
-
-    def __init__(self, kind: str, members: list[VkOp], inner: list[str], reads: list[str], build):
-        self.kind, self.members, self.inner, self.reads, self.build = kind, members, inner, reads, build
-
-    def apply(self, final: VkOp) -> None:
-        b = final.b
-        locs = [b._locs.get(name) for name in self.inner]
-        if any(loc is None or loc.region != "arena" for loc in locs):
-            return
-        if any(m.out_names != [m.node.outputs[0]] for m in self.members):
-            return
-        for m in self.members:
-            m.dispatches, m.launches = [], []
-        self.build(final)
-        b._fused_away.update(self.inner)
-        b.fused.append(self.kind)
-
-
-def _const_array(t: Tensor | None) -> np.ndarray | None:
-    if t is None or not t.is_const or t.dtype != F32:
-        return None
-    return np.asarray(t.const)
-
-
-def _scalar(t: Tensor | None) -> float | None:
-    a = _const_array(t)
-    return float(a.reshape(-1)[0]) if a is not None and a.size == 1 else None
-
-
-class _Steps:
-    """The created list, indexed: who makes and who reads each value."""
-
-    def __init__(self, steps: list[tuple]):
-        self.steps = steps
-        self.readers: dict[str, list[int]] = {}
-        self.producer = {t.name: i for i, (_, _, _, outs) in enumerate(steps) for t in outs if t is not None and t.name}
-        for i, (node, _, _, _) in enumerate(steps):
-            for x in dict.fromkeys(list(node.inputs) + list(node.implicit)):
-                if x:
-                    self.readers.setdefault(x, []).append(i)
-
-    def only(self, name: str, op_type: str, taken: set[int]) -> int | None:
-        """The one step reading `name`, if it is an op of this type on this backend not already in a group."""
-        rs = self.readers.get(name, [])
-        if len(rs) != 1:
-            return None
-        i = rs[0]
-        node, exe = self.steps[i][:2]
-        if exe is None or node.op_type != op_type or i in taken or node.attrs.get("_activation") is not None:
-            return None
-        return i
 
 
 def _trailing_axes(node: Node, inputs, rank: int) -> int | None:
@@ -129,7 +63,7 @@ def _norm_vector(a: np.ndarray, shape: tuple[int, ...], axis: int) -> np.ndarray
         return None
 
 
-def _layernorm_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
+def _layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """ReduceMean, Sub, Pow 2, ReduceMean, Add eps, Sqrt, Div, then optionally Mul scale and Add bias: the
     LayerNormalization that exporters (paddle2onnx among them) spell out, as one layernorm dispatch."""
     steps = st.steps
@@ -152,7 +86,7 @@ def _layernorm_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
     kp, kd = rs
     pn, _, pins, pouts = steps[kp]
     if pn.op_type == "Pow":
-        if pins[0].name != d or _scalar(pins[1]) != 2.0:
+        if pins[0].name != d or scalar(pins[1]) != 2.0:
             return None
     elif pn.op_type == "Mul":
         if [t.name for t in pins] != [d, d]:
@@ -173,7 +107,7 @@ def _layernorm_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
     other = [t for t in eins if t is None or t.name != var]
     if len(eins) != 2 or len(other) != 1:
         return None
-    eps = _scalar(other[0])
+    eps = scalar(other[0])
     ks = st.only(steps[ke][3][0].name, "Sqrt", taken)
     if eps is None or ks is None or steps[ks][0].attrs:
         return None
@@ -186,8 +120,8 @@ def _layernorm_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
     if km is not None:
         mins = steps[km][2]
         c = [t for t in mins if t is not None and t.name != last]
-        vec = _norm_vector(_const_array(c[0]), shape, axis) if len(mins) == 2 and len(c) == 1 and \
-            _const_array(c[0]) is not None else None
+        vec = _norm_vector(const_array(c[0]), shape, axis) if len(mins) == 2 and len(c) == 1 and \
+            const_array(c[0]) is not None else None
         if vec is not None and tuple(steps[km][3][0].shape) == shape:
             scale, last = vec, steps[km][3][0].name
             chain.append(km)
@@ -195,7 +129,7 @@ def _layernorm_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
             if ka is not None:
                 ains = steps[ka][2]
                 c = [t for t in ains if t is not None and t.name != last]
-                a = _const_array(c[0]) if len(ains) == 2 and len(c) == 1 else None
+                a = const_array(c[0]) if len(ains) == 2 and len(c) == 1 else None
                 vec = _norm_vector(a, shape, axis) if a is not None else None
                 if vec is not None and tuple(steps[ka][3][0].shape) == shape:
                     bias, last = vec, steps[ka][3][0].name
@@ -226,7 +160,7 @@ def _layernorm_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
     return Group("layernorm", members, inner, [x.name], build)
 
 
-def _matmul_bias_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
+def _matmul_bias_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """MatMul, then Add of a constant along its columns (and the Add's fused activation): one matmul."""
     steps = st.steps
     node, exe, ins, outs = steps[i]
@@ -244,7 +178,7 @@ def _matmul_bias_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
     if len(c) != 1:
         return None
     ct = c[0]
-    a = _const_array(ct)
+    a = const_array(ct)
     oshape = tuple(outs[0].shape)
     if a is None or a.ndim > len(oshape) or tuple(aouts[0].shape) != oshape:
         return None
@@ -269,7 +203,7 @@ def _matmul_bias_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
     return Group("matmul_bias", [exe, ae], [mm], reads, build)
 
 
-def _pointwise_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
+def _pointwise_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """A pointwise Conv run as the matmul, with (either or both) the Mul before it that scales its input by
     a per-image, per-channel factor (N, C, 1, 1), and the Add of a residual (no activation) after it."""
     steps = st.steps
@@ -309,108 +243,6 @@ def _pointwise_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
     return Group("pointwise", [steps[k][1] for k in chain], inner, reads, build)
 
 
-def _then_add(st: _Steps, i: int, taken: set[int]) -> tuple[int, Tensor] | None:
-    """The one reader of step i's one output, if it is an Add with no fused activation, of that output's shape,
-    and on this backend with every step in between: (its step, its other input)."""
-    steps = st.steps
-    outs = steps[i][3]
-    ka = st.only(outs[0].name, "Add", taken) if len(outs) == 1 else None
-    if ka is None:
-        return None
-    an, ae, ains, aouts = steps[ka]
-    other = [t for t in ains if t is not None and t.name != outs[0].name]
-    if not isinstance(ae, Binary) or an.attrs or len(ains) != 2 or len(other) != 1:
-        return None
-    if tuple(aouts[0].shape) != tuple(outs[0].shape) or any(steps[k][1] is None for k in range(i, ka + 1)):
-        return None
-    return ka, other[0]
-
-
-def _mul_then_add(st: _Steps, i: int, taken: set[int]) -> tuple | None:
-    """A Mul (no attributes) of a value by another, then the Add of its product (_then_add): (the Add's step,
-    the Mul's inputs, the Add's other input)."""
-    node, exe, ins, _ = st.steps[i]
-    if not isinstance(exe, Binary) or node.attrs or len(ins) != 2 or None in ins:
-        return None
-    found = _then_add(st, i, taken)
-    return None if found is None else (found[0], ins, found[1])
-
-
-def _scale_shift_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
-    """x * a + b, a and b scalar constants (either operand order): one unary dispatch."""
-    found = _mul_then_add(st, i, taken)
-    if found is None:
-        return None
-    ka, ins, c = found
-    xs = [t for t in ins if _scalar(t) is None]
-    a, b = _scalar(next((t for t in ins if t is not xs[0]), None)) if len(xs) == 1 else None, _scalar(c)
-    x = xs[0] if len(xs) == 1 else None
-    out = st.steps[ka][3][0]
-    if x is None or a is None or b is None or not is_f32(x) or tuple(x.shape) != tuple(out.shape):
-        return None
-
-    def build(final: VkOp) -> None:
-        n = numel(out.shape)
-        final.dispatch("unary", [final.out_locs[0], final.b.locate(x)], pack(n, to_f32(a), to_f32(b)), Grid(n),
-                       consts=(33,))
-
-    taken.update((i, ka))
-    return Group("scale_shift", [st.steps[i][1], st.steps[ka][1]], [st.steps[i][3][0].name], [x.name], build)
-
-
-def _gate_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
-    """x * s, then x + that (x of the output's shape, s broadcast to it, neither constant): one binary
-    dispatch of x + x * s."""
-    found = _mul_then_add(st, i, taken)
-    if found is None:
-        return None
-    ka, ins, x = found
-    gates = [t for t in ins if t.name != x.name]
-    out = st.steps[ka][3][0]
-    if len(gates) != 1 or x.is_const or gates[0].is_const or not is_f32(x) or not is_f32(gates[0]) \
-            or tuple(x.shape) != tuple(out.shape):
-        return None
-    s = gates[0]
-
-    def build(final: VkOp) -> None:
-        b = final.b
-        binary(final, GATE, final.out_locs[0], b.locate(x), tuple(x.shape), b.locate(s), tuple(s.shape),
-               tuple(out.shape), (0, 0.0, 0.0))
-
-    taken.update((i, ka))
-    return Group("gate", [st.steps[i][1], st.steps[ka][1]], [st.steps[i][3][0].name], [x.name, s.name], build)
-
-
-#: unary_op's codes of HardSwish, and of HardSwish then + its second constant. (With no activation, the graph
-#: optimizer folds such an Add into the conv's bias already.)
-HARD_SWISH, HARD_SWISH_SHIFTED = 6, 43
-
-
-def _conv_shift_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
-    """A Conv with its hard-swish whose one reader is an Add of a scalar constant: the conv adds it after."""
-    _, exe, ins, outs = st.steps[i]
-    found = _then_add(st, i, taken) if isinstance(exe, Conv) and exe.act[0] == HARD_SWISH else None
-    shift = _scalar(found[1]) if found is not None else None
-    if shift is None:
-        return None
-    ka = found[0]
-    ae = st.steps[ka][1]
-
-    def build(final: VkOp) -> None:
-        # The conv plans again, with the shifted activation, into the group's output; the dispatches go to final.
-        act, out_locs = exe.act, exe.out_locs
-        exe.act, exe.out_locs = (HARD_SWISH_SHIFTED, 0.0, shift), [final.out_locs[0]]
-        try:
-            exe.plan(ins, outs)
-            final.dispatches, final.launches = exe.dispatches, exe.launches
-        finally:
-            exe.act, exe.out_locs, exe.dispatches, exe.launches = act, out_locs, [], []
-
-    taken.update((i, ka))
-    reads = [t.name for t in ins if t is not None and not t.is_const]
-    return Group("conv_shift", [exe, ae], [outs[0].name], reads, build)
-
-
 #: The se kernel's shared arrays: the channel means (C) and the hidden values (C1).
 SE_MAX_C = 1024
 SE_MAX_HIDDEN = 256
@@ -426,7 +258,7 @@ def _se_local(ctx) -> int:
     return 1 << (top.bit_length() - 1)
 
 
-def _se_at(st: _Steps, i: int, taken: set[int]) -> Group | None:
+def _se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """GlobalAveragePool of x (N, C, H, W), then a pointwise Conv (C1 x C) and another (C x C1) on the (N, C, 1, 1)
     mean, each with its bias and fused activation: a squeeze-and-excitation block's squeeze, as one se dispatch."""
     steps = st.steps
@@ -482,7 +314,7 @@ def plan_fusions(backend, created: list[tuple]) -> None:
     group's last member."""
     if backend.dry:
         return
-    st = _Steps(created)
+    st = Steps(created)
     taken: set[int] = set()
     for i, (node, exe, _, _) in enumerate(created):
         if exe is None or i in taken:
@@ -494,11 +326,11 @@ def plan_fusions(backend, created: list[tuple]) -> None:
             elif node.op_type == "MatMul":
                 group = _matmul_bias_at(st, i, taken)
             elif node.op_type == "Conv":
-                group = _pointwise_at(st, i, taken) or _conv_shift_at(st, i, taken)
+                group = _pointwise_at(st, i, taken) or conv_shift_at(st, i, taken)
             elif node.op_type == "GlobalAveragePool":
                 group = _se_at(st, i, taken)
             elif node.op_type == "Mul":
-                group = _scale_shift_at(st, i, taken) or _gate_at(st, i, taken)
+                group = scale_shift_at(st, i, taken) or gate_at(st, i, taken)
         except Exception as exc:  # a shape this matching did not foresee: no fusion
             log.debug("no fusion at %s: %s: %s", node, type(exc).__name__, exc)
             group = None

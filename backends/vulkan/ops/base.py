@@ -25,7 +25,7 @@ from ..memory import Loc
 from ..record import Dispatch
 
 if TYPE_CHECKING:
-    from ..fusion import Group
+    from ..groups import Group
 
 log = logging.getLogger("aiomnn.vulkan")
 
