@@ -99,7 +99,7 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
     # Large inputs go to the device in pieces, each sent as soon as the host has filled it (Slot.sends).
     in_pieces = {n: copies.pieces(loc.nbytes, be.store.itemsize) for n, loc, _ in uploads
                  if staged and not cast_in and copies.large(loc.nbytes)}
-    readback, rb_offsets = None, []
+    readback, rb_offsets, down_views = None, [], []
     # Staged fp32 outputs land in host memory each slot imports, handed to the caller as they are.
     handover = staged and not be.fp16 and bool(downloads) and bool(be.ctx.import_align)
     if (staged or be.fp16) and downloads:
@@ -117,11 +117,11 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
     be._write_descriptors(cast_in + cast_out)
 
     def make() -> Slot:
-        nonlocal readback, down_views
+        rb, views = readback, down_views  # the record's, or with handover this slot's own
         if handover:
-            readback = be.ctx.import_host(rb_size)
-            be._extra_bufs.append(readback)
-            down_views = _views(readback, downloads, rb_offsets)
+            rb = be.ctx.import_host(rb_size)
+            be._extra_bufs.append(rb)
+            views = _views(rb, downloads, rb_offsets)
         sends = {n: [(b, _piece(be, loc.offset + a, b - a)) for a, b in in_pieces[n]]
                  for n, loc, _ in uploads if n in in_pieces}
         cmd = be.ctx.command_buffers(1)[0]
@@ -139,18 +139,18 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
             vk.vkCmdCopyBuffer(cmd, be._io_host.handle, be._io_dev.handle, len(regions), regions)
             barrier(cmd, TRANSFER, COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, SHADER_RW)
         record_cmds(cmd, dispatches + cast_out)
-        if readback is not None:
+        if rb is not None:
             barrier(cmd, COMPUTE, TRANSFER, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_TRANSFER_READ_BIT)
             for (_, loc, _), off in zip(downloads, rb_offsets):
                 region = vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=off, size=max(loc.nbytes, 1))
-                vk.vkCmdCopyBuffer(cmd, be.buffer_of(loc).handle, readback.handle, 1, [region])
+                vk.vkCmdCopyBuffer(cmd, be.buffer_of(loc).handle, rb.handle, 1, [region])
             barrier(cmd, TRANSFER, HOST, vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
         else:
             barrier(cmd, COMPUTE, HOST, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
         vk.vkEndCommandBuffer(cmd)
         sub = Submission(be.queue, cmd)
         be._subs.append(sub)
-        return Slot(sub, down_views, handover, sends)
+        return Slot(sub, views, handover, sends)
 
     return Record(make, up_views, pops, Record.key_of(exes, upload_names, download_names))
 
