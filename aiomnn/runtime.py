@@ -84,7 +84,7 @@ def probe(t: ForwardType) -> list[Device]:
                 log.debug("backend %s is not available: %s", t, exc)
                 _probe_cache[t] = []
             except Exception as exc:  # a broken driver must not break the CPU path
-                log.warning("backend %s failed to probe its devices: %s", t, exc)
+                log.warning("backend %s failed to probe its devices: %s: %s", t, type(exc).__name__, exc)
                 _probe_cache[t] = []
         return _probe_cache[t]
 
