@@ -35,28 +35,34 @@ class Block:
 
 
 class Arena:
-    """Best-fit offset planner for DYNAMIC blocks, with coalescing of freed ranges."""
+    """Best-fit offset planner for DYNAMIC blocks, with coalescing of freed ranges.
 
-    def __init__(self, alignment: int = 64):
+    With `oldest`, for a GPU that runs independent dispatches together (backends/vulkan/backend.py), a block
+    reuses the fitting range freed longest ago (a range merged with a neighbour counts as freed at its last
+    release) rather than the smallest: a block in a range a dispatch has just read must wait for that dispatch,
+    a write-after-read hazard the data never asked for."""
+
+    def __init__(self, alignment: int = 64, oldest: bool = False):
         self.alignment = alignment
+        self.oldest = oldest
         self.size = 0  # the peak: bytes the arena must have
         self.requested = 0  # sum of every block's size, as if nothing were reused
-        self._free: list[tuple[int, int]] = []  # (offset, size), sorted by offset
+        self._free: list[tuple[int, int, int]] = []  # (offset, size, release count when freed), sorted by offset
+        self._releases = 0
 
     def acquire(self, nbytes: int) -> Block:
         size = max(self.alignment, -(-nbytes // self.alignment) * self.alignment)
         self.requested += size
-        best = None
-        for i, (off, free) in enumerate(self._free):
-            if free >= size and (best is None or free < self._free[best][1]):
-                best = i
-        if best is not None:
-            off, free = self._free.pop(best)
-            if free > size:
-                bisect.insort(self._free, (off + size, free - size))
+        free = self._free
+        fits = [i for i, r in enumerate(free) if r[1] >= size]
+        if fits:
+            key = (lambda i: (free[i][2], free[i][1])) if self.oldest else (lambda i: free[i][1])
+            off, n, when = free.pop(min(fits, key=key))
+            if n > size:
+                bisect.insort(free, (off + size, n - size, when))
             return Block(size, StorageType.DYNAMIC, off)
-        if self._free and self._free[-1][0] + self._free[-1][1] == self.size:
-            off, free = self._free.pop()  # grow the trailing free range
+        if free and free[-1][0] + free[-1][1] == self.size:
+            off = free.pop()[0]  # grow the trailing free range
             self.size = off + size
             return Block(size, StorageType.DYNAMIC, off)
         block = Block(size, StorageType.DYNAMIC, self.size)
@@ -64,13 +70,15 @@ class Arena:
         return block
 
     def release(self, block: Block) -> None:
-        i = bisect.bisect(self._free, (block.offset, block.size))
-        self._free.insert(i, (block.offset, block.size))
+        self._releases += 1
+        free, when = self._free, self._releases
+        i = bisect.bisect(free, (block.offset, block.size, when))
+        free.insert(i, (block.offset, block.size, when))
         # Merge with the neighbours.
-        if i + 1 < len(self._free) and self._free[i][0] + self._free[i][1] == self._free[i + 1][0]:
-            self._free[i] = (self._free[i][0], self._free[i][1] + self._free.pop(i + 1)[1])
-        if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == self._free[i][0]:
-            self._free[i - 1] = (self._free[i - 1][0], self._free[i - 1][1] + self._free.pop(i)[1])
+        if i + 1 < len(free) and free[i][0] + free[i][1] == free[i + 1][0]:
+            free[i] = (free[i][0], free[i][1] + free.pop(i + 1)[1], when)
+        if i > 0 and free[i - 1][0] + free[i - 1][1] == free[i][0]:
+            free[i - 1] = (free[i - 1][0], free[i - 1][1] + free.pop(i)[1], when)
 
 
 class HandedOver:

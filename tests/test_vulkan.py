@@ -1177,3 +1177,21 @@ async def test_concat_split_in_place(case, copies, runtime):
     want, _, _ = await run(data, feeds, CPU)
     np.testing.assert_array_equal(again["y"], got["y"])
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-6)
+
+
+# Activation memory: the range freed longest ago is reused first, so fewer waves ------------------------
+def test_arena_reuses_oldest():
+    """With `oldest` a block takes the fitting range freed longest ago; plain best fit the smallest."""
+    from aiomnn.memory import Arena
+
+    def freed_then_take(**opts):  # free a 2-block range, then a 1-block one; take one block
+        arena = Arena(64, **opts)
+        a, _, b, _ = (arena.acquire(n) for n in (128, 64, 64, 64))
+        arena.release(a)
+        arena.release(b)
+        return arena.acquire(64).offset, (a.offset, b.offset)
+
+    got, (a, b) = freed_then_take()
+    assert got == b  # best fit
+    got, (a, b) = freed_then_take(oldest=True)
+    assert got == a  # freed first

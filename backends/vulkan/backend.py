@@ -63,6 +63,17 @@ F16 = np.dtype(np.float16)
 #: Inputs of at least this many bytes are copied on the submit thread: about 0.1 ms of memcpy.
 OFFLOAD_BYTES = 1 << 20
 
+#: Activation memory reuses the range freed longest ago (Arena's `oldest`), not the smallest that fits: a block
+#: in a range a dispatch has just read must wait for it, one wave more (record.waves). Waves (arena MB) on
+#: lavapipe, fp32, best fit -> oldest: det 640x640 b1 73 (42) -> 62 (47), b8 78 (334) -> 64 (376); yolov8n 320
+#: b1 82 (5.7) -> 77 (6.2), b8 121 (23) -> 114 (29); rec 48x320 b1/b8 86/87 -> 82/83 (3.4/28 MB either way),
+#: its data's own count. GPU time of the recorded command on an H100 (timestamps around it), best fit ->
+#: oldest: det b1 1174 -> 1161 us, b8 4388 -> 4235; rec b1 686 -> 674, b8 1422 -> 1409; yolov8n b8 2204 ->
+#: 2087-2206, but b1 1066 -> 1095 (the same 83 waves there: the layout alone). A barrier itself costs little
+#: there (1-2 us); what a wave costs is its slowest dispatch. Taking fresh memory instead of reusing any
+#: (256 MiB a session) cut det's and yolov8n's waves further but made rec b1 844 us: its activations no
+#: longer stayed in the L2 cache. memory="low" or a memory_limit keep plain best fit, the smallest arena.
+
 
 class VulkanBackend(Backend):
     type = ForwardType.VULKAN
@@ -77,6 +88,7 @@ class VulkanBackend(Backend):
         self.fp16 = config.precision == "low" and self.ctx.storage16
         self.store = F16 if self.fp16 else F32
         self.align = max(64, self.ctx.min_offset_align)
+        self.oldest = config.memory != "low" and config.memory_limit is None  # Arena's reuse rule
         self._last_value = 0
         self._records: dict[Any, Record] = {}
         self._cmds: list = []
@@ -93,7 +105,7 @@ class VulkanBackend(Backend):
 
     # Planning state -----------------------------------------------------------------
     def _reset_plan(self) -> None:
-        self.arena = Arena(self.align)
+        self.arena = Arena(self.align, oldest=self.oldest)
         self.blocks = []
         self._mine: dict[int, Block] = {}  # arena blocks this backend handed out
         self._alias_root: dict[int, Block] = {}  # alias block -> the arena block it shares
