@@ -2,15 +2,18 @@
 
 Shapes that take the band way in one block of channels and in several, with strides, dilations,
 a depth multiplier, batches and no bias, and next to them shapes just past where the tiles way takes over.
+At batch > 1 both ways take runs of images per numpy call: each image's result must be the one it gets alone.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 from onnx import helper
 
-from aiomnn.backends.cpu.ops import conv, depthwise, window
+from aiomnn.backends.cpu.ops import conv, depthwise, products, window
 from tests.oracle import one_input_model, run_aiomnn, run_ort
 
 pytest.importorskip("onnxruntime")
@@ -38,7 +41,7 @@ def test_depthwise_band(xs, ws, attrs, way, bias):
         consts["b"] = RNG.standard_normal(ws[0]).astype(np.float32)
     attrs = {**attrs, "group": xs[1]}
     plan = {"spatial": xs[2:], "kernel": list(ws[2:]), "strides": attrs.get("strides", [1, 1]),
-            "dils": attrs.get("dilations", [1, 1]), "C": xs[1]}
+            "dils": attrs.get("dilations", [1, 1]), "C": xs[1], "N": xs[0]}
     plan["pads"], plan["outs"] = window.conv_geometry(xs[2:], plan["kernel"], plan["strides"], plan["dils"],
                                                     attrs["pads"], "NOTSET")
     assert ("band" if depthwise._plan_band(plan, conv._TILE) else "tiles") == way
@@ -46,3 +49,44 @@ def test_depthwise_band(xs, ws, attrs, way, bias):
              helper.make_node("Relu", ["y"], ["r"])]
     data = one_input_model(nodes, xs, consts)
     np.testing.assert_allclose(run_aiomnn(data, {"x": x})[0], run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+BATCHED = [
+    # (input, weight, attributes, way): batches of 5, in runs of images that leave a partial last run
+    ((5, 24, 3, 40), (24, 1, 5, 5), {"pads": [2, 2, 2, 2]}, "band"),
+    ((5, 16, 5, 33), (32, 1, 3, 3), {"pads": [1, 0, 1, 2], "strides": [1, 2]}, "band"),
+    ((5, 8, 24, 96), (8, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 1]}, "tiles"),
+    ((5, 8, 30, 100), (8, 1, 3, 3), {}, "tiles"),  # no padding: the tiles read the input itself
+]
+
+
+@pytest.mark.parametrize("act", [None, "HardSwish"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("budget", [1, 2, 1 << 30])  # an image a run, runs of 2-3 images, the whole batch
+@pytest.mark.parametrize("xs,ws,attrs,way", BATCHED)
+def test_depthwise_batch_runs_match_single_images(xs, ws, attrs, way, bias, budget, act, monkeypatch):
+    """Runs of images share each numpy call; every image's result is the one it gets alone, to the bit."""
+    monkeypatch.setattr(products, "BATCH_COLS", budget if budget > 2 else budget * _columns(xs, ws, attrs, way))
+    x = RNG.standard_normal(xs).astype(np.float32)
+    consts = {"w": RNG.standard_normal(ws).astype(np.float32)}
+    if bias:
+        consts["b"] = RNG.standard_normal(ws[0]).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["y"], group=xs[1], **attrs)]
+    if act:
+        nodes.append(helper.make_node(act, ["y"], ["r"]))
+    batched = run_aiomnn(one_input_model(nodes, xs, consts), {"x": x})[0]
+    single = one_input_model(nodes, (1,) + xs[1:], consts)
+    for i in range(xs[0]):
+        np.testing.assert_array_equal(batched[i:i + 1], run_aiomnn(single, {"x": x[i:i + 1]})[0])
+    np.testing.assert_allclose(batched, run_ort(one_input_model(nodes, xs, consts), {"x": x})[0], rtol=1e-4,
+                               atol=1e-4)
+
+
+def _columns(xs, ws, attrs, way) -> int:
+    """One image's column elements on the way the conv takes."""
+    plan = {"spatial": xs[2:], "kernel": list(ws[2:]), "strides": attrs.get("strides", [1, 1]),
+            "dils": attrs.get("dilations", [1, 1]), "C": xs[1], "N": 1}
+    plan["pads"], plan["outs"] = window.conv_geometry(xs[2:], plan["kernel"], plan["strides"], plan["dils"],
+                                                    attrs.get("pads", [0, 0, 0, 0]), "NOTSET")
+    assert depthwise.plan(plan, conv._TILE) and ("band" in plan) == (way == "band")
+    return math.prod(plan["band_cols"]) if way == "band" else plan["cols_size"]

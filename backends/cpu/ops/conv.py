@@ -24,6 +24,12 @@ the first run with a new shape) and reused:
   columns carry a row of ones per group, so the bias rides in the GEMM for
   free.
 
+At batch > 1, the depthwise and im2col paths take a run of images per numpy
+call where an image's columns are small (products.image_runs): matmul
+broadcasts the weights over the run, one GEMM per image as before, so the
+results are the same to the bit and fewer, longer calls leave the GIL less
+often.
+
 The bias and a fused activation (`_activation`) are applied to each chunk or
 tile while it is in cache; SiLU, from products of the negated weights, in three
 passes instead of Swish's four (products.py). Chunks and tiles of convs with
@@ -50,7 +56,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..kernel import Kernel, Unsupported, op, parallel, shared_scratch, threads
 from . import depthwise, winograd
-from .products import SILU_CHUNK, bias_tile, negated, product, silu_negated, silu_product
+from .products import SILU_CHUNK, bias_tile, image_runs, negated, product, silu_negated, silu_product
 from .activations import activation_fn
 from .dtypes import float_compute_dtype, out_buffer
 from .window import conv_geometry, ints, tap_phases
@@ -261,12 +267,18 @@ class Conv(Kernel):
                 zeros.append((slice(None), slot[ph]))
             else:
                 fills.append(((slice(None),) + tuple(dst), (slice(None),) + tuple(src)))
+        # Where an image is one tile, runs of images share each numpy call (image_runs).
+        runs = (image_runs(p["N"], gb * (kg + 1) * width) if len(descs) == 1
+                else [(i, i + 1) for i in range(p["N"])])
+        nb = max(i1 - i0 for i0, i1 in runs)
         p.update(kg=kg, gb=gb, width=width, row=row, tail=tail, descs=descs, min_tiles=min_tiles, Q=Q,
-                 pitch=pitch, slot=slot, fills=fills, zeros=zeros, phase_shape=(p["C"], len(used)) + tuple(Q),
-                 cols_shape=(gb, kg + 1, width), acc_shape=(gb, p["cog"], width), bound={}, phase_views={})
+                 pitch=pitch, slot=slot, fills=fills, zeros=zeros, runs=runs,
+                 phase_shape=(nb, p["C"], len(used)) + tuple(Q), cols_shape=(nb, gb, kg + 1, width),
+                 acc_shape=(nb, gb, p["cog"], width), bound={}, phase_views={})
 
-    def _bind(self, p: dict[str, Any], phases, xph: np.ndarray, xph_token: int) -> list:
-        """Every tile's views over the phase buffer xph and this thread's column and GEMM scratch."""
+    def _bind(self, p: dict[str, Any], phases, xph: np.ndarray, xph_token: int, nim: int) -> list:
+        """Every tile's views over the phase buffer xph and this thread's column and GEMM scratch, for a run
+        of nim images."""
         cdt = p["cdt"]
         cols, t2 = shared_scratch("conv.cols", p["cols_shape"], cdt)
         acc_buf, t3 = shared_scratch("conv.acc", p["acc_shape"], cdt)
@@ -275,7 +287,7 @@ class Conv(Kernel):
         silu_rows = min(p["cog"], max(1, SILU_CHUNK // p["width"]))
         exp_buf, t4 = shared_scratch("conv.exp", (silu_rows * p["width"],), cdt) if silu else (None, None)
         token = (xph_token, t2, t3, t4)
-        me = threading.get_ident()
+        me = (threading.get_ident(), nim)
         bound = p["bound"].get(me)
         if bound is not None and bound[0] == token:
             return bound[1]
@@ -285,43 +297,43 @@ class Conv(Kernel):
         it = cols.itemsize
         m_all = (outs[0] - 1) * row + p["tail"]
         qsize = math.prod(Q)
-        # Per phase group: source (C, taps..., m_all) over the phase image, and its first column row.
+        # Per phase group: source (images, C, taps..., m_all) over the phase images, and its first column row.
         srcs = []
         for ph, q0, qstep, counts, first in phases:
             base = p["slot"][ph] * qsize + sum(q0[a] * pitch[a] for a in range(n))
-            flat_ph = xph.reshape(p["C"], -1)[:, base:]
-            src = as_strided(flat_ph, shape=(p["C"],) + counts + (m_all,),
-                             strides=(xph.strides[0],) + tuple(qstep[a] * pitch[a] * it for a in range(n)) + (it,),
+            flat_ph = xph.reshape(xph.shape[0], p["C"], -1)[:, :, base:]
+            src = as_strided(flat_ph, shape=(nim, p["C"]) + counts + (m_all,),
+                             strides=xph.strides[:2] + tuple(qstep[a] * pitch[a] * it for a in range(n)) + (it,),
                              writeable=False)
             cstr, acc = [], width * it
             for c_ in reversed(counts):
                 cstr.append(acc)
                 acc *= c_
             cstr.reverse()
-            srcs.append((src.reshape((g, cg) + src.shape[1:]), first, counts, tuple(cstr)))
+            srcs.append((src.reshape((nim, g, cg) + src.shape[2:]), first, counts, tuple(cstr)))
         tiles = []
         for g0, g1, y0, y1, m in p["descs"]:
             gn = g1 - g0
             gsl = slice(g0, g1)
             copies = []
             for src, first, counts, cstr in srcs:
-                dst = as_strided(cols[:, first:], shape=(gn, cg) + counts + (m,),
-                                 strides=((kg + 1) * width * it, kk * width * it) + cstr + (it,))
-                copies.append((dst, src[(gsl, Ellipsis, slice(y0 * row, y0 * row + m))]))
-            tcols = cols[:gn, :, :m]
+                dst = as_strided(cols[:, :, first:], shape=(nim, gn, cg) + counts + (m,),
+                                 strides=cols.strides[:2] + (kk * width * it,) + cstr + (it,))
+                copies.append((dst, src[(slice(None), gsl, Ellipsis, slice(y0 * row, y0 * row + m))]))
+            tcols = cols[:nim, :gn, :, :m]
             # The product goes to a contiguous block, not to columns of a (cog, width) buffer, so the
             # activation runs over it in cache-sized pieces (activation_fn) rather than row by row:
             # yolov8n took 0.92-1.00x the time (median 0.975x, 8 A/B runs; rec 0.95x, det 1.0x).
-            a = acc_buf.reshape(-1)[: gn * p["cog"] * m].reshape(gn, p["cog"], m)
-            extract = as_strided(a, shape=(gn, p["cog"], y1 - y0) + tuple(outs[1:]),
-                                 strides=a.strides[:2] + tuple(pt * it for pt in pitch), writeable=False)
+            a = acc_buf.reshape(-1)[: nim * gn * p["cog"] * m].reshape(nim, gn, p["cog"], m)
+            extract = as_strided(a, shape=(nim, gn, p["cog"], y1 - y0) + tuple(outs[1:]),
+                                 strides=a.strides[:3] + tuple(pt * it for pt in pitch), writeable=False)
             chunks = None
             if silu:  # the product in cache-sized chunks of channel rows, each with the exp scratch
                 e = exp_buf[: silu_rows * m].reshape(silu_rows, m)
-                chunks = [(a[0, r0:r0 + silu_rows], e[: min(silu_rows, p["cog"] - r0)])
-                          for r0 in range(0, p["cog"], silu_rows)]
-            tiles.append((copies, gsl, tcols[:, kg, :], tcols[0] if g == 1 else tcols, a[0] if g == 1 else a,
-                          extract, (gsl, slice(None), slice(y0, y1)), chunks))
+                chunks = [(a[i, 0, r0:r0 + silu_rows], e[: min(silu_rows, p["cog"] - r0)])
+                          for i in range(nim) for r0 in range(0, p["cog"], silu_rows)]
+            tiles.append((copies, gsl, tcols[:, :, kg, :], tcols[:, 0] if g == 1 else tcols,
+                          a[:, 0] if g == 1 else a, extract, (slice(None), gsl, slice(None), slice(y0, y1)), chunks))
         p["bound"][me] = (token, tiles)
         return tiles
 
@@ -449,21 +461,21 @@ class Conv(Kernel):
         me = threading.get_ident()
         views = p["phase_views"].get(me)
         if views is None or views[0] != xph_token:
-            views = p["phase_views"][me] = (xph_token, [xph[sl] for sl in p["zeros"]],
-                                            [(xph[d], s) for d, s in p["fills"]])
+            views = p["phase_views"][me] = (xph_token, [xph[(slice(None),) + sl] for sl in p["zeros"]],
+                                            [(xph[(slice(None),) + d], (slice(None),) + s) for d, s in p["fills"]])
         _, zeros, fills = views
         for z in zeros:
             z.fill(0)
         outs = tuple(p["outs"])
-        for i in range(p["N"]):
-            xi = x[i]
+        for i0, i1 in p["runs"]:
+            nim, xi = i1 - i0, x[i0:i1]
             for dst, src in fills:
-                np.copyto(dst, xi[src])
-            yv = y[i].reshape((g, p["cog"]) + outs)
+                np.copyto(dst[:nim], xi[src])
+            yv = y[i0:i1].reshape((nim, g, p["cog"]) + outs)
 
             def tile(k: int) -> None:
                 copies, gsl, ones, c, acc, extract, out_sel, chunks = self._bind(p, packed["phases"], xph,
-                                                                                 xph_token)[k]
+                                                                                 xph_token, nim)[k]
                 ones.fill(1)  # the row of ones that carries the bias
                 for dst, src in copies:
                     np.copyto(dst, src)

@@ -16,6 +16,9 @@ Two ways, chosen per input shape when the conv is planned:
   written straight into the output. A tile takes only the kernel rows that
   reach real input for some of its rows, so on small feature maps the taps
   that would read only padding are never copied nor multiplied.
+
+Both take a run of images per numpy call where their columns fit
+(products.image_runs), with the weights broadcast over the run's images.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..kernel import shared_scratch
+from .products import image_runs
 
 #: The band way is taken while its GEMMs do at most this many times the multiply-adds the conv needs
 #: (its weights are zero outside the band). On the 2-core test machine (one thread, against the tiles way):
@@ -44,8 +48,8 @@ def plan(p: dict[str, Any], budget: int) -> bool:
 
 def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any],
         act: Callable[[np.ndarray], Any] | None) -> None:
-    """y = conv(x) for the plan p and the packed weights, image by image, on this thread: split across
-    threads, cls at batch 16 ran 1.2x slower (the numpy calls are short, and the threads queue for the GIL)."""
+    """y = conv(x) for the plan p and the packed weights, on this thread: split across threads, cls at batch
+    16 ran 1.2x slower (the numpy calls are short, and the threads queue for the GIL)."""
     (_run_band if "band" in p else _run_tiles)(x, y, p, packed, act)
 
 
@@ -62,8 +66,11 @@ def _plan_band(p: dict[str, Any], budget: int) -> bool:
     if k > BAND_WASTE * (kh * kw + 1):
         return False
     cb = max(1, min(C, budget // (k * Wo)))
-    p.update(band=(lo, hi), band_rows=(C, hi - lo, W + p["pads"][1] + p["pads"][3]), band_k=k,
-             band_blocks=[(c0, min(C, c0 + cb)) for c0 in range(0, C, cb)], band_cols=(cb, k, Wo), dw_bound={})
+    chunks = image_runs(p["N"], C * k * Wo) if cb == C else [(i, i + 1) for i in range(p["N"])]
+    nb = max(i1 - i0 for i0, i1 in chunks)
+    p.update(band=(lo, hi), band_rows=(nb, C, hi - lo, W + p["pads"][1] + p["pads"][3]), band_k=k,
+             band_blocks=[(c0, min(C, c0 + cb)) for c0 in range(0, C, cb)], band_cols=(nb, cb, k, Wo),
+             dw_chunks=chunks, dw_bound={})
     return True
 
 
@@ -76,7 +83,7 @@ def _run_band(x, y, p, packed, act) -> None:
     bound = p["dw_bound"].get(key)
     if bound is None or bound[0] != (rows_token, cols_token):
         bound = p["dw_bound"][key] = ((rows_token, cols_token), _bind_band(p, rows, cols))
-    inside, borders, ones, blocks = bound[1]
+    chunks, borders, ones = bound[1]
     for b in borders:  # the scratch is shared: other convs wrote there
         b.fill(0)
     ones.fill(1)
@@ -84,29 +91,35 @@ def _run_band(x, y, p, packed, act) -> None:
     if wm is None or wm[0] is not packed:
         wm = p["band_wm"] = (packed, _band_weights(packed, p))
     wm = wm[1]
-    for i in range(p["N"]):
-        np.copyto(inside, x[i, :, lo:hi])
-        yi = y[i].reshape(wm.shape[0], wm.shape[1], -1)
+    for i0, i1, inside, blocks in chunks:
+        np.copyto(inside, x[i0:i1, :, lo:hi])
+        yc = y[i0:i1].reshape((i1 - i0,) + wm.shape[:2] + (-1,))
         for c0, c1, dst, src, c in blocks:
             np.copyto(dst, src)
-            np.matmul(wm[c0:c1], c, out=yi[c0:c1])
+            np.matmul(wm[c0:c1], c, out=yc[:, c0:c1])
         if act is not None:
-            act(y[i])
+            act(y[i0:i1])
 
 
 def _bind_band(p, rows, cols) -> tuple:
-    """(the padded rows' inside, their zero borders, the column matrix's row of ones, and per block of
-    channels: its input rows shifted by each kernel column, where they are read from, and its columns)."""
+    """(per run of images: where it starts and ends, the padded rows' inside, and per block of channels: its
+    input rows shifted by each kernel column, where they are read from, and its columns; the rows' zero
+    borders; the columns' row of ones)."""
     kw, (sw, dw), pads, W = p["kernel"][1], (p["strides"][1], p["dils"][1]), p["pads"], p["spatial"][1]
-    _, n, _ = p["band_rows"]
+    _, _, n, _ = p["band_rows"]
     Wo = p["outs"][1]
-    cs, rs, es = rows.strides
-    blocks = []
-    for c0, c1 in p["band_blocks"]:
-        src = as_strided(rows[c0:], shape=(c1 - c0, n, kw, Wo), strides=(cs, rs, dw * es, sw * es), writeable=False)
-        blocks.append((c0, c1, cols[:c1 - c0, :n * kw].reshape(c1 - c0, n, kw, Wo), src, cols[:c1 - c0]))
-    borders = [v for v in (rows[:, :, :pads[1]], rows[:, :, pads[1] + W:]) if v.size]
-    return rows[:, :, pads[1]:pads[1] + W], borders, cols[:, n * kw], blocks
+    ns, cs, rs, es = rows.strides
+    chunks = []
+    for i0, i1 in p["dw_chunks"]:
+        m, blocks = i1 - i0, []
+        for c0, c1 in p["band_blocks"]:
+            src = as_strided(rows[:, c0:], shape=(m, c1 - c0, n, kw, Wo), strides=(ns, cs, rs, dw * es, sw * es),
+                             writeable=False)
+            c = cols[:m, :c1 - c0]
+            blocks.append((c0, c1, c[:, :, :n * kw].reshape(m, c1 - c0, n, kw, Wo), src, c))
+        chunks.append((i0, i1, rows[:m, :, :, pads[1]:pads[1] + W], blocks))
+    borders = [v for v in (rows[..., :pads[1]], rows[..., pads[1] + W:]) if v.size]
+    return chunks, borders, cols[:, :, n * kw]
 
 
 def _band_weights(packed: dict[str, Any], p: dict[str, Any]) -> np.ndarray:
@@ -168,62 +181,64 @@ def _plan_tiles(p: dict[str, Any], budget: int) -> bool:
             for r0 in range(y0, y1, rows):
                 tiles.append((c0, min(C, c0 + cb), r0, min(y1, r0 + rows), ka, kb))
     cols = max((c1 - c0) * ((kb - ka) * kw + 1) * (r1 - r0) * Wo for c0, c1, r0, r1, ka, kb in tiles)
+    chunks = image_runs(p["N"], cols)
+    nb = max(i1 - i0 for i0, i1 in chunks)
     # The padded rows the tiles read: on a short map, the padding rows outside them need no zeroing (cls:
     # 2 rows of input between 2+2 rows of padding, of which the tiles read none).
     lo = min(r0 * sh + ka * dh for c0, c1, r0, r1, ka, kb in tiles)
     hi = max((r1 - 1) * sh + (kb - 1) * dh + 1 for c0, c1, r0, r1, ka, kb in tiles)
-    p.update(dw_tiles=tiles, cols_size=cols, padded_shape=(C, H + pads[0] + pads[2], W + pads[1] + pads[3]),
-             dw_rows=(lo, hi), dw_bound={})
+    p.update(dw_tiles=tiles, cols_size=nb * cols, padded_shape=(nb, C, H + pads[0] + pads[2], W + pads[1] + pads[3]),
+             dw_rows=(lo, hi), dw_chunks=chunks, dw_bound={})
     return True
 
 
 def _run_tiles(x, y, p, packed, act) -> None:
     (H, W), (Ho, Wo), pads = p["spatial"], p["outs"], p["pads"]
     cols, cols_token = shared_scratch("conv.cols", (p["cols_size"],), p["cdt"])
-    if any(pads):  # the border the tiles read is zeroed once; each image fills the inside
+    if any(pads):  # the border the tiles read is zeroed once; each run of images fills the inside
         padded, pad_token = shared_scratch("conv.padded", p["padded_shape"], p["cdt"])
         lo, hi = p["dw_rows"]
-        padded[:, lo:pads[0]].fill(0)
-        padded[:, pads[0] + H:hi].fill(0)
-        padded[:, pads[0]:pads[0] + H, :pads[1]].fill(0)
-        padded[:, pads[0]:pads[0] + H, pads[1] + W:].fill(0)
-        inside = padded[:, pads[0]:pads[0] + H, pads[1]:pads[1] + W]
-    for i in range(p["N"]):
+        padded[:, :, lo:pads[0]].fill(0)
+        padded[:, :, pads[0] + H:hi].fill(0)
+        padded[:, :, pads[0]:pads[0] + H, :pads[1]].fill(0)
+        padded[:, :, pads[0]:pads[0] + H, pads[1] + W:].fill(0)
+        inside = padded[:, :, pads[0]:pads[0] + H, pads[1]:pads[1] + W]
+    for i0, i1 in p["dw_chunks"]:
         if any(pads):
-            np.copyto(inside, x[i])
+            np.copyto(inside[:i1 - i0], x[i0:i1])
             img, img_token = padded, pad_token
         else:
-            img, img_token = x[i], x[i].ctypes.data
-        yi = y[i].reshape(p["C"], p["cog"], Ho * Wo)
-        # Views are made once per thread, image and buffers: numpy's indexing costs microseconds each.
+            img, img_token = x[i0:i1], x[i0:i1].ctypes.data
+        yc = y[i0:i1].reshape(i1 - i0, p["C"], p["cog"], Ho * Wo)
+        # Views are made once per thread, run of images and buffers: numpy's indexing costs microseconds each.
         # The bound entry holds the arrays and weights it names, so no other can take their addresses.
-        token = (cols_token, img_token, img.strides, yi.ctypes.data, id(packed))
-        key = (threading.get_ident(), i)
+        token = (cols_token, img_token, img.strides, yc.ctypes.data, id(packed))
+        key = (threading.get_ident(), i0)
         bound = p["dw_bound"].get(key)
         if bound is None or bound[0] != token:
-            bound = p["dw_bound"][key] = (token, _bind(p, packed, cols, img, yi), packed)
+            bound = p["dw_bound"][key] = (token, _bind(p, packed, cols, img, yc), packed)
         for dst, src, ones, wt, c, out in bound[1]:
             np.copyto(dst, src)
             ones.fill(1)  # the row of ones that carries the bias
             np.matmul(wt, c, out=out)
-        if act is not None:  # on the whole image: a tile's rows are strided views, several times slower
-            act(y[i])
+        if act is not None:  # on whole images: a tile's rows are strided views, several times slower
+            act(y[i0:i1])
 
 
-def _bind(p, packed, cols, img, yi) -> list:
-    """Per tile: the strided source over the (padded) image, its column block, weights and output rows."""
+def _bind(p, packed, cols, img, yc) -> list:
+    """Per tile: the strided source over the (padded) images, its column block, weights and output rows."""
     (kh, kw), (sh, sw), (dh, dw) = p["kernel"], p["strides"], p["dils"]
-    Wo = p["outs"][1]
-    cs, rs, es = img.strides
+    Wo, m = p["outs"][1], yc.shape[0]
+    ns, cs, rs, es = img.strides
     views = []
     for c0, c1, r0, r1, ka, kb in p["dw_tiles"]:
         nc, nr, taps = c1 - c0, r1 - r0, (kb - ka) * kw
-        c = cols[: nc * (taps + 1) * nr * Wo].reshape(nc, taps + 1, nr * Wo)
-        src = as_strided(img[c0:, r0 * sh + ka * dh:], shape=(nc, kb - ka, kw, nr, Wo),
-                         strides=(cs, dh * rs, dw * es, sh * rs, sw * es), writeable=False)
-        dst = c[:, :taps].reshape(nc, kb - ka, kw, nr, Wo)
+        c = cols[: m * nc * (taps + 1) * nr * Wo].reshape(m, nc, taps + 1, nr * Wo)
+        src = as_strided(img[:, c0:, r0 * sh + ka * dh:], shape=(m, nc, kb - ka, kw, nr, Wo),
+                         strides=(ns, cs, dh * rs, dw * es, sh * rs, sw * es), writeable=False)
+        dst = c[:, :, :taps].reshape(m, nc, kb - ka, kw, nr, Wo)
         wt = _weights(packed, kh, kw, ka, kb)[c0:c1]
-        views.append((dst, src, c[:, taps], wt, c, yi[c0:c1, :, r0 * Wo:r1 * Wo]))
+        views.append((dst, src, c[:, :, taps], wt, c, yc[:, c0:c1, :, r0 * Wo:r1 * Wo]))
     return views
 
 

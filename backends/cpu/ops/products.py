@@ -57,6 +57,23 @@ def silu_product(packed: dict[str, Any], x: np.ndarray, y: np.ndarray, width: in
     silu_negated([(flat[i:i + step], e[:min(step, flat.size - i)]) for i in range(0, flat.size, step)])
 
 
+#: Runs of images whose columns take about this many elements (1 MiB of float32) at most share each numpy
+#: call of a conv's depthwise and im2col paths. Each call releases the GIL, and two runs on two threads queue
+#: for it at every short call. On the 2-core test machine, cls at batch 16 (items/s, one session / two
+#: concurrent): an image per call 732-758 / 814-843, this budget 763-775 / 871-885. Larger runs leave the
+#: L2 cache (2 MiB a core): 1 << 20 gave 629-668 / 964-985.
+BATCH_COLS = 1 << 18
+
+
+def image_runs(N: int, per_image: int) -> list[tuple[int, int]]:
+    """The batch as near-equal runs [i0, i1) of images whose columns (per_image elements each) fit BATCH_COLS,
+    one image at least. matmul broadcasts the weights over a run's images and still makes one GEMM per image,
+    so an image's result does not depend on the others in its batch."""
+    n = -(-N // max(1, min(N, BATCH_COLS // max(1, per_image))))
+    step = -(-N // n)
+    return [(i, min(N, i + step)) for i in range(0, N, step)]
+
+
 def bias_tile(packed: dict[str, Any], width: int) -> np.ndarray:
     """The bias as a (co, width) tile, made once per width: adding a same-shaped array is several times
     faster than a (co, 1) column broadcast along short rows."""
