@@ -556,7 +556,7 @@ async def test_staged_outputs_are_handed_over_up_to_a_limit(limit, monkeypatch):
     """Where outputs are staged through host memory the device imports, each output array is that memory
     itself (no copy after the run) while callers hold less than memory.handed's limit; the slot it came
     from is not written again until the array is gone, and then it is used again. Past the limit outputs
-    are copied."""
+    are copied, and so are outputs of fewer than HANDOVER_BYTES in all."""
     import gc
 
     from aiomnn.memory import handed
@@ -567,10 +567,10 @@ async def test_staged_outputs_are_handed_over_up_to_a_limit(limit, monkeypatch):
     try:
         if not info.runtimes[ForwardType.VULKAN].ctx.import_align:
             pytest.skip("the device cannot import host memory (VK_EXT_external_memory_host)")
-        net = aiomnn.Interpreter.from_bytes(chain_model(4, (1, 16, 8, 8)))
+        net = aiomnn.Interpreter.from_bytes(chain_model(4, (1, 16, 64, 64)))
         async with await net.create_session(CONFIG, info) as s:
-            xs = [r(1, 16, 8, 8, seed=i) for i in range(3)]
-            wants = [(await run(chain_model(4, (1, 16, 8, 8)), {"x": x}, CPU))[0]["y"] for x in xs]
+            xs = [r(1, 16, 64, 64, seed=i) for i in range(3)]
+            wants = [(await run(chain_model(4, (1, 16, 64, 64)), {"x": x}, CPU))[0]["y"] for x in xs]
             gc.collect()
             before = handed.bytes
             outs = [(await s.run({"x": x}))["y"] for x in xs]
@@ -587,6 +587,11 @@ async def test_staged_outputs_are_handed_over_up_to_a_limit(limit, monkeypatch):
             for x, want in zip(xs, wants):  # the slots are used again, one at a time
                 np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=1e-5, atol=1e-6)
             assert len(rec.slots) == (3 if limit is None else 1)
+        small = aiomnn.Interpreter.from_bytes(chain_model(4, (1, 16, 8, 8)))  # 4 KiB out
+        async with await small.create_session(CONFIG, info) as s:
+            got = (await s.run({"x": r(1, 16, 8, 8)}))["y"]
+            assert type(got.base) is not HandedOver
+            assert len(s.pipeline.main._records[s.pipeline.segments[0]].slots) == 1
     finally:
         info.close()
 

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 F32 = np.dtype(np.float32)
 CAST_LOCAL = 256
+#: Outputs of fewer bytes in all are copied out of the record's readback rather than handed over: lending
+#: them (an array over foreign memory and a finalizer that frees the slot) costs more than copying them.
+HANDOVER_BYTES = 64 << 10
 
 
 def predict(be: "VulkanBackend") -> None:
@@ -100,8 +103,10 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
     in_pieces = {n: copies.pieces(loc.nbytes, be.store.itemsize) for n, loc, _ in uploads
                  if staged and not cast_in and copies.large(loc.nbytes)}
     readback, rb_offsets, down_views = None, [], []
-    # Staged fp32 outputs land in host memory each slot imports, handed to the caller as they are.
-    handover = staged and not be.fp16 and bool(downloads) and bool(be.ctx.import_align)
+    # Staged fp32 outputs land in host memory each slot imports, handed to the caller as they are; small ones
+    # are copied out of one readback instead (HANDOVER_BYTES).
+    handover = (staged and not be.fp16 and bool(be.ctx.import_align)
+                and sum(loc.nbytes for _, loc, _ in downloads) >= HANDOVER_BYTES)
     if (staged or be.fp16) and downloads:
         rb_size, rb_offsets = _host_layout(be, [shape for *_, shape in downloads])
         if not handover:
