@@ -39,3 +39,20 @@ def run_aiomnn(data: bytes, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         return [out[name] for name in net.output_names]
 
     return asyncio.run(run())
+
+
+def conv_batch_matches_single_images(xs: tuple, ws: tuple, attrs: dict, bias: bool, tail: list, atol: float,
+                                     rng: np.random.Generator) -> None:
+    """A batched Conv (with `tail`, the nodes after it reading "y") gives every image exactly the result it
+    gets alone, and the batch matches onnxruntime."""
+    x = rng.standard_normal(xs).astype(np.float32)
+    consts = {"w": rng.standard_normal(ws).astype(np.float32)}
+    if bias:
+        consts["b"] = rng.standard_normal(ws[0]).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["y"], **attrs)] + tail
+    batched = run_aiomnn(one_input_model(nodes, xs, consts), {"x": x})[0]
+    single = one_input_model(nodes, (1,) + tuple(xs[1:]), consts)
+    for i in range(xs[0]):
+        np.testing.assert_array_equal(batched[i:i + 1], run_aiomnn(single, {"x": x[i:i + 1]})[0])
+    np.testing.assert_allclose(batched, run_ort(one_input_model(nodes, xs, consts), {"x": x})[0], rtol=1e-4,
+                               atol=atol)

@@ -14,7 +14,7 @@ import pytest
 from onnx import helper
 
 from aiomnn.backends.cpu.ops import conv, depthwise, products, window
-from tests.oracle import one_input_model, run_aiomnn, run_ort
+from tests.oracle import conv_batch_matches_single_images, one_input_model, run_aiomnn, run_ort
 
 pytest.importorskip("onnxruntime")
 
@@ -67,19 +67,8 @@ BATCHED = [
 def test_depthwise_batch_runs_match_single_images(xs, ws, attrs, way, bias, budget, act, monkeypatch):
     """Runs of images share each numpy call; every image's result is the one it gets alone, to the bit."""
     monkeypatch.setattr(products, "BATCH_COLS", budget if budget > 2 else budget * _columns(xs, ws, attrs, way))
-    x = RNG.standard_normal(xs).astype(np.float32)
-    consts = {"w": RNG.standard_normal(ws).astype(np.float32)}
-    if bias:
-        consts["b"] = RNG.standard_normal(ws[0]).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["y"], group=xs[1], **attrs)]
-    if act:
-        nodes.append(helper.make_node(act, ["y"], ["r"]))
-    batched = run_aiomnn(one_input_model(nodes, xs, consts), {"x": x})[0]
-    single = one_input_model(nodes, (1,) + xs[1:], consts)
-    for i in range(xs[0]):
-        np.testing.assert_array_equal(batched[i:i + 1], run_aiomnn(single, {"x": x[i:i + 1]})[0])
-    np.testing.assert_allclose(batched, run_ort(one_input_model(nodes, xs, consts), {"x": x})[0], rtol=1e-4,
-                               atol=1e-4)
+    tail = [helper.make_node(act, ["y"], ["r"])] if act else []
+    conv_batch_matches_single_images(xs, ws, dict(attrs, group=xs[1]), bias, tail, 1e-4, RNG)
 
 
 def _columns(xs, ws, attrs, way) -> int:

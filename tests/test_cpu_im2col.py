@@ -14,7 +14,7 @@ import pytest
 from onnx import helper
 
 from aiomnn.backends.cpu.ops import conv, products
-from tests.oracle import one_input_model, run_aiomnn, run_ort
+from tests.oracle import conv_batch_matches_single_images, one_input_model, run_aiomnn, run_ort
 
 pytest.importorskip("onnxruntime")
 
@@ -59,18 +59,9 @@ def test_im2col_batch_runs_match_single_images(xs, ws, attrs, cols, bias, runs, 
     """Runs of images share each numpy call; every image's result is the one it gets alone, to the bit."""
     monkeypatch.setattr(products, "BATCH_COLS", runs[0] * cols)
     assert [i1 - i0 for i0, i1 in products.image_runs(xs[0], cols)] == runs
-    x = RNG.standard_normal(xs).astype(np.float32)
-    consts = {"w": RNG.standard_normal(ws).astype(np.float32)}
-    if bias:
-        consts["b"] = RNG.standard_normal(ws[0]).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w"] + (["b"] if bias else []), ["y"], **attrs)]
+    tail = []
     if act == "Sigmoid":
-        nodes.append(helper.make_node("Sigmoid", ["y"], ["r"]))
+        tail = [helper.make_node("Sigmoid", ["y"], ["r"])]
     elif act == "SiLU":  # fused into the conv as its activation: three passes over negated products
-        nodes += [helper.make_node("Sigmoid", ["y"], ["s"]), helper.make_node("Mul", ["y", "s"], ["r"])]
-    batched = run_aiomnn(one_input_model(nodes, xs, consts), {"x": x})[0]
-    single = one_input_model(nodes, (1,) + xs[1:], consts)
-    for i in range(xs[0]):
-        np.testing.assert_array_equal(batched[i:i + 1], run_aiomnn(single, {"x": x[i:i + 1]})[0])
-    np.testing.assert_allclose(batched, run_ort(one_input_model(nodes, xs, consts), {"x": x})[0], rtol=1e-4,
-                               atol=1e-5)
+        tail = [helper.make_node("Sigmoid", ["y"], ["s"]), helper.make_node("Mul", ["y", "s"], ["r"])]
+    conv_batch_matches_single_images(xs, ws, attrs, bias, tail, 1e-5, RNG)
