@@ -346,7 +346,7 @@ async def test_conv_gemm_every_choice(cid, runtime, monkeypatch):
     assert len(choices) >= (40 if cid.endswith("split_k") else 8), choices
     rt = runtime.runtimes[ForwardType.VULKAN]
     for choice in choices:
-        monkeypatch.setattr(rt, "tuned_choice", lambda la: choice if isinstance(la.work, Convolution) else None)
+        monkeypatch.setattr(rt, "tuned_choice", lambda la, *_: choice if isinstance(la.work, Convolution) else None)
         got, _, _ = await run(data, feeds, CONFIG, runtime)
         np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5, err_msg=str(choice))
 
@@ -368,7 +368,7 @@ async def test_conv_narrow(cid, precision, runtime, monkeypatch):
     data, feeds = case.model(), case.feeds()
     want, _, _ = await run(data, feeds, CPU)
     rt = runtime.runtimes[ForwardType.VULKAN]
-    monkeypatch.setattr(rt, "tuned_choice", lambda la: ["narrow"] if isinstance(la.work, Convolution) else None)
+    monkeypatch.setattr(rt, "tuned_choice", lambda la, *_: ["narrow"] if isinstance(la.work, Convolution) else None)
     config = aiomnn.ScheduleConfig(type="vulkan",
                                    backend_config=aiomnn.BackendConfig(tuning="none", precision=precision))
     async with await aiomnn.Interpreter.from_bytes(data).create_session(config, runtime) as s:
@@ -1095,9 +1095,12 @@ async def test_fusion(case, kinds, runtime):
             np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-5, err_msg=f"vs onnxruntime: {k}")
 
 
-#: The tiled matmul, the direct kernel's workgroup sizes and the small kernel's shapes (launch.SMALL_SHAPES).
+#: The tiled matmul's register-blocked tiles (launch.REG_TILES).
+REG_CHOICES = [["reg", 128, 64], ["reg", 64, 128], ["reg", 64, 64], ["reg", 128, 128]]
+#: The tiled matmul, the direct kernel's workgroup sizes, the small kernel's shapes (launch.SMALL_SHAPES) and the
+#: register-blocked tiles.
 MATMUL_CHOICES = ["tiled", ["direct", 4], ["direct", 8], ["direct", 16], ["small", 64, 1], ["small", 64, 4],
-                  ["small", 32, 8], ["small", 128, 2], ["small", 16, 16]]
+                  ["small", 32, 8], ["small", 128, 2], ["small", 16, 16]] + REG_CHOICES
 
 
 @pytest.mark.anyio
@@ -1128,6 +1131,31 @@ async def test_fused_matmul_takes_the_convs_tuning(runtime, monkeypatch):
 
 
 @pytest.mark.anyio
+async def test_fused_conv_takes_the_choice_tuned_alone(runtime, monkeypatch):
+    """A conv planned again inside its group (here with the Add's shift in its activation) runs the choice tuned
+    for the launch it replaces, the conv planned alone (tuning plans ops alone), and still gives the CPU's
+    result."""
+    case = next(c for c, _ in FUSION_CASES if c.id == "conv_shift_hardswish")
+    data, feeds = case.model(), case.feeds()
+    want, _, _ = await run(data, feeds, CPU)
+    rt = runtime.runtimes[ForwardType.VULKAN]
+    cache = {}
+    monkeypatch.setattr(rt.tuner.cache, "get", lambda key: cache.get(key))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
+        await s.run(feeds)
+        [conv] = [st.execution for seg in s.pipeline.segments for st in seg.steps if st.node.op_type == "Conv"]
+        [(kernel, key)] = conv.tuned_as
+        fused = [la.key for seg in s.pipeline.segments for st in seg.steps for la in st.execution.launches]
+    assert kernel == "conv_gemm" and key not in fused  # the fused launch's own key differs
+    cache[key] = {"choice": ["narrow"]}
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
+        got = await s.run(feeds)
+        names = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps for d in st.execution.dispatches]
+    assert names == ["conv_narrow"], names
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("cid", ["matmul2d", "matmul_batched_bcast", "matmul_vec", "matmul_mat_vec", "gemm_trans_bias",
                                  "gemm_col_bias_relu", "pointwise_scale_residual"])
 async def test_matmul_every_choice(cid, runtime, monkeypatch):
@@ -1141,10 +1169,115 @@ async def test_matmul_every_choice(cid, runtime, monkeypatch):
     rt = runtime.runtimes[ForwardType.VULKAN]
     for choice in MATMUL_CHOICES:
         monkeypatch.setattr(rt, "tuned_choice",
-                            lambda la, choice=choice: choice if isinstance(la.work, Matmul) else None)
+                            lambda la, *_, choice=choice: choice if isinstance(la.work, Matmul) else None)
         got, _, _ = await run(data, feeds, CONFIG, runtime)
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=f"{k} {choice}")
+
+
+def reg_edge_cases() -> list:
+    """(id, model, feeds, numpy's result) for the register-blocked tiles' edges: M, N and K of 1, 7, 63, 65 and
+    129 (none a multiple of a tile), a broadcast batch, transposes (A stored m-fastest, B k-fastest) with a bias
+    and an activation, and a pointwise conv with a fused per-channel scale and residual."""
+    out = []
+
+    def model(nodes, ins, inits, outs=("y",)):
+        g = helper.make_graph(nodes, "reg", [helper.make_tensor_value_info(k, F, v.shape) for k, v in ins.items()],
+                              [helper.make_tensor_value_info(o, F, None) for o in outs],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+    for i, (m, k, nn) in enumerate([(1, 1, 1), (7, 63, 65), (65, 129, 7), (129, 7, 63), (63, 65, 129), (129, 1, 129),
+                                    (1, 65, 129), (129, 129, 1)]):
+        a, b = r(m, k, seed=i), r(k, nn, seed=i + 100)
+        out.append((f"matmul_{m}x{k}x{nn}", model([n("MatMul", ["a", "b"], ["y"])], {"a": a}, {"b": b}), {"a": a},
+                    a.astype(np.float64) @ b))
+    # A broadcast batch: (2, 1) x (3,) entries.
+    a, b = r(2, 1, 65, 63, seed=1), r(3, 63, 7, seed=2)
+    out.append(("matmul_batch_bcast", model([n("MatMul", ["a", "b"], ["y"])], {"a": a, "b": b}, {}),
+                {"a": a, "b": b}, a.astype(np.float64) @ b))
+    # Gemm with both operands transposed, alpha, beta, a row bias and a fused Relu.
+    a, b, c = r(129, 65, seed=3), r(7, 129, seed=4), r(7, seed=5)
+    ref = np.maximum(0.5 * (a.T.astype(np.float64) @ b.T) + 2.0 * c, 0.0)
+    out.append(("gemm_trans_bias_relu", model([n("Gemm", ["a", "b", "c"], ["g"], transA=1, transB=1, alpha=0.5,
+                                                 beta=2.0), n("Relu", ["g"], ["y"])], {"a": a}, {"b": b, "c": c}),
+                {"a": a}, ref))
+    # A pointwise conv (the matmul W @ X per image) with its input scaled per image and channel (a sigmoid's
+    # gate), a bias, a Relu and the residual Add fused in.
+    x, sc, w, bias = r(2, 65, 9, 15, seed=6), r(2, 65, 1, 1, seed=7), r(65, 65, 1, 1, seed=8), r(65, seed=9)
+    t = np.maximum(x.astype(np.float64), 0.0)
+    gated = t * (1.0 / (1.0 + np.exp(-sc.astype(np.float64))))
+    conv = np.einsum("oc,bchw->bohw", w[:, :, 0, 0].astype(np.float64), gated) + bias[None, :, None, None]
+    out.append(("pointwise_scale_residual", model(
+        [n("Relu", ["x"], ["t"]), n("Sigmoid", ["s"], ["sg"]), n("Mul", ["t", "sg"], ["m"]),
+         n("Conv", ["m", "w", "b"], ["c"]), n("Add", ["t", "c"], ["y"])], {"x": x, "s": sc}, {"w": w, "b": bias}),
+        {"x": x, "s": sc}, t + conv))
+    return out
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("choice", REG_CHOICES, ids=[f"{c[1]}x{c[2]}" for c in REG_CHOICES])
+async def test_matmul_register_tiles(choice, runtime, monkeypatch):
+    """Each register-blocked tile, forced, runs as its own kernel and matches numpy to float32 rounding at every
+    tile edge, with broadcast batches, transposes, alpha, beta, bias, activation, fused scale and residual."""
+    from aiomnn.backends.vulkan.launch import Matmul, reg_kernel
+
+    rt = runtime.runtimes[ForwardType.VULKAN]
+    monkeypatch.setattr(rt, "tuned_choice", lambda la, *_: choice if isinstance(la.work, Matmul) else None)
+    for cid, data, feeds, want in reg_edge_cases():
+        async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
+            got = await s.run(feeds)
+            kernels = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps
+                       for d in getattr(st.execution, "dispatches", [])]
+        assert reg_kernel(tuple(choice[1:])) in kernels, (cid, kernels)
+        np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5, err_msg=f"{cid} {choice}")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("choice", REG_CHOICES, ids=[f"{c[1]}x{c[2]}" for c in REG_CHOICES])
+async def test_matmul_register_tiles_fp16(choice, monkeypatch):
+    """The register-blocked tiles' fp16-storage builds (float16 buffers, float32 sums) match numpy to fp16
+    rounding."""
+    from aiomnn.backends.vulkan.launch import Matmul, reg_kernel
+
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
+    info = aiomnn.create_runtime(config)
+    try:
+        rt = info.runtimes[ForwardType.VULKAN]
+        if not rt.supports_fp16:
+            pytest.skip("the device has no 16-bit storage buffers")
+        monkeypatch.setattr(rt, "tuned_choice", lambda la, *_: choice if isinstance(la.work, Matmul) else None)
+        for cid, data, feeds, want in reg_edge_cases():
+            if cid not in ("matmul_63x65x129", "matmul_batch_bcast", "pointwise_scale_residual"):
+                continue
+            async with await aiomnn.Interpreter.from_bytes(data).create_session(config, info) as s:
+                got = await s.run(feeds)
+                kernels = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps
+                           for d in getattr(st.execution, "dispatches", [])]
+            assert reg_kernel(tuple(choice[1:])) in kernels, (cid, kernels)
+            err = np.linalg.norm(got["y"] - want) / np.linalg.norm(want)
+            assert err < 5e-3, f"{cid} {choice}: fp16 relative error {err:.2e}"
+    finally:
+        info.close()
+
+
+def test_matmul_register_tiles_are_candidates():
+    """Tuning tries the register-blocked tiles (early for large products, late for small ones), each valid one
+    resolving to its kernel and grid; the default stays the 64 x 64 tile on GPUs."""
+    from types import SimpleNamespace
+
+    from aiomnn.backends.vulkan.launch import REG_TILES, Launch, Matmul
+
+    gpu = SimpleNamespace(info=SimpleNamespace(is_gpu=True), max_invocations=1024, max_groups=(65535, 65535, 65535))
+    big = Launch(gpu, "matmul", False, (0,), b"", Matmul(480, 480, 8), [])
+    assert big.default() == "tiled"
+    assert big.choices(8)[:1 + len(REG_TILES)] == ["tiled"] + [["reg", *t] for t in REG_TILES]
+    assert big.resolve(["reg", 128, 64]) == ("matmul_128x64", (16, 16, 1), (8, 4, 8))
+    assert big.resolve(["reg", 64, 64]) == ("matmul_64x64", (16, 8, 1), (8, 8, 8))
+    small = Launch(gpu, "matmul", False, (0,), b"", Matmul(7, 5, 1), [])
+    every = small.choices(100)
+    assert all(["reg", *t] in every for t in REG_TILES) and every.index(["reg", 128, 64]) > every.index(["small", 64, 1])
+    assert not small.valid(["reg", 32, 32]) and not small.valid(["reg", 128])
 
 
 PLACES_CASES = [

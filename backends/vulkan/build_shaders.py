@@ -9,6 +9,9 @@ NAME_fp16.spv (-DFP16: float16 storage, float32 arithmetic). The manifest
 shaders/manifest.json records, per .spv, the SHA-256 of what it was built from
 (the source, every file it includes, and the defines) and of the .spv itself,
 so --check needs no compiler: only spirv-val, which it runs when present.
+
+Some sources are also built with extra defines (EXTRA): matmul.comp's register-blocked tiles,
+matmul_<TM>x<TN>.spv (and its _fp16), kernels of their own (device.REG_TILE_LOCAL).
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ SHADERS = HERE / "shaders"
 MANIFEST = SHADERS / "manifest.json"
 TARGET = "vulkan1.1"
 VARIANTS = {"": [], "_fp16": ["-DFP16"]}
+#: Further builds of a source: stem -> {suffix: defines}, each also built with every VARIANTS entry. matmul's
+#: register-blocked tiles: WX x WY invocations of RM x RN outputs, a (WY*RM) x (WX*RN) tile (launch.REG_TILES).
+EXTRA = {"matmul": {f"_{wy * rm}x{wx * rn}": [f"-DWX={wx}", f"-DWY={wy}", f"-DRM={rm}", f"-DRN={rn}"]
+                    for wx, wy, rm, rn in ((16, 16, 8, 4), (16, 16, 4, 8), (16, 16, 8, 8), (16, 8, 8, 4))}}
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -58,8 +65,9 @@ def file_hash(p: Path) -> str:
 def targets() -> list[tuple[Path, str, list[str], Path]]:
     out = []
     for src in sorted(SHADERS.glob("*.comp")):
-        for suffix, defines in VARIANTS.items():
-            out.append((src, suffix, defines, SHADERS / f"{src.stem}{suffix}.spv"))
+        for extra, more in {"": [], **EXTRA.get(src.stem, {})}.items():
+            for suffix, defines in VARIANTS.items():
+                out.append((src, extra + suffix, more + defines, SHADERS / f"{src.stem}{extra}{suffix}.spv"))
     return out
 
 

@@ -53,12 +53,18 @@ KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "conv": 4, "convt": 4, "m
                    "cast": 2}  # device tensor, float32 host staging
 #: Kernels whose workgroup size is fixed in the shader (tiles in shared memory).
 FIXED_LOCAL = {"matmul": (16, 16, 1)}
+#: matmul's register-blocked tiles (launch.REG_TILES: rows x columns), kernels of their own from matmul.comp,
+#: with its bindings, specialization and their fixed workgroup size.
+REG_TILE_LOCAL = {"matmul_128x64": (16, 16, 1), "matmul_64x128": (16, 16, 1), "matmul_64x64": (16, 8, 1),
+                  "matmul_128x128": (16, 16, 1)}
+KERNEL_BINDINGS.update(dict.fromkeys(REG_TILE_LOCAL, KERNEL_BINDINGS["matmul"]))
+FIXED_LOCAL.update(REG_TILE_LOCAL)
 PUSH_BYTES = 128  # the minimum every device guarantees
 #: Kernels that read their push-constant words as specialization constants instead: word i of a dispatch's
 #: push block is constant PUSH_ID + i (a float keeps its bits), so the driver folds a layer's shapes into its
 #: code (the divisions by them, the loop counts) and each layer gets its own pipeline. Their shaders declare
 #: `layout(constant_id = 16 + i)` in the push block's order and have no push block.
-SPECIALIZED = {"conv", "conv_gemm", "conv_narrow", "convt", "matmul", "matmul_direct", "matmul_small"}
+SPECIALIZED = {"conv", "conv_gemm", "conv_narrow", "convt", "matmul", "matmul_direct", "matmul_small", *REG_TILE_LOCAL}
 PUSH_ID = 16
 
 

@@ -30,6 +30,7 @@ class Group:
         if any(m.out_names != [m.node.outputs[0]] for m in self.members):
             return
         for m in self.members:
+            m.tuned_as = [(launch.kernel, launch.key) for launch in m.launches]
             m.dispatches, m.launches = [], []
         self.build(final)
         b._fused_away.update(self.inner)

@@ -3,7 +3,8 @@
 Work says what a kernel iterates over:
   Grid(n)        a grid-stride loop over n items (elementwise, conv, pool, copy, resize);
   Rows(n, l)     one workgroup per row, l invocations reducing it (reduce, softmax, layernorm);
-  Matmul(m,n,b)  a batch of m x n outputs: the tiled shared-memory kernel, the direct one, or the small one.
+  Matmul(m,n,b)  a batch of m x n outputs: the tiled shared-memory kernel (64 x 64 tiles, or one of the
+                 register-blocked ones, REG_TILES), the direct one, or the small one.
   Convolution    an implicit-GEMM convolution (conv_gemm): a tile shape and how many ways to split the sum;
                  or, for few output channels, conv_narrow.
   Blocks(n, l)   one workgroup of l invocations per item (se: an image), not tuned.
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from .device import SHADER_DIR
+from .device import REG_TILE_LOCAL, SHADER_DIR
 
 if TYPE_CHECKING:
     from .device import Context
@@ -69,14 +70,31 @@ class Blocks(Work):
     local: int
 
 
+#: matmul's register-blocked tiles, (rows, columns) -> workgroup (x, y): each invocation computes
+#: (rows / y) x (columns / x) outputs. Built from matmul.comp as matmul_<rows>x<columns> (build_shaders.EXTRA).
+REG_TILES = {tuple(map(int, name.removeprefix("matmul_").split("x"))): local[:2]
+             for name, local in REG_TILE_LOCAL.items()}
+#: A register-blocked tile is among the first candidates tuning tries where it makes at least this many
+#: workgroups and at least half of its outputs fall inside the matrix (64 x 64: always); otherwise after the
+#: other kernels.
+REG_BUSY = 64
+
+
+def reg_kernel(tile: tuple[int, int]) -> str:
+    return f"matmul_{tile[0]}x{tile[1]}"
+
+
 @lru_cache(maxsize=None)
 def shader_hash(kernel: str) -> str:
-    """A short hash of a kernel's built SPIR-V (both variants), from the shader manifest."""
+    """A short hash of a kernel's built SPIR-V (both variants), from the shader manifest. The matmul's covers
+    its register-blocked tiles too (tuning chooses among them): tuned choices are redone when any changes."""
     try:
         files = json.loads((SHADER_DIR / "manifest.json").read_text()).get("files", {})
     except (OSError, ValueError):
         return "unknown"
-    text = f"{files.get(kernel + '.spv', {}).get('spv')}|{files.get(kernel + '_fp16.spv', {}).get('spv')}"
+    names = [kernel] + ([reg_kernel(t) for t in REG_TILES] if kernel == "matmul" else [])
+    text = "|".join(f"{files.get(k + '.spv', {}).get('spv')}|{files.get(k + '_fp16.spv', {}).get('spv')}"
+                    for k in names)
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
@@ -155,8 +173,13 @@ class Launch:
             if w.narrow:
                 options.insert(1, ["narrow"])
         else:
-            options = ["tiled", ["direct", 8], ["small", 64, 1], ["small", 64, 4], ["small", 32, 8], ["small", 16, 16],
-                       ["direct", 16], ["direct", 4], ["small", 128, 2]]
+            # The register-blocked tiles right after the 64 x 64 one where they fill the device and the matrix
+            # (large products), else last (small ones: the small and direct kernels first).
+            early = [t for t in REG_TILES if self._reg_fits(t)]
+            options = (["tiled"] + [["reg", *t] for t in early]
+                       + [["direct", 8], ["small", 64, 1], ["small", 64, 4], ["small", 32, 8], ["small", 16, 16],
+                          ["direct", 16], ["direct", 4], ["small", 128, 2]]
+                       + [["reg", *t] for t in REG_TILES if t not in early])
         default = self.default()
         ordered = [default] + [o for o in options if o != default]
         return [o for o in ordered if self.valid(o)][:max(1, limit)]
@@ -184,6 +207,13 @@ class Launch:
                     and all(g <= c for g, c in zip(groups, self.ctx.max_groups)))
         if choice == "tiled":
             return self.ctx.max_invocations >= 256
+        if isinstance(choice, list) and len(choice) == 3 and choice[0] == "reg":
+            tile = tuple(choice[1:])
+            if tile not in REG_TILES:
+                return False
+            wx, wy = REG_TILES[tile]
+            groups = (-(-w.n // tile[1]), -(-w.m // tile[0]), w.batch)
+            return wx * wy <= self.ctx.max_invocations and all(g <= c for g, c in zip(groups, self.ctx.max_groups))
         if isinstance(choice, list) and len(choice) == 3 and choice[0] == "small":
             if tuple(choice[1:]) not in SMALL_SHAPES or choice[1] * choice[2] > self.ctx.max_invocations:
                 return False
@@ -212,10 +242,23 @@ class Launch:
             return "conv_gemm", (bn // 4, bm // 4, 1), (-(-w.n // bn), -(-w.m // bm), w.groups * s)
         if choice == "tiled":
             return "matmul", (16, 16, 1), (-(-w.n // 64), -(-w.m // 64), w.batch)
+        if choice[0] == "reg":
+            tm, tn = choice[1:]
+            wx, wy = REG_TILES[(tm, tn)]
+            return reg_kernel((tm, tn)), (wx, wy, 1), (-(-w.n // tn), -(-w.m // tm), w.batch)
         if choice[0] == "small":
             return "matmul_small", (choice[1], choice[2], 1), (self._small_groups(choice[1]), 1, w.batch)
         s = choice[1]
         return "matmul_direct", (s, s, 1), (-(-w.n // (4 * s)), -(-w.m // (4 * s)), w.batch)
+
+    def _reg_fits(self, tile: tuple[int, int]) -> bool:
+        """Whether a register-blocked tile makes REG_BUSY workgroups or more, at least half of its outputs in the
+        matrix; the 64 x 64 one always (the default tile's grid, fewer shared-memory reads)."""
+        if tile == (64, 64):
+            return True
+        w = self.work
+        gm, gn = -(-w.m // tile[0]), -(-w.n // tile[1])
+        return gm * gn * w.batch >= REG_BUSY and 2 * w.m * w.n >= gm * gn * tile[0] * tile[1]
 
     def _small_groups(self, lx: int) -> int:
         """matmul_small's workgroups per batch entry: each invocation along x takes 4 rows of one column."""

@@ -70,13 +70,14 @@ class VulkanRuntime(Runtime):
         return backend
 
     # Tuning ---------------------------------------------------------------------------
-    def tuned_choice(self, launch) -> Any:
-        """The workgroup choice the tuning cache holds for a launch (or for its unfused form), or None for the
-        default."""
-        entry = self.tuner.cache.get(launch.key)
-        if entry is None and launch.base_key is not None:
-            entry = self.tuner.cache.get(launch.base_key)
-        return None if entry is None else entry.get("choice")
+    def tuned_choice(self, launch, alone: str | None = None) -> Any:
+        """The workgroup choice the tuning cache holds for a launch, or for its unfused form (its base key, or
+        `alone`: the key of the launch it replaces, of an op planned alone), or None for the default."""
+        for key in (launch.key, launch.base_key, alone):
+            entry = None if key is None else self.tuner.cache.get(key)
+            if entry is not None:
+                return entry.get("choice")
+        return None
 
     def tuning_tasks(self, backend: Any, node: Node, inputs: list, outputs: list) -> list:
         """The launches of this op whose workgroup size can be tuned, as TuneTasks."""
