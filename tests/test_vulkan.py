@@ -1103,31 +1103,41 @@ MATMUL_CHOICES = ["tiled", ["direct", 4], ["direct", 8], ["direct", 16], ["small
                   ["small", 32, 8], ["small", 128, 2], ["small", 16, 16]] + REG_CHOICES
 
 
+async def run_tuned(case_id: str, runtime, monkeypatch, pick) -> list[str]:
+    """Run a fusion case on an empty tuning cache, where pick(session) gives the key to tune and its choice;
+    then again with that choice cached. The second run's kernels; its result must be the CPU's."""
+    case = next(c for c, _ in FUSION_CASES if c.id == case_id)
+    data, feeds = case.model(), case.feeds()
+    want, _, _ = await run(data, feeds, CPU)
+    cache = {}
+    monkeypatch.setattr(runtime.runtimes[ForwardType.VULKAN].tuner.cache, "get", lambda key: cache.get(key))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
+        await s.run(feeds)
+        key, choice = pick(s)
+    cache[key] = {"choice": choice}
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
+        got = await s.run(feeds)
+        names = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps for d in st.execution.dispatches]
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+    return names
+
+
 @pytest.mark.anyio
 async def test_fused_matmul_takes_the_convs_tuning(runtime, monkeypatch):
     """A pointwise conv's matmul with a fused scale and residual runs the choice tuned for the conv's own matmul
     (tuning plans the conv alone), and still gives the CPU's result."""
     from aiomnn.backends.vulkan.launch import Launch, Matmul
 
-    case = next(c for c, _ in FUSION_CASES if c.id == "pointwise_scale_residual")
-    data, feeds = case.model(), case.feeds()
-    want, _, _ = await run(data, feeds, CPU)
-    rt = runtime.runtimes[ForwardType.VULKAN]
-    cache = {}
-    monkeypatch.setattr(rt.tuner.cache, "get", lambda key: cache.get(key))
-    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
-        await s.run(feeds)
+    def pick(s):
         [la] = [la for seg in s.pipeline.segments for st in seg.steps for la in st.execution.launches
                 if isinstance(la.work, Matmul)]
-    assert la.consts[1:] == (1, 1) and la.base_key is not None
-    alone = Launch(la.ctx, la.kernel, la.fp16, (la.consts[0], 0, 0), la.push, la.work, la.locs)
-    assert la.base_key == alone.key and alone.base_key is None
-    cache[la.base_key] = {"choice": ["small", 16, 16]}
-    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
-        got = await s.run(feeds)
-        names = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps for d in st.execution.dispatches]
+        assert la.consts[1:] == (1, 1) and la.base_key is not None
+        alone = Launch(la.ctx, la.kernel, la.fp16, (la.consts[0], 0, 0), la.push, la.work, la.locs)
+        assert la.base_key == alone.key and alone.base_key is None
+        return la.base_key, ["small", 16, 16]
+
+    names = await run_tuned("pointwise_scale_residual", runtime, monkeypatch, pick)
     assert "matmul_small" in names, names
-    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.anyio
@@ -1135,24 +1145,15 @@ async def test_fused_conv_takes_the_choice_tuned_alone(runtime, monkeypatch):
     """A conv planned again inside its group (here with the Add's shift in its activation) runs the choice tuned
     for the launch it replaces, the conv planned alone (tuning plans ops alone), and still gives the CPU's
     result."""
-    case = next(c for c, _ in FUSION_CASES if c.id == "conv_shift_hardswish")
-    data, feeds = case.model(), case.feeds()
-    want, _, _ = await run(data, feeds, CPU)
-    rt = runtime.runtimes[ForwardType.VULKAN]
-    cache = {}
-    monkeypatch.setattr(rt.tuner.cache, "get", lambda key: cache.get(key))
-    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
-        await s.run(feeds)
+    def pick(s):
         [conv] = [st.execution for seg in s.pipeline.segments for st in seg.steps if st.node.op_type == "Conv"]
         [(kernel, key)] = conv.tuned_as
         fused = [la.key for seg in s.pipeline.segments for st in seg.steps for la in st.execution.launches]
-    assert kernel == "conv_gemm" and key not in fused  # the fused launch's own key differs
-    cache[key] = {"choice": ["narrow"]}
-    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
-        got = await s.run(feeds)
-        names = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps for d in st.execution.dispatches]
+        assert kernel == "conv_gemm" and key not in fused  # the fused launch's own key differs
+        return key, ["narrow"]
+
+    names = await run_tuned("conv_shift_hardswish", runtime, monkeypatch, pick)
     assert names == ["conv_narrow"], names
-    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.anyio
