@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
 from aiomnn.backends.cpu.kernel import shared_scratch
-from aiomnn.backends.cpu.ops import conv, winograd
+from aiomnn.backends.cpu.ops import conv, products, winograd
 from tests.oracle import one_input_model
 
 RNG = np.random.default_rng(5)
@@ -180,7 +180,7 @@ def test_threads_do_not_change_the_result():
     data, feeds, w, b = conv_model((1, 64, 80, 80), (64, 64, 3, 3), [1, 1, 1, 1], act="SiLU")
     one, _ = run_plans(data, feeds, threads=1)
     two, (plan,) = run_plans(data, feeds, threads=2)
-    assert plan["path"] == "winograd" and len(plan["blocks"]) > 1 and plan["work"] >= conv._PARALLEL_MACS
+    assert plan["path"] == "winograd" and len(plan["blocks"]) > 1 and plan["work"] >= products.PARALLEL_MACS
     np.testing.assert_array_equal(two, one)
     check(one, reference(feeds["x"], w, b, [1, 1, 1, 1], 1, "SiLU"), 1e-5)
 
