@@ -140,6 +140,7 @@ class VkOp(Execution):
     def on_resize(self, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
         self.dispatches = []
         self.launches = []
+        self.tuned_as = []  # a group that still fuses this op sets it again, for this plan's launches
         if self.step is not None:
             self.b.advance(self.step)
         self.b._exes.append(self)
