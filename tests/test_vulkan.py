@@ -1131,10 +1131,11 @@ async def test_fused_matmul_takes_the_convs_tuning(runtime, monkeypatch):
     def pick(s):
         [la] = [la for seg in s.pipeline.segments for st in seg.steps for la in st.execution.launches
                 if isinstance(la.work, Matmul)]
-        assert la.consts[1:] == (1, 1) and la.base_key is not None
+        [conv] = [st.execution for seg in s.pipeline.segments for st in seg.steps if st.node.op_type == "Conv"]
+        assert la.consts[1:] == (1, 1)
         alone = Launch(la.ctx, la.kernel, la.fp16, (la.consts[0], 0, 0), la.push, la.work, la.locs)
-        assert la.base_key == alone.key and alone.base_key is None
-        return la.base_key, ["small", 16, 16]
+        assert conv.tuned_as[("matmul", la.work)] == alone.key != la.key
+        return alone.key, ["small", 16, 16]
 
     names = await run_tuned("pointwise_scale_residual", runtime, monkeypatch, pick)
     assert "matmul_small" in names, names
@@ -1147,9 +1148,9 @@ async def test_fused_conv_takes_the_choice_tuned_alone(runtime, monkeypatch):
     result."""
     def pick(s):
         [conv] = [st.execution for seg in s.pipeline.segments for st in seg.steps if st.node.op_type == "Conv"]
-        [(kernel, key)] = conv.tuned_as
+        [key] = [k for (kernel, _), k in conv.tuned_as.items() if kernel == "conv_gemm"]
         fused = [la.key for seg in s.pipeline.segments for st in seg.steps for la in st.execution.launches]
-        assert kernel == "conv_gemm" and key not in fused  # the fused launch's own key differs
+        assert key not in fused  # the fused launch's own key differs
         return key, ["narrow"]
 
     names = await run_tuned("conv_shift_hardswish", runtime, monkeypatch, pick)

@@ -29,8 +29,9 @@ class Group:
             return
         if any(m.out_names != [m.node.outputs[0]] for m in self.members):
             return
+        alone = {(launch.kernel, launch.work): launch.key for m in self.members for launch in m.launches}
         for m in self.members:
-            m.tuned_as = [(launch.kernel, launch.key) for launch in m.launches]
+            m.tuned_as = alone
             m.dispatches, m.launches = [], []
         self.build(final)
         b._fused_away.update(self.inner)

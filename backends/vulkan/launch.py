@@ -117,7 +117,7 @@ SMALL_SHAPES = ((64, 1), (64, 4), (32, 8), (128, 2), (16, 16))
 
 
 class Launch:
-    __slots__ = ("ctx", "kernel", "fp16", "consts", "push", "work", "locs", "key", "base_key")
+    __slots__ = ("ctx", "kernel", "fp16", "consts", "push", "work", "locs", "key")
 
     def __init__(self, ctx: "Context", kernel: str, fp16: bool, consts: tuple[int, ...], push: bytes, work: Work,
                  locs: list["Loc"]):
@@ -125,12 +125,6 @@ class Launch:
         self.push, self.work, self.locs = push, work, locs
         digest = hashlib.sha1(push).hexdigest()[:16]
         self.key = self._key(self.consts, digest)
-        # A pointwise conv's matmul with a fused scale or residual (consts: activation, residual, scale) is not
-        # tuned as such (tuning plans ops alone): it takes the choice tuned for the conv's own matmul, which
-        # differs only in these two constants.
-        self.base_key = None
-        if isinstance(work, Matmul) and kernel == "matmul" and len(self.consts) == 3 and any(self.consts[1:]):
-            self.base_key = self._key((self.consts[0], 0, 0), digest)
 
     def _key(self, consts: tuple[int, ...], digest: str) -> str:
         return (f"vulkan/{self.kernel}@{shader_hash(self.kernel)}|{'f16' if self.fp16 else 'f32'}|{list(consts)}"

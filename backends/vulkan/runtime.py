@@ -71,9 +71,9 @@ class VulkanRuntime(Runtime):
 
     # Tuning ---------------------------------------------------------------------------
     def tuned_choice(self, launch, alone: str | None = None) -> Any:
-        """The workgroup choice the tuning cache holds for a launch, or for its unfused form (its base key, or
-        `alone`: the key of the launch it replaces, of an op planned alone), or None for the default."""
-        for key in (launch.key, launch.base_key, alone):
+        """The workgroup choice the tuning cache holds for a launch, or for its unfused form (`alone`: the key of
+        the launch it replaces, of an op planned alone), or None for the default."""
+        for key in (launch.key, alone):
             entry = None if key is None else self.tuner.cache.get(key)
             if entry is not None:
                 return entry.get("choice")

@@ -126,9 +126,10 @@ class VkOp(Execution):
     step: int | None = None
     #: The fused group this op belongs to (see plan_fusions); its last member runs the group's dispatches.
     group: "Group | None" = None
-    #: Per launch of this op planned alone, (kernel, tuning key): a fused group's build plans its members again
-    #: (with a fused activation, say), and tuning, which plans ops alone, timed the unfused launches.
-    tuned_as: list[tuple[str, str]] = []
+    #: The tuning keys of its group's launches as each member planned them alone, by (kernel, work): the group's
+    #: build plans them again (a conv's matmul with a fused residual, a fused activation), and tuning, which
+    #: plans ops alone, timed the unfused launches. A fused launch takes the choice of the one it replaces.
+    tuned_as: dict[tuple, str] = {}
 
     def __init__(self, backend, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]):
         self.b = backend
@@ -140,7 +141,7 @@ class VkOp(Execution):
     def on_resize(self, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
         self.dispatches = []
         self.launches = []
-        self.tuned_as = []  # a group that still fuses this op sets it again, for this plan's launches
+        self.tuned_as = {}  # a group that still fuses this op sets it again, for this plan's launches
         if self.step is not None:
             self.b.advance(self.step)
         self.b._exes.append(self)
@@ -164,9 +165,8 @@ class VkOp(Execution):
     def dispatch(self, kernel: str, locs: list[Loc], push: bytes, work: Work, consts: tuple[int, ...] = ()) -> None:
         """Launch `kernel` over `work`, with the workgroup size the tuning cache holds for it, else the default."""
         launch = Launch(self.b.ctx, kernel, self.b.fp16, consts, push, work, locs)
-        alone = self.tuned_as[len(self.launches)] if len(self.launches) < len(self.tuned_as) else None
         self.launches.append(launch)
-        choice = self.b.rt.tuned_choice(launch, alone[1] if alone is not None and alone[0] == kernel else None)
+        choice = self.b.rt.tuned_choice(launch, self.tuned_as.get((kernel, work)))
         name, local, groups = launch.resolve(choice)
         k = self.b.ctx.kernel(name, self.b.fp16, local, consts, push)
         if len(locs) != k.nbind:
