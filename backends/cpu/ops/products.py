@@ -1,5 +1,6 @@
 """The products a conv's GEMMs end in: y = act(w @ x + bias) with the bias as a tile, and SiLU taken from the
-product of the negated weights in three passes (conv.py, and the squeeze-excitation fusion in fuse.py)."""
+product of the negated weights in three passes (conv.py, and the squeeze-excitation fusion in fuse.py); and how
+a conv's work is shared out: runs of images per numpy call (image_runs), tiles over threads (split)."""
 
 from __future__ import annotations
 
