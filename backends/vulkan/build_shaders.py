@@ -11,7 +11,8 @@ shaders/manifest.json records, per .spv, the SHA-256 of what it was built from
 so --check needs no compiler: only spirv-val, which it runs when present.
 
 Some sources are also built with extra defines (EXTRA): matmul.comp's register-blocked tiles,
-matmul_<TM>x<TN>.spv (and its _fp16), kernels of their own (device.REG_TILE_LOCAL).
+matmul_<TM>x<TN>.spv (and its _fp16), and conv_gemm.comp's, conv_gemm_<BM>x<BN>.spv, kernels of their
+own (device.REG_TILE_LOCAL, device.CONV_REG_LOCAL).
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ SHADERS = HERE / "shaders"
 MANIFEST = SHADERS / "manifest.json"
 TARGET = "vulkan1.1"
 VARIANTS = {"": [], "_fp16": ["-DFP16"]}
-#: Further builds of a source: stem -> {suffix: defines}, each also built with every VARIANTS entry. matmul's
-#: register-blocked tiles: WX x WY invocations of RM x RN outputs, a (WY*RM) x (WX*RN) tile (launch.REG_TILES).
-EXTRA = {"matmul": {f"_{wy * rm}x{wx * rn}": [f"-DWX={wx}", f"-DWY={wy}", f"-DRM={rm}", f"-DRN={rn}"]
-                    for wx, wy, rm, rn in ((16, 16, 8, 4), (16, 16, 4, 8), (16, 16, 8, 8), (16, 8, 8, 4))}}
+#: Further builds of a source: stem -> {suffix: defines}, each also built with every VARIANTS entry. The
+#: register-blocked tiles of matmul (launch.REG_TILES) and conv_gemm (launch.CONV_REG_TILES): WX x WY invocations
+#: of RM x RN outputs, a (WY*RM) x (WX*RN) tile.
+EXTRA = {stem: {f"_{wy * rm}x{wx * rn}": [f"-DWX={wx}", f"-DWY={wy}", f"-DRM={rm}", f"-DRN={rn}"]
+                for wx, wy, rm, rn in tiles}
+         for stem, tiles in {"matmul": ((16, 16, 8, 4), (16, 16, 4, 8), (16, 16, 8, 8), (16, 8, 8, 4)),
+                             "conv_gemm": ((16, 8, 4, 4), (16, 8, 4, 8), (16, 8, 8, 4), (16, 16, 4, 8))}.items()}
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 

@@ -59,12 +59,18 @@ REG_TILE_LOCAL = {"matmul_128x64": (16, 16, 1), "matmul_64x128": (16, 16, 1), "m
                   "matmul_128x128": (16, 16, 1)}
 KERNEL_BINDINGS.update(dict.fromkeys(REG_TILE_LOCAL, KERNEL_BINDINGS["matmul"]))
 FIXED_LOCAL.update(REG_TILE_LOCAL)
+#: conv_gemm's register-blocked tiles (launch.CONV_REG_TILES: output channels x pixels), the same way.
+CONV_REG_LOCAL = {"conv_gemm_32x64": (16, 8, 1), "conv_gemm_32x128": (16, 8, 1), "conv_gemm_64x64": (16, 8, 1),
+                  "conv_gemm_64x128": (16, 16, 1)}
+KERNEL_BINDINGS.update(dict.fromkeys(CONV_REG_LOCAL, KERNEL_BINDINGS["conv_gemm"]))
+FIXED_LOCAL.update(CONV_REG_LOCAL)
 PUSH_BYTES = 128  # the minimum every device guarantees
 #: Kernels that read their push-constant words as specialization constants instead: word i of a dispatch's
 #: push block is constant PUSH_ID + i (a float keeps its bits), so the driver folds a layer's shapes into its
 #: code (the divisions by them, the loop counts) and each layer gets its own pipeline. Their shaders declare
 #: `layout(constant_id = 16 + i)` in the push block's order and have no push block.
-SPECIALIZED = {"conv", "conv_gemm", "conv_narrow", "convt", "matmul", "matmul_direct", "matmul_small", *REG_TILE_LOCAL}
+SPECIALIZED = {"conv", "conv_gemm", "conv_narrow", "convt", "matmul", "matmul_direct", "matmul_small", *REG_TILE_LOCAL,
+               *CONV_REG_LOCAL}
 PUSH_ID = 16
 
 

@@ -5,8 +5,8 @@ Work says what a kernel iterates over:
   Rows(n, l)     one workgroup per row, l invocations reducing it (reduce, softmax, layernorm);
   Matmul(m,n,b)  a batch of m x n outputs: the tiled shared-memory kernel (64 x 64 tiles, or one of the
                  register-blocked ones, REG_TILES), the direct one, or the small one.
-  Convolution    an implicit-GEMM convolution (conv_gemm): a tile shape and how many ways to split the sum;
-                 or, for few output channels, conv_narrow.
+  Convolution    an implicit-GEMM convolution (conv_gemm): a tile shape (or one of the register-blocked tiles,
+                 CONV_REG_TILES) and how many ways to split the sum; or, for few output channels, conv_narrow.
   Blocks(n, l)   one workgroup of l invocations per item (se: an image), not tuned.
 
 A Launch is one dispatch as the tuner sees it: a key (kernel, shader build,
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from .device import REG_TILE_LOCAL, SHADER_DIR
+from .device import CONV_REG_LOCAL, REG_TILE_LOCAL, SHADER_DIR
 
 if TYPE_CHECKING:
     from .device import Context
@@ -80,19 +80,31 @@ REG_TILES = {tuple(map(int, name.removeprefix("matmul_").split("x"))): local[:2]
 REG_BUSY = 64
 
 
+#: conv_gemm's register-blocked tiles, (output channels, pixels) -> workgroup (x, y), the same way: built from
+#: conv_gemm.comp as conv_gemm_<channels>x<pixels>.
+CONV_REG_TILES = {tuple(map(int, name.removeprefix("conv_gemm_").split("x"))): local[:2]
+                  for name, local in CONV_REG_LOCAL.items()}
+
+
 def reg_kernel(tile: tuple[int, int]) -> str:
     return f"matmul_{tile[0]}x{tile[1]}"
 
 
+def conv_reg_kernel(tile: tuple[int, int]) -> str:
+    return f"conv_gemm_{tile[0]}x{tile[1]}"
+
+
 @lru_cache(maxsize=None)
 def shader_hash(kernel: str) -> str:
-    """A short hash of a kernel's built SPIR-V (both variants), from the shader manifest. The matmul's covers
-    its register-blocked tiles too (tuning chooses among them): tuned choices are redone when any changes."""
+    """A short hash of a kernel's built SPIR-V (both variants), from the shader manifest. The matmul's and
+    conv_gemm's cover their register-blocked tiles too (tuning chooses among them): tuned choices are redone
+    when any changes."""
     try:
         files = json.loads((SHADER_DIR / "manifest.json").read_text()).get("files", {})
     except (OSError, ValueError):
         return "unknown"
-    names = [kernel] + ([reg_kernel(t) for t in REG_TILES] if kernel == "matmul" else [])
+    tiles = {"matmul": [reg_kernel(t) for t in REG_TILES], "conv_gemm": [conv_reg_kernel(t) for t in CONV_REG_TILES]}
+    names = [kernel] + tiles.get(kernel, [])
     text = "|".join(f"{files.get(k + '.spv', {}).get('spv')}|{files.get(k + '_fp16.spv', {}).get('spv')}"
                     for k in names)
     return hashlib.sha1(text.encode()).hexdigest()[:10]
@@ -143,11 +155,7 @@ class Launch:
             return "tiled" if self.ctx.info.is_gpu else ["direct", 8]
         if isinstance(w, Convolution):
             bm, bn = (16, 128) if w.m <= 16 else (32, 64)
-            tiles = -(-w.m // bm) * -(-w.n // bn) * w.groups
-            s = 1
-            while tiles * s < CONV_BUSY and 2 * s * CONV_SLICE <= w.k and self.valid(["gemm", bm, bn, 2 * s]):
-                s *= 2
-            return ["gemm", bm, bn, s]
+            return ["gemm", bm, bn, self._conv_split("gemm", (bm, bn))]
         return 64
 
     def choices(self, limit: int) -> list[Any]:
@@ -160,12 +168,23 @@ class Launch:
         elif isinstance(w, Blocks):
             options = [w.local]
         elif isinstance(w, Convolution):
-            # The default's neighbours first: its tile split in half as many or twice as many, then other tiles.
+            # The default's neighbours first: its tile split in half as many or twice as many. Then the
+            # register-blocked tiles at least half full of outputs, best fitting first, each split as the default
+            # would split it, and the first one also split in half as many and twice as many. Then the other
+            # tiles, the default's split first, and the other register-blocked choices.
             _, dm, dn, ds = self.default()
-            options = sorted([["gemm", bm, bn, s] for s in CONV_SPLITS for bm, bn in CONV_TILES],
-                             key=lambda c: abs(c[3].bit_length() - ds.bit_length()) + 1.5 * ((c[1], c[2]) != (dm, dn)))
-            if w.narrow:
-                options.insert(1, ["narrow"])
+            gemm = sorted([["gemm", bm, bn, s] for s in CONV_SPLITS for bm, bn in CONV_TILES],
+                          key=lambda c: abs(c[3].bit_length() - ds.bit_length()) + 1.5 * ((c[1], c[2]) != (dm, dn)))
+            split = {t: self._conv_split("greg", t) for t in CONV_REG_TILES}
+            tiles = sorted(CONV_REG_TILES, key=lambda t: self._conv_rank(t, split[t]), reverse=True)
+            early = [t for t in tiles if 2 * self._conv_fill(t) >= 1]
+            reg = [["greg", *t, s] for t in tiles
+                   for s in sorted(CONV_SPLITS, key=lambda s: abs(s.bit_length() - split[t].bit_length()))]
+            options = [["narrow"]] * bool(w.narrow) + [["gemm", dm, dn, ds // 2], ["gemm", dm, dn, 2 * ds]]
+            options += [["greg", *t, split[t]] for t in early]
+            if early:
+                options += [["greg", *early[0], split[early[0]] // 2], ["greg", *early[0], 2 * split[early[0]]]]
+            options += gemm + reg
         else:
             # The register-blocked tiles right after the 64 x 64 one where they fill the device and the matrix
             # (large products), else last (small ones: the small and direct kernels first).
@@ -175,7 +194,10 @@ class Launch:
                           ["direct", 16], ["direct", 4], ["small", 128, 2]]
                        + [["reg", *t] for t in REG_TILES if t not in early])
         default = self.default()
-        ordered = [default] + [o for o in options if o != default]
+        ordered = [default]
+        for o in options:
+            if o not in ordered:
+                ordered.append(o)
         return [o for o in ordered if self.valid(o)][:max(1, limit)]
 
     def valid(self, choice: Any) -> bool:
@@ -192,12 +214,14 @@ class Launch:
             if choice == ["narrow"]:
                 invocations = NARROW_LOCAL[0] * NARROW_LOCAL[1]
                 return 0 < w.narrow <= self.ctx.max_groups[0] and invocations <= self.ctx.max_invocations
-            if not (isinstance(choice, list) and len(choice) == 4 and choice[0] == "gemm"
-                    and tuple(choice[1:3]) in CONV_TILES and choice[3] in CONV_SPLITS):
+            if not (isinstance(choice, list) and len(choice) == 4 and choice[0] in ("gemm", "greg")
+                    and tuple(choice[1:3]) in (CONV_TILES if choice[0] == "gemm" else tuple(CONV_REG_TILES))
+                    and choice[3] in CONV_SPLITS):
                 return False
             bm, bn, s = choice[1:]
+            wx, wy = CONV_REG_TILES[(bm, bn)] if choice[0] == "greg" else (bn // 4, bm // 4)
             groups = (-(-w.n // bn), -(-w.m // bm), w.groups * s)
-            return (s <= w.splits and bm * bn // 16 <= self.ctx.max_invocations
+            return (s <= w.splits and wx * wy <= self.ctx.max_invocations
                     and all(g <= c for g, c in zip(groups, self.ctx.max_groups)))
         if choice == "tiled":
             return self.ctx.max_invocations >= 256
@@ -233,7 +257,10 @@ class Launch:
             if choice == ["narrow"]:
                 return "conv_narrow", NARROW_LOCAL, (w.narrow, 1, 1)
             bm, bn, s = choice[1:]
-            return "conv_gemm", (bn // 4, bm // 4, 1), (-(-w.n // bn), -(-w.m // bm), w.groups * s)
+            groups = (-(-w.n // bn), -(-w.m // bm), w.groups * s)
+            if choice[0] == "greg":
+                return conv_reg_kernel((bm, bn)), (*CONV_REG_TILES[(bm, bn)], 1), groups
+            return "conv_gemm", (bn // 4, bm // 4, 1), groups
         if choice == "tiled":
             return "matmul", (16, 16, 1), (-(-w.n // 64), -(-w.m // 64), w.batch)
         if choice[0] == "reg":
@@ -244,6 +271,30 @@ class Launch:
             return "matmul_small", (choice[1], choice[2], 1), (self._small_groups(choice[1]), 1, w.batch)
         s = choice[1]
         return "matmul_direct", (s, s, 1), (-(-w.n // (4 * s)), -(-w.m // (4 * s)), w.batch)
+
+    def _conv_split(self, kind: str, tile: tuple[int, int]) -> int:
+        """How many ways a conv_gemm tile ("gemm" or "greg") splits the sum by default: doubled while the grid
+        has fewer than CONV_BUSY workgroups and each slice stays at least CONV_SLICE deep."""
+        w = self.work
+        tiles = -(-w.m // tile[0]) * -(-w.n // tile[1]) * w.groups
+        s = 1
+        while tiles * s < CONV_BUSY and 2 * s * CONV_SLICE <= w.k and self.valid([kind, *tile, 2 * s]):
+            s *= 2
+        return s
+
+    def _conv_fill(self, tile: tuple[int, int]) -> float:
+        """The share of a conv_gemm tile grid's outputs that fall inside the convolution's."""
+        w = self.work
+        return w.m * w.n / (-(-w.m // tile[0]) * tile[0] * -(-w.n // tile[1]) * tile[1])
+
+    def _conv_rank(self, tile: tuple[int, int], split: int) -> tuple:
+        """How well a register-blocked tile fits a convolution, larger first: the share of its rows inside the
+        output channels; then its workgroups (split `split` ways) up to CONV_BUSY, as fuller grids keep more of a
+        large GPU busy; then its size, as larger tiles read each input fewer times."""
+        w = self.work
+        rows = -(-w.m // tile[0])
+        groups = rows * -(-w.n // tile[1]) * w.groups * split
+        return w.m / (rows * tile[0]), min(groups, CONV_BUSY), tile[0] * tile[1]
 
     def _reg_fits(self, tile: tuple[int, int]) -> bool:
         """Whether a register-blocked tile makes REG_BUSY workgroups or more, at least half of its outputs in the

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import vulkan as vk
 
+from .device import CONV_REG_LOCAL
 from .queue import Submission
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def bind(cmd, kernel, descriptor_set, push: bytes, pipeline: bool = True) -> Non
 
 
 #: The bindings each kernel writes (all others it only reads); binding 0, the output, for kernels not named.
-WRITES = {"conv_gemm": (0, 4, 5), "conv_narrow": (0, 4, 5), "cast": (0, 1)}
+WRITES = {"conv_gemm": (0, 4, 5), "conv_narrow": (0, 4, 5), "cast": (0, 1), **dict.fromkeys(CONV_REG_LOCAL, (0, 4, 5))}
 
 
 def waves(dispatches: list[Dispatch]) -> list[list[Dispatch]]:

@@ -8,13 +8,24 @@
 // (BN/4) x (BM/4) invocations computes a BM (output channels) x BN (pixels) tile, 4x4 values
 // per invocation, like matmul.comp: TK values of k at a time go through shared memory, and
 // the next TK are loaded into registers while these are used. The workgroup size is the
-// tile choice (launch.py).
+// tile choice (launch.py). Built with WX, WY, RM and RN: the register-blocked tiles below.
 //
 // Split K: the grid's z is groups x S. With S > 1 each of a tile's S workgroups sums one
 // slice of k into `part`, and the last of them to finish (counted in `cnt`, which it resets)
 // adds the S partial sums in order, so results do not depend on timing. Bias and the fused
 // activation come last.
+#define TK 16
+#ifdef RM
+// The register-blocked variants (build_shaders.py builds them as conv_gemm_<BM>x<BN>, launch.CONV_REG_TILES): a
+// WX x WY workgroup, each invocation RM x RN outputs (multiples of 4: rows ly*4 + 4*WY*p + r, pixels
+// lx*4 + 4*WX*q + c), so a k step reads RM/4 + RN/4 vec4s of shared memory for RM*RN FMAs (the tiles above: 8
+// floats for 16).
+layout(local_size_x = WX, local_size_y = WY, local_size_z = 1) in;
+const int LX = WX, LY = WY, IM = RM, JN = RN;
+#else
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
+const int LX = int(gl_WorkGroupSize.x), LY = int(gl_WorkGroupSize.y), IM = 4, JN = 4;
+#endif
 layout(std430, set = 0, binding = 0) writeonly buffer O { STORE o[]; };
 layout(std430, set = 0, binding = 1) readonly buffer X { STORE x[]; };
 layout(std430, set = 0, binding = 2) readonly buffer Wt { STORE w[]; };
@@ -24,9 +35,7 @@ layout(std430, set = 0, binding = 5) coherent buffer Cnt { uint cnt[]; };     //
 layout(constant_id = 3) const int ACT = 0;
 #include "conv_shape.glsl"
 
-#define TK 16
-const int LX = int(gl_WorkGroupSize.x), LY = int(gl_WorkGroupSize.y);
-const int BM = 4 * LY, BN = 4 * LX, T = LX * LY;
+const int BM = IM * LY, BN = JN * LX, T = LX * LY;
 const int LA = BM * TK / T;  // weights each invocation loads per step
 const int RS = T / BN;       // invocations per pixel of the input tile
 const int LB = TK / RS;      // inputs each invocation loads per step: rows kb + j * RS of its pixel
@@ -58,8 +67,23 @@ layout(std430, set = 0, binding = 2) readonly buffer W2 { f16vec2 w2[]; };
         }
 #endif
 
+#ifdef RM
+// As[k][m] and Bs[k][pixel] as vec4s along m and the pixels (AT: one float of them), one vec4 of padding a row of As.
+shared vec4 As[TK][BM / 4 + 1];
+shared vec4 Bs[TK][BN / 4];
+#define AT(s, k, c) s[k][(c) >> 2][(c) & 3]
+// The tile's row of this invocation's output i and its pixel of output j, and the sum of (i, j).
+#define MI(i) (4 * (ly + WY * ((i) >> 2)) + ((i) & 3))
+#define NJ(j) (4 * (lx + WX * ((j) >> 2)) + ((j) & 3))
+#define ACC(i, j) acc[i][(j) >> 2][(j) & 3]
+#else
 shared float As[TK][BM + 1];
 shared float Bs[TK][BN];
+#define AT(s, k, c) s[k][c]
+#define MI(i) (ly + LY * (i))
+#define NJ(j) (lx + LX * (j))
+#define ACC(i, j) acc[i][j]
+#endif
 shared ivec3 kt[2][TK];      // per row of a step: offset in the input, and the tap's (dh, dw)
 shared bool last;
 
@@ -96,20 +120,36 @@ void main() {
         }                                                                                         \
     }
 
+#ifdef RM
+    vec4 acc[RM][RN / 4];
+    [[unroll]] for (int i = 0; i < RM; ++i)
+        [[unroll]] for (int j = 0; j < RN / 4; ++j) acc[i][j] = vec4(0.0);
+#else
     float acc[4][4];
     [[unroll]] for (int i = 0; i < 4; ++i)
         [[unroll]] for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
+#endif
     if (tid < TK) kt[0][tid] = ROW(kbeg + tid);
     barrier();
     LOAD(kbeg, 0)
     int buf = 0;
     for (int k0 = kbeg; k0 < kend; k0 += TK) {
-        [[unroll]] for (int t = 0; t < LA; ++t) As[WK(t)][WM(t)] = ra[t];
-        [[unroll]] for (int j = 0; j < LB; ++j) Bs[kb + j * RS][nn] = rb[j];
+        [[unroll]] for (int t = 0; t < LA; ++t) AT(As, WK(t), WM(t)) = ra[t];
+        [[unroll]] for (int j = 0; j < LB; ++j) AT(Bs, kb + j * RS, nn) = rb[j];
         if (tid < TK) kt[buf ^ 1][tid] = ROW(k0 + TK + tid);
         barrier();
         buf ^= 1;
         if (k0 + TK < kend) LOAD(k0 + TK, buf)  // in flight while this step computes
+#ifdef RM
+        [[unroll]] for (int kk = 0; kk < TK; ++kk) {
+            vec4 av[RM / 4], bv[RN / 4];
+            [[unroll]] for (int p = 0; p < RM / 4; ++p) av[p] = As[kk][ly + WY * p];
+            [[unroll]] for (int q = 0; q < RN / 4; ++q) bv[q] = Bs[kk][lx + WX * q];
+            [[unroll]] for (int p = 0; p < RM / 4; ++p)
+                [[unroll]] for (int r = 0; r < 4; ++r)
+                    [[unroll]] for (int q = 0; q < RN / 4; ++q) acc[4 * p + r][q] += av[p][r] * bv[q];
+        }
+#else
         [[unroll]] for (int kk = 0; kk < TK; ++kk) {
             float av[4], bv[4];
             [[unroll]] for (int i = 0; i < 4; ++i) av[i] = As[kk][ly + LY * i];
@@ -117,20 +157,21 @@ void main() {
             [[unroll]] for (int i = 0; i < 4; ++i)
                 [[unroll]] for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
         }
+#endif
         barrier();
     }
 
-    int pj[4], ob[4];  // this invocation's output pixels, and where they go (-1: none)
-    [[unroll]] for (int j = 0; j < 4; ++j) {
-        pj[j] = n0 + lx + LX * j;
+    int pj[JN], ob[JN];  // this invocation's output pixels, and where they go (-1: none)
+    [[unroll]] for (int j = 0; j < JN; ++j) {
+        pj[j] = n0 + NJ(j);
         int n = pj[j] / ohw;
         ob[j] = pj[j] < npix ? (n * CO + g * cog) * ohw + pj[j] - n * ohw : -1;
     }
     if (S > 1) {
-        [[unroll]] for (int i = 0; i < 4; ++i) {
-            int co = m0 + ly + LY * i, pr = (s * CO + g * cog + co) * npix;
-            [[unroll]] for (int j = 0; j < 4; ++j)
-                if (co < cog && ob[j] >= 0) part[pr + pj[j]] = acc[i][j];
+        [[unroll]] for (int i = 0; i < IM; ++i) {
+            int co = m0 + MI(i), pr = (s * CO + g * cog + co) * npix;
+            [[unroll]] for (int j = 0; j < JN; ++j)
+                if (co < cog && ob[j] >= 0) part[pr + pj[j]] = ACC(i, j);
         }
         memoryBarrierBuffer();
         barrier();
@@ -154,11 +195,11 @@ void main() {
         }
         return;
     }
-    [[unroll]] for (int i = 0; i < 4; ++i) {
-        int co = m0 + ly + LY * i;
+    [[unroll]] for (int i = 0; i < IM; ++i) {
+        int co = m0 + MI(i);
         if (co >= cog) continue;
         float bv = HAS_BIAS != 0 ? float(bias[g * cog + co]) : 0.0;
-        [[unroll]] for (int j = 0; j < 4; ++j)
-            if (ob[j] >= 0) o[ob[j] + co * ohw] = STORE(unary_op(acc[i][j] + bv, ACT, ALPHA, BETA));
+        [[unroll]] for (int j = 0; j < JN; ++j)
+            if (ob[j] >= 0) o[ob[j] + co * ohw] = STORE(unary_op(ACC(i, j) + bv, ACT, ALPHA, BETA));
     }
 }
