@@ -707,7 +707,7 @@ async def test_cancelled_run_then_next_run(runtime):
 @pytest.mark.anyio
 @pytest.mark.parametrize("precision", ["normal", "low"])
 async def test_large_inputs_go_through_the_submit_thread(precision):
-    """Inputs of 1 MiB or more are copied and submitted off the loop (fp16: cast on the device); a cancelled
+    """Inputs of 2 MiB or more are copied and submitted off the loop (fp16: cast on the device); a cancelled
     run among them leaves the next one right."""
     from aiomnn.backends.vulkan import backend as vkbackend
 
@@ -717,7 +717,7 @@ async def test_large_inputs_go_through_the_submit_thread(precision):
     try:
         if precision == "low" and not info.runtimes[ForwardType.VULKAN].supports_fp16:
             pytest.skip("the device has no 16-bit storage buffers")
-        shape = (2, 16, 96, 96)
+        shape = (2, 16, 128, 128)
         assert np.prod(shape) * 4 >= vkbackend.OFFLOAD_BYTES
         net = aiomnn.Interpreter.from_bytes(chain_model(3, shape))
         x = r(*shape, seed=3)
@@ -979,9 +979,11 @@ FUSION_CASES = [
     (Case("se_block_wide", _se_nodes(False, ("LeakyRelu", "Sigmoid")), {"x": (1, 300, 2, 3)},
           ("GlobalAveragePool", "Conv", "Mul"), {"w1": r(70, 300, 1, 1, seed=1), "w2": r(300, 70, 1, 1, seed=3)}),
      ["se"]),
-    # A pool too large for one workgroup per image (over SE_MAX_POOL values): no fusion.
-    (Case("se_pool_large", _se_nodes(True), {"x": (1, 8, 96, 96)}, ("GlobalAveragePool", "Conv", "Mul"),
-          {"w1": r(4, 8, 1, 1, seed=1), "b1": r(4, seed=2), "w2": r(8, 4, 1, 1, seed=3), "b2": r(8, seed=4)}), []),
+    # A pool too large for one workgroup per image (over SE_MAX_POOL values): the pool alone, then both convs
+    # in one se dispatch.
+    (Case("se_pool_large", _se_nodes(True), {"x": (2, 8, 96, 96)}, ("GlobalAveragePool", "Conv", "Mul"),
+          {"w1": r(4, 8, 1, 1, seed=1), "b1": r(4, seed=2), "w2": r(8, 4, 1, 1, seed=3), "b2": r(8, seed=4)}),
+     ["se"]),
     # The pool's result is read twice: no fusion.
     (Case("se_pool_read", _se_nodes(True)[:-1] + [n("Mul", ["g", "s"], ["y"])], {"x": (1, 8, 2, 2)},
           ("GlobalAveragePool", "Conv", "Mul"),
@@ -1046,6 +1048,21 @@ FUSION_CASES = [
     # After a Relu: no fusion (only hard-swish takes the shift).
     (Case("conv_shift_relu", [n("Conv", ["x", "w"], ["c"]), n("Relu", ["c"], ["h"]), n("Add", ["h", "k"], ["y"])],
           {"x": (1, 4, 5, 5)}, ("Conv", "Add"), {"w": r(4, 4, 1, 1, seed=1), "k": np.float32(0.5)}), []),
+    # A feature pyramid's top-down step: the nearest 2x3 upsampling read in place by the Add (either operand
+    # order), as one binary dispatch.
+    (Case("upsample_add", [n("Relu", ["x"], ["t"]), n("Resize", ["t", "", "sc"], ["u"], mode="nearest"),
+                           n("Add", ["z", "u"], ["y"])], {"x": (2, 3, 4, 5), "z": (2, 3, 8, 15)},
+          ("Resize", "Add"), {"sc": np.array([1, 1, 2, 3], np.float32)}, opset=13), ["upsample_add"]),
+    (Case("upsample_add_first", [n("Relu", ["x"], ["t"]), n("Upsample", ["t", "sc"], ["u"], mode="nearest"),
+                                 n("Add", ["u", "z"], ["y"])], {"x": (1, 4, 3, 3), "z": (1, 4, 6, 6)},
+          ("Upsample", "Add"), {"sc": np.array([1, 1, 2, 2], np.float32)}, opset=9), ["upsample_add"]),
+    # A linear upsampling, or a nearest one by 1.5: no fusion.
+    (Case("upsample_linear_add", [n("Relu", ["x"], ["t"]), n("Resize", ["t", "", "sc"], ["u"], mode="linear"),
+                                  n("Add", ["z", "u"], ["y"])], {"x": (1, 2, 4, 4), "z": (1, 2, 8, 8)},
+          ("Resize", "Add"), {"sc": np.array([1, 1, 2, 2], np.float32)}, opset=13), []),
+    (Case("upsample_fraction_add", [n("Relu", ["x"], ["t"]), n("Resize", ["t", "", "sc"], ["u"], mode="nearest"),
+                                    n("Add", ["z", "u"], ["y"])], {"x": (1, 2, 4, 4), "z": (1, 2, 6, 6)},
+          ("Resize", "Add"), {"sc": np.array([1, 1, 1.5, 1.5], np.float32)}, opset=13), []),
     # The conv's output is read by the Add and a Relu: no fusion.
     (Case("pointwise_product_read", [n("Relu", ["x"], ["t"]), n("Conv", ["t", "w"], ["c"]), n("Add", ["c", "t"], ["a"]),
                                      n("Relu", ["c"], ["rc"]), n("Mul", ["a", "rc"], ["y"])],
@@ -1079,7 +1096,8 @@ async def test_fusion(case, kinds, runtime):
     assert fused == kinds
     # Relu, layernorm (and Relu); the matmul with its bias and the Swish fused into the Add (and an Add); the
     # pointwise conv's matmul (the last Relu is the conv's activation) after the Relu (and the Sigmoid), or the Mul.
-    want_dispatches = {"se_block": 2, "se_block_wide": 2, "ln_decomposed": 2, "ln_decomposed_noaffine": 3, "matmul_bias_swish": 1,
+    want_dispatches = {"se_block": 2, "se_block_wide": 2, "se_pool_large": 3, "upsample_add": 2,
+                       "upsample_add_first": 2, "upsample_linear_add": 3, "ln_decomposed": 2, "ln_decomposed_noaffine": 3, "matmul_bias_swish": 1,
                        "matmul_bias_then_residual": 2, "pointwise_scale_residual": 3, "pointwise_scale": 2,
                        "pointwise_scaled_read": 3, "scale_shift": 2, "gate": 3, "conv_shift_hardswish": 1,
                        "conv_shift_depthwise": 1, "conv_shift_relu": 2}
@@ -1280,6 +1298,159 @@ def test_matmul_register_tiles_are_candidates():
     every = small.choices(100)
     assert all(["reg", *t] in every for t in REG_TILES) and every.index(["reg", 128, 64]) > every.index(["small", 64, 1])
     assert not small.valid(["reg", 32, 32]) and not small.valid(["reg", 128])
+
+
+#: conv_gemm's register-blocked tiles (launch.CONV_REG_TILES).
+CONV_REG_CHOICES = [(32, 64), (32, 128), (64, 64), (64, 128)]
+
+
+def conv_ref(x, w, b, strides=(1, 1), pads=(0, 0, 0, 0), dils=(1, 1), group=1) -> np.ndarray:
+    """A 2-D convolution (ONNX's: pads are heads then tails) in float64 by numpy."""
+    co, cig, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    oh = (xp.shape[2] - dils[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (xp.shape[3] - dils[1] * (kw - 1) - 1) // strides[1] + 1
+    out = np.zeros((x.shape[0], co, oh, ow))
+    cog = co // group
+    for i in range(kh):
+        for j in range(kw):
+            tap = xp[:, :, i * dils[0]::strides[0], j * dils[1]::strides[1]][:, :, :oh, :ow]
+            for g in range(group):
+                out[:, g * cog:(g + 1) * cog] += np.einsum("oc,nchw->nohw", w[g * cog:(g + 1) * cog, :, i, j],
+                                                           tap[:, g * cig:(g + 1) * cig])
+    return out if b is None else out + b[:, None, None]
+
+
+def conv_reg_cases() -> list:
+    """(id, model, input, numpy's result for an input) for conv_gemm's register-blocked tiles: output channels
+    (per group), pixels and sums that are no tile's multiples (24, 40, 18 and 72 channels; sums of 135, 126, 108
+    and 576, odd and even for the fp16 weights' paired loads), batches of 2, stride 2, asymmetric pads, dilation,
+    2 groups, bias, and fused activations."""
+    out = []
+    specs = [  # id, x, w, bias, attributes, activation
+        ("m24_relu", (2, 15, 9, 11), (24, 15, 3, 3), True, dict(pads=[1, 1, 1, 1]), ("Relu", {})),
+        ("m40_stride2_leakyrelu", (1, 14, 12, 13), (40, 14, 3, 3), False, dict(strides=[2, 2], pads=[0, 1, 2, 1]),
+         ("LeakyRelu", dict(alpha=0.1))),
+        ("groups2_dilated_hardsigmoid", (2, 24, 10, 9), (36, 12, 3, 3), True,
+         dict(group=2, dilations=[2, 2], pads=[2, 1, 2, 3]), ("HardSigmoid", dict(alpha=0.2, beta=0.5))),
+        ("m72_deep", (1, 64, 5, 4), (72, 64, 3, 3), True, dict(pads=[1, 1, 1, 1]), ("Relu", {})),
+    ]
+    acts = {"Relu": lambda v, a: np.maximum(v, 0.0), "LeakyRelu": lambda v, a: np.where(v < 0, a["alpha"] * v, v),
+            "HardSigmoid": lambda v, a: np.clip(a["alpha"] * v + a["beta"], 0.0, 1.0)}
+    for i, (cid, xs, ws, bias, attrs, (act, act_attrs)) in enumerate(specs):
+        x, w = r(*xs, seed=i, scale=1.0), r(*ws, seed=i + 10)
+        inits = {"w": w} if not bias else {"w": w, "b": r(ws[0], seed=i + 20)}
+        nodes = [n("Conv", ["x", *inits], ["c"], **attrs), n(act, ["c"], ["y"], **act_attrs)]
+        g = helper.make_graph(nodes, cid, [helper.make_tensor_value_info("x", F, xs)],
+                              [helper.make_tensor_value_info("y", F, None)],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+        data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+        geo = (attrs.get("strides", (1, 1)), attrs["pads"], attrs.get("dilations", (1, 1)), attrs.get("group", 1))
+        out.append((cid, data, x, lambda x, w=w, b=inits.get("b"), geo=geo, act=acts[act], a=act_attrs:
+                    act(conv_ref(x, w, b, *geo), a)))
+    return out
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("precision", ["normal", "low"])
+@pytest.mark.parametrize("tile", CONV_REG_CHOICES, ids=[f"{t[0]}x{t[1]}" for t in CONV_REG_CHOICES])
+async def test_conv_register_tiles(tile, precision, monkeypatch):
+    """Each of conv_gemm's register-blocked tiles, forced, runs as its own kernel, with its sum whole and split
+    (as many ways as the conv allows, up to 16: uneven slices, and empty ones), and matches numpy at every tile
+    edge: to float32 rounding, or to float16 rounding with fp16 storage. So does a second run on another input
+    (the split's counters are left at zero)."""
+    from aiomnn.backends.vulkan.launch import CONV_SPLITS, Convolution, conv_reg_kernel
+
+    config = aiomnn.ScheduleConfig(type="vulkan",
+                                   backend_config=aiomnn.BackendConfig(tuning="none", precision=precision))
+    info = aiomnn.create_runtime(config)
+    try:
+        rt = info.runtimes[ForwardType.VULKAN]
+        if precision == "low" and not rt.supports_fp16:
+            pytest.skip("the device has no 16-bit storage buffers")
+        for cid, data, x, ref in conv_reg_cases():
+            split = 1
+            for _ in range(2):  # the sum whole, then split
+                choice = ["greg", *tile, split]
+                monkeypatch.setattr(rt, "tuned_choice",
+                                    lambda la, *_, choice=choice: choice if isinstance(la.work, Convolution) else None)
+                async with await aiomnn.Interpreter.from_bytes(data).create_session(config, info) as s:
+                    runs = [(await s.run({"x": v}))["y"] for v in (x, -0.5 * x)]
+                    [(launch, dispatch)] = conv_launches(s)
+                assert launch.valid(choice) and launch.consts[0] != 0, (cid, choice, launch.work)  # act fused
+                assert dispatch.kernel.name == conv_reg_kernel(tile), (cid, choice)
+                groups = launch.resolve(choice)[2]
+                assert dispatch.groups == groups and groups[2] == launch.work.groups * split, (cid, choice, groups)
+                for got, v in zip(runs, (x, -0.5 * x)):
+                    want = ref(v)
+                    if precision == "normal":
+                        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{cid} {choice}")
+                    else:
+                        np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2 * np.abs(want).max(),
+                                                   err_msg=f"{cid} {choice}")
+                split = max(s for s in CONV_SPLITS if s <= launch.work.splits)
+                assert split > 1, (cid, launch.work)
+    finally:
+        info.close()
+
+
+def test_conv_register_tiles_are_candidates():
+    """Tuning tries the register-blocked tiles that fit a conv right after the default and its split neighbours,
+    the best fitting first, split as the default would split them; the others later. Each resolves to its
+    kernel, fixed workgroup and grid; the default is unchanged."""
+    from types import SimpleNamespace
+
+    from aiomnn.backends.vulkan.launch import CONV_REG_TILES, Convolution, Launch
+
+    gpu = SimpleNamespace(info=SimpleNamespace(is_gpu=True), max_invocations=1024, max_groups=(65535, 65535, 65535))
+
+    def launch(*work):
+        return Launch(gpu, "conv_gemm", False, (0,), b"", Convolution(*work), [])
+
+    wide = launch(24, 25600, 864, 1, 1)  # 24 channels: the 32-row tiles, not the 64-row ones (under half full)
+    assert wide.default() == ["gemm", 32, 64, 1]
+    assert wide.choices(8)[:3] == [["gemm", 32, 64, 1], ["greg", 32, 64, 1], ["greg", 32, 128, 1]]
+    every = wide.choices(100)
+    assert all(["greg", *t, 1] in every for t in CONV_REG_TILES) and not any(c[3] > 1 for c in every)
+    assert every.index(["greg", 64, 64, 1]) > every.index(["gemm", 64, 128, 1])
+    assert wide.resolve(["greg", 32, 128, 1]) == ("conv_gemm_32x128", (16, 8, 1), (200, 1, 1))
+    deep = launch(24, 1600, 864, 1, 16)
+    assert deep.choices(8)[:7] == [["gemm", 32, 64, 8], ["gemm", 32, 64, 4], ["gemm", 32, 64, 16],
+                                   ["greg", 32, 64, 8], ["greg", 32, 128, 8], ["greg", 32, 64, 4],
+                                   ["greg", 32, 64, 16]]
+    assert deep.resolve(["greg", 32, 128, 8]) == ("conv_gemm_32x128", (16, 8, 1), (13, 1, 8))
+    square = launch(384, 400, 384, 2, 4)  # 2 groups
+    assert all(["greg", *t, 4] in square.choices(8) for t in CONV_REG_TILES)
+    assert square.resolve(["greg", 64, 128, 4]) == ("conv_gemm_64x128", (16, 16, 1), (4, 6, 8))
+    assert square.resolve(["greg", 64, 64, 2]) == ("conv_gemm_64x64", (16, 8, 1), (7, 6, 4))
+    assert not square.valid(["greg", 64, 64, 8]) and not square.valid(["greg", 16, 64, 1])
+    assert not square.valid(["greg", 64, 64]) and not square.valid(["gemm", 64, 128, 16])
+
+
+def test_conv_gemm_hash_covers_register_tiles(tmp_path, monkeypatch):
+    """conv_gemm's shader hash (part of its tuning keys) changes when any register-blocked tile's build does."""
+    import json
+
+    from aiomnn.backends.vulkan import launch
+
+    manifest = json.loads((launch.SHADER_DIR / "manifest.json").read_text())
+    monkeypatch.setattr(launch, "SHADER_DIR", tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    before = launch.shader_hash.__wrapped__("conv_gemm")
+    for tile in launch.CONV_REG_TILES:
+        files = json.loads(json.dumps(manifest))
+        files["files"][launch.conv_reg_kernel(tile) + "_fp16.spv"]["spv"] = "changed"
+        (tmp_path / "manifest.json").write_text(json.dumps(files))
+        assert launch.shader_hash.__wrapped__("conv_gemm") != before, tile
+
+
+def test_conv_register_tiles_write_their_scratch():
+    """Recording orders the register-blocked tiles' dispatches like conv_gemm's: they write their partial sums and
+    counters too (record.WRITES), so no other dispatch shares a wave with those writes."""
+    from aiomnn.backends.vulkan.launch import CONV_REG_TILES, conv_reg_kernel
+    from aiomnn.backends.vulkan.record import WRITES
+
+    assert all(WRITES.get(conv_reg_kernel(t)) == WRITES["conv_gemm"] for t in CONV_REG_TILES)
 
 
 PLACES_CASES = [

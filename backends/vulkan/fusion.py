@@ -9,7 +9,10 @@ knows every reader of each value. plan_fusions then finds:
 - a pointwise Conv run as the matmul, with the Mul that scales its input per channel before it (a
   squeeze-and-excitation block's) and the residual Add after it, as one matmul;
 - a squeeze-and-excitation block's squeeze: GlobalAveragePool, then two pointwise Convs on its (N, C, 1, 1)
-  result (with their biases and fused activations), as one se dispatch (a workgroup per image);
+  result (with their biases and fused activations), as one se dispatch (a workgroup per image); or, where
+  the pool is too large for one workgroup, the two Convs (if small) as one se dispatch after it;
+- a nearest upsampling by whole factors whose one reader is an Add (a feature pyramid's top-down path), as
+  one binary dispatch that reads the small image in place;
 - the Adds that epilogues.py fuses into the op before them (scale and shift, gate, a conv's shift).
 
 A group's dispatches run at its last member; the values it reads live until then.
@@ -29,9 +32,10 @@ from .groups import Group, Steps, const_array, scalar
 from .launch import Blocks, Matmul, Rows
 from .ops.base import VkOp, is_f32, numel, pack, pad, to_f32
 from .ops.conv import Conv
-from .ops.elementwise import Binary
+from .ops.elementwise import Binary, binary_view
 from .ops.matmul import MatMul
 from .ops.reduce import Reduce, local_for
+from .ops.resize import Resize
 
 log = logging.getLogger("aiomnn.vulkan")
 
@@ -249,6 +253,10 @@ SE_MAX_HIDDEN = 256
 #: The most values an image's pool may read in se, one workgroup per image (C x H x W): a larger pool takes
 #: the reduce kernel, whose workgroups (one per channel) spread it over the device.
 SE_MAX_POOL = 1 << 16
+#: After such a pool, se does the two convs (one workgroup an image) where each has at most this many weights
+#: (C x C1). On an H100 that took 9-11 us for det's 96 x 24 and 192 x 48 against 13 us for a matmul_small
+#: dispatch each, in two waves, but 23 us for 384 x 96.
+SE_POOLED_WEIGHTS = 1 << 14
 
 
 def _se_local(ctx) -> int:
@@ -260,7 +268,10 @@ def _se_local(ctx) -> int:
 
 def _se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """GlobalAveragePool of x (N, C, H, W), then a pointwise Conv (C1 x C) and another (C x C1) on the (N, C, 1, 1)
-    mean, each with its bias and fused activation: a squeeze-and-excitation block's squeeze, as one se dispatch."""
+    mean, each with its bias and fused activation: a squeeze-and-excitation block's squeeze, as one se dispatch.
+    Over SE_MAX_POOL values an image, the pool keeps its own dispatch (spread over the device) and se does the
+    two Convs on its result (a mean over one value: a wave less than a dispatch for each), where they are small
+    (SE_POOLED_WEIGHTS)."""
     steps = st.steps
     node, exe, ins, outs = steps[i]
     if not isinstance(exe, Reduce) or node.op_type != "GlobalAveragePool" or len(outs) != 1:
@@ -285,10 +296,16 @@ def _se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         convs.append((ce, cins))
         cur = couts[0]
     c1 = convs[0][0].geo[4]
-    if c > SE_MAX_C or c1 > SE_MAX_HIDDEN or c * h * w > SE_MAX_POOL:
+    if c > SE_MAX_C or c1 > SE_MAX_HIDDEN:
         return None
     if any(steps[k][1] is None for k in range(chain[0], chain[-1] + 1)):
         return None
+    if c * h * w > SE_MAX_POOL:
+        if c * c1 > SE_POOLED_WEIGHTS:
+            return None
+        chain, src, hw = chain[1:], outs[0], 1
+    else:
+        src, hw = x, h * w
     (e1, ins1), (e2, ins2) = convs
     (code1, a1a, a1b), (code2, a2a, a2b) = e1.act, e2.act
 
@@ -298,14 +315,52 @@ def _se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         has1, has2 = len(ins1) > 2 and ins1[2] is not None, len(ins2) > 2 and ins2[2] is not None
         b1 = b.locate(ins1[2]) if has1 else w1
         b2 = b.locate(ins2[2]) if has2 else w2
-        push = pack(c, h * w, c1, int(has1), int(has2), to_f32(a1a), to_f32(a1b), to_f32(a2a), to_f32(a2b))
-        final.dispatch("se", [final.out_locs[0], b.locate(x), w1, b1, w2, b2], push, Blocks(n, _se_local(b.ctx)),
+        push = pack(c, hw, c1, int(has1), int(has2), to_f32(a1a), to_f32(a1b), to_f32(a2a), to_f32(a2b))
+        final.dispatch("se", [final.out_locs[0], b.locate(src), w1, b1, w2, b2], push, Blocks(n, _se_local(b.ctx)),
                        consts=(code1, code2))
 
     taken.update(chain)
     inner = [steps[k][3][0].name for k in chain[:-1]]
-    reads = [x.name] + [t.name for t in ins1[1:] + ins2[1:] if t is not None and not t.is_const]
+    reads = [src.name] + [t.name for t in ins1[1:] + ins2[1:] if t is not None and not t.is_const]
     return Group("se", [steps[k][1] for k in chain], inner, reads, build)
+
+
+def _upsample_add_at(st: Steps, i: int, taken: set[int]) -> Group | None:
+    """Resize, a nearest upsampling of y by whole factors (fh, fw), read only by an Add of x of its output's
+    shape: one binary dispatch over the output seen as (leading, h, fh, w, fw), reading y with stride 0 along
+    the factors."""
+    steps = st.steps
+    _, exe, ins, outs = steps[i]
+    if not isinstance(exe, Resize) or len(outs) != 1 or not is_f32(ins[0]) or exe.factors() is None:
+        return None
+    up = outs[0]
+    ka = st.only(up.name, "Add", taken)
+    if ka is None:
+        return None
+    an, ae, ains, aouts = steps[ka]
+    shape = tuple(up.shape)
+    if not isinstance(ae, Binary) or an.attrs or len(ains) != 2 or tuple(aouts[0].shape) != shape:
+        return None
+    others = [j for j, t in enumerate(ains) if t.name != up.name]
+    if len(others) != 1 or ains[others[0]].is_const or tuple(ains[others[0]].shape) != shape:
+        return None
+    k = others[0]
+    if any(steps[j][1] is None for j in range(i, ka + 1)):
+        return None
+    fh, fw = exe.factors()
+    lead, h, w, oh, ow = exe.geo
+    view = [lead, h, fh, w, fw]
+    full, small = [oh * ow, fh * ow, ow, fw, 1], [h * w, w, 0, 1, 0]
+    x, y = ains[k], ins[0]
+
+    def build(final: VkOp) -> None:
+        b = final.b
+        pair = [(b.locate(x), full), (b.locate(y), small)]
+        (la, sa), (lb, sb) = pair if k == 0 else pair[::-1]
+        binary_view(final, ae.op, final.out_locs[0], la, sa, lb, sb, view, ae.act)
+
+    taken.update((i, ka))
+    return Group("upsample_add", [exe, ae], [up.name], [x.name, y.name], build)
 
 
 def plan_fusions(backend, created: list[tuple]) -> None:
@@ -329,6 +384,8 @@ def plan_fusions(backend, created: list[tuple]) -> None:
                 group = _pointwise_at(st, i, taken) or conv_shift_at(st, i, taken)
             elif node.op_type == "GlobalAveragePool":
                 group = _se_at(st, i, taken)
+            elif node.op_type in ("Resize", "Upsample"):
+                group = _upsample_add_at(st, i, taken)
             elif node.op_type == "Mul":
                 group = scale_shift_at(st, i, taken) or gate_at(st, i, taken)
         except Exception as exc:  # a shape this matching did not foresee: no fusion

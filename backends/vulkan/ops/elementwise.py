@@ -83,8 +83,14 @@ GATE = 8
 
 def binary(exe: VkOp, op: int, out: Loc, a: Loc, ash, b: Loc, bsh, oshape, act) -> None:
     """Dispatch, on exe, out = act(a op b), a and b broadcast from shapes ash and bsh to oshape."""
-    n = numel(oshape)
-    dims, (sa, sb) = coalesce(list(oshape), broadcast_strides(ash, oshape), broadcast_strides(bsh, oshape))
+    binary_view(exe, op, out, a, broadcast_strides(ash, oshape), b, broadcast_strides(bsh, oshape), oshape, act)
+
+
+def binary_view(exe: VkOp, op: int, out: Loc, a: Loc, sa: list[int], b: Loc, sb: list[int], shape, act) -> None:
+    """Dispatch, on exe, out = act(a op b) over a dense output of `shape`, a and b read through per-axis
+    strides sa and sb (0 on the axes an input is broadcast along)."""
+    n = numel(shape)
+    dims, (sa, sb) = coalesce(list(shape), list(sa), list(sb))
     code, x, y = act
     exe.dispatch("binary", [out, a, b], pack(n, to_f32(x), to_f32(y), pad(dims), pad(sa), pad(sb)), Grid(n),
                  consts=(op, code, len(dims)))

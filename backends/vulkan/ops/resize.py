@@ -63,6 +63,19 @@ class Resize(VkOp):
         self.ex_value = float(getattr(kern, "extrapolation_value", 0.0))
         self.geo = (numel(shape[:-2]), shape[-2], shape[-1], outputs[0].shape[-2], outputs[0].shape[-1])
 
+    def factors(self) -> tuple[int, int] | None:
+        """(fh, fw) where this is a nearest upsampling by whole factors (output pixel (y, x) is input pixel
+        (y // fh, x // fw)), else None."""
+        _, h, w, oh, ow = self.geo
+        out = []
+        for (idx, wt, _), i, o in zip(self.tables, (h, w), (oh, ow)):
+            if self.has_ex or idx.shape[1] != 1 or not i or o % i or np.any(wt != 1):
+                return None
+            if not np.array_equal(idx[:, 0], np.arange(o) // (o // i)):
+                return None
+            out.append(o // i)
+        return out[0], out[1]
+
     def plan(self, inputs, outputs):
         nc, h, w, oh, ow = self.geo
         parts, offs = [], []
