@@ -37,3 +37,19 @@ def test_small_or_strided_arrays_are_copied_at_once(monkeypatch):
     strided = np.empty((4, 12), np.float32)[:, ::2]
     assert list(copies.fill(strided, src)) == [(0, strided.nbytes)]
     np.testing.assert_array_equal(strided, src)
+
+
+def test_a_medium_copy_comes_in_pieces_from_this_thread(monkeypatch):
+    monkeypatch.setattr(copies, "SEND_BYTES", 8192)
+    monkeypatch.setattr(copies, "PIECE_MIN", 4096)
+    monkeypatch.setattr(copies, "_threads", lambda: (_ for _ in ()).throw(AssertionError("no threads here")))
+    src = np.random.default_rng(2).standard_normal((3, 40, 37)).astype(np.float32)
+    dst = np.empty_like(src)
+    assert copies.sent_in_pieces(dst.nbytes) and not copies.large(dst.nbytes)
+    got = []
+    for a, b in copies.fill(dst, src):
+        np.testing.assert_array_equal(dst.reshape(-1)[a // 4:b // 4], src.reshape(-1)[a // 4:b // 4])  # filled when yielded
+        got.append((a, b))
+    assert len(got) > 1 and got[0][0] == 0 and got[-1][1] == dst.nbytes
+    assert all(x[1] == y[0] for x, y in zip(got, got[1:]))
+    np.testing.assert_array_equal(dst, src)

@@ -597,14 +597,16 @@ async def test_staged_outputs_are_handed_over_up_to_a_limit(limit, monkeypatch):
 
 
 @pytest.mark.anyio
-async def test_large_staged_inputs_go_in_pieces(monkeypatch):
-    """A large input is filled on the copy threads piece by piece, each piece sent to the device as soon as
-    it is filled; the run that reads them gets all of it."""
+@pytest.mark.parametrize("threads", [2, 1])
+async def test_large_staged_inputs_go_in_pieces(monkeypatch, threads):
+    """A large input is filled piece by piece (on the copy threads, or a medium one on the calling thread),
+    each piece sent to the device as soon as it is filled; the run that reads them gets all of it."""
     from aiomnn import copies
 
     monkeypatch.setenv("AIOMNN_VULKAN_FORCE_STAGING", "1")
-    monkeypatch.setattr(copies, "SPLIT_BYTES", 1 << 20)
-    monkeypatch.setattr(copies, "THREADS", 2)
+    monkeypatch.setattr(copies, "SPLIT_BYTES", 1 << 20 if threads > 1 else 1 << 30)
+    monkeypatch.setattr(copies, "SEND_BYTES", 1 << 20)
+    monkeypatch.setattr(copies, "THREADS", threads)
     info = aiomnn.create_runtime(CONFIG)
     try:
         data = chain_model(3, (1, 16, 128, 128))  # 1 MiB in: 1 piece of PIECE_MIN

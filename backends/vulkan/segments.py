@@ -101,7 +101,7 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
         up_views = [(n, be._io_host.view(loc.offset, be.store, shape), shape) for n, loc, shape in uploads]
     # Large inputs go to the device in pieces, each sent as soon as the host has filled it (Slot.sends).
     in_pieces = {n: copies.pieces(loc.nbytes, be.store.itemsize) for n, loc, _ in uploads
-                 if staged and not cast_in and copies.large(loc.nbytes)}
+                 if staged and not cast_in and copies.sent_in_pieces(loc.nbytes)}
     readback, rb_offsets, down_views = None, [], []
     # Staged fp32 outputs land in host memory each slot imports, handed to the caller as they are; small ones
     # are copied out of one readback instead (HANDOVER_BYTES).
