@@ -14,10 +14,9 @@ from __future__ import annotations
 from aiomnn.backend import Tensor
 
 from .groups import Group, Steps, scalar
-from .launch import Grid
-from .ops.base import VkOp, is_f32, numel, pack, to_f32
+from .ops.base import VkOp, is_f32, numel
 from .ops.conv import Conv
-from .ops.elementwise import GATE, Binary, binary
+from .ops.elementwise import GATE, Binary, binary, unary
 
 
 def _then_add(st: Steps, i: int, taken: set[int]) -> tuple[int, Tensor] | None:
@@ -61,9 +60,7 @@ def scale_shift_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         return None
 
     def build(final: VkOp) -> None:
-        n = numel(out.shape)
-        final.dispatch("unary", [final.out_locs[0], final.b.locate(x)], pack(n, to_f32(a), to_f32(b)), Grid(n),
-                       consts=(33,))
+        unary(final, 33, final.out_locs[0], final.b.locate(x), numel(out.shape), a, b)
 
     taken.update((i, ka))
     return Group("scale_shift", [st.steps[i][1], st.steps[ka][1]], [st.steps[i][3][0].name], [x.name], build)

@@ -16,6 +16,49 @@ from .base import (F32, UNARY, Decline, VkOp, activation, broadcast_strides, coa
 FLT_MAX = 3.4028234663852886e38
 
 
+#: Elementwise dispatches take 4 elements an invocation (vec4 loads and stores, the shaders' VEC4) where the
+#: layout allows: see vec4_unary and vec4_binary. Off, every dispatch takes the scalar path (tests compare them).
+VECTORIZE = True
+
+
+def _aligned(exe: VkOp, *locs: Loc) -> bool:
+    """Whether each binding starts on a 4-element boundary (16 bytes for float32 storage, 8 for float16): what a
+    vec4 view of it needs. Every region's offsets are multiples of the backend's alignment (at least 64 bytes)
+    today; this keeps a view that starts elsewhere on the scalar path."""
+    width = 4 * exe.b.store.itemsize
+    return all(loc.offset % width == 0 for loc in locs)
+
+
+def vec4_unary(exe: VkOp, out: Loc, x: Loc, n: int) -> bool:
+    """Whether unary.comp may take n dense elements 4 at a time."""
+    return VECTORIZE and n % 4 == 0 and _aligned(exe, out, x)
+
+
+def vec4_binary(exe: VkOp, out: Loc, a: Loc, b: Loc, dims: list[int], sa: list[int], sb: list[int]) -> int:
+    """binary.comp's VEC4 for a coalesced index space (0: one element an invocation). 4 consecutive outputs are
+    one vector where the innermost dimension is a multiple of 4; an input whose innermost stride is 1 (every
+    other stride a multiple of 4, so each vector starts at a multiple of 4) is read as vectors, one whose
+    innermost stride is 0 (a scalar, a per-channel table) as one element for the 4 (bit 1 for a, bit 2 for b)."""
+    if not VECTORIZE or dims[-1] % 4:
+        return 0
+    mode, vectors = 1, [out]
+    for bit, loc, st in ((2, a, sa), (4, b, sb)):
+        if st[-1] == 0:
+            mode |= bit
+        elif st[-1] == 1 and all(s % 4 == 0 for s in st[:-1]):
+            vectors.append(loc)
+        else:
+            return 0
+    return mode if _aligned(exe, *vectors) else 0
+
+
+def unary(exe: VkOp, code: int, out: Loc, x: Loc, n: int, a: float, b: float) -> None:
+    """Dispatch, on exe, out = unary_op(x, code, a, b) over n dense elements."""
+    vec = vec4_unary(exe, out, x, n)
+    exe.dispatch("unary", [out, x], pack(n, to_f32(a), to_f32(b)), Grid(n // 4 if vec else n),
+                 consts=(code, int(vec)))
+
+
 # ----------------------------------------------------------------------------- unary
 @register(*[n for n in UNARY if n != "Clip"], "Gelu")
 class Unary(VkOp):
@@ -27,9 +70,7 @@ class Unary(VkOp):
         self.code, self.a, self.c = activation(node.op_type, dict(node.attrs))
 
     def plan(self, inputs, outputs):
-        n = numel(outputs[0].shape)
-        self.dispatch("unary", [self.out_locs[0], self.loc(inputs[0])],
-                      pack(n, to_f32(self.a), to_f32(self.c)), Grid(n), consts=(self.code,))
+        unary(self, self.code, self.out_locs[0], self.loc(inputs[0]), numel(outputs[0].shape), self.a, self.c)
 
 
 @register("Clip")
@@ -92,8 +133,9 @@ def binary_view(exe: VkOp, op: int, out: Loc, a: Loc, sa: list[int], b: Loc, sb:
     n = numel(shape)
     dims, (sa, sb) = coalesce(list(shape), list(sa), list(sb))
     code, x, y = act
-    exe.dispatch("binary", [out, a, b], pack(n, to_f32(x), to_f32(y), pad(dims), pad(sa), pad(sb)), Grid(n),
-                 consts=(op, code, len(dims)))
+    vec = vec4_binary(exe, out, a, b, dims, sa, sb)
+    exe.dispatch("binary", [out, a, b], pack(n, to_f32(x), to_f32(y), pad(dims), pad(sa), pad(sb)),
+                 Grid(n // 4 if vec else n), consts=(op, code, len(dims), vec))
 
 
 @register(*BINARY)
@@ -143,7 +185,7 @@ class Binary(VkOp):
             act = self.act if i == last else (0, 0.0, 0.0)
             self._one(out, a, ash, self.loc(inputs[i]), tuple(inputs[i].shape), oshape, act)
         if mean:
-            self.dispatch("unary", [out, out], pack(n, to_f32(1.0 / len(inputs)), to_f32(0.0)), Grid(n), consts=(33,))
+            unary(self, 33, out, out, n, 1.0 / len(inputs), 0.0)
 
 
 @register("BatchNormalization")
@@ -175,9 +217,6 @@ class BatchNorm(VkOp):
         out = self.out_locs[0]
         oshape = tuple(outputs[0].shape)
         kl, cl = self.b.aux(self.k.astype(self.b.store)), self.b.aux(self.c.astype(self.b.store))
-        for op, a, ash, b in ((2, self.loc(inputs[0]), oshape, kl), (0, out, oshape, cl)):
-            n = numel(oshape)
-            dims, (sa, sb) = coalesce(list(oshape), broadcast_strides(ash, oshape),
-                                      broadcast_strides(self.cshape, oshape))
-            self.dispatch("binary", [out, a, b], pack(n, to_f32(0), to_f32(0), pad(dims), pad(sa), pad(sb)), Grid(n),
-                          consts=(op, 0, len(dims)))
+        for op, a, b in ((2, self.loc(inputs[0]), kl), (0, out, cl)):
+            binary_view(self, op, out, a, contiguous(oshape), b, broadcast_strides(self.cshape, oshape), oshape,
+                        (0, 0.0, 0.0))
