@@ -15,11 +15,6 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 layout(std430, set = 0, binding = 0) writeonly buffer O { STORE o[]; };
 layout(std430, set = 0, binding = 1) readonly buffer A { STORE a[]; };
 layout(std430, set = 0, binding = 2) readonly buffer B { STORE b[]; };
-#ifdef FP16
-#define STORE4 f16vec4
-#else
-#define STORE4 vec4
-#endif
 layout(std430, set = 0, binding = 0) writeonly buffer O4 { STORE4 o4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer A4 { STORE4 a4[]; };
 layout(std430, set = 0, binding = 2) readonly buffer B4 { STORE4 b4[]; };

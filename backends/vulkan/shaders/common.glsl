@@ -1,10 +1,12 @@
 // Shared by every aiomnn Vulkan shader. Storage is float, or float16_t when
-// built with -DFP16 (arithmetic stays in float32 either way).
+// built with -DFP16 (arithmetic stays in float32 either way); STORE4 is its four-vector.
 #ifdef FP16
 #extension GL_EXT_shader_16bit_storage : require
 #define STORE float16_t
+#define STORE4 f16vec4
 #else
 #define STORE float
+#define STORE4 vec4
 #endif
 
 #define INF uintBitsToFloat(0x7f800000u)

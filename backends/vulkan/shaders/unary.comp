@@ -8,11 +8,6 @@
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 layout(std430, set = 0, binding = 0) writeonly buffer O { STORE o[]; };
 layout(std430, set = 0, binding = 1) readonly buffer X { STORE x[]; };
-#ifdef FP16
-#define STORE4 f16vec4
-#else
-#define STORE4 vec4
-#endif
 layout(std430, set = 0, binding = 0) writeonly buffer O4 { STORE4 o4[]; };
 layout(std430, set = 0, binding = 1) readonly buffer X4 { STORE4 x4[]; };
 layout(constant_id = 3) const int OP = 0;
