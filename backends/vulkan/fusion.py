@@ -331,7 +331,8 @@ def _upsample_add_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     the factors."""
     steps = st.steps
     _, exe, ins, outs = steps[i]
-    if not isinstance(exe, Resize) or len(outs) != 1 or not is_f32(ins[0]) or exe.factors() is None:
+    factors = exe.factors() if isinstance(exe, Resize) else None
+    if factors is None or len(outs) != 1 or not is_f32(ins[0]):
         return None
     up = outs[0]
     ka = st.only(up.name, "Add", taken)
@@ -347,7 +348,7 @@ def _upsample_add_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     k = others[0]
     if any(steps[j][1] is None for j in range(i, ka + 1)):
         return None
-    fh, fw = exe.factors()
+    fh, fw = factors
     lead, h, w, oh, ow = exe.geo
     view = [lead, h, fh, w, fw]
     full, small = [oh * ow, fh * ow, ow, fw, 1], [h * w, w, 0, 1, 0]
