@@ -12,8 +12,9 @@
 //
 // Split K: the grid's z is groups x S. With S > 1 each of a tile's S workgroups sums one
 // slice of k into `part`, and the last of them to finish (counted in `cnt`, which it resets)
-// adds the S partial sums in order, so results do not depend on timing. Bias and the fused
-// activation come last.
+// adds the S partial sums in order, so results do not depend on timing: each invocation its
+// own outputs, with the loads of several slices in flight at once. Bias and the fused
+// activation come last, as without a split.
 #define TK 16
 #ifdef RM
 // The register-blocked variants (build_shaders.py builds them as conv_gemm_<BM>x<BN>, launch.CONV_REG_TILES): a
@@ -36,6 +37,7 @@ layout(constant_id = 3) const int ACT = 0;
 #include "conv_shape.glsl"
 
 const int BM = IM * LY, BN = JN * LX, T = LX * LY;
+const int CH = 64 / (IM * JN);  // split-K: partial sums an invocation reads at a time, per output
 const int LA = BM * TK / T;  // weights each invocation loads per step
 const int RS = T / BN;       // invocations per pixel of the input tile
 const int LB = TK / RS;      // inputs each invocation loads per step: rows kb + j * RS of its pixel
@@ -183,17 +185,28 @@ void main() {
         barrier();
         if (!last) return;
         memoryBarrierBuffer();
-        // The whole tile from the partial sums (acc stays out of it, in registers).
-        for (int e = tid; e < BM * BN; e += T) {
-            int co = m0 + e / BN, pix = n0 + e % BN;
-            if (co >= cog || pix >= npix) continue;
-            float v = 0.0;
-            for (int t = 0; t < S; ++t) v += part[(t * CO + g * cog + co) * npix + pix];
-            if (HAS_BIAS != 0) v += float(bias[g * cog + co]);
-            int n = pix / ohw;
-            o[(n * CO + g * cog + co) * ohw + pix - n * ohw] = STORE(unary_op(v, ACT, ALPHA, BETA));
+        // Each invocation sums its own outputs' S partials in order (its own slice from acc, the same value it
+        // stored), reading CH slices at a time so that their loads are in flight together.
+        float sum[IM][JN];
+        [[unroll]] for (int i = 0; i < IM; ++i)
+            [[unroll]] for (int j = 0; j < JN; ++j) sum[i][j] = 0.0;
+        for (int t0 = 0; t0 < S; t0 += CH) {
+            float p[CH][IM][JN];
+            [[unroll]] for (int u = 0; u < CH; ++u)
+                [[unroll]] for (int i = 0; i < IM; ++i) {
+                    int co = m0 + MI(i), pr = ((t0 + u) * CO + g * cog + co) * npix;
+                    [[unroll]] for (int j = 0; j < JN; ++j) {
+                        p[u][i][j] = 0.0;
+                        if (t0 + u < S && t0 + u != s && co < cog && ob[j] >= 0) p[u][i][j] = part[pr + pj[j]];
+                    }
+                }
+            [[unroll]] for (int u = 0; u < CH; ++u)
+                [[unroll]] for (int i = 0; i < IM; ++i)
+                    [[unroll]] for (int j = 0; j < JN; ++j)
+                        if (t0 + u < S) sum[i][j] += t0 + u == s ? ACC(i, j) : p[u][i][j];
         }
-        return;
+        [[unroll]] for (int i = 0; i < IM; ++i)
+            [[unroll]] for (int j = 0; j < JN; ++j) ACC(i, j) = sum[i][j];
     }
     [[unroll]] for (int i = 0; i < IM; ++i) {
         int co = m0 + MI(i);
