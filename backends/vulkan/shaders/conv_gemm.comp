@@ -39,7 +39,7 @@ layout(constant_id = 3) const int ACT = 0;
 #include "conv_shape.glsl"
 
 const int BM = IM * LY, BN = JN * LX, T = LX * LY;
-const int CH = 64 / (IM * JN);  // split-K: partial sums an invocation reads at a time, per output
+const int CH = 64 / (IM * JN);  // split K: the slices an invocation reads at once (64 loads in flight)
 const int LA = BM * TK / T;  // weights each invocation loads per step
 const int RS = T / BN;       // invocations per pixel of the input tile
 const int LB = TK / RS;      // inputs each invocation loads per step: rows kb + j * RS of its pixel
