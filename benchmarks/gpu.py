@@ -1,6 +1,7 @@
 """GPU benchmark: aiomnn on CUDA, OpenCL and Vulkan against torch eager and torch.compile(mode="reduce-overhead").
 
-For each public model at batch 1 and 8 it prints median milliseconds per run:
+For each public model at batch 1 and 8 it prints median milliseconds per run, and each backend's time
+over CUDA's (and CUDA's over torch's):
 - aiomnn on each GPU backend found here, fp32 and fp16 (precision="low"),
   `await session.run(numpy)`, numpy in and out; each session starts with a cold
   tuning cache, and the seconds its background tuning took are reported with the
@@ -553,8 +554,20 @@ async def main(argv=None):
             rows.append((f"{name} {'x'.join(map(str, shape))}", r))
             save(args.out, results)
 
+    table = report(rows, backends)
+    print(table)
+    save(args.out, results, table)
+
+
+def report(rows: list[tuple[str, dict]], backends: list[str]) -> str:
+    """The tables: ms per run; each backend's time over CUDA's at the same precision (and CUDA's over torch's),
+    the ratios the issues' targets are stated in; errors, steps on the device and tuning seconds."""
+
     def f(v, spec=".3f"):
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+    def ratio(r, a, b):
+        return r[a] / r[b] if r.get(a) and r.get(b) else None
 
     cols = [(f"{b} {t}", f"{b}_{t}") for b in backends for t in ("fp32", "fp16")]
     head = [c for c, _ in cols] + ["torch eager", "eager (device)", "torch.compile", "compile (device)"]
@@ -563,15 +576,22 @@ async def main(argv=None):
     for label, r in rows:
         vals = [f(r.get(k)) for _, k in cols] + [f(r.get(k)) for k in ("eager", "eager_dev", "compile", "compile_dev")]
         lines.append(f"| {label} | " + " | ".join(vals) + " |")
+    if "cuda" in backends:
+        pairs = [(f"{b} / cuda {t}", f"{b}_{t}", f"cuda_{t}") for b in backends if b != "cuda"
+                 for t in ("fp32", "fp16")]
+        pairs += [(f"cuda fp32 / {name}", "cuda_fp32", key) for name, key in (("torch eager", "eager"),
+                                                                             ("torch.compile", "compile"))]
+        lines += ["", "time over the peer's, in the same process (below 1: aiomnn's backend is faster)", "",
+                  "| model | " + " | ".join(c for c, _, _ in pairs) + " |", "|---" * (len(pairs) + 1) + "|"]
+        for label, r in rows:
+            lines.append(f"| {label} | " + " | ".join(f(ratio(r, a, b), ".2f") for _, a, b in pairs) + " |")
     lines += ["", "relative error against onnxruntime, steps on the device, and tuning seconds (cold cache)", "",
               "| model | " + " | ".join(head[: len(cols)]) + " |", "|---" * (len(cols) + 1) + "|"]
     for label, r in rows:
         vals = [f"{f(r.get(k + '_err'), '.1e')}, {r.get(k + '_on_device', '-')}, {f(r.get(k + '_tune_s'), '.1f')} s"
                 for _, k in cols]
         lines.append(f"| {label} | " + " | ".join(vals) + " |")
-    table = "\n".join(lines)
-    print(table)
-    save(args.out, results, table)
+    return "\n".join(lines)
 
 
 def save(out, results, table=None):
