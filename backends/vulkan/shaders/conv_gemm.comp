@@ -187,9 +187,8 @@ void main() {
         barrier();
         if (!last) return;
         memoryBarrierBuffer();
-        // Each invocation sums its own outputs' S partials in order (its own slice from acc, the same value it
-        // stored), reading CH slices at a time so that their loads are in flight together (outside the tile or
-        // past the last slice they read a valid address and are not used).
+        // Each invocation sums its own outputs' S partials in order, its own slice from acc (the value it stored),
+        // CH slices at a time.
         float sum[IM][JN];
         [[unroll]] for (int i = 0; i < IM; ++i)
             [[unroll]] for (int j = 0; j < JN; ++j) sum[i][j] = 0.0;
