@@ -10,6 +10,8 @@
   x * HardSigmoid(x; 1/6, 1/2) become HardSwish(x), x * Sigmoid(x) becomes
   Swish(x).
 * An activation then fuses into the op that produces its input.
+* An Identity whose input has no other reader goes: the op that produces
+  that input writes its output (a copy less where it is a graph output).
 
 A fused activation travels as the internal attribute `_activation`, a pair
 (op type, attributes) with a standard ONNX op type, which every backend's
@@ -33,6 +35,7 @@ SINCE = {"HardSwish": 14, "Swish": 24}
 
 def optimize(graph: Graph) -> Graph:
     g = _Rewriter(graph)
+    g.drop_identities()
     g.fold_output_affine()
     g.fold_input_affine()
     g.fuse_hard_swish()
@@ -353,6 +356,20 @@ class _Rewriter:
                           i: _replace(mul, op_type="Swish", inputs=(x,), attrs=attrs,
                                       opset=max(mul.opset, SINCE["Swish"]))})
                 break
+
+    def drop_identities(self) -> None:
+        """An Identity whose input has no other reader (and is no graph output) goes: the node that produces
+        the input writes the Identity's output instead."""
+        for i, node in enumerate(self.nodes):
+            if node is None or node.op_type != "Identity" or node.domain or len(node.inputs) != 1:
+                continue
+            x = node.inputs[0]
+            j = self.producer.get(x)
+            prod = None if j is None else self.nodes[j]
+            if prod is None or not self.only_user(x, i):
+                continue
+            outputs = type(prod.outputs)(node.outputs[0] if o == x else o for o in prod.outputs)
+            self.set({i: None, j: _replace(prod, outputs=outputs)})
 
     def fuse_activations(self) -> None:
         """An activation whose input has no other reader fuses into the op that produces that input."""

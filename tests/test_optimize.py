@@ -160,3 +160,19 @@ def test_graph_outputs_and_shared_values_are_kept():
              helper.make_node("Sigmoid", ["h"], ["g"]), helper.make_node("Add", ["m", "g"], ["y"])]
     # h has two readers: neither the Mul nor the Sigmoid may fold or fuse into the Conv.
     check(build(nodes, (1, 4, 6, 6), consts), (1, 4, 6, 6), {"Conv": 1, "Mul": 1, "Sigmoid": 1}, fewer=False)
+
+
+def test_identity_goes_where_its_producer_can_write_its_output():
+    """An Identity after a Softmax (a graph output, as cls ends) and one inside the graph both go; one that reads
+    a value with another reader stays."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["i"]),
+             helper.make_node("Sigmoid", ["i"], ["s"]), helper.make_node("Add", ["s", "r2"], ["a"]),
+             helper.make_node("Identity", ["x"], ["x2"]), helper.make_node("Relu", ["x2"], ["r2"]),
+             helper.make_node("Softmax", ["a"], ["p"]), helper.make_node("Identity", ["p"], ["y"])]
+    check(build(nodes, (2, 5), {}), (2, 5), {"Identity": 1, "Softmax": 1})
+
+
+def test_identity_of_a_value_read_elsewhere_stays():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["i"]),
+             helper.make_node("Add", ["i", "r"], ["y"])]
+    check(build(nodes, (2, 5), {}), (2, 5), {"Identity": 1}, fewer=False)
