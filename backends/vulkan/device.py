@@ -69,8 +69,8 @@ PUSH_BYTES = 128  # the minimum every device guarantees
 #: push block is constant PUSH_ID + i (a float keeps its bits), so the driver folds a layer's shapes into its
 #: code (the divisions by them, the loop counts) and each layer gets its own pipeline. Their shaders declare
 #: `layout(constant_id = 16 + i)` in the push block's order and have no push block.
-SPECIALIZED = {"conv", "conv_gemm", "conv_narrow", "convt", "matmul", "matmul_direct", "matmul_small", *REG_TILE_LOCAL,
-               *CONV_REG_LOCAL}
+SPECIALIZED = {"conv", "conv_gemm", "conv_narrow", "convt", "matmul", "matmul_direct", "matmul_small", "se",
+               *REG_TILE_LOCAL, *CONV_REG_LOCAL}
 PUSH_ID = 16
 
 
@@ -271,6 +271,12 @@ class Context:
             vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=f16))
             self.storage16 = bool(f16.storageBuffer16BitAccess)
             enable_chain = vk.VkPhysicalDevice16BitStorageFeatures(storageBuffer16BitAccess=int(self.storage16))
+
+        # Subgroup shuffles in compute shaders (the se kernel adds its lanes' partial sums with them).
+        sg = vk.VkPhysicalDeviceSubgroupProperties()
+        vk.vkGetPhysicalDeviceProperties2(physical, vk.VkPhysicalDeviceProperties2(pNext=sg))
+        self.subgroup_shuffle = bool(sg.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
+                                     and sg.supportedOperations & vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT)
 
         # Host memory the GPU copies outputs into can become the caller's arrays where it can be imported
         # (VK_EXT_external_memory_host): numpy owns it, so it outlives this device (import_host).

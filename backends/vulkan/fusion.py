@@ -9,7 +9,8 @@ knows every reader of each value. plan_fusions then finds:
 - a pointwise Conv run as the matmul, with the Mul that scales its input per channel before it (a
   squeeze-and-excitation block's) and the residual Add after it, as one matmul;
 - a squeeze-and-excitation block's squeeze: GlobalAveragePool, then two pointwise Convs on its (N, C, 1, 1)
-  result (with their biases and fused activations), as one se dispatch (a workgroup per image); or, where
+  result (with their biases and fused activations), as one se dispatch (a workgroup per image, on devices
+  with subgroup shuffles); or, where
   the pool is too large for one workgroup, the two Convs (if small) as one se dispatch after it;
 - a nearest upsampling by whole factors whose one reader is an Add (a feature pyramid's top-down path), as
   one binary dispatch that reads the small image in place;
@@ -32,7 +33,7 @@ from .groups import Group, Steps, const_array, scalar
 from .launch import Blocks, Matmul, Rows
 from .ops.base import VkOp, is_f32, numel, pack, pad, to_f32
 from .ops.conv import Conv
-from .ops.elementwise import Binary, binary_view
+from .ops.elementwise import Binary, aligned4, binary_view
 from .ops.matmul import MatMul
 from .ops.reduce import Reduce, local_for
 from .ops.resize import Resize
@@ -277,7 +278,7 @@ def _se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     if not isinstance(exe, Reduce) or node.op_type != "GlobalAveragePool" or len(outs) != 1:
         return None
     x = ins[0]
-    if not is_f32(x) or len(x.shape) != 4:
+    if not is_f32(x) or len(x.shape) != 4 or not exe.b.ctx.subgroup_shuffle:
         return None
     n, c, h, w = x.shape
     chain, convs, cur = [i], [], outs[0]
@@ -315,9 +316,11 @@ def _se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         has1, has2 = len(ins1) > 2 and ins1[2] is not None, len(ins2) > 2 and ins2[2] is not None
         b1 = b.locate(ins1[2]) if has1 else w1
         b2 = b.locate(ins2[2]) if has2 else w2
+        xs = b.locate(src)
+        vec = hw % 4 == 0 and aligned4(final, xs)  # each channel's values start on a 4-element boundary
         push = pack(c, hw, c1, int(has1), int(has2), to_f32(a1a), to_f32(a1b), to_f32(a2a), to_f32(a2b))
-        final.dispatch("se", [final.out_locs[0], b.locate(src), w1, b1, w2, b2], push, Blocks(n, _se_local(b.ctx)),
-                       consts=(code1, code2))
+        final.dispatch("se", [final.out_locs[0], xs, w1, b1, w2, b2], push, Blocks(n, _se_local(b.ctx)),
+                       consts=(code1, code2, int(vec)))
 
     taken.update(chain)
     inner = [steps[k][3][0].name for k in chain[:-1]]

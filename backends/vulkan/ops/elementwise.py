@@ -21,7 +21,7 @@ FLT_MAX = 3.4028234663852886e38
 VECTORIZE = True
 
 
-def _aligned(exe: VkOp, *locs: Loc) -> bool:
+def aligned4(exe: VkOp, *locs: Loc) -> bool:
     """Whether each binding starts on a 4-element boundary (16 bytes for float32 storage, 8 for float16): what a
     vec4 view of it needs. Every region's offsets are multiples of the backend's alignment (at least 64 bytes)
     today; this keeps a view that starts elsewhere on the scalar path."""
@@ -31,7 +31,7 @@ def _aligned(exe: VkOp, *locs: Loc) -> bool:
 
 def vec4_unary(exe: VkOp, out: Loc, x: Loc, n: int) -> bool:
     """Whether unary.comp may take n dense elements 4 at a time."""
-    return VECTORIZE and n % 4 == 0 and _aligned(exe, out, x)
+    return VECTORIZE and n % 4 == 0 and aligned4(exe, out, x)
 
 
 def vec4_binary(exe: VkOp, out: Loc, a: Loc, b: Loc, dims: list[int], sa: list[int], sb: list[int]) -> int:
@@ -49,7 +49,7 @@ def vec4_binary(exe: VkOp, out: Loc, a: Loc, b: Loc, dims: list[int], sa: list[i
             vectors.append(loc)
         else:
             return 0
-    return mode if _aligned(exe, *vectors) else 0
+    return mode if aligned4(exe, *vectors) else 0
 
 
 def unary(exe: VkOp, code: int, out: Loc, x: Loc, n: int, a: float, b: float) -> None:
