@@ -1115,6 +1115,19 @@ async def test_fusion(case, kinds, runtime):
             np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-5, err_msg=f"vs onnxruntime: {k}")
 
 
+@pytest.mark.anyio
+async def test_se_needs_subgroup_shuffles(runtime, monkeypatch):
+    """On a device without subgroup shuffles in compute shaders the se kernel is not used: the block's pool and
+    convs run on their own, with the CPU's result."""
+    monkeypatch.setattr(runtime.runtimes[ForwardType.VULKAN].ctx, "subgroup_shuffle", False)
+    case = next(c for c, _ in FUSION_CASES if c.id == "se_block")
+    data, feeds, got, _, fused, steps = await run_twice(case, runtime)
+    assert "se" not in fused and not any("se" in ks for _, _, ks in steps), steps
+    want, _, _ = await run(data, feeds, CPU)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
 #: The tiled matmul's register-blocked tiles (launch.REG_TILES).
 REG_CHOICES = [["reg", 128, 64], ["reg", 64, 128], ["reg", 64, 64], ["reg", 128, 128]]
 #: The tiled matmul, the direct kernel's workgroup sizes, the small kernel's shapes (launch.SMALL_SHAPES) and the
