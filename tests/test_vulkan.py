@@ -352,6 +352,25 @@ async def test_conv_gemm_every_choice(cid, runtime, monkeypatch):
 
 
 
+@pytest.mark.anyio
+async def test_small_pointwise_scale_residual_is_one_matmul(runtime, monkeypatch):
+    """cls's late blocks as on a GPU: a squeeze-and-excitation scale, a pointwise conv whose sum is deep enough for
+    conv_gemm alone (200 channels) and whose product is a few tiles, and a residual Add: one matmul_small dispatch
+    (the untuned default for so few tiles), with the CPU's result."""
+    as_gpu(runtime, monkeypatch)
+    case = Case("small_pointwise", [n("Relu", ["x"], ["t"]), n("Sigmoid", ["s"], ["sg"]), n("Mul", ["t", "sg"], ["m"]),
+                                    n("Conv", ["m", "w", "b"], ["c"]), n("Relu", ["r"], ["rr"]),
+                                    n("Add", ["c", "rr"], ["y"])],
+                {"x": (1, 200, 2, 9), "s": (1, 200, 1, 1), "r": (1, 32, 2, 9)}, ("Mul", "Conv", "Add"),
+                {"w": r(32, 200, 1, 1, seed=1, scale=0.1), "b": r(32, seed=2)})
+    data, feeds, got, _, fused, steps = await run_twice(case, runtime)
+    assert fused == ["pointwise"]
+    kernels = [k for _, _, ks in steps for k in ks]
+    assert kernels.count("matmul_small") == 1 and "conv_gemm" not in kernels and "binary" not in kernels, steps
+    want, _, _ = await run(data, feeds, CPU)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+
+
 NARROW = ["conv_gemm_relu", "conv_gemm_tiles", "conv_gemm_dilated_asym", "conv_gemm_1d_relu"]
 
 

@@ -30,7 +30,7 @@ from aiomnn.graph import Node
 
 from .epilogues import conv_shift_at, gate_at, scale_shift_at
 from .groups import Group, Steps, const_array, scalar
-from .launch import Blocks, Matmul, Rows
+from .launch import Blocks, Matmul, Rows, few_tiles
 from .ops.base import VkOp, is_f32, numel, pack, pad, to_f32
 from .ops.conv import Conv
 from .ops.elementwise import Binary, aligned4, binary_view
@@ -210,10 +210,17 @@ def _matmul_bias_at(st: Steps, i: int, taken: set[int]) -> Group | None:
 
 def _pointwise_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """A pointwise Conv run as the matmul, with (either or both) the Mul before it that scales its input by
-    a per-image, per-channel factor (N, C, 1, 1), and the Add of a residual (no activation) after it."""
+    a per-image, per-channel factor (N, C, 1, 1), and the Add of a residual (no activation) after it.
+
+    A pointwise Conv that alone takes conv_gemm (a deep sum to split) takes the matmul here too where its
+    product is a few 64 x 64 tiles (launch.few_tiles), which matmul_small does by default: on an H100, cls's
+    200 -> 32 convs took 12.5-15 us in conv_gemm, and their Mul and Add 4 us more each, in waves of their own;
+    fused, 6.2-6.7 us. (Larger ones would take the matmul untuned: det b1 got slower.)"""
     steps = st.steps
     _, exe, ins, outs = steps[i]
-    if not isinstance(exe, Conv) or not exe.as_matmul or len(outs) != 1 or len(ins[0].shape) != 4:
+    if not isinstance(exe, Conv) or not exe.pointwise or len(outs) != 1 or len(ins[0].shape) != 4:
+        return None
+    if not exe.as_matmul and not few_tiles(exe.geo[4], exe.geo[2] * exe.geo[3], exe.geo[0]):
         return None
     x, shape = ins[0], tuple(ins[0].shape)
     chain, scale = [i], None

@@ -124,8 +124,15 @@ CONV_SLICE = 96
 NARROW_LOCAL = (8, 16, 1)
 NARROW_PX = 2
 NARROW_STEP = 8
+#: A matmul of fewer 64 x 64 tiles than this takes matmul_small by default (on GPUs).
+FEW_TILES = 8
 #: matmul_small's workgroups, (invocations along the outputs, ways the sum is split): at most 256 invocations.
 SMALL_SHAPES = ((64, 1), (64, 4), (32, 8), (128, 2), (16, 16))
+
+
+def few_tiles(m: int, n: int, batch: int) -> bool:
+    """Whether an m x n matmul (batch of them) is fewer than FEW_TILES 64 x 64 tiles."""
+    return -(-m // 64) * -(-n // 64) * batch < FEW_TILES
 
 
 class Launch:
@@ -152,7 +159,13 @@ class Launch:
             return w.local
         if isinstance(w, Matmul):
             # Workgroup barriers are dear on CPU implementations (lavapipe): there the direct kernel is the default.
-            return "tiled" if self.ctx.info.is_gpu else ["direct", 8]
+            if not self.ctx.info.is_gpu:
+                return ["direct", 8]
+            # A product of a few 64 x 64 tiles takes matmul_small, its sum split 16 ways: each tile would walk the
+            # whole sum alone, a barrier every step. (What a fused launch runs that has no tuned choice: on an
+            # H100, cls's final 1 x 200 x 2 product with its bias took 16.7 us in a 64 x 64 tile.)
+            few = few_tiles(w.m, w.n, w.batch)
+            return ["small", 16, 16] if few and self.valid(["small", 16, 16]) else "tiled"
         if isinstance(w, Convolution):
             bm, bn = (16, 128) if w.m <= 16 else (32, 64)
             return ["gemm", bm, bn, self._conv_split("gemm", (bm, bn))]
