@@ -5,7 +5,8 @@ over CUDA's (and CUDA's over torch's):
 - aiomnn on each GPU backend found here, fp32 and fp16 (precision="low"),
   `await session.run(numpy)`, numpy in and out; each session starts with a cold
   tuning cache, and the seconds its background tuning took are reported with the
-  relative error against onnxruntime and how many steps ran on the device;
+  relative error against onnxruntime and how many steps ran on the device; the
+  sessions of a model and batch are open together and timed in turns;
 - torch eager and torch.compile with CUDA graphs, numpy in and out, and with the
   input already on the GPU (device).
 The torch models come from a small interpreter of the ONNX graph written here
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -253,33 +255,55 @@ def rel_error(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-async def bench_aiomnn(name, shape, backend, precision, n, tuning, cache_dir):
-    """Latency on one backend. With tuning on, the cache starts cold: the first resize serves on
-    the CPU while the runtime tunes, and tune_s is the time until the session is on the GPU."""
+#: aiomnn's sessions of one model and batch are timed in turns, TURN runs each (after TURN_WARMUP untimed ones),
+#: the order reversed every other round: every contender sees the same spells of a noisy host and of GPU clocks.
+#: Timed one after the other, a ratio between backends moved by up to 0.2 from call to call on H100s (cls b1
+#: 1.43 -> 1.60, det b1 1.35 -> 1.55).
+TURN = 10
+TURN_WARMUP = 3
+
+
+async def open_aiomnn(stack, name, shape, backend, precision, tuning, cache_dir):
+    """A session on one backend, tuned and warmed up, and what its setup measured. With tuning on, the cache
+    starts cold: the first resize serves on the CPU while the runtime tunes, and tune_s is the time until the
+    session is on the GPU."""
     spec = MODELS[name]
     net = aiomnn.Interpreter.from_file(models.path(name))
     x = sample_input(name, shape)
     cfg = ScheduleConfig(type=backend, backend_config=BackendConfig(precision=precision, tuning=tuning))
     rt = aiomnn.create_runtime(cfg)
+    stack.callback(rt.close)
     rt.set_cache_file(os.path.join(cache_dir, f"{backend}-{name}-{shape[0]}-{precision}.json"))
-    try:
-        t0 = time.perf_counter()
-        async with await net.create_session(cfg, runtime=rt) as s:
-            await s.resize({spec.input: shape})
-            t_resize = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            tuned = s.has_async_work()
-            await s.wait_async_resize()
-            tune_s = time.perf_counter() - t1 if tuned else 0.0
-            out = await s.run({spec.input: x})
-            ms = await time_async(lambda: s.run({spec.input: x}), n)
-            steps = [st for seg in s.pipeline.segments for st in seg.steps]
-            on_device = sum(st.backend is s.pipeline.main for st in steps)
-            summary = dict(getattr(s.pipeline.main, "summary", {}))
-    finally:
-        rt.close()
-    return {"ms": ms, "resize_s": t_resize, "tune_s": tune_s, "out": out, "summary": summary,
-            "on_device": f"{on_device}/{len(steps)}"}
+    t0 = time.perf_counter()
+    s = await stack.enter_async_context(await net.create_session(cfg, runtime=rt))
+    await s.resize({spec.input: shape})
+    t_resize = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    tuned = s.has_async_work()
+    await s.wait_async_resize()
+    tune_s = time.perf_counter() - t1 if tuned else 0.0
+    out = await s.run({spec.input: x})
+    for _ in range(WARMUP):
+        await s.run({spec.input: x})
+    steps = [st for seg in s.pipeline.segments for st in seg.steps]
+    on_device = sum(st.backend is s.pipeline.main for st in steps)
+    return {"run": lambda: s.run({spec.input: x}), "resize_s": t_resize, "tune_s": tune_s, "out": out,
+            "summary": dict(getattr(s.pipeline.main, "summary", {})), "on_device": f"{on_device}/{len(steps)}"}
+
+
+async def time_in_turns(runs: dict, n: int) -> dict:
+    """Median ms of each contender (name -> async run), at least n timed runs each, timed in turns (TURN)."""
+    samples = {k: [] for k in runs}
+    order = list(runs)
+    for r in range(max(1, -(-n // TURN))):
+        for k in order if r % 2 == 0 else order[::-1]:
+            for _ in range(TURN_WARMUP):
+                await runs[k]()
+            for _ in range(TURN):
+                t0 = time.perf_counter()
+                await runs[k]()
+                samples[k].append(time.perf_counter() - t0)
+    return {k: median_ms(v) for k, v in samples.items()}
 
 
 def bench_torch(name, shape, n, compile_):
@@ -526,19 +550,22 @@ async def main(argv=None):
             x = sample_input(name, shape)
             want = oracle.run(None, {spec.input: x})
             r = {}
-            for backend in backends:
-                for prec, tag in (("normal", "fp32"), ("low", "fp16")):
-                    try:
-                        m = await bench_aiomnn(name, shape, backend, prec, args.n, args.tuning, cache_dir)
-                    except Exception as exc:  # report and go on
-                        r[f"{backend}_{tag}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                        continue
-                    r[f"{backend}_{tag}"] = m["ms"]
-                    r[f"{backend}_{tag}_err"] = max(rel_error(m["out"][k], w) for k, w in zip(m["out"], want))
-                    r[f"{backend}_{tag}_tune_s"] = m["tune_s"]
-                    r[f"{backend}_{tag}_on_device"] = m["on_device"]
-                    if backend == "cuda" and tag == "fp32":
-                        r.update(kernels=m["summary"].get("launches"), graphs=m["summary"].get("graphs"))
+            async with contextlib.AsyncExitStack() as stack:
+                opened = {}
+                for backend in backends:
+                    for prec, tag in (("normal", "fp32"), ("low", "fp16")):
+                        try:
+                            m = await open_aiomnn(stack, name, shape, backend, prec, args.tuning, cache_dir)
+                        except Exception as exc:  # report and go on
+                            r[f"{backend}_{tag}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                            continue
+                        opened[f"{backend}_{tag}"] = m
+                        r[f"{backend}_{tag}_err"] = max(rel_error(m["out"][k], w) for k, w in zip(m["out"], want))
+                        r[f"{backend}_{tag}_tune_s"] = m["tune_s"]
+                        r[f"{backend}_{tag}_on_device"] = m["on_device"]
+                        if backend == "cuda" and tag == "fp32":
+                            r.update(kernels=m["summary"].get("launches"), graphs=m["summary"].get("graphs"))
+                r.update(await time_in_turns({k: m["run"] for k, m in opened.items()}, args.n))
             if "cuda" in backends and not args.no_torch:
                 try:
                     tr, ref = bench_torch(name, shape, args.n, not args.no_compile)
