@@ -18,7 +18,7 @@ its device time matched to the 300-op one's), and the latency an await adds for 
 way of learning that the GPU finished (AIOMNN_CUDA_WAIT).
 
     python benchmarks/gpu.py [--backends cuda,opencl,vulkan] [--models det,cls] [--batches 1,8]
-                             [--tuning normal] [--no-compile] [--out DIR]
+                             [--precisions fp32,fp16] [--tuning normal] [--no-compile] [--out DIR]
 """
 
 from __future__ import annotations
@@ -261,6 +261,8 @@ def rel_error(a, b):
 #: 1.43 -> 1.60, det b1 1.35 -> 1.55).
 TURN = 10
 TURN_WARMUP = 3
+#: aiomnn's precisions: (BackendConfig.precision, the benchmark's tag).
+PRECISIONS = (("normal", "fp32"), ("low", "fp16"))
 
 
 async def open_aiomnn(stack, name, shape, backend, precision, tuning, cache_dir):
@@ -507,6 +509,7 @@ async def main(argv=None):
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--backends", default="cuda,opencl,vulkan")
     ap.add_argument("--tuning", default="normal", help="tuning level; the cache starts cold for each session")
+    ap.add_argument("--precisions", default="fp32,fp16", help="aiomnn's precisions to time: fp32, fp16 or both")
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
@@ -553,7 +556,7 @@ async def main(argv=None):
             async with contextlib.AsyncExitStack() as stack:
                 opened = {}
                 for backend in backends:
-                    for prec, tag in (("normal", "fp32"), ("low", "fp16")):
+                    for prec, tag in [(p, t) for p, t in PRECISIONS if t in args.precisions.split(",")]:
                         try:
                             m = await open_aiomnn(stack, name, shape, backend, prec, args.tuning, cache_dir)
                         except Exception as exc:  # report and go on
