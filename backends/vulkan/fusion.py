@@ -9,9 +9,9 @@ knows every reader of each value. plan_fusions then finds:
 - a pointwise Conv run as the matmul, with the Mul that scales its input per channel before it (a
   squeeze-and-excitation block's) and the residual Add after it, as one matmul;
 - a squeeze-and-excitation block's squeeze: GlobalAveragePool, then two pointwise Convs on its (N, C, 1, 1)
-  result (with their biases and fused activations), as one se dispatch (a workgroup per image, on devices
-  with subgroup shuffles); or, where
-  the pool is too large for one workgroup, the two Convs (if small) as one se dispatch after it;
+  result (with their biases and fused activations), as one se dispatch (a workgroup per image; on devices
+  with subgroup shuffles); or, where the pool is too large for one workgroup, the two Convs (if small) as
+  one se dispatch after it;
 - a nearest upsampling by whole factors whose one reader is an Add (a feature pyramid's top-down path), as
   one binary dispatch that reads the small image in place;
 - the Adds that epilogues.py fuses into the op before them (scale and shift, gate, a conv's shift).
@@ -220,7 +220,8 @@ def _pointwise_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     _, exe, ins, outs = steps[i]
     if not isinstance(exe, Conv) or not exe.pointwise or len(outs) != 1 or len(ins[0].shape) != 4:
         return None
-    if not exe.as_matmul and not few_tiles(exe.geo[4], exe.geo[2] * exe.geo[3], exe.geo[0]):
+    n, _, h, w, co = exe.geo[:5]
+    if not exe.as_matmul and not few_tiles(co, h * w, n):
         return None
     x, shape = ins[0], tuple(ins[0].shape)
     chain, scale = [i], None
