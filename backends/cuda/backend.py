@@ -4,7 +4,7 @@ Resize, in the pipeline's order:
   on_create        every runtime node passes here first (CUDA is the main
                    backend), so the backend sees the whole step list and which
                    steps the backup runs.
-  on_resize_begin  plans which elementwise chains fuse (candidates) and how long
+  on_resize_begin  plans which elementwise chains fuse (grouping.py: candidates) and how long
                    their inputs must live, and which Concat and Split pieces share
                    one block so that no copy is needed (aiomnn/places.py).
   acquire_tensor / on_resize / release
@@ -38,8 +38,7 @@ from aiomnn.fence import Fence
 from aiomnn.graph import Node
 from aiomnn.memory import Block, StorageType
 
-from . import fused, runs
-from .fused import Inline, LeafPlan, Lit, Raw, Val, collapse, contiguous, leaves, vals
+from . import grouping, runs
 from .ops import OPS
 from .ops.base import CudaOp, Decline
 from .ops.tensor import Concat, Split
@@ -185,63 +184,6 @@ class CudaBackend(Backend):
                 s.exe.step = s.index
             prev_mine = s.exe is not None
 
-    def _deps(self, root) -> list[str]:
-        """Values a group reads from memory (for lifetimes)."""
-        out = []
-        for leaf in leaves(root).values():
-            if isinstance(leaf, Val):
-                out.append(leaf.name)
-            elif isinstance(leaf, Raw):
-                out.append(leaf.op.out_names[0])
-            elif isinstance(leaf, Inline):
-                out.extend(leaf.op.inline_deps())
-        return out
-
-    def _fuse(self, kept: set[str], alive: Callable[[str, int], bool]) -> tuple[dict[int, Any], dict[int, int]]:
-        """Greedy fusion: each consumer absorbs producers whose every reader it already contains.
-
-        AIOMNN_CUDA_FUSE=0 turns fusion off (each op then runs its own kernel), for debugging.
-        """
-        if os.environ.get("AIOMNN_CUDA_FUSE", "1") == "0":
-            kept = set(self._producer)
-        roots: dict[int, Any] = {}
-        members: dict[int, set[int]] = {}
-        absorbed: dict[int, int] = {}
-        for s in self._steps:
-            exe = s.exe
-            if exe is None or exe.group is None:
-                continue
-            j = s.index
-            root = exe.group
-            mem = {j} if exe.consumer else set()
-            changed = exe.consumer
-            while changed:
-                changed = False
-                for name in vals(root):
-                    i = self._producer.get(name)
-                    if i is None or i in absorbed or i not in roots or i >= j:
-                        continue
-                    p = self._steps[i].exe
-                    if not p.absorbable or self._run_of.get(i) != self._run_of.get(j):
-                        continue
-                    if name in kept or p.out_names[0] != name or tuple(p.outs[0].shape) != exe.out_shape:
-                        continue
-                    new_mem = mem | members.get(i, set())
-                    if not self._readers.get(name, set()) <= new_mem:
-                        continue
-                    if not all(alive(d, j) for d in self._deps(roots[i])):
-                        continue
-                    if _tiled(root) and _tiled(roots[i]):  # one tiled kernel each
-                        continue
-                    root = fused.substitute(root, name, roots[i])
-                    mem = new_mem
-                    absorbed[i] = j
-                    changed = True
-                    break
-            roots[j] = root
-            members[j] = mem
-        return roots, absorbed
-
     # Memory planning (called by the pipeline) --------------------------------
     def on_resize_begin(self) -> None:
         self.clear_buffers()
@@ -252,7 +194,7 @@ class CudaBackend(Backend):
                 self._extend[name] = j
             return True
 
-        _, absorbed = self._fuse(set(), extend)
+        _, absorbed = grouping.plan(self, set(), extend)
         for i in absorbed:
             exe = self._steps[i].exe
             if exe.consumer:  # computed inside its consumer; never stored
@@ -423,7 +365,7 @@ class CudaBackend(Backend):
             # (tuning fallback) or an earlier pass failed before planning.
             self._steps, self._runs = [], {}
             return
-        self._roots, self._absorbed = self._fuse(self._kept, self._alive)
+        self._roots, self._absorbed = grouping.plan(self, self._kept, self._alive)
         absorbed_values = {self._steps[i].exe.out_names[0] for i in self._absorbed if self._steps[i].exe.consumer}
         # The arena.
         if self.arena.size:
@@ -479,49 +421,6 @@ class CudaBackend(Backend):
         self._separate[name] = mem
         self._views[name] = cupy.ndarray(t.shape, dtype=self.dev_dtype(t.dtype), memptr=mem)
 
-    def _group_launch(self, step: Step, root) -> Callable[[], None]:
-        exe = step.exe
-        out_name = exe.out_names[0]
-        out = self._views[out_name]
-        shape = list(exe.out_shape)
-        plans: list[LeafPlan] = []
-        inline = False
-        for leaf in leaves(root).values():
-            if isinstance(leaf, Lit):
-                plans.append(LeafPlan(leaf, "lit", meta=[fused.float_bits(leaf.value)]))
-            elif isinstance(leaf, Inline):
-                inline = True
-                plans.append(LeafPlan(leaf, "inline", ptrs=leaf.op.inline_ptrs(), meta=leaf.op.inline_meta()))
-            elif isinstance(leaf, Raw):
-                plans.append(LeafPlan(leaf, "s", ptrs=[self._views[leaf.op.out_names[0]]], strides=leaf.op.raw_strides()))
-            else:
-                arr = self.view(leaf.name)
-                plans.append(LeafPlan(leaf, "s", ptrs=[arr], strides=broadcast_strides(leaf.shape, shape)))
-        strided = [p for p in plans if p.mode == "s"]
-        dims = shape if shape else [1]
-        if inline:
-            if len(shape) != 4:
-                raise BackendError(f"{exe.node}: inline leaves need a 4-D output")
-            sts = [p.strides for p in strided]
-        else:
-            dims, sts = collapse(list(dims), [p.strides for p in strided])
-        cont = contiguous(dims)
-        for p, st in zip(strided, sts):
-            p.strides = st
-            if all(a == b for a, b, d in zip(st, cont, dims) if d != 1):
-                p.mode = "c"
-            elif all(a == 0 for a in st):
-                p.mode = "0"
-        kern = self.rt.kernel(fused.generate(root, plans, list(dims)), self.half)
-        ptrs = [a for p in plans for a in p.ptrs if p.mode != "lit"]
-        total = int(np.prod(dims))
-        args = (out, np.uint32(total), *ptrs)
-        tiled = [p.leaf.op for p in plans if p.mode == "inline" and p.leaf.op.tiled]
-        if tiled:
-            grid, block = tiled[0].launch_shape()
-            return self.launcher(kern, total, args, block=block, grid=grid)
-        return self.launcher(kern, total, args)
-
     def _after_step(self, step: Step, fns: list) -> None:
         """A hook for debugging tools: called as each step's launches are recorded."""
 
@@ -561,25 +460,3 @@ class CudaBackend(Backend):
             except Exception:  # pragma: no cover - interpreter shutdown
                 pass
 
-
-def _tiled(root) -> bool:
-    return any(isinstance(leaf, Inline) and leaf.op.tiled for leaf in leaves(root).values())
-
-
-def broadcast_strides(shape: tuple[int, ...], out: list[int]) -> list[int]:
-    """Element strides reading a contiguous `shape` broadcast to `out` (0 where broadcast)."""
-    shape = tuple(shape)
-    if len(shape) > len(out):
-        if any(d != 1 for d in shape[: len(shape) - len(out)]):
-            raise BackendError(f"cuda: shape {shape} does not broadcast to {out}")
-        shape = shape[len(shape) - len(out):]
-    st = contiguous(list(shape))
-    pad = len(out) - len(shape)
-    res = []
-    for d in range(len(out)):
-        k = d - pad
-        if k < 0 or shape[k] == 1 or out[d] == 1:
-            res.append(0)
-        else:
-            res.append(st[k])
-    return res

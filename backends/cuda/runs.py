@@ -25,7 +25,7 @@ from aiomnn import copies
 from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
 
-from . import kernels
+from . import grouping, kernels
 from .fused import Raw
 from .waiter import Timing
 
@@ -92,7 +92,7 @@ def make(be: Backend, steps: list[Step], mine: set[str]) -> Run:
         fns.extend(s.exe.launches)
         root = be._roots.get(s.index)
         if not (root is None or s.index in be._absorbed or (isinstance(root, Raw) and root.op is s.exe)):
-            fns.append(be._group_launch(s, root))  # else: no epilogue, or it runs in a consumer's kernel
+            fns.append(grouping.launch(be, s, root))  # else: no epilogue, or it runs in a consumer's kernel
         be._after_step(s, fns)
     run.compute = fns[first:]
     # Outputs: made here and read by another backend, or graph outputs.

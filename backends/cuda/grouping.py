@@ -1,0 +1,152 @@
+"""Fusion on the CUDA backend: which steps' elementwise work joins one kernel, and that kernel's launch.
+
+A step's op offers an expression tree (its `group`: fused.py). plan() lets each consumer absorb the producers
+whose every reader it already holds, greedily in step order; launch() generates and compiles the kernel of a
+group's tree and returns the call the run records.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from aiomnn.errors import BackendError
+
+from . import fused
+from .fused import Inline, LeafPlan, Lit, Raw, Val, collapse, contiguous, leaves, vals
+
+if TYPE_CHECKING:
+    from .backend import CudaBackend, Step
+
+
+def plan(be: "CudaBackend", kept: set[str],
+         alive: Callable[[str, int], bool]) -> tuple[dict[int, Any], dict[int, int]]:
+    """Greedy fusion: each consumer absorbs producers whose every reader it already contains. Returns each
+    consumer's tree (step index -> root) and where each absorbed step went (step index -> its consumer's).
+    `kept` values stay stored; alive(value, step) says whether a value can still be read at that step.
+
+    AIOMNN_CUDA_FUSE=0 turns fusion off (each op then runs its own kernel), for debugging.
+    """
+    if os.environ.get("AIOMNN_CUDA_FUSE", "1") == "0":
+        kept = set(be._producer)
+    roots: dict[int, Any] = {}
+    members: dict[int, set[int]] = {}
+    absorbed: dict[int, int] = {}
+    for s in be._steps:
+        exe = s.exe
+        if exe is None or exe.group is None:
+            continue
+        j = s.index
+        root = exe.group
+        mem = {j} if exe.consumer else set()
+        changed = exe.consumer
+        while changed:
+            changed = False
+            for name in vals(root):
+                i = be._producer.get(name)
+                if i is None or i in absorbed or i not in roots or i >= j:
+                    continue
+                p = be._steps[i].exe
+                if not p.absorbable or be._run_of.get(i) != be._run_of.get(j):
+                    continue
+                if name in kept or p.out_names[0] != name or tuple(p.outs[0].shape) != exe.out_shape:
+                    continue
+                new_mem = mem | members.get(i, set())
+                if not be._readers.get(name, set()) <= new_mem:
+                    continue
+                if not all(alive(d, j) for d in reads(roots[i])):
+                    continue
+                if _tiled(root) and _tiled(roots[i]):  # one tiled kernel each
+                    continue
+                root = fused.substitute(root, name, roots[i])
+                mem = new_mem
+                absorbed[i] = j
+                changed = True
+                break
+        roots[j] = root
+        members[j] = mem
+    return roots, absorbed
+
+
+def reads(root) -> list[str]:
+    """Values a group reads from memory (for lifetimes)."""
+    out = []
+    for leaf in leaves(root).values():
+        if isinstance(leaf, Val):
+            out.append(leaf.name)
+        elif isinstance(leaf, Raw):
+            out.append(leaf.op.out_names[0])
+        elif isinstance(leaf, Inline):
+            out.extend(leaf.op.inline_deps())
+    return out
+
+
+def launch(be: "CudaBackend", step: "Step", root) -> Callable[[], None]:
+    """The call that runs a group's kernel: its tree's leaves planned (constants, inline values, strided loads),
+    the kernel generated and compiled for this layer."""
+    exe = step.exe
+    out_name = exe.out_names[0]
+    out = be._views[out_name]
+    shape = list(exe.out_shape)
+    plans: list[LeafPlan] = []
+    inline = False
+    for leaf in leaves(root).values():
+        if isinstance(leaf, Lit):
+            plans.append(LeafPlan(leaf, "lit", meta=[fused.float_bits(leaf.value)]))
+        elif isinstance(leaf, Inline):
+            inline = True
+            plans.append(LeafPlan(leaf, "inline", ptrs=leaf.op.inline_ptrs(), meta=leaf.op.inline_meta()))
+        elif isinstance(leaf, Raw):
+            plans.append(LeafPlan(leaf, "s", ptrs=[be._views[leaf.op.out_names[0]]], strides=leaf.op.raw_strides()))
+        else:
+            arr = be.view(leaf.name)
+            plans.append(LeafPlan(leaf, "s", ptrs=[arr], strides=broadcast_strides(leaf.shape, shape)))
+    strided = [p for p in plans if p.mode == "s"]
+    dims = shape if shape else [1]
+    if inline:
+        if len(shape) != 4:
+            raise BackendError(f"{exe.node}: inline leaves need a 4-D output")
+        sts = [p.strides for p in strided]
+    else:
+        dims, sts = collapse(list(dims), [p.strides for p in strided])
+    cont = contiguous(dims)
+    for p, st in zip(strided, sts):
+        p.strides = st
+        if all(a == b for a, b, d in zip(st, cont, dims) if d != 1):
+            p.mode = "c"
+        elif all(a == 0 for a in st):
+            p.mode = "0"
+    kern = be.rt.kernel(fused.generate(root, plans, list(dims)), be.half)
+    ptrs = [a for p in plans for a in p.ptrs if p.mode != "lit"]
+    total = int(np.prod(dims))
+    args = (out, np.uint32(total), *ptrs)
+    tiled = [p.leaf.op for p in plans if p.mode == "inline" and p.leaf.op.tiled]
+    if tiled:
+        grid, block = tiled[0].launch_shape()
+        return be.launcher(kern, total, args, block=block, grid=grid)
+    return be.launcher(kern, total, args)
+
+
+def _tiled(root) -> bool:
+    return any(isinstance(leaf, Inline) and leaf.op.tiled for leaf in leaves(root).values())
+
+
+def broadcast_strides(shape: tuple[int, ...], out: list[int]) -> list[int]:
+    """Element strides reading a contiguous `shape` broadcast to `out` (0 where broadcast)."""
+    shape = tuple(shape)
+    if len(shape) > len(out):
+        if any(d != 1 for d in shape[: len(shape) - len(out)]):
+            raise BackendError(f"cuda: shape {shape} does not broadcast to {out}")
+        shape = shape[len(shape) - len(out):]
+    st = contiguous(list(shape))
+    pad = len(out) - len(shape)
+    res = []
+    for d in range(len(out)):
+        k = d - pad
+        if k < 0 or shape[k] == 1 or out[d] == 1:
+            res.append(0)
+        else:
+            res.append(st[k])
+    return res
