@@ -345,6 +345,35 @@ async def test_max_tuning_number_caps_the_ops_tuned(kind, tmp_path, anyio_backen
 
 
 @pytest.mark.anyio
+async def test_the_costliest_ops_are_tuned_first(monkeypatch):
+    """Past max_tuning_number, the ops that cost the most are the ones tuned, wherever they are in the graph: here
+    a 3x3 conv after a Relu of 32 values (on Vulkan, whose tuning tasks carry their cost)."""
+    from aiomnn.runtime import probe
+
+    if not probe(ForwardType.VULKAN):
+        pytest.skip("no Vulkan device here")
+    monkeypatch.setenv("AIOMNN_VULKAN_TUNE_CPU", "1")
+    w = (np.random.default_rng(0).standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["y1"]), helper.make_node("Conv", ["z", "w"], ["y2"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "cost", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4]),
+                                              helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 3, 12, 12])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, None) for y in ("y1", "y2")],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    config = _config(ForwardType.VULKAN, max_tuning_number=1)
+    info = aiomnn.create_runtime(config)
+    try:
+        async with await aiomnn.Interpreter.from_bytes(model).create_session(config, info) as session:
+            await session.wait_async_resize()
+            cache = info.runtimes[ForwardType.VULKAN].tuner.cache
+            timed = {k.split("@")[0]: cache.get(k)["us"] is not None for k in list(cache._entries)}
+        convs = [k for k in timed if k.startswith("vulkan/conv")]
+        assert timed.get("vulkan/unary") is False and len(convs) == 1 and timed[convs[0]], timed
+    finally:
+        info.close()
+
+
+@pytest.mark.anyio
 async def test_a_crashing_tuning_job_leaves_the_session_on_the_cpu(kind, monkeypatch, caplog):
     def broken(task, level, cancelled):
         raise RuntimeError("the device fell over")

@@ -1317,18 +1317,20 @@ async def test_matmul_register_tiles_fp16(choice, monkeypatch):
 
 def test_matmul_register_tiles_are_candidates():
     """Tuning tries the register-blocked tiles (early for large products, late for small ones), each valid one
-    resolving to its kernel and grid; the default stays the 64 x 64 tile on GPUs."""
+    resolving to its kernel and grid; the default on GPUs is the 64 x 64 tile, or matmul_small for a product of a
+    few tiles."""
     from types import SimpleNamespace
 
     from aiomnn.backends.vulkan.launch import REG_TILES, Launch, Matmul
 
     gpu = SimpleNamespace(info=SimpleNamespace(is_gpu=True), max_invocations=1024, max_groups=(65535, 65535, 65535))
-    big = Launch(gpu, "matmul", False, (0,), b"", Matmul(480, 480, 8), [])
+    big = Launch(gpu, "matmul", False, (0,), b"", Matmul(480, 480, 8, 480), [])
     assert big.default() == "tiled"
     assert big.choices(8)[:1 + len(REG_TILES)] == ["tiled"] + [["reg", *t] for t in REG_TILES]
     assert big.resolve(["reg", 128, 64]) == ("matmul_128x64", (16, 16, 1), (8, 4, 8))
     assert big.resolve(["reg", 64, 64]) == ("matmul_64x64", (16, 8, 1), (8, 8, 8))
-    small = Launch(gpu, "matmul", False, (0,), b"", Matmul(7, 5, 1), [])
+    small = Launch(gpu, "matmul", False, (0,), b"", Matmul(7, 5, 1, 9), [])
+    assert small.default() == ["small", 16, 16]
     every = small.choices(100)
     assert all(["reg", *t] in every for t in REG_TILES) and every.index(["reg", 128, 64]) > every.index(["small", 64, 1])
     assert not small.valid(["reg", 32, 32]) and not small.valid(["reg", 128])

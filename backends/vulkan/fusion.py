@@ -202,7 +202,7 @@ def _matmul_bias_at(st: Steps, i: int, taken: set[int]) -> Group | None:
                     to_f32(1.0), to_f32(1.0), to_f32(a1), to_f32(a2))
         a = b.locate(ins[0])
         final.dispatch("matmul", [final.out_locs[0], a, b.locate(ins[1]), b.locate(ct), a, a], push,
-                       Matmul(m, n, nb), consts=(code,))
+                       Matmul(m, n, nb, k), consts=(code,))
 
     taken.update((i, ka))
     return Group("matmul_bias", [exe, ae], [mm], reads, build)

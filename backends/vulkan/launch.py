@@ -3,11 +3,14 @@
 Work says what a kernel iterates over:
   Grid(n)        a grid-stride loop over n items (elementwise, conv, pool, copy, resize);
   Rows(n, l)     one workgroup per row, l invocations reducing it (reduce, softmax, layernorm);
-  Matmul(m,n,b)  a batch of m x n outputs: the tiled shared-memory kernel (64 x 64 tiles, or one of the
-                 register-blocked ones, REG_TILES), the direct one, or the small one.
+  Matmul(m,n,b,k)  a batch of m x n outputs, sums of k products: the tiled shared-memory kernel (64 x 64
+                 tiles, or one of the register-blocked ones, REG_TILES), the direct one, or the small one.
   Convolution    an implicit-GEMM convolution (conv_gemm): a tile shape (or one of the register-blocked tiles,
                  CONV_REG_TILES) and how many ways to split the sum; or, for few output channels, conv_narrow.
   Blocks(n, l)   one workgroup of l invocations per item (se: an image), not tuned.
+
+Each Work's `cost` ranks what to tune first where a model has more ops than are tuned: multiply-adds for
+products, items otherwise.
 
 A Launch is one dispatch as the tuner sees it: a key (kernel, shader build,
 specialization, work and push constants, so equal keys time alike), the
@@ -31,7 +34,9 @@ if TYPE_CHECKING:
 
 
 class Work:
-    pass
+    @property
+    def cost(self) -> int:
+        return self.n
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,11 @@ class Matmul(Work):
     m: int
     n: int
     batch: int
+    k: int
+
+    @property
+    def cost(self) -> int:
+        return self.m * self.n * self.batch * self.k
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,10 @@ class Convolution(Work):
     groups: int
     splits: int  # the most workgroups a tile's sum may be split between (the scratch is planned for it)
     narrow: int = 0  # conv_narrow's workgroups, where it can run (else 0)
+
+    @property
+    def cost(self) -> int:
+        return self.m * self.n * self.k * self.groups
 
 
 

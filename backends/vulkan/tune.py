@@ -51,6 +51,7 @@ class LaunchTuneTask:
         self.launch = launch
         self.key = launch.key
         self.label = f"{node} {launch.kernel} {launch.work}"
+        self.cost = launch.work.cost  # what to tune first, where not every op is
         self.tried: list[Any] = []
 
     def candidates(self, limit: int) -> list[Any]:

@@ -109,7 +109,7 @@ class Conv(VkOp):
         push = pack(co, hw, c, 1, [n, 0, 0], [0, 0, 0], [c * hw, 0, 0], c, 1, hw, 1,
                     int(bias is not None), 1, 0, to_f32(1.0), to_f32(1.0), to_f32(a1), to_f32(a2))
         locs = [out, wt, x, self.loc(bias) if bias is not None else wt, res or wt, scale or wt]
-        on.dispatch("matmul", locs, push, Matmul(co, hw, n),
+        on.dispatch("matmul", locs, push, Matmul(co, hw, n, c),
                     consts=(code, int(res is not None), int(scale is not None)))
 
     def plan(self, inputs, outputs):

@@ -42,7 +42,7 @@ class MatMul(VkOp):
         a, b = self.loc(inputs[0]), self.loc(inputs[1])
         push = pack(m, n, k, len(dims), pad(dims, 3), pad(bsa, 3), pad(bsb, 3), k, 1, n, 1, 0, 0, 0,
                     to_f32(1.0), to_f32(0.0), to_f32(0.0), to_f32(0.0))
-        self.dispatch("matmul", [self.out_locs[0], a, b, a, a, a], push, Matmul(m, n, nb), consts=(0,))
+        self.dispatch("matmul", [self.out_locs[0], a, b, a, a, a], push, Matmul(m, n, nb, k), consts=(0,))
 
 
 @register("Gemm")
@@ -85,4 +85,4 @@ class Gemm(VkOp):
         code, a1, a2 = self.act
         push = pack(m, n, k, 1, [1, 0, 0], [0, 0, 0], [0, 0, 0], ars, acs, brs, bcs, int(self.c is not None), crs, ccs,
                     to_f32(self.alpha), to_f32(self.beta), to_f32(a1), to_f32(a2))
-        self.dispatch("matmul", [self.out_locs[0], a, b, cl, a, a], push, Matmul(m, n, 1), consts=(code,))
+        self.dispatch("matmul", [self.out_locs[0], a, b, cl, a, a], push, Matmul(m, n, 1, k), consts=(code,))
