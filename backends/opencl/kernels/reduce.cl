@@ -175,6 +175,19 @@ __kernel void reduce_wg(BUF(const T, x), BUF(T, y), BUF(const int, meta), const 
     ST(y, i, reduce_finish(op, part[0], count, m));
 }
 
+/* The mean of a row of `size` values and its inverse standard deviation, 1 / sqrt(variance + eps), in two passes. */
+inline float2 row_stats(const __global T* xr, const int size, const float eps) {
+    float mean = 0.0f;
+    for (int j = 0; j < size; ++j) mean += LD(xr, j);
+    mean /= (float)size;
+    float var = 0.0f;
+    for (int j = 0; j < size; ++j) {
+        const float d = LD(xr, j) - mean;
+        var += d * d;
+    }
+    return (float2)(mean, 1.0f / sqrt(var / (float)size + eps));
+}
+
 /* LayerNormalization over the last `size` elements of each row; scale and
  * bias are expanded to `size` on the host. stats: bit 0 writes the mean,
  * bit 1 the inverse standard deviation of each row. */
@@ -185,15 +198,8 @@ __kernel void layer_norm(BUF(const T, x), BUF(const T, scale), BUF(const T, bias
     if (r >= rows) return;
     SHIFT(x); SHIFT(scale); SHIFT(bias); SHIFT(y); SHIFT(mean_out); SHIFT(istd_out);
     const __global T* xr = x + r * size;
-    float mean = 0.0f;
-    for (int j = 0; j < size; ++j) mean += LD(xr, j);
-    mean /= (float)size;
-    float var = 0.0f;
-    for (int j = 0; j < size; ++j) {
-        const float d = LD(xr, j) - mean;
-        var += d * d;
-    }
-    const float inv = 1.0f / sqrt(var / (float)size + eps);
+    const float2 st = row_stats(xr, size, eps);
+    const float mean = st.x, inv = st.y;
     __global T* yr = y + r * size;
     for (int j = 0; j < size; ++j) ST(yr, j, (LD(xr, j) - mean) * inv * LD(scale, j) + LD(bias, j));
     if (stats & 1) ST(mean_out, r, mean);
@@ -229,15 +235,8 @@ __kernel void instance_norm(BUF(const T, x), BUF(const T, scale), BUF(const T, b
     if (r >= rows) return;
     SHIFT(x); SHIFT(scale); SHIFT(bias); SHIFT(y);
     const __global T* xr = x + r * size;
-    float mean = 0.0f;
-    for (int j = 0; j < size; ++j) mean += LD(xr, j);
-    mean /= (float)size;
-    float var = 0.0f;
-    for (int j = 0; j < size; ++j) {
-        const float d = LD(xr, j) - mean;
-        var += d * d;
-    }
-    const float k = LD(scale, r % C) / sqrt(var / (float)size + eps);
+    const float2 st = row_stats(xr, size, eps);
+    const float mean = st.x, k = LD(scale, r % C) * st.y;
     const float b = LD(bias, r % C);
     __global T* yr = y + r * size;
     for (int j = 0; j < size; ++j) ST(yr, j, (LD(xr, j) - mean) * k + b);
