@@ -542,6 +542,7 @@ async def main(argv=None):
 
     import onnxruntime as ort
 
+    precisions = [(p, t) for p, t in PRECISIONS if t in args.precisions.split(",")]
     cache_dir = tempfile.mkdtemp(prefix="aiomnn-gpu-bench-")
     rows = []
     for name in args.models.split(","):
@@ -556,7 +557,7 @@ async def main(argv=None):
             async with contextlib.AsyncExitStack() as stack:
                 opened = {}
                 for backend in backends:
-                    for prec, tag in [(p, t) for p, t in PRECISIONS if t in args.precisions.split(",")]:
+                    for prec, tag in precisions:
                         try:
                             m = await open_aiomnn(stack, name, shape, backend, prec, args.tuning, cache_dir)
                         except Exception as exc:  # report and go on

@@ -1,13 +1,14 @@
 """How a dispatch covers its work, and the workgroup sizes tuning may choose from.
 
 Work says what a kernel iterates over:
-  Grid(n)        a grid-stride loop over n items (elementwise, conv, pool, copy, resize);
-  Rows(n, l)     one workgroup per row, l invocations reducing it (reduce, softmax, layernorm);
+  Grid(n)          a grid-stride loop over n items (elementwise, conv, pool, copy, resize);
+  Rows(n, l)       one workgroup per row, l invocations reducing it (reduce, softmax, layernorm);
   Matmul(m,n,b,k)  a batch of m x n outputs, sums of k products: the tiled shared-memory kernel (64 x 64
-                 tiles, or one of the register-blocked ones, REG_TILES), the direct one, or the small one.
-  Convolution    an implicit-GEMM convolution (conv_gemm): a tile shape (or one of the register-blocked tiles,
-                 CONV_REG_TILES) and how many ways to split the sum; or, for few output channels, conv_narrow.
-  Blocks(n, l)   one workgroup of l invocations per item (se: an image), not tuned.
+                   tiles, or one of the register-blocked ones, REG_TILES), the direct one, or the small one.
+  Convolution      an implicit-GEMM convolution (conv_gemm): a tile shape (or one of the register-blocked
+                   tiles, CONV_REG_TILES) and how many ways to split the sum; or, for few output channels,
+                   conv_narrow.
+  Blocks(n, l)     one workgroup of l invocations per item (se: an image), not tuned.
 
 Each Work's `cost` ranks what to tune first where a model has more ops than are tuned: multiply-adds for
 products, items otherwise.
@@ -74,8 +75,6 @@ class Convolution(Work):
     @property
     def cost(self) -> int:
         return self.m * self.n * self.k * self.groups
-
-
 
 
 @dataclass(frozen=True)

@@ -94,8 +94,8 @@ class Conv(VkOp):
         n, c, h, w, co, _, _, kernel, _, _, _, g = self.geo
         k = c // g * kernel[0] * kernel[1]
         small = k < CONV_GEMM_MIN_K or co // g < CONV_GEMM_MIN_M
-        few_tiles = self.b.ctx.info.is_gpu and n * -(-co // 64) * -(-h * w // 64) < CONV_BUSY
-        return self.pointwise and (small or not few_tiles or k < 2 * CONV_SLICE)
+        underfills = self.b.ctx.info.is_gpu and n * -(-co // 64) * -(-h * w // 64) < CONV_BUSY
+        return self.pointwise and (small or not underfills or k < 2 * CONV_SLICE)
 
     def matmul(self, on: VkOp, inputs: list[Tensor | None], out: Loc, x: Loc, res: Loc | None = None,
                scale: Loc | None = None) -> None:
