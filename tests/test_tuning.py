@@ -16,6 +16,7 @@ import stat
 import subprocess
 import sys
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -373,9 +374,34 @@ async def test_the_costliest_ops_are_tuned_first(monkeypatch):
         info.close()
 
 
+def test_a_cold_gpu_is_kept_busy_until_its_clocks_are_up(monkeypatch):
+    """Before timing anything on a GPU that has idled, the job times one candidate in long batches until its time
+    stops falling. Here a fake device whose clocks step up after 0.6 s of it (an H100's did), on a fake clock."""
+    now = [0.0]
+    monkeypatch.setattr(tuning, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    batches = []
+
+    def measure(candidate, samples):
+        batches.append(samples)
+        now[0] += 0.01
+        return 100e-6 if now[0] < 0.6 else 20e-6
+
+    clocks = tuning.Clocks(gpu=True)
+    clocks.warm(measure, "default", threading.Event())
+    assert batches[0] == 1 and batches[1] == round(tuning.Clocks.BATCH_S / 100e-6)  # batches of about 5 ms
+    assert 0.6 + tuning.Clocks.SETTLED_S <= now[0] < tuning.Clocks.MOST_S  # past the step, then settled
+    n = len(batches)
+    clocks.warm(measure, "default", threading.Event())  # timed moments ago: still warm
+    now[0] += tuning.Clocks.IDLE_S
+    tuning.Clocks(gpu=False).warm(measure, "default", threading.Event())  # a CPU device has no such governor
+    assert len(batches) == n
+    clocks.warm(measure, "default", threading.Event())  # idle for long enough: cold again
+    assert len(batches) > n
+
+
 @pytest.mark.anyio
 async def test_a_crashing_tuning_job_leaves_the_session_on_the_cpu(kind, monkeypatch, caplog):
-    def broken(task, level, cancelled):
+    def broken(task, level, cancelled, clocks):
         raise RuntimeError("the device fell over")
 
     monkeypatch.setattr(tuning, "tune_task", broken)

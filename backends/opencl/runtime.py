@@ -83,7 +83,7 @@ class OpenclRuntime(Runtime):
         #: One thread enqueues every submission, in order, so the event loop never waits on the driver.
         self.submitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-submit")
         self.identity = f"{d.platform.name.strip()}|{d.name.strip()}|{d.driver_version.strip()}|{d.version.strip()}"
-        self.tuner = Tuner(self.identity, "opencl")
+        self.tuner = Tuner(self.identity, "opencl", gpu=device.is_gpu)
         self._programs: dict[tuple[str, tuple[str, ...]], Any] = {}  # a cl.Program, or the error building it
         self._sources: dict[str, tuple[str, str]] = {}
         self._program_lock = threading.Lock()

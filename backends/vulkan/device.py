@@ -13,7 +13,7 @@ import os
 import struct
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -212,7 +212,7 @@ class Kernel:
                                                    pName="main", pSpecializationInfo=spec)
         info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
         keep = (stage, spec, entries)  # what `info` points into: alive until the compile is done
-        self._compiled = ctx.compiler.submit(self._compile, dev, ctx.pipeline_cache, info, keep)
+        self._compiled = ctx.compile(self._compile, dev, ctx.pipeline_cache, info, keep)
         self._dev = dev
 
     @staticmethod
@@ -332,6 +332,18 @@ class Context:
         # shared pipelines before), side by side 1.0 s.
         self.compiler = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                            thread_name_prefix="aiomnn-vk-compile")
+        self._compiling: set[Future] = set()
+
+    def compile(self, fn, *args) -> Future:
+        """fn(*args) on the compiler threads."""
+        future = self.compiler.submit(fn, *args)
+        self._compiling.add(future)
+        future.add_done_callback(self._compiling.discard)
+        return future
+
+    def wait_compiles(self) -> None:
+        """Until every pipeline asked for so far has compiled (or failed to)."""
+        wait(list(self._compiling))
 
     # Memory --------------------------------------------------------------
     def pick_memory(self, type_bits: int, want: int) -> int:

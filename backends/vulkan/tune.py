@@ -3,6 +3,7 @@
 An op is planned on a dry backend (no device memory, no weight uploads) to
 learn its launches. Timing runs one launch on zero-filled buffers of the real
 sizes, bracketed by GPU timestamps, once to warm up and then `samples` times.
+On a GPU a large launch's timed dispatches start with cold caches (COLD_ABOVE).
 """
 
 from __future__ import annotations
@@ -16,9 +17,18 @@ import vulkan as vk
 from aiomnn.graph import Node
 
 from .launch import Launch
-from .record import COMPUTE, SHADER_RW, barrier, bind
+from .record import COMPUTE, SHADER_RW, TRANSFER, barrier, bind
 
 ffi, lib = vk.ffi, vk.lib
+
+#: A launch whose buffers add up to COLD_ABOVE bytes is timed with cold caches on a GPU: FLUSH_BYTES are written
+#: before each timed dispatch (an H100's L2 holds 50 MB). In a model, a small op finds its inputs in the cache,
+#: where the op before wrote them; a large one does not find them all. Timed warm, det's 96 -> 24 channel 3x3 conv
+#: ran 78 us in conv_narrow and 80 in conv_gemm's register-blocked tiles; cold, 101 and 80; in the model, 97 and
+#: 84. The model's GPU time per run on an H100, tuned with every launch timed warm / cold / cold above 8 MB: det
+#: b1 1070 / 1016 / 1011 us, YOLOv8n b1 943 / 1127 / 954, rec b1 601 / 647 / 603.
+COLD_ABOVE = 8 << 20
+FLUSH_BYTES = 128 << 20
 
 
 def tasks_for(runtime: Any, node: Node, inputs: list, outputs: list) -> list["LaunchTuneTask"]:
@@ -58,16 +68,22 @@ class LaunchTuneTask:
         self.tried = self.launch.choices(limit)
         return self.tried
 
+    def prepare(self, limit: int) -> list[Any]:
+        """The candidates' pipelines, compiling on the context's threads (a specialized kernel has one per layer
+        and candidate, about 0.1 s each on an H200)."""
+        launch = self.launch
+        return [self.runtime.ctx.kernel(name, launch.fp16, local, launch.consts, launch.push)
+                for name, local, _ in map(launch.resolve, self.candidates(limit))]
+
     @contextlib.contextmanager
     def timer(self) -> Iterator[Any]:
         rt, launch = self.runtime, self.launch
         ctx = rt.ctx
         dev = ctx.device
-        # A specialized kernel has a pipeline per layer and candidate (about 0.1 s each on an H200): they compile
-        # side by side while the first is timed.
-        for candidate in self.tried:
-            name, local, _ = launch.resolve(candidate)
-            ctx.kernel(name, launch.fp16, local, launch.consts, launch.push)
+        # Timing starts once every prepared task's candidates have compiled: the device idles while they do, and
+        # its clocks fall (aiomnn.tuning.Clocks). A candidate that failed to compile fails again in time().
+        self.prepare(len(self.tried))
+        ctx.wait_compiles()
         buffers = []
         for loc in launch.locs:
             buf = ctx.device_buffer(max(loc.nbytes, 16))
@@ -77,6 +93,8 @@ class LaunchTuneTask:
                 ctx.run_once(lambda cmd, b=buf: vk.vkCmdFillBuffer(cmd, b.handle, 0, b.size, 0), rt.queue)
             buffers.append(buf)
         nb = len(buffers)
+        cold = ctx.info.is_gpu and sum(loc.nbytes for loc in launch.locs) >= COLD_ABOVE
+        flush = ctx.device_buffer(FLUSH_BYTES) if cold else None
         pool = vk.vkCreateDescriptorPool(dev, vk.VkDescriptorPoolCreateInfo(
             flags=vk.VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT, maxSets=1, poolSizeCount=1,
             pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=nb)]),
@@ -98,24 +116,33 @@ class LaunchTuneTask:
                                               descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[info])
                       for i, info in enumerate(infos)]
             vk.vkUpdateDescriptorSets(dev, len(writes), writes, 0, None)
-            n = min(samples + 1, 32)
+            # The pool holds 32 pairs of timestamps: the last 32 dispatches are timed, earlier ones (a warm-up
+            # asks for thousands) only keep the device busy.
+            n = samples + 1
+            n_timed = min(n, 32)
 
             def record(cmd) -> None:
-                vk.vkCmdResetQueryPool(cmd, queries, 0, 2 * n)
+                vk.vkCmdResetQueryPool(cmd, queries, 0, 2 * n_timed)
                 bind(cmd, kernel, dset, launch.push)
                 for i in range(n):
-                    lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries, 2 * i)
+                    j = i - (n - n_timed)
+                    if j >= 0 and flush is not None:
+                        lib.vkCmdFillBuffer(cmd, flush.handle, 0, flush.size, j)
+                        barrier(cmd, TRANSFER, COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, SHADER_RW)
+                    if j >= 0:
+                        lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries, 2 * j)
                     lib.vkCmdDispatch(cmd, *groups)
-                    lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries, 2 * i + 1)
+                    if j >= 0:
+                        lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries, 2 * j + 1)
                     barrier(cmd, COMPUTE, COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, SHADER_RW)
 
             ctx.run_once(record, rt.queue)
-            data = ffi.new("uint64_t[]", 2 * n)
-            r = lib.vkGetQueryPoolResults(dev, queries, 0, 2 * n, 16 * n, data, 8,
+            data = ffi.new("uint64_t[]", 2 * n_timed)
+            r = lib.vkGetQueryPoolResults(dev, queries, 0, 2 * n_timed, 16 * n_timed, data, 8,
                                           vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
             if r != vk.VK_SUCCESS:
                 raise RuntimeError(f"vkGetQueryPoolResults: VkResult {r}")
-            times = [(data[2 * i + 1] - data[2 * i]) * ctx.timestamp_period * 1e-9 for i in range(1, n)]
+            times = [(data[2 * i + 1] - data[2 * i]) * ctx.timestamp_period * 1e-9 for i in range(1, n_timed)]
             return min(times) if times else math.inf
 
         try:
@@ -125,3 +152,5 @@ class LaunchTuneTask:
             vk.vkDestroyDescriptorPool(dev, pool, None)
             for b in buffers:
                 b.destroy()
+            if flush is not None:
+                flush.destroy()
