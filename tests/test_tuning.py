@@ -8,6 +8,7 @@ cache file, so a second runtime with that file starts on the GPU at once.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -23,7 +24,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
-from aiomnn import tuning, tuning_cache
+from aiomnn import clocks, tuning, tuning_cache
 from aiomnn.config import ForwardType
 
 
@@ -374,11 +375,37 @@ async def test_the_costliest_ops_are_tuned_first(monkeypatch):
         info.close()
 
 
+def test_a_job_prepares_every_task_before_timing_the_first(tmp_path):
+    """Compiles start for all tasks at once, so the timing that follows runs back to back (the device would idle
+    through each task's compiles otherwise, and its clocks fall)."""
+    events = []
+
+    class Task:
+        def __init__(self, key):
+            self.key = self.label = key
+
+        def candidates(self, limit):
+            return ["a", "b"][:limit]
+
+        def prepare(self, limit):
+            events.append(("prepare", self.key, limit))
+
+        @contextlib.contextmanager
+        def timer(self):
+            yield lambda candidate, samples: events.append(("time", self.key, candidate)) or 1e-6
+
+    tuner = tuning.Tuner("fake device", "fake", gpu=False)
+    tuner.set_cache_file(str(tmp_path / "cache.json"))
+    tuner.run_now([Task("t1"), Task("t2")], tuning.Level(2, 1), threading.Event())
+    assert events[:2] == [("prepare", "t1", 2), ("prepare", "t2", 2)]
+    assert [e[1] for e in events[2:]] == ["t1", "t1", "t2", "t2"]
+
+
 def test_a_cold_gpu_is_kept_busy_until_its_clocks_are_up(monkeypatch):
     """Before timing anything on a GPU that has idled, the job times one candidate in long batches until its time
     stops falling. Here a fake device whose clocks step up after 0.6 s of it (an H100's did), on a fake clock."""
     now = [0.0]
-    monkeypatch.setattr(tuning, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(clocks, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     batches = []
 
     def measure(candidate, samples):
@@ -386,22 +413,22 @@ def test_a_cold_gpu_is_kept_busy_until_its_clocks_are_up(monkeypatch):
         now[0] += 0.01
         return 100e-6 if now[0] < 0.6 else 20e-6
 
-    clocks = tuning.Clocks(gpu=True)
-    clocks.warm(measure, "default", threading.Event())
-    assert batches[0] == 1 and batches[1] == round(tuning.Clocks.BATCH_S / 100e-6)  # batches of about 5 ms
-    assert 0.6 + tuning.Clocks.SETTLED_S <= now[0] < tuning.Clocks.MOST_S  # past the step, then settled
+    gpu = clocks.Clocks(gpu=True)
+    gpu.warm(measure, "default", threading.Event())
+    assert batches[0] == 1 and batches[1] == round(clocks.Clocks.BATCH_S / 100e-6)  # batches of about 5 ms
+    assert 0.6 + clocks.Clocks.SETTLED_S <= now[0] < clocks.Clocks.MOST_S  # past the step, then settled
     n = len(batches)
-    clocks.warm(measure, "default", threading.Event())  # timed moments ago: still warm
-    now[0] += tuning.Clocks.IDLE_S
-    tuning.Clocks(gpu=False).warm(measure, "default", threading.Event())  # a CPU device has no such governor
+    gpu.warm(measure, "default", threading.Event())  # timed moments ago: still warm
+    now[0] += clocks.Clocks.IDLE_S
+    clocks.Clocks(gpu=False).warm(measure, "default", threading.Event())  # a CPU device has no such governor
     assert len(batches) == n
-    clocks.warm(measure, "default", threading.Event())  # idle for long enough: cold again
+    gpu.warm(measure, "default", threading.Event())  # idle for long enough: cold again
     assert len(batches) > n
 
 
 @pytest.mark.anyio
 async def test_a_crashing_tuning_job_leaves_the_session_on_the_cpu(kind, monkeypatch, caplog):
-    def broken(task, level, cancelled, clocks):
+    def broken(task, level, cancelled, gpu_clocks):
         raise RuntimeError("the device fell over")
 
     monkeypatch.setattr(tuning, "tune_task", broken)

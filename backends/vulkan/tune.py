@@ -124,8 +124,7 @@ class LaunchTuneTask:
             def record(cmd) -> None:
                 vk.vkCmdResetQueryPool(cmd, queries, 0, 2 * n_timed)
                 bind(cmd, kernel, dset, launch.push)
-                for i in range(n):
-                    j = i - (n - n_timed)
+                for j in range(-(n - n_timed), n_timed):  # the untimed ones first
                     if j >= 0 and flush is not None:
                         lib.vkCmdFillBuffer(cmd, flush.handle, 0, flush.size, j)
                         barrier(cmd, TRANSFER, COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, SHADER_RW)
