@@ -24,6 +24,7 @@ import contextlib
 import logging
 import threading
 import time
+from concurrent.futures import Executor, Future, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Protocol
 
@@ -32,8 +33,6 @@ from .fence import Fence, offload
 from .tuning_cache import TuningCache
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor
-
     from .config import ScheduleConfig
     from .pipeline import Pipeline
     from .runtime import Runtime
@@ -62,8 +61,8 @@ class TuneTask(Protocol):
 
         A task may also carry `cost`, the work it stands for in its backend's own units (multiply-adds, say):
         with more ops to tune than max_tuning_number, the costliest are tuned (see SessionTuning._tasks). And it
-        may have `prepare(limit)`, which starts the slow part of setting up those candidates (compiling them)
-        without waiting for it: a job prepares all its tasks before timing the first."""
+        may have `prepare(limit)`, which starts the slow part of setting up those candidates (compiling them) and
+        returns futures done when it is: a job prepares all its tasks and waits for them before timing the first."""
 
     def timer(self) -> ContextManager[Callable[[Any, int], float]]:
         """Set up the work once; yields time(candidate, samples) -> seconds, the best of the samples."""
@@ -183,16 +182,23 @@ def _level(task: TuneTask, level: Level, job: "TuningJob | None") -> Level:
     return job.levels.get(task.key, level) if job is not None else level
 
 
-def _prepare(tuner: Tuner, tasks: list[TuneTask], level: Level, job: "TuningJob | None") -> None:
-    """Let each task start its slow setup, such as compiling its candidates, all at once. Timing then runs back to
-    back, instead of idling the device during every task's compiles, so it stays at speed (see Clocks)."""
+def _prepare(tuner: Tuner, tasks: list[TuneTask], level: Level, cancelled: threading.Event,
+             job: "TuningJob | None") -> None:
+    """Every task's slow setup, such as compiling its candidates, side by side, done before the first is timed. The
+    timing then runs back to back, instead of idling the device through each task's compiles: its clocks would
+    fall (see Clocks). A failure here is met again, and skipped, when the task is timed."""
+    pending: list[Future] = []
     for task in tasks:
         prepare = getattr(task, "prepare", None)
         if prepare is not None and task.key not in tuner.cache:
             try:
-                prepare(_level(task, level, job).candidates)
-            except Exception as exc:  # timing the task meets it again, and skips what fails
+                pending.extend(prepare(_level(task, level, job).candidates))
+            except Exception as exc:
                 log.debug("%s: preparing failed: %s", task.label, exc)
+    while pending:
+        if cancelled.is_set():
+            raise TuningCancelled
+        pending = list(wait(pending, timeout=0.1).not_done)
 
 
 def _run_tasks(tuner: Tuner, items: list[TuneTask], level: Level, cancelled: threading.Event,
@@ -200,12 +206,12 @@ def _run_tasks(tuner: Tuner, items: list[TuneTask], level: Level, cancelled: thr
     done = 0
     seen: set[str] = set()
     queue = list(items)
-    _prepare(tuner, queue, level, job)
+    _prepare(tuner, queue, level, cancelled, job)
     while True:
         if not queue and job is not None:
             queue = job.take()
             if queue:
-                _prepare(tuner, queue, level, job)
+                _prepare(tuner, queue, level, cancelled, job)
         if not queue:
             return
         task = queue.pop(0)

@@ -8,6 +8,7 @@ cache file, so a second runtime with that file starts on the GPU at once.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import importlib.util
 import json
@@ -376,9 +377,10 @@ async def test_the_costliest_ops_are_tuned_first(monkeypatch):
 
 
 def test_a_job_prepares_every_task_before_timing_the_first(tmp_path):
-    """Compiles start for all tasks at once, so the timing that follows runs back to back (the device would idle
-    through each task's compiles otherwise, and its clocks fall)."""
+    """Compiles start for all tasks at once, and timing waits until they are done, then runs back to back (the
+    device would idle through each task's compiles otherwise, and its clocks fall). Cancelling stops the wait."""
     events = []
+    compiles = []
 
     class Task:
         def __init__(self, key):
@@ -389,16 +391,29 @@ def test_a_job_prepares_every_task_before_timing_the_first(tmp_path):
 
         def prepare(self, limit):
             events.append(("prepare", self.key, limit))
+            compiles.append(concurrent.futures.Future())
+            return compiles[-1:]
 
         @contextlib.contextmanager
         def timer(self):
             yield lambda candidate, samples: events.append(("time", self.key, candidate)) or 1e-6
 
+    def finish():
+        events.append(("compiled",))
+        for f in compiles:
+            f.set_result(None)
+
     tuner = tuning.Tuner("fake device", "fake", gpu=False)
     tuner.set_cache_file(str(tmp_path / "cache.json"))
+    threading.Timer(0.2, finish).start()
     tuner.run_now([Task("t1"), Task("t2")], tuning.Level(2, 1), threading.Event())
-    assert events[:2] == [("prepare", "t1", 2), ("prepare", "t2", 2)]
-    assert [e[1] for e in events[2:]] == ["t1", "t1", "t2", "t2"]
+    assert events[:3] == [("prepare", "t1", 2), ("prepare", "t2", 2), ("compiled",)]
+    assert [e[1] for e in events[3:]] == ["t1", "t1", "t2", "t2"]
+
+    cancelled = threading.Event()
+    threading.Timer(0.2, cancelled.set).start()
+    with pytest.raises(tuning.TuningCancelled):  # its compiles never end
+        tuner.run_now([Task("t3")], tuning.Level(2, 1), cancelled)
 
 
 def test_a_cold_gpu_is_kept_busy_until_its_clocks_are_up(monkeypatch):

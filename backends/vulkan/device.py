@@ -13,7 +13,7 @@ import os
 import struct
 import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,8 +180,9 @@ class Kernel:
     (op codes, fused activation, rank), so the driver compiles only the branch used;
     PUSH_ID on are the push-constant words of a SPECIALIZED kernel (`words`).
 
-    The pipeline compiles on the context's compiler threads: a model's layers (and the
-    tuner's candidates) compile side by side, and `pipeline` waits for its own.
+    The pipeline compiles on the context's compiler threads (`compiled` is done when it
+    has): a model's layers (and the tuner's candidates) compile side by side, and
+    `pipeline` waits for its own.
     """
 
     def __init__(self, ctx: "Context", name: str, fp16: bool, local: tuple[int, int, int],
@@ -212,7 +213,7 @@ class Kernel:
                                                    pName="main", pSpecializationInfo=spec)
         info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
         keep = (stage, spec, entries)  # what `info` points into: alive until the compile is done
-        self._compiled = ctx.compile(self._compile, dev, ctx.pipeline_cache, info, keep)
+        self.compiled = ctx.compiler.submit(self._compile, dev, ctx.pipeline_cache, info, keep)
         self._dev = dev
 
     @staticmethod
@@ -221,10 +222,10 @@ class Kernel:
 
     @property
     def pipeline(self):
-        return self._compiled.result()
+        return self.compiled.result()
 
     def destroy(self) -> None:
-        if self._compiled.exception() is None:
+        if self.compiled.exception() is None:
             vk.vkDestroyPipeline(self._dev, self.pipeline, None)
         vk.vkDestroyPipelineLayout(self._dev, self.layout, None)
         vk.vkDestroyDescriptorSetLayout(self._dev, self.set_layout, None)
@@ -332,18 +333,6 @@ class Context:
         # shared pipelines before), side by side 1.0 s.
         self.compiler = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                            thread_name_prefix="aiomnn-vk-compile")
-        self._compiling: set[Future] = set()
-
-    def compile(self, fn, *args) -> Future:
-        """fn(*args) on the compiler threads."""
-        future = self.compiler.submit(fn, *args)
-        self._compiling.add(future)
-        future.add_done_callback(self._compiling.discard)
-        return future
-
-    def wait_compiles(self) -> None:
-        """Until every pipeline asked for so far has compiled (or failed to)."""
-        wait(list(self._compiling))
 
     # Memory --------------------------------------------------------------
     def pick_memory(self, type_bits: int, want: int) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from concurrent.futures import Future
 from typing import Any, Iterator
 
 import vulkan as vk
@@ -68,11 +69,11 @@ class LaunchTuneTask:
         self.tried = self.launch.choices(limit)
         return self.tried
 
-    def prepare(self, limit: int) -> list[Any]:
-        """The candidates' pipelines, compiling on the context's threads (a specialized kernel has one per layer
-        and candidate, about 0.1 s each on an H200)."""
+    def prepare(self, limit: int) -> list[Future]:
+        """The candidates' pipelines start compiling on the context's threads (a specialized kernel has one per
+        layer and candidate, about 0.1 s each on an H200)."""
         launch = self.launch
-        return [self.runtime.ctx.kernel(name, launch.fp16, local, launch.consts, launch.push)
+        return [self.runtime.ctx.kernel(name, launch.fp16, local, launch.consts, launch.push).compiled
                 for name, local, _ in map(launch.resolve, self.candidates(limit))]
 
     @contextlib.contextmanager
@@ -80,10 +81,6 @@ class LaunchTuneTask:
         rt, launch = self.runtime, self.launch
         ctx = rt.ctx
         dev = ctx.device
-        # Timing starts once every prepared task's candidates have compiled: the device idles while they do, and
-        # its clocks fall (aiomnn.tuning.Clocks). A candidate that failed to compile fails again in time().
-        self.prepare(len(self.tried))
-        ctx.wait_compiles()
         buffers = []
         for loc in launch.locs:
             buf = ctx.device_buffer(max(loc.nbytes, 16))
