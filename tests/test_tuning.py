@@ -442,6 +442,53 @@ def test_a_cold_gpu_is_kept_busy_until_its_clocks_are_up(monkeypatch):
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("room", [True, False])
+async def test_vulkan_times_large_launches_with_cold_caches(monkeypatch, room):
+    """On a GPU, a launch of COLD_ABOVE bytes or more is timed with a buffer written before each timed dispatch;
+    where the device has no room for that buffer, the launch is timed warm, and tuning goes on. Here on lavapipe
+    passed off as a GPU, with every launch counted large and a 1 MB buffer."""
+    import dataclasses
+
+    from aiomnn.runtime import probe
+
+    if not probe(ForwardType.VULKAN):
+        pytest.skip("no Vulkan device here")
+    from aiomnn.backends.vulkan import tune
+
+    monkeypatch.setenv("AIOMNN_VULKAN_TUNE_CPU", "1")
+    monkeypatch.setattr(tune, "COLD_ABOVE", 0)
+    monkeypatch.setattr(tune, "FLUSH_BYTES", 1 << 20)
+    monkeypatch.setattr(clocks.Clocks, "WARM_S", 0.0)  # lavapipe passed off as a GPU needs no warming
+    config = _config(ForwardType.VULKAN)
+    info = aiomnn.create_runtime(config)
+    try:
+        ctx = info.runtimes[ForwardType.VULKAN].ctx
+        monkeypatch.setattr(ctx, "info", dataclasses.replace(ctx.info, is_gpu=True))
+        made = []
+        device_buffer = ctx.device_buffer
+
+        def counted(size):
+            if size == tune.FLUSH_BYTES:
+                made.append(size)
+                if not room:
+                    raise MemoryError("no room for it")
+            return device_buffer(size)
+
+        monkeypatch.setattr(ctx, "device_buffer", counted)
+        async with await aiomnn.Interpreter.from_bytes(_model()).create_session(config, info) as session:
+            await session.wait_async_resize()
+            assert session.backend_types == [ForwardType.VULKAN]
+            async with await aiomnn.Interpreter.from_bytes(_model()).create_session(_config(ForwardType.CPU)) as cpu:
+                want = await cpu.run({"x": X})
+            got = await session.run({"x": X})
+            np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+        entries = info.runtimes[ForwardType.VULKAN].tuner.cache._entries
+        assert made and sum(e["us"] is not None for e in entries.values()) >= len(made)
+    finally:
+        info.close()
+
+
+@pytest.mark.anyio
 async def test_a_crashing_tuning_job_leaves_the_session_on_the_cpu(kind, monkeypatch, caplog):
     def broken(task, level, cancelled, gpu_clocks):
         raise RuntimeError("the device fell over")
