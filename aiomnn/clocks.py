@@ -35,12 +35,14 @@ class Clocks:
         if not self.gpu or time.monotonic() - self.last < self.IDLE_S:
             return
         try:
-            one = measure(candidate, 1)
-        except Exception:  # the candidate loop skips it, and times the next ones cold
-            return
+            self._warm(measure, candidate, cancelled)
+        except Exception as exc:  # the candidate loop meets it again, and skips the candidate
+            log.debug("warming up failed: %s", exc)
+
+    def _warm(self, measure: Callable[[Any, int], float], candidate: Any, cancelled: threading.Event) -> None:
+        one = best = measure(candidate, 1)
         samples = max(1, min(10_000, math.ceil(self.BATCH_S / max(one, 1e-7))))
         start = best_at = time.monotonic()
-        best = one
         while not cancelled.is_set():
             t = measure(candidate, samples)
             now = time.monotonic()

@@ -440,6 +440,14 @@ def test_a_cold_gpu_is_kept_busy_until_its_clocks_are_up(monkeypatch):
     gpu.warm(measure, "default", threading.Event())  # idle for long enough: cold again
     assert len(batches) > n
 
+    def failing(candidate, samples):
+        if samples > 1:
+            raise RuntimeError("the device fell over")
+        return 1e-4
+
+    now[0] += clocks.Clocks.IDLE_S
+    gpu.warm(failing, "default", threading.Event())  # no error escapes: timing the candidate meets it again
+
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("room", [True, False])
