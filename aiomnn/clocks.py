@@ -31,6 +31,10 @@ class Clocks:
         self.gpu = gpu
         self.last = -math.inf  # when the device was last timed
 
+    def timed(self) -> None:
+        """Something was timed on the device just now."""
+        self.last = time.monotonic()
+
     def warm(self, measure: Callable[[Any, int], float], candidate: Any, cancelled: threading.Event) -> None:
         if not self.gpu or time.monotonic() - self.last < self.IDLE_S:
             return
@@ -50,5 +54,5 @@ class Clocks:
                 best, best_at = t, now
             if now - start >= self.MOST_S or (now - start >= self.WARM_S and now - best_at >= self.SETTLED_S):
                 break
-        self.last = time.monotonic()
+        self.timed()
         log.debug("warmed up in %.2f s: %.1f -> %.1f us", self.last - start, one * 1e6, best * 1e6)

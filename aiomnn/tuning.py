@@ -102,7 +102,7 @@ def tune_task(task: TuneTask, level: Level, cancelled: threading.Event, clocks: 
                 continue
             if best[1] is None or t < best[1]:
                 best = (c, t)
-            clocks.last = time.monotonic()
+            clocks.timed()
     return best
 
 
@@ -110,7 +110,7 @@ def tune_task(task: TuneTask, level: Level, cancelled: threading.Event, clocks: 
 class Tuner:
     """A runtime's tuning state: the cache, the one background job, progress callbacks."""
 
-    def __init__(self, device: str, name: str, gpu: bool = True):
+    def __init__(self, device: str, name: str, *, gpu: bool):
         self.name = name
         self.cache = TuningCache(device)
         self.clocks = Clocks(gpu)

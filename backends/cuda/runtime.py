@@ -60,7 +60,7 @@ class CudaRuntime(Runtime):
         self._weights: dict[tuple[int, str], Any] = {}
         self._klock = threading.RLock()
         self._compiler: ThreadPoolExecutor | None = None
-        self.tuner = Tuner(f"{device.name} sm{self.arch} cupy {cupy.__version__}", "cuda")
+        self.tuner = Tuner(f"{device.name} sm{self.arch} cupy {cupy.__version__}", "cuda", gpu=device.is_gpu)
 
     # Backends --------------------------------------------------------------
     def new_backend(self, config: BackendConfig):

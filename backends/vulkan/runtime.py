@@ -49,7 +49,7 @@ class VulkanRuntime(Runtime):
         identity = (f"vulkan|{info.name}|{self.ctx.props.vendorID:04x}:{self.ctx.props.deviceID:04x}"
                     f"|driver {self.ctx.props.driverVersion}|api {vkdev.version_str(info.api)}")
         self.identity = identity
-        self.tuner = Tuner(identity, "vulkan", gpu=info.is_gpu)
+        self.tuner = Tuner(identity, "vulkan", gpu=device.is_gpu)
         #: Tune on CPU implementations too (tests use it; by default only GPUs are tuned).
         self.tune_cpu_devices = bool(os.environ.get("AIOMNN_VULKAN_TUNE_CPU"))
         self._backends: weakref.WeakSet[VulkanBackend] = weakref.WeakSet()
