@@ -549,10 +549,13 @@ async def test_fp16_storage(case):
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("knobs", [("AIOMNN_VULKAN_FORCE_STAGING",), ("AIOMNN_VULKAN_NO_TIMELINE",),
-                                   ("AIOMNN_VULKAN_FORCE_STAGING", "AIOMNN_VULKAN_NO_IMPORT")])
+                                   ("AIOMNN_VULKAN_FORCE_STAGING", "AIOMNN_VULKAN_NO_IMPORT"),
+                                   ("AIOMNN_VULKAN_FORCE_STAGING", "AIOMNN_VULKAN_NO_REBAR")])
 async def test_staged_and_fence_paths(knobs, monkeypatch):
-    """What a discrete GPU (device-local memory with staging copies, with or without host memory it can import
-    for the outputs) or a driver without timeline semaphores takes."""
+    """What a discrete GPU (device-local memory, its outputs copied out, with or without host memory it can
+    import for them; its inputs written straight into device memory where the host can map all of it, as
+    lavapipe's one heap passes for resizable BAR, or copied in from host memory) or a driver without timeline
+    semaphores takes."""
     for knob in knobs:
         monkeypatch.setenv(knob, "1")
     info = aiomnn.create_runtime(CONFIG)
@@ -560,6 +563,7 @@ async def test_staged_and_fence_paths(knobs, monkeypatch):
         ctx = info.runtimes[ForwardType.VULKAN].ctx
         assert (not ctx.unified) if "AIOMNN_VULKAN_FORCE_STAGING" in knobs else (not ctx.timeline)
         assert not ("AIOMNN_VULKAN_NO_IMPORT" in knobs and ctx.import_align)
+        assert ctx.rebar == ("AIOMNN_VULKAN_FORCE_STAGING" in knobs and "AIOMNN_VULKAN_NO_REBAR" not in knobs)
         for data, feeds in [mixed_model(), (CASES[0].model(), CASES[0].feeds())]:
             got, _, _ = await run(data, feeds, CONFIG, info)
             want, _, _ = await run(data, feeds, CPU)
@@ -623,6 +627,7 @@ async def test_large_staged_inputs_go_in_pieces(monkeypatch, threads):
     from aiomnn import copies
 
     monkeypatch.setenv("AIOMNN_VULKAN_FORCE_STAGING", "1")
+    monkeypatch.setenv("AIOMNN_VULKAN_NO_REBAR", "1")
     monkeypatch.setattr(copies, "SPLIT_BYTES", 1 << 20 if threads > 1 else 1 << 30)
     monkeypatch.setattr(copies, "SEND_BYTES", 1 << 20)
     monkeypatch.setattr(copies, "THREADS", threads)
@@ -640,6 +645,38 @@ async def test_large_staged_inputs_go_in_pieces(monkeypatch, threads):
                     np.testing.assert_allclose(got, want["y"], rtol=1e-5, atol=1e-6)
                 slot = s.pipeline.main._records[s.pipeline.segments[0]].slots[0]
                 assert [len(v) for v in slot.sends.values()] == [pieces]
+    finally:
+        info.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("precision", ["high", "low"])
+async def test_inputs_go_straight_into_mappable_device_memory(precision, monkeypatch):
+    """On a discrete GPU whose whole device memory the host can map (resizable BAR; lavapipe passes for one),
+    the host writes a run's inputs where the shaders read them (fp16: the float32 area the casts read): no
+    staging copy and no pieces, however large the input; its outputs are still copied out."""
+    from aiomnn import copies
+
+    monkeypatch.setenv("AIOMNN_VULKAN_FORCE_STAGING", "1")
+    monkeypatch.setattr(copies, "SEND_BYTES", 1 << 20)
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none",
+                                                                                      precision=precision))
+    info = aiomnn.create_runtime(config)
+    try:
+        ctx = info.runtimes[ForwardType.VULKAN].ctx
+        assert ctx.rebar and not ctx.unified
+        data = chain_model(3, (1, 16, 256, 256))  # 4 MiB in
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(config, info) as s:
+            for seed in range(2):
+                x = r(1, 16, 256, 256, seed=seed)
+                got = (await s.run({"x": x}))["y"]
+                want, _, _ = await run(data, {"x": x}, CPU)
+                np.testing.assert_allclose(got, want["y"], rtol=1e-5 if precision == "high" else 5e-3, atol=1e-3)
+            be = s.pipeline.main
+            rec = be._records[s.pipeline.segments[0]]
+            assert be._io_host is be._io_dev and rec.slots[0].sends == {}
+            assert rec.upload_bytes == x.nbytes
     finally:
         info.close()
 

@@ -11,8 +11,9 @@ Resize (the pipeline's alloc):
                 buffer (segments.py): input copies, the dispatches in waves with a
                 barrier between waves (record.waves), output copies, and its VkSubmitInfo.
 
-Run (submit): copy the segment's host inputs into mapped memory (a large one in
-pieces, each sent to the device as soon as it is filled), one vkQueueSubmit, and
+Run (submit): copy the segment's host inputs into mapped memory (device memory
+where the host can map it; else host memory, a large input in pieces, each sent
+to the device as soon as it is filled), one vkQueueSubmit, and
 return an aiomnn Fence. The queue's waiter thread sees the completion, puts the
 outputs into the values dict and signals the fence. Where outputs are staged
 through host memory the device imported, the arrays are that memory, handed to
@@ -350,9 +351,11 @@ class VulkanBackend(Backend):
         ctx = self.ctx
         if self.arena.size:
             self._arena_buf = ctx.device_buffer(self.arena.size)
-        if self._io_size:
-            self._io_dev = ctx.device_buffer(self._io_size)
-            self._io_host = self._io_dev if ctx.unified else ctx.host_buffer(self._io_size)
+        if self._io_size:  # one buffer where the host can write device memory; else a staging mirror
+            if ctx.unified or ctx.rebar:
+                self._io_dev = self._io_host = ctx.input_buffer(self._io_size)
+            else:
+                self._io_dev, self._io_host = ctx.device_buffer(self._io_size), ctx.input_buffer(self._io_size)
         if self._aux:
             self._aux_buf = ctx.device_buffer(self._aux_size)
             data = np.zeros(self._aux_size, np.uint8)

@@ -5,13 +5,15 @@ A Loc names a tensor's bytes: a region and an offset. Regions:
 * arena  DYNAMIC activations: one device buffer per pipeline, at the planner's offsets.
 * io     DYNAMIC_SEPARATE: values that cross to or from the host (inputs from the
          caller or the CPU backend, graph outputs). Host-visible where the device is
-         unified memory (lavapipe, integrated GPUs); elsewhere a device buffer
-         mirrored by a host staging buffer.
+         unified memory (lavapipe, integrated GPUs) or the host can map all of a
+         discrete GPU's memory (resizable BAR: the host writes inputs there, outputs
+         are copied out); elsewhere a device buffer mirrored by a host staging buffer.
 * static STATIC weights, uploaded once into the runtime's pool and shared by every
          session of the runtime that uses the same array.
 * aux    small per-plan tables made on the host (resize taps).
-* host   float32 staging areas of an fp16 plan (in Loc.buffer), which cast dispatches
-         read inputs from and write outputs to.
+* host   float32 areas of an fp16 plan (in Loc.buffer), which cast dispatches read
+         inputs from (mapped device memory where there is, as for io) and write
+         outputs to.
 """
 
 from __future__ import annotations

@@ -55,7 +55,8 @@ class VulkanRuntime(Runtime):
         self._backends: weakref.WeakSet[VulkanBackend] = weakref.WeakSet()
         self.closed = False
         log.info("Vulkan runtime on %s (api %s, %s memory, %s, fp16 storage %s)", info.name,
-                 vkdev.version_str(info.api), "unified" if self.ctx.unified else "device-local + staging",
+                 vkdev.version_str(info.api), "unified" if self.ctx.unified else
+                 "device-local, inputs mapped (resizable BAR)" if self.ctx.rebar else "device-local + staging",
                  "timeline semaphore" if self.ctx.timeline else "fences", self.ctx.storage16)
 
     @property
@@ -147,6 +148,7 @@ class VulkanRuntime(Runtime):
     def describe(self) -> dict[str, Any]:
         c = self.ctx
         return {"device": c.info.name, "api": vkdev.version_str(c.info.api), "unified_memory": c.unified,
+                "resizable_bar": c.rebar,
                 "timeline_semaphore": c.timeline, "fp16_storage": c.storage16, "queue_family": c.family,
                 "weights_bytes": self.static.bytes}
 

@@ -5,9 +5,9 @@ predict   at resize, records the segments the plan will most likely have (the
 record    a segment's Record: the prediction when it matches, else recorded now.
 
 A Record's command buffer copies the inputs in where the device has memory of
-its own (or casts them from float32 with fp16 storage; large inputs come in pieces
-submitted ahead of it), runs the dispatches in waves (record.waves), and copies the
-outputs out to a readback area the host reads: the record's own, or, where host
+its own that the host cannot map (large inputs in pieces submitted ahead of it),
+or casts them from float32 with fp16 storage, runs the dispatches in waves
+(record.waves), and copies the outputs out to a readback area the host reads: the record's own, or, where host
 memory can be imported, each slot's own, whose arrays go to the caller.
 """
 
@@ -87,12 +87,13 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
     uploads = [(n, *be._host_inputs[n]) for n in upload_names]
     downloads = [(n, be._locs[n], be._shapes[n]) for n in download_names]
     dispatches = [d for e in exes for d in e.dispatches]
-    staged = not be.ctx.unified
+    staged_in = be._io_host is not be._io_dev  # the device copies inputs in from host memory
+    staged = not be.ctx.unified  # and outputs out to host memory
     cast_in: list[Dispatch] = []
     cast_out: list[Dispatch] = []
     if be.fp16 and uploads:
         size, offsets = _host_layout(be, [shape for *_, shape in uploads])
-        stage = be.ctx.host_buffer(size)
+        stage = be.ctx.input_buffer(size)
         be._extra_bufs.append(stage)
         up_views = [(n, stage.view(off, F32, shape), shape) for (n, _, shape), off in zip(uploads, offsets)]
         cast_in = [_cast(be, loc, stage, off, shape, to_f32=False)
@@ -101,7 +102,7 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
         up_views = [(n, be._io_host.view(loc.offset, be.store, shape), shape) for n, loc, shape in uploads]
     # Large inputs go to the device in pieces, each sent as soon as the host has filled it (Slot.sends).
     in_pieces = {n: copies.pieces(loc.nbytes, be.store.itemsize) for n, loc, _ in uploads
-                 if staged and not cast_in and copies.sent_in_pieces(loc.nbytes)}
+                 if staged_in and not cast_in and copies.sent_in_pieces(loc.nbytes)}
     readback, rb_offsets, down_views = None, [], []
     # Staged fp32 outputs land in host memory each slot imports, handed to the caller as they are; small ones
     # are copied out of one readback instead (HANDOVER_BYTES).
@@ -138,7 +139,7 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
         whole = [loc for n, loc, _ in uploads if n not in in_pieces]
         if cast_in:
             record_cmds(cmd, cast_in)
-        elif staged and whole:
+        elif staged_in and whole:
             regions = [vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=loc.offset, size=max(loc.nbytes, 1))
                        for loc in whole]
             vk.vkCmdCopyBuffer(cmd, be._io_host.handle, be._io_dev.handle, len(regions), regions)
