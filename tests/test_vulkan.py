@@ -563,7 +563,7 @@ async def test_staged_and_fence_paths(knobs, monkeypatch):
         ctx = info.runtimes[ForwardType.VULKAN].ctx
         assert (not ctx.unified) if "AIOMNN_VULKAN_FORCE_STAGING" in knobs else (not ctx.timeline)
         assert not ("AIOMNN_VULKAN_NO_IMPORT" in knobs and ctx.import_align)
-        assert ctx.rebar == ("AIOMNN_VULKAN_FORCE_STAGING" in knobs and "AIOMNN_VULKAN_NO_REBAR" not in knobs)
+        assert not ("AIOMNN_VULKAN_NO_REBAR" in knobs and ctx.rebar)
         for data, feeds in [mixed_model(), (CASES[0].model(), CASES[0].feeds())]:
             got, _, _ = await run(data, feeds, CONFIG, info)
             want, _, _ = await run(data, feeds, CPU)
@@ -664,6 +664,8 @@ async def test_inputs_go_straight_into_mappable_device_memory(precision, monkeyp
     info = aiomnn.create_runtime(config)
     try:
         ctx = info.runtimes[ForwardType.VULKAN].ctx
+        if not ctx.rebar and ctx.info.is_gpu:
+            pytest.skip("the host cannot map all of this GPU's memory (no resizable BAR)")
         assert ctx.rebar and not ctx.unified
         data = chain_model(3, (1, 16, 256, 256))  # 4 MiB in
         net = aiomnn.Interpreter.from_bytes(data)
