@@ -351,11 +351,9 @@ class VulkanBackend(Backend):
         ctx = self.ctx
         if self.arena.size:
             self._arena_buf = ctx.device_buffer(self.arena.size)
-        if self._io_size:  # one buffer where the host can write device memory; else a staging mirror
-            if ctx.unified or ctx.rebar:
-                self._io_dev = self._io_host = ctx.input_buffer(self._io_size)
-            else:
-                self._io_dev, self._io_host = ctx.device_buffer(self._io_size), ctx.input_buffer(self._io_size)
+        if self._io_size:  # device memory the host writes inputs into, or device memory and a staging mirror
+            self._io_host = ctx.input_buffer(self._io_size)
+            self._io_dev = self._io_host if ctx.direct_inputs else ctx.device_buffer(self._io_size)
         if self._aux:
             self._aux_buf = ctx.device_buffer(self._aux_size)
             data = np.zeros(self._aux_size, np.uint8)

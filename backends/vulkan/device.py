@@ -325,9 +325,9 @@ class Context:
         plain = min(device_local, key=lambda i: (bin(self.memory_flags[i]).count("1"), i), default=None)
         self.rebar = (not self.unified and plain is not None and not os.environ.get("AIOMNN_VULKAN_NO_REBAR")
                       and any(heap[i] == heap[plain] for i in shared))
-        #: Where the host writes a run's inputs: memory the shaders read where it can (unified, resizable BAR).
-        self.input_flags = self.device_flags if self.unified else \
-            (_DEVICE_LOCAL | host_coherent) if self.rebar else host_coherent
+        #: Whether the host writes a run's inputs where the shaders read them (unified memory, resizable BAR).
+        self.direct_inputs = self.unified or self.rebar
+        self.input_flags = (_DEVICE_LOCAL | host_coherent) if self.direct_inputs else host_coherent
         self.readback_flags = host_coherent | _HOST_CACHED
 
         self.queue_handle = vk.vkGetDeviceQueue(self.device, self.family, 0)

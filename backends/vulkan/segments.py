@@ -7,8 +7,9 @@ record    a segment's Record: the prediction when it matches, else recorded now.
 A Record's command buffer copies the inputs in where the device has memory of
 its own that the host cannot map (large inputs in pieces submitted ahead of it),
 or casts them from float32 with fp16 storage, runs the dispatches in waves
-(record.waves), and copies the outputs out to a readback area the host reads: the record's own, or, where host
-memory can be imported, each slot's own, whose arrays go to the caller.
+(record.waves), and copies the outputs out to a readback area the host reads:
+the record's own, or, where host memory can be imported, each slot's own, whose
+arrays go to the caller.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
     uploads = [(n, *be._host_inputs[n]) for n in upload_names]
     downloads = [(n, be._locs[n], be._shapes[n]) for n in download_names]
     dispatches = [d for e in exes for d in e.dispatches]
-    staged_in = be._io_host is not be._io_dev  # the device copies inputs in from host memory
-    staged = not be.ctx.unified  # and outputs out to host memory
+    staged_in = not be.ctx.direct_inputs  # the device copies inputs in from host memory
+    staged = not be.ctx.unified  # the device copies outputs out to host memory
     cast_in: list[Dispatch] = []
     cast_out: list[Dispatch] = []
     if be.fp16 and uploads:
