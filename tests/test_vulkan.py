@@ -658,6 +658,7 @@ async def test_inputs_go_straight_into_mappable_device_memory(precision, monkeyp
     from aiomnn import copies
 
     monkeypatch.setenv("AIOMNN_VULKAN_FORCE_STAGING", "1")
+    monkeypatch.delenv("AIOMNN_VULKAN_NO_REBAR", raising=False)  # the knob this test must not inherit
     monkeypatch.setattr(copies, "SEND_BYTES", 1 << 20)
     config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none",
                                                                                       precision=precision))
