@@ -16,10 +16,12 @@ import numpy as np
 from .config import BackendConfig, ForwardType
 from .graph import Node
 from .memory import Arena, Block, StorageType
+from .profile import OpEvent
 
 if TYPE_CHECKING:
     from .fence import Fence
     from .pipeline import Segment
+    from .profile import Profile
     from .runtime import Runtime
 
 
@@ -76,6 +78,9 @@ class Backend:
     def __init__(self, runtime: "Runtime", config: BackendConfig):
         self.runtime = runtime
         self.config = config
+        #: The session's recorder with profiling on (ScheduleConfig.profile), else None: a backend that sees
+        #: one times each op of its segments into profile.current.
+        self.profile: "Profile | None" = None
         self.arena = Arena()
         self.blocks: list[Block] = []
 
@@ -115,6 +120,17 @@ class Backend:
 
     def on_execute_end(self) -> None:
         pass
+
+    # Profiling ----------------------------------------------------------
+    def profile_segment(self, segment: "Segment", began_ns: int, ended_ns: int) -> None:
+        """With profiling on, after a segment's fence (host times of its submit and its end): add the events
+        of its ops to self.profile that the backend could not add while it ran (device timers are read here).
+        This default records the whole segment as one event, for a backend that has no per-op times."""
+        assert self.profile is not None
+        nodes = [s.node for s in segment.steps]
+        name, op_type, args = self.profile.describe(nodes)
+        self.profile.add(OpEvent(name, op_type, str(self.type), began_ns, ended_ns - began_ns,
+                                 {**args, "clock": "host", "per_op": "not available on this backend"}))
 
     # Running ------------------------------------------------------------
     def submit(self, segment: "Segment", values: dict[str, Any], device: bool = False) -> "Fence":

@@ -72,6 +72,10 @@ class ScheduleConfig:
     #: When the main backend fails (out of memory, device lost, a driver error), rerun on the
     #: backup and stay there, logging why, instead of raising BackendError.
     fallback_on_error: bool = False
+    #: Record each run op by op (aiomnn.profile): session.profile, session.write_profile(path).
+    profile: bool = False
+    #: How many of the latest runs a profile keeps.
+    profile_runs: int = 1000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "type", ForwardType.of(self.type))
@@ -80,3 +84,5 @@ class ScheduleConfig:
             raise AiomnnError("backup_type cannot be AUTO")
         if self.num_threads is not None and self.num_threads < 1:
             raise AiomnnError(f"num_threads must be at least 1, not {self.num_threads}")
+        if self.profile_runs < 1:
+            raise AiomnnError(f"profile_runs must be at least 1, not {self.profile_runs}")

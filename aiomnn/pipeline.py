@@ -12,6 +12,7 @@ execute runs consecutive steps of one backend as one segment: a CPU segment
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -19,11 +20,12 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import shapes
-from .backend import Backend, Execution, Tensor, all_empty
+from .backend import Backend, Execution, Tensor
 from .errors import AiomnnError, BackendError, InputError, ModelError, UnsupportedOpError
 from .fence import Fence
 from .graph import Graph, Node, subgraphs
 from .memory import Block
+from .profile import Profile
 
 log = logging.getLogger("aiomnn")
 
@@ -60,6 +62,8 @@ class Pipeline:
         self.segments: list[Segment] = []
         self.consts: dict[str, Any] = {}  # the constants a run hands over (see alloc)
         self.pending: Fence | None = None
+        #: The session's recorder with profiling on (its backends hold it too), else None.
+        self.profile: Profile | None = None
         self.memory_limit: int | None = None  # bytes of activations a plan may use
         self.input_shapes: dict[str, tuple[int, ...]] = {}
         # Values of the nodes folded from initializers alone (Constant nodes, casts of weights...): the same
@@ -163,8 +167,10 @@ class Pipeline:
         steps: list[Step] = []
         main = self.backup if fallback else self.main
         for node, ins, outs in self.ops():
-            first = [self.backup, main] if all_empty(outs) else [main, self.backup]  # nothing for a GPU to do
-            for backend in dict.fromkeys(first):
+            # The main backend is offered every op, in order, even one it will decline (an op with empty
+            # outputs, say: GPU backends leave those to the backup): it plans its runs, fusions and
+            # hand-overs from the ops it saw, so one it never saw would split a segment it does not know of.
+            for backend in dict.fromkeys([main, self.backup]):
                 with failures_named(backend, f"creating {node}"):
                     exe = backend.on_create(node, ins, outs)
                 if exe is not None:
@@ -221,6 +227,8 @@ class Pipeline:
                 b.clear_buffers()
             raise
         self.segments = self._segments(steps, last_use, keep)
+        if self.profile is not None:
+            self.profile.plan(self.tensors)
         # What a run hands over: the constants a segment reads from the values, or that are outputs. Not all
         # of them: copying hundreds of weights' names into every run's dict is host time that grows with the
         # model, and GPU segments read none.
@@ -255,20 +263,32 @@ class Pipeline:
             await self.pending.settle()  # a cancelled run still owns the buffers
         values: dict[str, Any] = dict(self.consts)
         values.update(feeds)
+        profile = self.profile
+        run = profile.begin_run() if profile is not None else None
         for seg in self.segments:
             try:
+                if run is not None:
+                    began = time.perf_counter_ns()
                 fence = seg.backend.submit(seg, values, device)
                 self.pending = fence
                 try:
                     await fence.wait()
                 except BaseException:
                     fence.cancel()  # a no-op once the work has ended
+                    if run is not None:
+                        profile.drop_run(run)
                     raise
+                if run is not None:
+                    seg.backend.profile_segment(seg, began, time.perf_counter_ns())
             except Exception as exc:
+                if run is not None:
+                    profile.drop_run(run)
                 error = backend_failure(seg.backend, "the run", exc)
                 if error is exc:
                     raise
                 raise error from exc
+        if run is not None:
+            profile.end_run(run)
         return {name: values[name] for name in self.graph.output_names}
 
 

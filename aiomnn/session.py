@@ -8,6 +8,8 @@ A run whose shapes differ from the current plan resizes first.
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 import anyio
@@ -19,6 +21,7 @@ from .fence import offload
 from .graph import Graph, ValueInfo
 from .memory import HandedOver
 from .pipeline import Pipeline
+from .profile import Profile
 from .run_lock import RunLock
 from .runtime import RuntimeInfo
 from .tuning import SessionTuning
@@ -47,6 +50,9 @@ class Session:
         backup = main if backup_rt is main_rt else backup_rt.new_backend(config.backend_config)
         self.pipeline = Pipeline(graph, main, backup)
         self.pipeline.memory_limit = config.backend_config.memory_limit
+        self._profile = Profile(config.profile_runs) if config.profile else None
+        if self._profile is not None:
+            self.pipeline.profile = main.profile = backup.profile = self._profile
         self._inputs = {v.name: v for v in graph.inputs}
         self._tuning = SessionTuning(main_rt, config, runtime.executor)
         #: Why the session left its main backend for good (with fallback_on_error), else None.
@@ -66,6 +72,18 @@ class Session:
 
     def memory_report(self) -> dict[str, int]:
         return self.pipeline.memory_report()
+
+    @property
+    def profile(self) -> Profile | None:
+        """With ScheduleConfig(profile=True), the recorder of this session's latest runs, op by op
+        (aiomnn.profile: .summary(), .trace(), .write(path), .clear()); else None."""
+        return self._profile
+
+    def write_profile(self, path: str | os.PathLike[str]) -> Path:
+        """Write the profile of the latest runs as a Chrome trace (chrome://tracing, Perfetto); returns the path."""
+        if self._profile is None:
+            raise AiomnnError("profiling is off for this session: create it with ScheduleConfig(profile=True)")
+        return self._profile.write(path)
 
     def has_async_work(self) -> bool:
         """True while GPU tuning for this session runs in the background (the session runs on the CPU meanwhile)."""

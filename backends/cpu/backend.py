@@ -15,6 +15,7 @@ from aiomnn.errors import AiomnnError, BackendError, ModelError
 from aiomnn.fence import Fence, offload
 from aiomnn.graph import Node
 from aiomnn.memory import Block
+from aiomnn.profile import OpEvent
 
 from . import ops  # noqa: F401  (registers every op)
 from .fuse import fuse
@@ -42,6 +43,7 @@ class CpuBackend(Backend):
         self.memory: np.ndarray | None = None
         self._planned: list[Kernel] = []
         self._plans: dict[Segment, list[tuple]] = {}  # run_segment's view of each segment
+        self._timed: dict[Segment, list[tuple]] = {}  # the same, each execution timed, with profiling on
 
     def on_create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution | None:
         impl = OPS.lookup(node)
@@ -81,6 +83,7 @@ class CpuBackend(Backend):
     def clear_buffers(self) -> None:
         super().clear_buffers()
         self._plans = {}  # the segments they were made for are gone with the plan
+        self._timed = {}
 
     def on_resize_end(self) -> None:
         self.memory = np.empty(self.arena.size, dtype=np.uint8) if self.arena.size else None
@@ -96,8 +99,9 @@ class CpuBackend(Backend):
     def run_segment(self, segment: "Segment", values: dict[str, Any]) -> None:
         pool = self.runtime.pool
         yield_at = time.perf_counter() + YIELD_EVERY if pool.nice > 0 and _sched_yield is not None else math.inf
+        plan = self._plan(segment) if self.profile is None else self._timed_plan(segment)
         with pool.running():
-            for execution, inputs, outputs, frees, check_views, node in self._plan(segment):
+            for execution, inputs, outputs, frees, check_views, node in plan:
                 if time.perf_counter() >= yield_at:
                     _sched_yield()
                     yield_at = time.perf_counter() + YIELD_EVERY
@@ -122,6 +126,9 @@ class CpuBackend(Backend):
                 for x in frees:
                     values.pop(x, None)
 
+    def profile_segment(self, segment: "Segment", began_ns: int, ended_ns: int) -> None:
+        pass  # run_segment recorded each op as it ran
+
     def _plan(self, segment: Segment) -> list[tuple]:
         """What run_segment needs of each step, worked out on the segment's first run instead of on every one
         (it is the Python work a run does between kernels, on every step, holding the GIL), with chains of
@@ -133,6 +140,32 @@ class CpuBackend(Backend):
                  self.memory is not None and not getattr(s.execution, "writes_outputs", False), s.node)
                 for s, frees in zip(segment.steps, segment.frees)])
         return plan
+
+    def _timed_plan(self, segment: Segment) -> list[tuple]:
+        """The segment's plan with each execution (a fused one too) wrapped to record its time in the profile."""
+        plan = self._timed.get(segment)
+        if plan is None:
+            node_of = {id(s.execution): s.node for s in segment.steps}
+            plan = self._timed[segment] = [
+                (_Timed(e, [node_of.get(id(x[0]), node) for x in getattr(e, "chain", ())] or [node], self.profile),
+                 *rest, node) for e, *rest, node in self._plan(segment)]
+        return plan
+
+
+class _Timed(Execution):
+    """An execution whose every run adds an event to the profile's current run: host wall time around it."""
+
+    def __init__(self, execution: Execution, nodes: list[Node], profile: Any):
+        self.execution, self.profile = execution, profile
+        self.name, self.op_type, self.args = profile.describe(nodes)
+        self.args = {**self.args, "clock": "host"}
+
+    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        start = time.perf_counter_ns()
+        try:
+            return self.execution.on_execute(inputs, outputs)
+        finally:
+            self.profile.add(OpEvent(self.name, self.op_type, "cpu", start, time.perf_counter_ns() - start, self.args))
 
 
 def _root(a: np.ndarray) -> Any:
