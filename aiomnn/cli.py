@@ -219,7 +219,7 @@ def _models(args: argparse.Namespace) -> int:
         for name, spec in models.MODELS.items():
             p = models.cache_dir() / spec.filename
             state = "fetched" if p.is_file() else "missing"
-            print(f"{name:8s} {state:8s} {p}  input {spec.input} {spec.shapes}")
+            print(f"{name:8s} {state:8s} {p}  input {', '.join(spec.inputs)} {spec.shapes}")
     return 0
 
 
