@@ -162,7 +162,8 @@ async def _run(args: argparse.Namespace) -> int:
     net = aiomnn.Interpreter.from_file(args.model)
     feeds = random_feeds(net.inputs, _parse_shapes(args.shape), np.random.default_rng(0))
     config = aiomnn.ScheduleConfig(type=args.backend, num_threads=args.threads,
-                                   backend_config=aiomnn.BackendConfig(tuning=args.tuning))
+                                   backend_config=aiomnn.BackendConfig(tuning=args.tuning),
+                                   profile=args.profile is not None)
     runtime = aiomnn.create_runtime(config)
     bar = Progress(0, "tuning ")
     runtime.add_tuning_callback(lambda p: bar.update(p.done, p.total))  # from the tuning thread
@@ -188,6 +189,12 @@ async def _run(args: argparse.Namespace) -> int:
             if args.requests:
                 stats = await serve(lambda i: feeds, session.run, args.requests, args.concurrency)
                 _print_stats(stats)
+            if args.profile is not None:
+                from .profile import format_summary
+
+                session.write_profile(args.profile)
+                print(f"profile of {len(session.profile.runs)} runs written to {args.profile}; the costliest ops:")
+                print(format_summary(session.profile.summary(top=10)))
     finally:
         runtime.close()
     return 0
@@ -259,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tuning", default="normal", choices=["none", "fast", "normal", "heavy"],
                    help="GPU tuning level; tuning runs once, in the background, with a progress bar")
     p.add_argument("--cache", metavar="FILE", help="tuning cache: read at start, written when tuning ends")
+    p.add_argument("--profile", metavar="TRACE.json", help="time every op of every run; write a Chrome trace "
+                   "(chrome://tracing, Perfetto) and print the ten costliest ops")
     p.set_defaults(fn=lambda a: asyncio.run(_run(a)))
 
     p = sub.add_parser("info", help="list backends and devices")

@@ -192,8 +192,10 @@ def _ops(runs: Iterable[RunRecord]) -> Iterable[OpEvent]:
 
 
 def format_summary(stats: list[OpStat]) -> str:
-    """A summary as a table, one op a line."""
-    lines = [f"{'op':40} {'type':24} {'total ms':>10} {'calls':>6} {'share':>7}"]
+    """A summary as a table: a header, then one op a line."""
+    w = min(max([len(s.name) for s in stats] + [2]), 60)
+    t = min(max([len(s.op_type) for s in stats] + [4]), 40)
+    lines = [f"{'op':{w}}  {'type':{t}}  {'total ms':>10}  {'calls':>6}  {'share':>6}"]
     for s in stats:
-        lines.append(f"{s.name[:40]:40} {s.op_type[:24]:24} {s.total_ms:10.3f} {s.calls:6d} {100 * s.share:6.1f}%")
+        lines.append(f"{s.name[:w]:{w}}  {s.op_type[:t]:{t}}  {s.total_ms:10.3f}  {s.calls:6d}  {100 * s.share:5.1f}%")
     return "\n".join(lines)
