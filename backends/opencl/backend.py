@@ -29,6 +29,7 @@ from aiomnn.errors import BackendError
 from aiomnn.fence import Fence, offload
 from aiomnn.graph import Node
 from aiomnn.memory import Arena, Block, StorageType
+from aiomnn.profile import OpEvent
 
 from . import ops  # noqa: F401  (registers every op)
 from .enqueue import launcher
@@ -79,6 +80,7 @@ class OpenclBackend(Backend):
         self._roots: dict[int, Block] = {}  # id(alias block) -> the arena block it aliases
         self._recorded: list[ClExecution] = []
         self._plans: dict[int, _SegmentPlan] = {}
+        self._timed: list[cl.Event] = []  # with profiling on, the last segment's kernel events
         self._static_used: set[tuple] = set()
 
     # Creation ------------------------------------------------------------------------------------
@@ -304,10 +306,14 @@ class OpenclBackend(Backend):
             if host.shape != t.shape:
                 raise BackendError(f"value {name!r} has shape {host.shape}, the plan expects {t.shape}")
             held.append((host, cl.enqueue_copy(q, block.memory, host, dst_offset=block.offset, is_blocking=False)))
-        for i, launch in enumerate(plan.launches):
-            launch.enqueue()
-            if i % 32 == 7:  # let the device start while the rest is enqueued
-                q.flush()
+        if self.profile is None:
+            for i, launch in enumerate(plan.launches):
+                launch.enqueue()
+                if i % 32 == 7:  # let the device start while the rest is enqueued
+                    q.flush()
+        else:  # with an event per kernel, read in profile_segment
+            self._timed = [cl.enqueue_nd_range_kernel(q, launch.cl_kernel, launch.gws, launch.lws)
+                           for launch in plan.launches]
         results = []
         for name, block, t, storage in plan.downloads:
             host = np.empty(t.shape, dtype=storage)
@@ -330,5 +336,23 @@ class OpenclBackend(Backend):
 
         marker.set_callback(cl.command_execution_status.COMPLETE, done)
         q.flush()
+
+    def profile_segment(self, segment: "Segment", began_ns: int, ended_ns: int) -> None:
+        """One event per op that launched kernels: the device time of its kernels, from their profiling
+        events, placed from the segment's start on the host."""
+        events, self._timed = self._timed, []
+        if not events:
+            return
+        origin = events[0].profile.start
+        i = 0
+        for s in segment.steps:
+            n = len(s.execution.launches)
+            if not n:
+                continue
+            mine, i = events[i:i + n], i + n
+            name, op_type, args = self.profile.describe([s.node])
+            dur = sum(e.profile.end - e.profile.start for e in mine)
+            self.profile.add(OpEvent(name, op_type, "opencl", began_ns + mine[0].profile.start - origin, dur,
+                                     {**args, "clock": "device", "kernels": [l.kernel for l in s.execution.launches]}))
 
 
