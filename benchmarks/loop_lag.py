@@ -42,8 +42,7 @@ async def idle_lag(seconds: float) -> dict[str, float]:
 async def main(args: argparse.Namespace) -> None:
     spec = models.MODELS[args.model]
     path = models.path(args.model)
-    x = np.random.default_rng(0).random(spec.shapes[0], dtype=np.float32)
-    feeds = {spec.input: x}
+    feeds = models.sample_feeds(args.model, spec.shapes[0])
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = args.threads
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])

@@ -10,8 +10,6 @@ import asyncio
 import contextlib
 import time
 
-import numpy as np
-
 import aiomnn
 from aiomnn import models
 
@@ -45,7 +43,7 @@ async def measure(net, runtime, n_sessions: int, batching: bool, feeds: dict, re
 async def main(args: argparse.Namespace) -> None:
     spec = models.MODELS[args.model]
     net = aiomnn.Interpreter.from_file(models.path(args.model))
-    feeds = {spec.input: np.random.default_rng(0).random(spec.shapes[0], dtype=np.float32)}
+    feeds = models.sample_feeds(args.model, spec.shapes[0])
     runtime = aiomnn.create_runtime([aiomnn.ScheduleConfig(type="cpu", num_threads=args.threads)])
     print(f"model {args.model} {spec.shapes[0]}, {args.requests} requests from 32 tasks, {args.threads} threads")
     print(f"{'sessions':>8s} {'req/s':>9s} {'batched req/s':>14s} {'gain':>6s}")

@@ -779,16 +779,15 @@ MODEL_CASES = [(name, shape) for name, spec in MODELS.items() for shape in spec.
 @pytest.mark.parametrize("name,shape", MODEL_CASES, ids=[f"{n}-{'x'.join(map(str, s))}" for n, s in MODEL_CASES])
 async def test_model_matches_onnxruntime(name, shape, precision, tol):
     ort = pytest.importorskip("onnxruntime")
-    from .test_models import sample_input
+    from aiomnn.models import sample_feeds
 
-    spec = MODELS[name]
     path = model_path(name)
-    x = sample_input(name, shape)  # for det a page of text: on noise its map is ~1e-12
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {spec.input: x})
+    feeds = sample_feeds(name, shape)  # for det a page of text: on noise its map is ~1e-12
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
     net = aiomnn.Interpreter.from_file(path)
     cfg = aiomnn.ScheduleConfig(type="cuda", background_tuning=False, backend_config=aiomnn.BackendConfig(precision=precision))
     async with await net.create_session(cfg) as s:
-        got = await s.run({spec.input: x})
+        got = await s.run(feeds)
         assert s.backend_types == [aiomnn.ForwardType.CUDA]
         summary = s.pipeline.main.summary
     assert summary["declined"] == {}, summary

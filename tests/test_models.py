@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import aiomnn
-from aiomnn.models import MODELS, sample_input
+from aiomnn.models import MODELS, sample_feeds
 
 from .conftest import model_path
 
@@ -37,13 +37,12 @@ def oracle():
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.parametrize("name,shape", CASES, ids=[f"{n}-{'x'.join(map(str, s))}" for n, s in CASES])
 async def test_model_matches_onnxruntime(name, shape, oracle, anyio_backend):
-    spec = MODELS[name]
     net = aiomnn.Interpreter.from_file(model_path(name))
-    x = sample_input(name, shape)
-    want = oracle(name).run(None, {spec.input: x})
+    feeds = sample_feeds(name, shape)
+    want = oracle(name).run(None, feeds)
     async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as session:
-        got = await session.run({spec.input: x})
-        again = await session.run({spec.input: x})
+        got = await session.run(feeds)
+        again = await session.run(feeds)
     for out_name, w in zip(net.output_names, want):
         g = got[out_name]
         assert g.shape == w.shape and g.dtype == w.dtype

@@ -474,18 +474,17 @@ async def test_real_model_matches_onnxruntime(name, shape, runtime, precision, t
     path = MODEL_DIR / models.MODELS[name].filename
     if not path.exists():
         pytest.skip(f"{path} is missing (set AIOMNN_MODELS)")
-    input = models.MODELS[name].input
-    x = models.sample_input(name, shape)
+    feeds = models.sample_feeds(name, shape)
     net = aiomnn.Interpreter.from_file(path)
     config = aiomnn.ScheduleConfig(type="opencl", num_threads=2,
                                    backend_config=aiomnn.BackendConfig(tuning="none", precision=precision))
     async with await net.create_session(config, runtime) as session:
-        got = await session.run({input: x})
+        got = await session.run(feeds)
         on_cpu = [s.node.op_type for seg in session.pipeline.segments if seg.backend.type is not ForwardType.OPENCL
                   for s in seg.steps]
         assert session.pipeline.main.ctx.half == (precision == "low")
     assert not on_cpu, f"ops left on the CPU: {on_cpu}"
-    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {input: x})
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
     for out, w in zip(net.output_names, want):
         g = got[out]
         assert g.shape == w.shape and g.dtype == w.dtype

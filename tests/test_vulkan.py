@@ -25,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 import aiomnn
 from aiomnn.config import ForwardType
 from aiomnn.memory import HandedOver
-from aiomnn.models import sample_input
+from aiomnn.models import sample_feeds
 from aiomnn.runtime import probe
 
 from .conftest import model_path
@@ -988,17 +988,17 @@ async def test_real_model(name, shape, runtime):
     if ort is None:
         pytest.skip("onnxruntime is not installed")
     path = model_path(name)
-    x = sample_input(name, shape)
+    feeds = sample_feeds(name, shape)
     net = aiomnn.Interpreter.from_file(path)
     async with await net.create_session(CONFIG, runtime) as s:
-        got = await s.run({net.input_names[0]: x})
+        got = await s.run(feeds)
         on = [seg.backend.type for seg in s.pipeline.segments for _ in seg.steps]
         recorded_at_resize = s.pipeline.main.predicted_hits
     assert on.count(ForwardType.VULKAN) == len(on), f"{on.count(ForwardType.CPU)} steps fell back to the CPU"
     assert recorded_at_resize == 1, "the run's command buffer was not the one recorded at resize"
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
-    want = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, {net.input_names[0]: x})
+    want = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, feeds)
     for k, w in zip(net.output_names, want):
         g = got[k]
         assert g.shape == w.shape and g.dtype == w.dtype
