@@ -5,7 +5,7 @@ Everything public is re-exported here; other modules are private.
 
 from .batching import BatchingSession
 from .config import BackendConfig, ForwardType, ScheduleConfig
-from .errors import AiomnnError, BackendError, InputError, ModelError, UnsupportedOpError
+from .errors import AiomnnError, BackendError, ClosedError, ForkError, InputError, ModelError, UnsupportedOpError
 from .interpreter import InputInfo, Interpreter
 from .runtime import RuntimeInfo, available_backends, create_runtime
 from .session import Session
@@ -17,6 +17,8 @@ __all__ = [
     "BackendConfig",
     "BackendError",
     "BatchingSession",
+    "ClosedError",
+    "ForkError",
     "ForwardType",
     "InputError",
     "InputInfo",

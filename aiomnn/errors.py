@@ -26,3 +26,14 @@ class BackendError(AiomnnError):
 
 class UnsupportedOpError(ModelError):
     """No backend, not even the CPU backup, can run this node."""
+
+
+class ClosedError(AiomnnError):
+    """The session or runtime was closed (or collected); create a new one."""
+
+
+class ForkError(AiomnnError):
+    """A runtime made before os.fork() was used in the child, where its device state is not valid.
+
+    Create the runtime (and its sessions) in the child process instead.
+    """

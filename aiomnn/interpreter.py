@@ -76,6 +76,7 @@ class Interpreter:
         owns = runtime is None
         if runtime is None:
             runtime = create_runtime([config])
+        session = None
         try:
             session = Session(self.optimized_graph, config, runtime, owns_runtime=owns)
             _check_supported(session)
@@ -83,6 +84,8 @@ class Interpreter:
             if all(s is not None and all(isinstance(d, int) for d in s) for s in static.values()):
                 await session.resize(static)
         except BaseException:
+            if session is not None:
+                session._discard()  # never handed out: released without a ResourceWarning
             if owns:
                 runtime.close()
             raise

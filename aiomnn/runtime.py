@@ -8,16 +8,21 @@ context and queues, memory, worker threads and caches.
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import itertools
 import logging
 import os
+import queue
 import threading
+import warnings
+import weakref
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from .backend import Backend
 from .config import AUTO_ORDER, BackendConfig, ForwardType, ScheduleConfig
-from .errors import AiomnnError, BackendError
+from .errors import AiomnnError, BackendError, ClosedError, ForkError
 from .graph import Node
 
 log = logging.getLogger("aiomnn")
@@ -39,7 +44,14 @@ class Device:
 
 
 class Runtime:
-    """What sessions of one forward type share. Subclassed by every backend."""
+    """What sessions of one forward type share. Subclassed by every backend.
+
+    Lifetime: a backend hands what it must release to `own(release, *args)` (the args must not refer back
+    to the runtime); `release(*args)` then runs once, on close(), when the runtime is collected, or at exit
+    (live runtimes close in reverse order of creation, after their sessions). After os.fork() the child's
+    copy is unusable (ForkError) and releases nothing, unless the backend overrides `after_fork_in_child`
+    to make its resources again (the CPU runtime does).
+    """
 
     type: ForwardType
 
@@ -48,6 +60,10 @@ class Runtime:
         self.device = device
         self._lock = threading.Lock()
         self.cache_file: str | None = None
+        self.closed = False
+        self.fork_error: ForkError | None = None
+        self._finalizer: weakref.finalize | None = None
+        _LIVE[next(_ORDER)] = self
 
     def new_backend(self, config: BackendConfig) -> Backend:
         raise NotImplementedError
@@ -59,11 +75,166 @@ class Runtime:
     def set_cache_file(self, path: str | os.PathLike) -> None:
         self.cache_file = os.fspath(path)
 
+    def add_tuning_callback(self, cb: Callable[[Any], Any]) -> None:
+        tuner = getattr(self, "tuner", None)
+        if tuner is not None:
+            tuner.add_progress_callback(cb)
+
     def gc(self, level: int = 0) -> None:
         """Release cached memory the runtime can rebuild."""
 
+    def own(self, release: Callable[..., Any], *args: Any) -> None:
+        """release(*args) frees this runtime's resources, once: on close(), on collection or at exit."""
+        self._finalizer = own(self, release, *args)
+
+    def check_usable(self) -> None:
+        """Raise ClosedError or ForkError if this runtime cannot run work."""
+        if self.fork_error is not None:
+            raise self.fork_error
+        if self.closed:
+            raise ClosedError(f"the {self.type} runtime is closed; create a new one with aiomnn.create_runtime()")
+
     def close(self) -> None:
         """Release the device; sessions on this runtime must be closed first."""
+        if self.closed:
+            return
+        if self._finalizer is not None:
+            release_now(self._finalizer)  # runs once: the finalizer is detached first
+        self.closed = True
+
+    def after_fork_in_child(self) -> None:
+        """In a child made by os.fork(): the device state belongs to the parent; never touch it here."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._lock = threading.Lock()
+        if not self.closed:
+            self.fork_error = ForkError(
+                f"the {self.type} runtime was made before os.fork() and cannot be used in the child process; "
+                f"create the runtime (and its sessions) in the child")
+
+
+def own(obj: Any, release: Callable[..., Any], *args: Any, warn: str | None = None) -> weakref.finalize:
+    """A finalizer that calls release(*args) once obj is collected, with a ResourceWarning `warn` if given.
+
+    The release runs on the reaper thread, never inside the garbage collector: a collection may happen on
+    any thread (a worker, the Vulkan waiter, a tuning thread) while it holds a lock the release needs, or be
+    the very thread that the release would join. Not at exit: the exit hook closes everything in order.
+    """
+    _start_reaper()
+    f = weakref.finalize(obj, _collected, warn, release, args)
+    f.atexit = False
+    return f
+
+
+def release_now(f: weakref.finalize) -> None:
+    """Run a finalizer's release now, on this thread, once (and without its warning)."""
+    got = f.detach()
+    if got is not None:
+        _, _, (_, release, args), _ = got
+        release(*args)
+
+
+def _collected(warn: str | None, release: Callable[..., Any], args: tuple) -> None:
+    if warn is not None:
+        warnings.warn(warn, ResourceWarning, stacklevel=2)
+    _REAP.put((release, args))  # SimpleQueue.put is safe inside a weakref callback
+
+
+_REAP: "queue.SimpleQueue[tuple[Callable[..., Any], tuple] | None]" = queue.SimpleQueue()
+_reaper: tuple[int, threading.Thread] | None = None  # (pid, thread)
+_reaper_lock = threading.Lock()
+
+
+def _start_reaper() -> None:
+    """Start the thread that releases what was collected (once per process; called from ordinary code only)."""
+    global _reaper
+    if _reaper is not None and _reaper[0] == os.getpid():
+        return
+    with _reaper_lock:
+        if _reaper is None or _reaper[0] != os.getpid():
+            t = threading.Thread(target=_reap, args=(_REAP,), name="aiomnn-reaper", daemon=True)
+            t.start()
+            _reaper = (os.getpid(), t)
+
+
+def _reap(q: "queue.SimpleQueue") -> None:
+    while (item := q.get()) is not None:
+        _release_one(item)
+        item = None
+
+
+def _release_one(item: tuple[Callable[..., Any], tuple]) -> None:
+    release, args = item
+    try:
+        release(*args)
+    except Exception as exc:  # noqa: BLE001  (nobody to hand it to)
+        log.warning("releasing a collected aiomnn object failed: %s: %s", type(exc).__name__, exc)
+
+
+def _drain_reaper() -> None:
+    """Stop the reaper after what it holds, then release what is left here."""
+    global _reaper
+    found, _reaper = _reaper, None
+    if found is not None and found[0] == os.getpid():
+        _REAP.put(None)
+        found[1].join(timeout=30)
+    while True:
+        try:
+            item = _REAP.get_nowait()
+        except queue.Empty:
+            return
+        if item is not None:
+            _release_one(item)
+
+
+#: Live runtimes in order of creation, and what closes first at exit (sessions register here).
+_LIVE: "weakref.WeakValueDictionary[int, Runtime]" = weakref.WeakValueDictionary()
+_ORDER = itertools.count()
+_EXIT_FIRST: list[Callable[[], None]] = []
+
+
+def _close_all_at_exit() -> None:
+    """Close what is still open before the interpreter tears down: sessions first, then runtimes, newest first.
+
+    Device libraries' threads (pyopencl callbacks, the Vulkan waiter) must have ended by then: a thread that
+    reaches the interpreter during its teardown is killed, and a C++ one aborts the process.
+    """
+    _drain_reaper()
+    for hook in list(_EXIT_FIRST):
+        try:
+            hook()
+        except Exception as exc:  # noqa: BLE001  (exit must go on)
+            log.debug("closing at exit failed: %s: %s", type(exc).__name__, exc)
+    for key in sorted(_LIVE.keys(), reverse=True):
+        rt = _LIVE.get(key)
+        if rt is None:
+            continue
+        try:
+            rt.close()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("closing the %s runtime at exit failed: %s: %s", rt.type, type(exc).__name__, exc)
+    _drain_reaper()
+
+
+def _exit_hook_last() -> None:
+    """(Re-)register the exit hook so that it runs before the exit hooks of device libraries imported since."""
+    atexit.unregister(_close_all_at_exit)
+    atexit.register(_close_all_at_exit)
+
+
+def _after_fork_in_child() -> None:
+    global _REAP, _reaper, _reaper_lock
+    _REAP, _reaper, _reaper_lock = queue.SimpleQueue(), None, threading.Lock()  # the parent's pending releases are the parent's
+    for rt in list(_LIVE.values()):
+        try:
+            rt.after_fork_in_child()
+        except Exception:  # noqa: BLE001  (never break the child)
+            pass
+
+
+_exit_hook_last()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _probe_cache: dict[ForwardType, list[Device]] = {}
@@ -130,34 +301,66 @@ class RuntimeInfo:
 
     Sessions created with the same RuntimeInfo share its runtimes: their
     devices, memory, caches and the worker threads that run CPU work, whose
-    number caps the CPU work in flight.
+    number caps the CPU work in flight. Settings made here (cache file, tuning
+    callbacks) also reach the runtimes it creates later.
+
+    Use it as a context manager (`with` or `async with`) to close it; a dropped
+    one closes when collected, and a live one closes at exit.
     """
 
     def __init__(self, runtimes: dict[ForwardType, Runtime], cpu: Runtime, num_threads: int):
         self.runtimes = runtimes
         self.cpu = cpu
         self.num_threads = num_threads
-        self.executor = cpu.executor  # the CPU runtime's worker threads cap the CPU work in flight
         self.closed = False
         self._owners = 0  # sessions that made this RuntimeInfo for themselves, and their clones
+        self._cache_file: str | None = None
+        self._callbacks: list[Callable[[Any], Any]] = []
+
+    @property
+    def executor(self) -> Any:
+        """The CPU runtime's worker threads: they cap the CPU work in flight."""
+        return self.cpu.executor  # type: ignore[attr-defined]
+
+    def check_usable(self) -> None:
+        if self.closed:
+            raise ClosedError("the runtime is closed; create a new one with aiomnn.create_runtime()")
+        for rt in self.runtimes.values():
+            if rt.fork_error is not None:
+                raise rt.fork_error
 
     def runtime_for(self, config: ScheduleConfig) -> Runtime:
+        self.check_usable()
         t = resolve_type(config)
         if t not in self.runtimes:
-            self.runtimes[t] = create_one(t, config)
+            rt = create_one(t, config)
+            self._apply(rt)
+            self.runtimes[t] = rt
         return self.runtimes[t]
 
+    def _apply(self, rt: Runtime) -> None:
+        """Give a runtime the settings made on this RuntimeInfo so far."""
+        if self._cache_file is not None:
+            rt.set_cache_file(self._cache_file)
+        for cb in self._callbacks:
+            rt.add_tuning_callback(cb)
+
     def set_cache_file(self, path: str | os.PathLike) -> None:
-        """Load tuning results (and compiled programs where the driver allows) from path, and save there."""
+        """Load tuning results (and compiled programs where the driver allows) from path, and save there.
+
+        Applies to every runtime, those made later by runtime_for included."""
+        self.check_usable()
+        self._cache_file = os.fspath(path)
         for rt in self.runtimes.values():
             rt.set_cache_file(path)
 
     def add_tuning_callback(self, cb) -> None:
-        """cb(progress) is called from the tuning thread after each tuned kernel, for every GPU runtime."""
+        """cb(progress) is called from the tuning thread after each tuned kernel, for every GPU runtime
+        (those made later by runtime_for included)."""
+        self.check_usable()
+        self._callbacks.append(cb)
         for rt in self.runtimes.values():
-            tuner = getattr(rt, "tuner", None)
-            if tuner is not None:
-                tuner.add_progress_callback(cb)
+            rt.add_tuning_callback(cb)
 
     def retain(self) -> None:
         self._owners += 1
@@ -169,21 +372,36 @@ class RuntimeInfo:
             self.close()
 
     def close(self) -> None:
+        """Close every runtime, the CPU one last. Sessions on them raise ClosedError from then on."""
         if self.closed:
             return
         self.closed = True
-        for rt in self.runtimes.values():
+        for rt in sorted(self.runtimes.values(), key=lambda r: r is self.cpu):
             rt.close()
+
+    def __enter__(self) -> "RuntimeInfo":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "RuntimeInfo":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def create_one(t: ForwardType, config: ScheduleConfig) -> Runtime:
     device = pick_device(t, config.backend_config)
     try:
-        return _module(t).Runtime(config, device)
+        rt = _module(t).Runtime(config, device)
     except AiomnnError:
         raise
     except Exception as exc:
         raise BackendError(f"could not create the {t} runtime on {device.name}: {exc}") from exc
+    _exit_hook_last()  # the backend's library may have registered exit hooks of its own: ours run first
+    return rt
 
 
 def create_runtime(configs: Iterable[ScheduleConfig] | ScheduleConfig | None = None) -> RuntimeInfo:

@@ -7,8 +7,11 @@ A run whose shapes differ from the current plan resizes first.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -16,13 +19,14 @@ import anyio
 import numpy as np
 
 from .config import ForwardType, ScheduleConfig
-from .errors import AiomnnError, BackendError, InputError
+from .errors import AiomnnError, BackendError, ClosedError, InputError
 from .fence import offload
 from .graph import Graph, ValueInfo
 from .memory import HandedOver
 from .pipeline import Pipeline
 from .profile import Profile
 from .run_lock import RunLock
+from . import runtime as _runtime
 from .runtime import RuntimeInfo
 from .tuning import SessionTuning
 
@@ -33,13 +37,15 @@ log = logging.getLogger("aiomnn")
 
 
 class Session:
+    """Close a session (`await session.close()` or `async with`) when done with it. One that is dropped
+    open releases what it holds when it is collected, with a ResourceWarning, as an open file does."""
+
     def __init__(self, graph: Graph, config: ScheduleConfig, runtime: RuntimeInfo, owns_runtime: bool):
+        runtime.check_usable()
         self.graph = graph
         self.config = config
         self.runtime_info = runtime
         self._owns_runtime = owns_runtime
-        if owns_runtime:
-            runtime.retain()
         self._lock = RunLock()  # runs in arrival order; a free lock costs no trip through the loop
         self._closed = False
         self._shapes: dict[str, tuple[int, ...]] | None = None
@@ -47,6 +53,7 @@ class Session:
         self.main_runtime = main_rt
         main = main_rt.new_backend(config.backend_config)
         backup_rt = runtime.runtimes.get(config.backup_type, runtime.cpu)
+        self._backup_runtime = backup_rt
         backup = main if backup_rt is main_rt else backup_rt.new_backend(config.backend_config)
         self.pipeline = Pipeline(graph, main, backup)
         self.pipeline.memory_limit = config.backend_config.memory_limit
@@ -57,6 +64,16 @@ class Session:
         self._tuning = SessionTuning(main_rt, config, runtime.executor)
         #: Why the session left its main backend for good (with fallback_on_error), else None.
         self.fallback_error: BackendError | None = None
+        if owns_runtime:
+            runtime.retain()
+        # What the session holds, released once: by close(), when it is collected, or at exit. None of it
+        # refers back to the session.
+        self._parts = _Parts(self.pipeline, self._tuning, runtime if owns_runtime else None)
+        self._finalizer = _runtime.own(self, _release, self._parts,
+                                       warn=f"unclosed aiomnn session on {main_rt.type} "
+                                            f"(call `await session.close()` or use `async with`)")
+        self._serial = next(_SERIAL)
+        _LIVE[self._serial] = self
 
     # Public API ---------------------------------------------------------------
     @property
@@ -102,7 +119,12 @@ class Session:
         self._check_open()
         full = self._complete_shapes(shapes)
         async with self._lock:
-            await self._resize_locked(full)
+            self._check_open()
+            try:
+                await self._resize_locked(full)
+            except Exception as exc:
+                self._closed_error(exc)
+                raise
 
     async def run(self, feeds: Mapping[str, Any], *, device_outputs: bool = False) -> dict[str, Any]:
         """Run the model on feeds (name -> array). Outputs are numpy arrays the caller owns.
@@ -116,15 +138,20 @@ class Session:
         shapes = {name: a.shape for name, a in arrays.items() if isinstance(a, np.ndarray)}
         async with self._lock:
             self._check_open()
-            if shapes != self._shapes or self._tuning.handoff_due:
-                await self._resize_locked(shapes)
             try:
-                outputs = await self.pipeline.execute(arrays, device_outputs)
-            except BackendError as exc:
-                if not self._falls_back(exc):
-                    raise
-                await self._resize_locked(shapes)
-                outputs = await self.pipeline.execute(arrays, device_outputs)
+                if shapes != self._shapes or self._tuning.handoff_due:
+                    await self._resize_locked(shapes)
+                try:
+                    outputs = await self.pipeline.execute(arrays, device_outputs)
+                except BackendError as exc:
+                    self._closed_error(exc)
+                    if not self._falls_back(exc):
+                        raise
+                    await self._resize_locked(shapes)
+                    outputs = await self.pipeline.execute(arrays, device_outputs)
+            except Exception as exc:
+                self._closed_error(exc)
+                raise
         return _own_outputs(outputs, arrays)
 
     async def clone(self) -> "Session":
@@ -142,6 +169,7 @@ class Session:
         return twin
 
     async def close(self) -> None:
+        """Release the session's memory and stop its tuning; waits for a run still on the device. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -151,10 +179,17 @@ class Session:
             if pending is not None and not pending.done:
                 with anyio.CancelScope(shield=True):
                     await pending.settle()
-            for b in self.pipeline.backends:
-                b.clear_buffers()
-        if self._owns_runtime:
-            self.runtime_info.release()
+            got = self._finalizer.detach()
+            _LIVE.pop(self._serial, None)
+            if got is not None:
+                self._parts.release()
+
+    def _discard(self) -> None:
+        """Release a session that was never handed out (its creation failed), quietly and without blocking."""
+        self._closed = True
+        _LIVE.pop(self._serial, None)
+        if self._finalizer.detach() is not None:
+            self._parts.release(wait=False)
 
     async def __aenter__(self) -> "Session":
         return self
@@ -165,7 +200,22 @@ class Session:
     # Internals ----------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise AiomnnError("the session is closed")
+            raise ClosedError("the session is closed; create a new one (Interpreter.create_session)")
+        info = self.runtime_info
+        if info.closed or self.main_runtime.closed or self._backup_runtime.closed:
+            raise ClosedError("the session's runtime is closed; close the session, and create a new runtime "
+                              "and session")
+        for rt in (self.main_runtime, self._backup_runtime):
+            if rt.fork_error is not None:
+                raise rt.fork_error
+
+    def _closed_error(self, exc: BaseException) -> None:
+        """A run that failed because its runtime was closed meanwhile gets a ClosedError."""
+        if isinstance(exc, Exception) and not isinstance(exc, ClosedError):
+            try:
+                self._check_open()
+            except AiomnnError as closed:
+                raise closed from exc
 
     async def _resize_locked(self, shapes: dict[str, tuple[int, ...]]) -> None:
         p = self.pipeline
@@ -292,3 +342,48 @@ def _own_outputs(outputs: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[
         return v
 
     return {name: own(v) for name, v in outputs.items()}
+
+
+class _Parts:
+    """What a session holds that must be let go: its tuning, its plan's memory, and a runtime it made."""
+
+    def __init__(self, pipeline: Pipeline, tuning: SessionTuning, owned: RuntimeInfo | None):
+        self.pipeline, self.tuning, self.owned = pipeline, tuning, owned
+
+    def release(self, wait: bool = True) -> None:
+        """Let go; with `wait`, first wait (blocking) for a cancelled run that still uses the buffers on a
+        worker or the device, else leave its buffers to the garbage collector."""
+        self.tuning.close()
+        pending = self.pipeline.pending
+        deadline = time.monotonic() + (30 if wait else 0)
+        while pending is not None and not pending.done and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if pending is None or pending.done:
+            for b in self.pipeline.backends:
+                try:
+                    b.clear_buffers()
+                except Exception as exc:  # noqa: BLE001  (a closed or lost device: its memory is gone anyway)
+                    log.debug("clearing %s buffers failed: %s", b.type, exc)
+        if self.owned is not None:
+            self.owned.release()
+
+
+def _release(parts: _Parts) -> None:
+    """A collected session's release, on the reaper thread (or at exit)."""
+    parts.release()
+
+
+#: Live sessions, closed before their runtimes at exit (quietly: exiting is not leaking).
+_LIVE: "weakref.WeakValueDictionary[int, Session]" = weakref.WeakValueDictionary()
+_SERIAL = itertools.count()
+
+
+def _close_sessions_at_exit() -> None:
+    for key in sorted(_LIVE.keys(), reverse=True):
+        s = _LIVE.get(key)
+        if s is not None:
+            s._closed = True
+            _runtime.release_now(s._finalizer)
+
+
+_runtime._EXIT_FIRST.append(_close_sessions_at_exit)

@@ -238,9 +238,9 @@ def test_helper_threads_started_by_a_worker_sit_at_the_workers_level():
 
     with ThreadPoolExecutor(1, initializer=lower_priority, initargs=(10,)) as worker:
         worker.submit(pool.run, 8, work).result()
+    assert pool.helpers == 1
     pool.close()
     assert seen == {os.getpriority(os.PRIO_PROCESS, os.getpid()) + 10}, seen
-    assert len(pool._helpers) == 1
 
 
 @pytest.mark.parametrize("power,yields", [("normal", True), ("high", False)])

@@ -308,6 +308,7 @@ async def test_closing_the_runtime_cancels_tuning(kind, tmp_path):
     info.close()  # cancels, and waits for the job's thread
     assert job.done and job.cancelled.is_set()
     gate.release.set()
+    await session.close()
 
 
 @pytest.mark.anyio

@@ -23,6 +23,7 @@ import math
 import os
 import queue
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -162,60 +163,115 @@ class Pool:
     or not at all only leaves more of the work to the caller: nothing ever waits for a thread that has no
     core. Helpers block on a queue between jobs instead of spinning. At most `threads` threads work at
     once, counting every thread inside running(): two segments running at once get no helpers.
+
+    Helpers hold only the pool's _PoolState, never the Pool: a dropped pool is collected, and its finalizer
+    (or close()) puts one stop sentinel per helper on the queue. In a child made by os.fork() the helpers are
+    gone: the pool starts afresh there (its state is reset after the fork).
     """
 
     def __init__(self, threads: int, nice: int = 0):
         self.threads = threads
         self.nice = nice
-        self._lock = threading.Lock()
-        self._busy = 0
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._helpers: list[threading.Thread] = []
+        self._state = _PoolState(threads, nice)
+        self._finalizer = weakref.finalize(self, self._state.stop)
+        _POOLS.add(self)
+
+    @property
+    def helpers(self) -> int:
+        """How many helper threads this pool has started (and not stopped)."""
+        return self._state.helpers
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         """Mark this thread as running kernels that may call parallel()."""
-        with self._lock:
-            self._busy += 1
+        state = self._state
+        with state.lock:
+            state.busy += 1
         outer, _LOCAL.pool = getattr(_LOCAL, "pool", None), self
         try:
             yield
         finally:
             _LOCAL.pool = outer
-            with self._lock:
-                self._busy -= 1
+            with state.lock:
+                state.busy -= 1
 
     def run(self, count: int, fn: Callable[[int], None]) -> None:
+        state = self._state
         job = _Job(count, fn)
-        with self._lock:
-            tickets = min(self.threads - self._busy, count - 1)
-            while len(self._helpers) < min(tickets, self.threads - 1):
-                t = threading.Thread(target=self._help, name="aiomnn-cpu-helper", daemon=True)
-                t.start()
-                self._helpers.append(t)
+        with state.lock:
+            tickets = min(state.threads - state.busy, count - 1)
+            if not state.stopped:
+                while state.helpers < min(tickets, state.threads - 1):
+                    threading.Thread(target=_help, args=(state,), name="aiomnn-cpu-helper", daemon=True).start()
+                    state.helpers += 1
         for _ in range(max(0, tickets)):
-            self._queue.put(job)
+            state.queue.put(job)
         job.work()
         job.finished.wait()
         if job.error is not None:
             raise job.error
 
-    def _help(self) -> None:
-        lower_priority(self.nice)
-        while (job := self._queue.get()) is not None:
-            with self._lock:
-                if self._busy >= self.threads or job.next >= job.count:
-                    continue
-                self._busy += 1
+    def close(self) -> None:
+        self._finalizer()
+
+    def _after_fork(self) -> None:
+        self._state.reset()
+
+
+class _PoolState:
+    """What a Pool's helpers share with it; holds nothing that refers back to the Pool."""
+
+    def __init__(self, threads: int, nice: int):
+        self.threads, self.nice = threads, nice
+        self.reset()
+
+    def reset(self) -> None:
+        """A fresh start, as in a forked child, where the helpers (and whoever held the lock) are gone."""
+        self.lock = threading.Lock()
+        self.busy = 0
+        self.helpers = 0
+        self.stopped = False
+        self.queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopped = True
+            n, self.helpers = self.helpers, 0
+        for _ in range(n):
+            self.queue.put(None)
+
+
+def _help(state: _PoolState) -> None:
+    lower_priority(state.nice)
+    q = state.queue
+    while True:
+        job = q.get()
+        if job is None:
+            return
+        with state.lock:
+            skip = state.busy >= state.threads or job.next >= job.count
+            if not skip:
+                state.busy += 1
+        if not skip:
             try:
                 job.work()
             finally:
-                with self._lock:
-                    self._busy -= 1
+                with state.lock:
+                    state.busy -= 1
+        job = None  # waiting for the next job, a helper holds no kernel (nor what the kernel refers to)
 
-    def close(self) -> None:
-        for _ in self._helpers:
-            self._queue.put(None)
+
+#: Live pools, so a forked child can reset them.
+_POOLS: "weakref.WeakSet[Pool]" = weakref.WeakSet()
+
+
+def _reset_pools_after_fork() -> None:
+    for pool in list(_POOLS):
+        pool._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_pools_after_fork)
 
 
 class _Job:

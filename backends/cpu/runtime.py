@@ -13,9 +13,12 @@ took the loop's p99 lag from about 5.5 ms to about 1 ms while serving cls (bench
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Any, Callable
 
 from aiomnn.config import BackendConfig, ForwardType, ScheduleConfig
+from aiomnn.errors import ClosedError
 from aiomnn.runtime import Device, Runtime, default_threads
 
 from . import blas
@@ -24,6 +27,9 @@ from .kernel import WORKER_NICE, Pool, lower_priority
 
 
 class CpuRuntime(Runtime):
+    """Its worker threads and helper pool are released when it is closed or collected, and made again in a
+    child made by os.fork(): a CPU session keeps working there."""
+
     type = ForwardType.CPU
 
     def __init__(self, config: ScheduleConfig, device: Device):
@@ -31,14 +37,48 @@ class CpuRuntime(Runtime):
         self.num_threads = config.num_threads or default_threads()
         # The pool's size caps the CPU work in flight across every session of this runtime.
         nice = 0 if config.backend_config.power == "high" else WORKER_NICE
-        self.executor = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="aiomnn-cpu",
-                                           initializer=lower_priority, initargs=(nice,))
+        self.executor = Workers(self.num_threads, nice)
         self.pool = Pool(self.num_threads, nice)
         blas.limit_threads(1)
+        self.own(_release, self.executor, self.pool._state)
 
     def new_backend(self, config: BackendConfig) -> CpuBackend:
+        self.check_usable()
         return CpuBackend(self, config)
 
-    def close(self) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        self.pool.close()
+    def after_fork_in_child(self) -> None:
+        """The parent's threads are gone in the child: start afresh (the pool resets itself)."""
+        self._lock = threading.Lock()
+        self.executor.after_fork_in_child()
+
+
+def _release(executor: "Workers", pool_state: Any) -> None:
+    executor.shutdown(wait=False, cancel_futures=True)
+    pool_state.stop()
+
+
+class Workers(Executor):
+    """The runtime's worker threads: a ThreadPoolExecutor that raises ClosedError once shut down, and that a
+    forked child replaces (the parent's threads do not exist there, and work queued on them would never run)."""
+
+    def __init__(self, threads: int, nice: int):
+        self._threads, self._nice = threads, nice
+        self._closed = False
+        self._pool = self._make()
+
+    def _make(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="aiomnn-cpu",
+                                  initializer=lower_priority, initargs=(self._nice,))
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        if self._closed:
+            raise ClosedError("the CPU runtime is closed; create a new one with aiomnn.create_runtime()")
+        return self._pool.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._closed = True
+        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    def after_fork_in_child(self) -> None:
+        if not self._closed:
+            self._pool = self._make()  # the old one's lock may be held by a thread that is not in the child

@@ -59,12 +59,15 @@ class CudaRuntime(Runtime):
         self._kernels: dict[tuple[str, bool, str], Any] = {}
         self._weights: dict[tuple[int, str], Any] = {}
         self._klock = threading.RLock()
-        self._compiler: ThreadPoolExecutor | None = None
+        self._compilers: list[ThreadPoolExecutor] = []  # made on first use; a list, so the release can see it
         self.tuner = Tuner(f"{device.name} sm{self.arch} cupy {cupy.__version__}", "cuda", gpu=device.is_gpu)
+        self.own(_release, self.tuner, self._compilers, self._weights, self._klock, self.device, self.pool)
 
     # Backends --------------------------------------------------------------
     def new_backend(self, config: BackendConfig):
         from .backend import CudaBackend
+
+        self.check_usable()
 
         return CudaBackend(self, config)
 
@@ -126,9 +129,9 @@ class CudaRuntime(Runtime):
         with self._klock:
             fn = self._kernels.get(k)
             if fn is None:
-                if self._compiler is None:
-                    self._compiler = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="aiomnn-nvrtc")
-                fn = self._kernels[k] = Compiled(self._compiler.submit(self._compile, source, half, name))
+                if not self._compilers:
+                    self._compilers.append(ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="aiomnn-nvrtc"))
+                fn = self._kernels[k] = Compiled(self._compilers[0].submit(self._compile, source, half, name))
             return fn
 
     def _compile(self, source: str, half: bool, name: str):
@@ -161,13 +164,17 @@ class CudaRuntime(Runtime):
         with self.device:
             self.pool.free_all_blocks()
 
-    def close(self) -> None:
-        self.tuner.close()
-        if self._compiler is not None:
-            self._compiler.shutdown(wait=False, cancel_futures=True)
-        with self._klock:
-            self._weights.clear()
-        self.gc()
+
+def _release(tuner: Tuner, compilers: list, weights: dict, lock: threading.RLock, device: Any, pool: Any) -> None:
+    """Close a runtime (on close(), when collected, at exit): stop tuning and compiling, free the weights and
+    the memory pool's blocks. The CUDA context is the process's (cupy's): it outlives runtimes."""
+    tuner.close()
+    for c in compilers:
+        c.shutdown(wait=True, cancel_futures=True)
+    with lock:
+        weights.clear()
+    with device:
+        pool.free_all_blocks()
 
 
 class _Precision:

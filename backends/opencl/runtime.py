@@ -8,6 +8,7 @@ import itertools
 import logging
 import math
 import threading
+import time
 import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -90,10 +91,12 @@ class OpenclRuntime(Runtime):
         self._measure_backend: Any = None
         self._statics: weakref.WeakValueDictionary[tuple, Block] = weakref.WeakValueDictionary()
         self._static_lock = threading.Lock()
+        self.own(_release, self.tuner, self.submitter, self.queue, self.pool, self._programs, self._program_lock)
         log.info("OpenCL runtime on %s (driver %s)", device.name, d.driver_version)
 
     # Backends ----------------------------------------------------------------------------------
     def new_backend(self, config: BackendConfig) -> OpenclBackend:
+        self.check_usable()
         return OpenclBackend(self, config)
 
     # Weights -----------------------------------------------------------------------------------
@@ -234,16 +237,36 @@ class OpenclRuntime(Runtime):
     def gc(self, level: int = 0) -> None:
         self.pool.trim()
 
-    def close(self) -> None:
-        self.tuner.close()
-        self.submitter.shutdown(wait=True)
-        try:
-            self.queue.finish()
-        except cl.Error:
-            pass
-        self.pool.trim()
-        with self._program_lock:
-            self._programs.clear()
+
+def _release(tuner: Tuner, submitter: ThreadPoolExecutor, queue: "cl.CommandQueue", pool: BufferPool,
+             programs: dict, program_lock: threading.Lock) -> None:
+    """Close a runtime (on close(), when collected, at exit): stop tuning and the submit thread, let the device
+    finish, and wait until pyopencl's callback threads are done with it. A callback thread that reached the
+    interpreter while it tears down would abort the process ("terminate called without an active exception")."""
+    tuner.close()
+    submitter.shutdown(wait=True, cancel_futures=True)
+    try:
+        queue.finish()
+    except cl.Error:
+        pass
+    _drain_callbacks(queue)
+    pool.trim()
+    with program_lock:
+        programs.clear()
+
+
+def _drain_callbacks(queue: "cl.CommandQueue", timeout: float = 5.0) -> None:
+    """Until pyopencl has run the completion callbacks of what the queue did: one last marker's callback runs
+    after theirs were dispatched (an in-order queue), and a moment more lets theirs return."""
+    fired = threading.Event()
+    try:
+        marker = cl.enqueue_marker(queue)
+        marker.set_callback(cl.command_execution_status.COMPLETE, lambda status: fired.set())
+        queue.flush()
+    except cl.Error:
+        return
+    fired.wait(timeout)
+    time.sleep(0.01)
 
 
 _build_lock = threading.Lock()

@@ -53,7 +53,8 @@ class VulkanRuntime(Runtime):
         #: Tune on CPU implementations too (tests use it; by default only GPUs are tuned).
         self.tune_cpu_devices = bool(os.environ.get("AIOMNN_VULKAN_TUNE_CPU"))
         self._backends: weakref.WeakSet[VulkanBackend] = weakref.WeakSet()
-        self.closed = False
+        self._files = _Files()  # where close() saves the pipeline cache
+        self.own(_release, self.tuner, self.submitter, self._backends, self._files, self.queue, self.static, self.ctx)
         log.info("Vulkan runtime on %s (api %s, %s memory, %s, fp16 storage %s)", info.name,
                  vkdev.version_str(info.api), "unified" if self.ctx.unified else
                  "device-local, inputs mapped (resizable BAR)" if self.ctx.rebar else "device-local + staging",
@@ -64,8 +65,7 @@ class VulkanRuntime(Runtime):
         return self.ctx.storage16
 
     def new_backend(self, config: BackendConfig) -> VulkanBackend:
-        if self.closed:
-            raise RuntimeError("the Vulkan runtime is closed")
+        self.check_usable()
         backend = VulkanBackend(self, config)
         self._backends.add(backend)
         return backend
@@ -96,6 +96,7 @@ class VulkanRuntime(Runtime):
     def set_cache_file(self, path) -> None:
         """Tuning results go to `path` (the core's JSON cache); compiled pipelines to `path` + '.vkpipelines'."""
         super().set_cache_file(path)
+        self._files.cache = self.cache_file
         self.tuner.set_cache_file(self.cache_file)
         try:
             with open(self.cache_file + PIPELINE_SUFFIX, "rb") as f:
@@ -107,19 +108,7 @@ class VulkanRuntime(Runtime):
 
     def save_pipeline_cache(self) -> None:
         """Write the pipeline cache next to the tuning cache, atomically (a temporary file, then rename)."""
-        if not self.cache_file:
-            return
-        data = self.get_cache_bytes()
-        if not data:
-            return
-        path = self.cache_file + PIPELINE_SUFFIX
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".vkpipelines-", dir=os.path.dirname(os.path.abspath(path)))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except OSError as exc:
-            log.warning("cannot write the Vulkan pipeline cache %s: %s", path, exc)
+        _save_pipeline_cache(self.ctx, self.cache_file)
 
     # The pipeline cache, for the runtime's cache file ----------------------------------
     def get_cache_bytes(self) -> bytes:
@@ -155,15 +144,37 @@ class VulkanRuntime(Runtime):
     def gc(self, level: int = 0) -> None:
         pass  # weights leave the pool with their graphs; pipelines are kept for reuse
 
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.tuner.close()
-        self.submitter.shutdown(wait=True)
-        for backend in list(self._backends):  # sessions left open: free what they made on the device
-            backend.clear_buffers()
-        self.closed = True
-        self.save_pipeline_cache()
-        self.queue.close()
-        self.static.clear()
-        self.ctx.destroy()
+
+
+class _Files:
+    cache: str | None = None
+
+
+def _release(tuner: Tuner, submitter: ThreadPoolExecutor, backends: "weakref.WeakSet[VulkanBackend]", files: _Files,
+             queue: Queue, static: StaticPool, ctx: vkdev.Context) -> None:
+    """Close a runtime (on close(), when collected, at exit): stop tuning and submitting, free what open sessions
+    made, save the pipeline cache, stop the waiter thread and destroy the device (its compile threads with it)."""
+    tuner.close()
+    submitter.shutdown(wait=True)
+    for backend in list(backends):  # sessions left open: free what they made on the device
+        backend.clear_buffers()
+    _save_pipeline_cache(ctx, files.cache)
+    queue.close()
+    static.clear()
+    ctx.destroy()
+
+
+def _save_pipeline_cache(ctx: vkdev.Context, cache_file: str | None) -> None:
+    if not cache_file:
+        return
+    data = ctx.cache_bytes()
+    if not data:
+        return
+    path = cache_file + PIPELINE_SUFFIX
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".vkpipelines-", dir=os.path.dirname(os.path.abspath(path)))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("cannot write the Vulkan pipeline cache %s: %s", path, exc)
