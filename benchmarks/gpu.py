@@ -39,7 +39,7 @@ import numpy as np
 import aiomnn
 from aiomnn import models
 from aiomnn.config import BackendConfig, ScheduleConfig
-from aiomnn.models import MODELS, sample_input
+from aiomnn.models import MODELS, sample_feeds
 from aiomnn.pipeline import Pipeline
 
 
@@ -47,7 +47,8 @@ from aiomnn.pipeline import Pipeline
 # ONNX -> torch, for the baseline only.
 
 
-def onnx_to_torch(path, input_name, shape, device="cuda"):
+def onnx_to_torch(path, shapes, device="cuda"):
+    """The model as a torch Module whose forward takes the inputs in the order of `shapes` (name -> shape)."""
     import torch
     import torch.nn.functional as F
 
@@ -56,7 +57,7 @@ def onnx_to_torch(path, input_name, shape, device="cuda"):
     rt = aiomnn.create_runtime(ScheduleConfig(type="cpu", num_threads=2))
     cpu = rt.cpu.new_backend(BackendConfig())
     p = Pipeline(graph, cpu, cpu)
-    p.encode({input_name: tuple(shape)})
+    p.encode({k: tuple(v) for k, v in shapes.items()})
     consts = {k: np.asarray(t.const) for k, t in p.tensors.items() if t.is_const}
     rt.close()
     nodes = [n for n in graph.nodes if not all(not o or o in consts for o in n.outputs)]
@@ -95,8 +96,8 @@ def onnx_to_torch(path, input_name, shape, device="cuda"):
             self.idx = {id(n): torch.as_tensor(np.asarray(consts[n.inputs[1]]).reshape(-1), device=device)
                         for n in nodes if n.op_type == "Gather" and n.inputs[1] in consts}
 
-        def forward(self, inp):
-            env = {input_name: inp}
+        def forward(self, *inputs):
+            env = dict(zip(shapes, inputs))
 
             def t(name):
                 return env[name] if name in env else self.w[name]
@@ -130,6 +131,14 @@ def onnx_to_torch(path, input_name, shape, device="cuda"):
                     y = fn(t(i[0]), t(i[1]))
                 elif op == "Sqrt":
                     y = torch.sqrt(t(i[0]))
+                elif op == "Erf":
+                    y = torch.erf(t(i[0]))
+                elif op == "Max":
+                    y = torch.maximum(t(i[0]), t(i[1]))
+                elif op == "LayerNormalization":
+                    x = t(i[0])
+                    y = F.layer_norm(x, x.shape[a.get("axis", -1):], t(i[1]), t(i[2]) if len(i) > 2 and i[2] else None,
+                                     a.get("epsilon", 1e-5))
                 elif op == "Clip":
                     lo = c(i[1]) if len(i) > 1 else a.get("min")
                     hi = c(i[2]) if len(i) > 2 else a.get("max")
@@ -177,6 +186,10 @@ def onnx_to_torch(path, input_name, shape, device="cuda"):
                 elif op == "ReduceMean":
                     axes = a.get("axes") or (c(i[1]) if len(i) > 1 else None)
                     y = torch.mean(t(i[0]), dim=tuple(axes), keepdim=bool(a.get("keepdims", 1)))
+                elif op in ("ReduceSum", "ReduceL2"):
+                    axes = a.get("axes") or (c(i[1]) if len(i) > 1 else None)
+                    fn = torch.sum if op == "ReduceSum" else torch.linalg.vector_norm
+                    y = fn(t(i[0]), dim=tuple(axes), keepdim=bool(a.get("keepdims", 1)))
                 elif op == "MatMul":
                     y = torch.matmul(t(i[0]), t(i[1]))
                 elif op == "Gemm":
@@ -200,6 +213,9 @@ def onnx_to_torch(path, input_name, shape, device="cuda"):
                 elif op == "Expand":
                     x = t(i[0])
                     y = x.expand(tuple(p.tensors[n.outputs[0]].shape))
+                elif op == "Gather" and id(n) not in self.idx:  # indices from an input: an embedding lookup
+                    y = torch.index_select(t(i[0]), a.get("axis", 0), t(i[1]).reshape(-1)).reshape(
+                        p.tensors[n.outputs[0]].shape)
                 elif op == "Gather":
                     y = torch.index_select(t(i[0]), a.get("axis", 0), self.idx[id(n)]).reshape(p.tensors[n.outputs[0]].shape)
                 else:
@@ -269,27 +285,26 @@ async def open_aiomnn(stack, name, shape, backend, precision, tuning, cache_dir)
     """A session on one backend, tuned and warmed up, and what its setup measured. With tuning on, the cache
     starts cold: the first resize serves on the CPU while the runtime tunes, and tune_s is the time until the
     session is on the GPU."""
-    spec = MODELS[name]
     net = aiomnn.Interpreter.from_file(models.path(name))
-    x = sample_input(name, shape)
+    feeds = sample_feeds(name, shape)
     cfg = ScheduleConfig(type=backend, backend_config=BackendConfig(precision=precision, tuning=tuning))
     rt = aiomnn.create_runtime(cfg)
     stack.callback(rt.close)
     rt.set_cache_file(os.path.join(cache_dir, f"{backend}-{name}-{shape[0]}-{precision}.json"))
     t0 = time.perf_counter()
     s = await stack.enter_async_context(await net.create_session(cfg, runtime=rt))
-    await s.resize({spec.input: shape})
+    await s.resize({k: v.shape for k, v in feeds.items()})
     t_resize = time.perf_counter() - t0
     t1 = time.perf_counter()
     tuned = s.has_async_work()
     await s.wait_async_resize()
     tune_s = time.perf_counter() - t1 if tuned else 0.0
-    out = await s.run({spec.input: x})
+    out = await s.run(feeds)
     for _ in range(WARMUP):
-        await s.run({spec.input: x})
+        await s.run(feeds)
     steps = [st for seg in s.pipeline.segments for st in seg.steps]
     on_device = sum(st.backend is s.pipeline.main for st in steps)
-    return {"run": lambda: s.run({spec.input: x}), "resize_s": t_resize, "tune_s": tune_s, "out": out,
+    return {"run": lambda: s.run(feeds), "resize_s": t_resize, "tune_s": tune_s, "out": out,
             "summary": dict(getattr(s.pipeline.main, "summary", {})), "on_device": f"{on_device}/{len(steps)}"}
 
 
@@ -311,30 +326,29 @@ async def time_in_turns(runs: dict, n: int) -> dict:
 def bench_torch(name, shape, n, compile_):
     import torch
 
-    spec = MODELS[name]
     path = models.path(name)
-    x = sample_input(name, shape)
-    model = onnx_to_torch(path, spec.input, shape)
+    feeds = sample_feeds(name, shape)
+    model = onnx_to_torch(path, {k: v.shape for k, v in feeds.items()})
     res = {}
     with torch.no_grad():
-        xd = torch.from_numpy(x).cuda()
+        xd = [torch.from_numpy(v).cuda() for v in feeds.values()]
 
         def e2e(m):
-            return lambda: [o.cpu().numpy() for o in m(torch.from_numpy(x).cuda())]
+            return lambda: [o.cpu().numpy() for o in m(*[torch.from_numpy(v).cuda() for v in feeds.values()])]
 
         def dev(m):
             def go():
-                m(xd)
+                m(*xd)
                 torch.cuda.synchronize()
             return go
 
-        ref = [o.cpu().numpy() for o in model(xd)]
+        ref = [o.cpu().numpy() for o in model(*xd)]
         res["eager"] = (time_sync(e2e(model), n), time_sync(dev(model), n))
         if compile_:
             t0 = time.perf_counter()
             cm = torch.compile(model, mode="reduce-overhead", dynamic=False)
             for _ in range(3):
-                cm(xd)
+                cm(*xd)
             torch.cuda.synchronize()
             res["compile_s"] = time.perf_counter() - t0
             res["compile"] = (time_sync(e2e(cm), n), time_sync(dev(cm), n))
@@ -505,7 +519,7 @@ async def await_lag(n=500):
 
 async def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="det,cls,yolov8n,rec")
+    ap.add_argument("--models", default="det,cls,yolov8n,rec,minilm")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--backends", default="cuda,opencl,vulkan")
     ap.add_argument("--tuning", default="normal", help="tuning level; the cache starts cold for each session")
@@ -551,8 +565,7 @@ async def main(argv=None):
         oracle = ort.InferenceSession(str(models.path(name)), providers=["CPUExecutionProvider"])
         for b in [int(v) for v in args.batches.split(",")]:
             shape = (b,) + tuple(base[1:])
-            x = sample_input(name, shape)
-            want = oracle.run(None, {spec.input: x})
+            want = oracle.run(None, sample_feeds(name, shape))
             r = {}
             async with contextlib.AsyncExitStack() as stack:
                 opened = {}
