@@ -140,6 +140,20 @@ def record(cmd, dispatches: list[Dispatch]) -> None:
         barrier(cmd, COMPUTE, COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, SHADER_RW)
 
 
+def record_timed(cmd, dispatches: list[Dispatch], pool) -> None:
+    """Record dispatches one after another (a barrier after each), for profiling: timestamp i + 1, written once
+    dispatch i and all before it are done, ends its time; timestamp 0 starts the first's. The pool holds
+    len(dispatches) + 1 timestamps."""
+    n = len(dispatches) + 1
+    vk.vkCmdResetQueryPool(cmd, pool, 0, n)
+    lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 0)
+    for i, d in enumerate(dispatches):
+        bind(cmd, d.kernel, d.set, d.push)
+        lib.vkCmdDispatch(cmd, *d.groups)
+        barrier(cmd, COMPUTE, COMPUTE, vk.VK_ACCESS_SHADER_WRITE_BIT, SHADER_RW)
+        lib.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, i + 1)
+
+
 def barrier(cmd, src_stage: int, dst_stage: int, src_access: int, dst_access: int) -> None:
     mb = ffi.new("VkMemoryBarrier*", {"sType": vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER, "srcAccessMask": src_access,
                                       "dstAccessMask": dst_access})

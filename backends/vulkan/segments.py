@@ -26,7 +26,7 @@ from aiomnn.errors import BackendError
 from .memory import Loc, align_up
 from .queue import Submission
 from .record import (COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, Record, Slot, barrier,
-                     record as record_cmds)
+                     record as record_cmds, record_timed)
 
 if TYPE_CHECKING:
     from aiomnn.pipeline import Segment
@@ -145,7 +145,13 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
                        for loc in whole]
             vk.vkCmdCopyBuffer(cmd, be._io_host.handle, be._io_dev.handle, len(regions), regions)
             barrier(cmd, TRANSFER, COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, SHADER_RW)
-        record_cmds(cmd, dispatches + cast_out)
+        timed = be.profile is not None and be.ctx.timestamps and bool(dispatches)
+        if timed:  # profiling: each dispatch on its own, timed (record_timed)
+            pool = be.query_pool(len(dispatches) + 1)
+            record_timed(cmd, dispatches, pool)
+            record_cmds(cmd, cast_out)
+        else:
+            record_cmds(cmd, dispatches + cast_out)
         if rb is not None:
             barrier(cmd, COMPUTE, TRANSFER, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_TRANSFER_READ_BIT)
             for (_, loc, _), off in zip(downloads, rb_offsets):
@@ -157,6 +163,8 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
         vk.vkEndCommandBuffer(cmd)
         sub = Submission(be.queue, cmd)
         be._subs.append(sub)
+        if timed:
+            be._timestamps[sub] = (pool, len(dispatches) + 1)
         return Slot(sub, views, handover, sends)
 
     return Record(make, up_views, pops, Record.key_of(exes, upload_names, download_names))
