@@ -74,7 +74,7 @@ def pool_geometry(spatial, kernel, strides, dils, pads, auto_pad, ceil_mode):
             # The last window must start inside the input or its begin padding.
             if (size - 1) * strides[i] >= spatial[i] + pads[i]:
                 size -= 1
-        else:
-            size = num // strides[i] + 1
+        else:  # C's division, as ONNX's shape inference and onnxruntime: (1 - 2) / 2 + 1 is one window, not none
+            size = (num // strides[i] if num >= 0 else -(-num // strides[i])) + 1
         outs.append(size)
     return pads, outs

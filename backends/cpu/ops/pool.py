@@ -293,11 +293,12 @@ class _Global(Kernel):
             return out
         cdt = float_compute_dtype(x.dtype)
         if self.reduce == "avg":
+            count = max(flat.shape[2], 1)  # no element (a 0 x 0 input): 0, as ReduceMean in onnxruntime, not NaN
             if cdt == x.dtype:  # np.mean, without its Python overhead
                 np.add.reduce(flat, axis=2, out=ov)
-                np.divide(ov, flat.shape[2], out=ov)
+                np.divide(ov, count, out=ov)
             else:
-                ov[...] = flat.astype(cdt).mean(axis=2)
+                ov[...] = np.add.reduce(flat.astype(cdt), axis=2) / count
             return out
         a = np.abs(flat.astype(cdt, copy=False))
         pv = self.p
