@@ -52,7 +52,7 @@ def backend_param(kind: str):
     return pytest.param(kind, id=kind, marks=pytest.mark.skipif(reason is not None, reason=reason or ""))
 
 
-BACKENDS = [backend_param(k) for k in ("cpu", "opencl", "vulkan")]
+BACKENDS = [backend_param(k) for k in ("cpu", "opencl", "vulkan", "cuda")]
 
 
 def config(kind: str, profile: bool = True, runs: int = 1000) -> aiomnn.ScheduleConfig:
@@ -75,6 +75,10 @@ def executed_ops(session) -> int:
             n += sum(1 for s in seg.steps if s.execution.launches)
         elif b.type is ForwardType.VULKAN:
             n += sum(1 for s in seg.steps if s.execution.dispatches)
+        elif b.type is ForwardType.CUDA:
+            run = b._runs[id(seg.steps[0].execution)]
+            assert run.graph is None  # profiling launches op by op
+            n += len(run.spans)
         else:
             n += len(seg.steps)
     return n
@@ -186,6 +190,30 @@ async def test_bounded_and_off():
             off.write_profile("never.json")
     with pytest.raises(aiomnn.AiomnnError):
         Profile(0)
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(not probe(ForwardType.VULKAN), reason="no Vulkan device here (the backend's probe found none)")
+async def test_vulkan_without_timestamps(tmp_path):
+    """A device whose queue has no timestamp queries: each segment is one event, and says why."""
+    cfg = config("vulkan")
+    runtime = aiomnn.create_runtime(cfg)
+    try:
+        runtime.runtimes[ForwardType.VULKAN].ctx.timestamps = False
+        net = aiomnn.Interpreter.from_bytes(conv_chain(layers=2, channels=4))
+        async with await net.create_session(cfg, runtime) as session:
+            for _ in range(2):
+                await session.run({"x": np.ones((1, 4, 64, 64), np.float32)})
+            runs = list(session.profile.runs)
+            vk_segments = sum(1 for seg in session.pipeline.segments if seg.backend.type is ForwardType.VULKAN)
+            assert vk_segments
+            for run in runs:
+                mine = [op for op in run.ops if op.backend == "vulkan"]
+                assert len(mine) == vk_segments
+                assert all("not available" in op.args["per_op"] and op.args["clock"] == "host" for op in mine)
+            session.write_profile(tmp_path / "trace.json")
+    finally:
+        runtime.close()
 
 
 @pytest.mark.models

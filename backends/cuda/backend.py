@@ -36,6 +36,7 @@ from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.graph import Node
+from aiomnn.profile import OpEvent
 from aiomnn.memory import Block, StorageType
 
 from . import grouping, runs
@@ -435,6 +436,22 @@ class CudaBackend(Backend):
                 runs.copy_in(self, host, values[name], dst)
             values.update(runs.launch(self, run, fence, device))
         return fence
+
+    def profile_segment(self, segment: "Segment", began_ns: int, ended_ns: int) -> None:
+        """One event per step that launched kernels: their device time between its pair of CUDA events
+        (runs.launch_timed), placed from the segment's start on the host."""
+        assert self.profile is not None
+        run = self._runs.get(id(segment.steps[0].execution))
+        timed, run.timed = (run.timed, []) if run is not None else ([], [])
+        if not timed:
+            return
+        first = timed[0][1]
+        for step, start, end in timed:
+            name, op_type, args = self.profile.describe([step.node])
+            at = cupy.cuda.get_elapsed_time(first, start)  # ms
+            dur = cupy.cuda.get_elapsed_time(start, end)
+            self.profile.add(OpEvent(name, op_type, "cuda", began_ns + int(at * 1e6), int(dur * 1e6),
+                                     {**args, "clock": "device", "launches": len(step.exe.launches)}))
 
     def _wait_thread(self) -> Waiter:
         if self._waiter is None:

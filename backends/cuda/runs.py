@@ -54,6 +54,10 @@ class Run:
     fns: list[Callable[[], None]] = field(default_factory=list)  # the graph's launches
     graph: Any = None
     compute: list[Callable[[], None]] = field(default_factory=list)  # the steps' launches, without the casts
+    # For profiling: each step that launches kernels, with the range of fns that are its launches; and the
+    # latest profiled launch's (step, start event, end event) pairs.
+    spans: list[tuple[Step, int, int]] = field(default_factory=list)
+    timed: list[tuple[Step, Any, Any]] = field(default_factory=list)
     keep: list[Any] = field(default_factory=list)
     held: list[Any] = field(default_factory=list)  # the pinned blocks the latest launch copies into
     # How long a run takes, as the waiter saw it: with the outputs copied to the host, and with them on
@@ -89,11 +93,14 @@ def make(be: Backend, steps: list[Step], mine: set[str]) -> Run:
             fns.append(_cast_fn(be, stage, dev))
     first = len(fns)
     for s in steps:
+        a = len(fns)
         fns.extend(s.exe.launches)
         root = be._roots.get(s.index)
         if not (root is None or s.index in be._absorbed or (isinstance(root, Raw) and root.op is s.exe)):
             fns.append(grouping.launch(be, s, root))  # else: no epilogue, or it runs in a consumer's kernel
         be._after_step(s, fns)
+        if len(fns) > a:
+            run.spans.append((s, a, len(fns)))
     run.compute = fns[first:]
     # Outputs: made here and read by another backend, or graph outputs.
     for s in steps:
@@ -158,8 +165,8 @@ def record(be: Backend, run: Run) -> None:
             fn()
     stream.synchronize()
     run.keep.append(held)
-    if os.environ.get("AIOMNN_CUDA_GRAPHS", "1") == "0":
-        return
+    if os.environ.get("AIOMNN_CUDA_GRAPHS", "1") == "0" or be.profile is not None:
+        return  # profiling launches op by op, between events (launch_timed)
     # Another thread's CUDA work can invalidate a capture (it happened while a session's background
     # tuning ran beside a resize), so a failed capture is tried again before giving up on graphs.
     for attempt in range(CAPTURE_TRIES):
@@ -203,7 +210,9 @@ def launch(be: Backend, run: Run, fence: Fence, device: bool = False) -> dict[st
     stream = be.stream
     mode = be.wait_mode
     sent_at = time.perf_counter()
-    if run.graph is None:
+    if be.profile is not None:
+        launch_timed(stream, run)
+    elif run.graph is None:
         with stream:
             for fn in run.fns:
                 fn()
@@ -227,6 +236,27 @@ def launch(be: Backend, run: Run, fence: Fence, device: bool = False) -> dict[st
         event.record(stream)
         be._wait_thread().put(event, fence, run.timing[device], sent_at, events.append)
     return outs
+
+
+def launch_timed(stream: Any, run: Run) -> None:
+    """The run's launches one by one, each step's between a pair of CUDA events (profiling; read by the
+    backend's profile_segment once the run has ended)."""
+    timed = []
+    i = 0
+    with stream:
+        for step, a, b in run.spans:
+            for fn in run.fns[i:a]:
+                fn()
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            for fn in run.fns[a:b]:
+                fn()
+            end.record(stream)
+            timed.append((step, start, end))
+            i = b
+        for fn in run.fns[i:]:
+            fn()
+    run.timed = timed
 
 
 def _to_host(be: Backend, src: "cupy.ndarray", held: list) -> np.ndarray:
