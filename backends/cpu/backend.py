@@ -100,7 +100,7 @@ class CpuBackend(Backend):
         pool = self.runtime.pool
         yield_at = time.perf_counter() + YIELD_EVERY if pool.nice > 0 and _sched_yield is not None else math.inf
         plan = self._plan(segment) if self.profile is None else self._timed_plan(segment)
-        with pool.running():
+        with pool.running(), np.errstate(all="ignore"):  # IEEE results (inf * 0 is nan), never a NumPy warning
             for execution, inputs, outputs, frees, check_views, node in plan:
                 if time.perf_counter() >= yield_at:
                     _sched_yield()

@@ -277,6 +277,7 @@ if hasattr(os, "register_at_fork"):
 class _Job:
     def __init__(self, count: int, fn: Callable[[int], None]):
         self.count, self.fn = count, fn
+        self.errstate = np.geterr()  # the caller's (run_segment ignores all): helpers compute as it does
         self.next = self.done = 0
         self.error: BaseException | None = None
         self.lock = threading.Lock()
@@ -291,7 +292,8 @@ class _Job:
                 self.next = i + 1
             try:
                 if self.error is None:
-                    self.fn(i)
+                    with np.errstate(**self.errstate):
+                        self.fn(i)
             except BaseException as exc:  # noqa: BLE001  (re-raised on the calling thread)
                 self.error = exc
             with self.lock:
