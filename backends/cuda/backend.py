@@ -446,12 +446,12 @@ class CudaBackend(Backend):
         if not timed:
             return
         first = timed[0][1]
-        for step, start, end in timed:
+        for step, start, end, launches in timed:
             name, op_type, args = self.profile.describe([step.node])
             at = cupy.cuda.get_elapsed_time(first, start)  # ms
             dur = cupy.cuda.get_elapsed_time(start, end)
             self.profile.add(OpEvent(name, op_type, "cuda", began_ns + int(at * 1e6), int(dur * 1e6),
-                                     {**args, "clock": "device", "launches": len(step.exe.launches)}))
+                                     {**args, "clock": "device", "launches": launches}))
 
     def _wait_thread(self) -> Waiter:
         if self._waiter is None:

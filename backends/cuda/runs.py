@@ -55,9 +55,9 @@ class Run:
     graph: Any = None
     compute: list[Callable[[], None]] = field(default_factory=list)  # the steps' launches, without the casts
     # For profiling: each step that launches kernels, with the range of fns that are its launches; and the
-    # latest profiled launch's (step, start event, end event) pairs.
+    # latest profiled launch's (step, start event, end event, launches).
     spans: list[tuple[Step, int, int]] = field(default_factory=list)
-    timed: list[tuple[Step, Any, Any]] = field(default_factory=list)
+    timed: list[tuple[Step, Any, Any, int]] = field(default_factory=list)
     keep: list[Any] = field(default_factory=list)
     held: list[Any] = field(default_factory=list)  # the pinned blocks the latest launch copies into
     # How long a run takes, as the waiter saw it: with the outputs copied to the host, and with them on
@@ -252,7 +252,7 @@ def launch_timed(stream: Any, run: Run) -> None:
             for fn in run.fns[a:b]:
                 fn()
             end.record(stream)
-            timed.append((step, start, end))
+            timed.append((step, start, end, b - a))
             i = b
         for fn in run.fns[i:]:
             fn()
