@@ -8,7 +8,8 @@
   becomes Add(b / a) -> Conv with its weights scaled by a.
 * Spelled-out activations become one node: x * Clip(x + 3, 0, 6) / 6 and
   x * HardSigmoid(x; 1/6, 1/2) become HardSwish(x), x * Sigmoid(x) becomes
-  Swish(x).
+  Swish(x), and GELU as torch exports it, x * 0.5 * (1 + Erf(x / sqrt 2))
+  (Div, Erf, Add, Mul, Mul, in either order of the two Muls), becomes Gelu(x).
 * An activation then fuses into the op that produces its input.
 * An Identity whose input has no other reader goes: the op that produces
   that input writes its output (a copy less where it is a graph output).
@@ -20,6 +21,7 @@ Conv, ConvTranspose, Gemm and Add apply or decline.
 
 from __future__ import annotations
 
+import math
 from types import MappingProxyType
 from typing import Any
 
@@ -30,7 +32,7 @@ from .graph import Graph, Node
 FUSABLE_INTO = {"Conv", "ConvTranspose", "Gemm", "Add"}
 FUSABLE_ACTIVATIONS = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Swish", "Tanh", "Clip"}
 #: Opsets where the synthesized activation ops exist.
-SINCE = {"HardSwish": 14, "Swish": 24}
+SINCE = {"HardSwish": 14, "Swish": 24, "Gelu": 20}
 
 
 def optimize(graph: Graph) -> Graph:
@@ -40,6 +42,7 @@ def optimize(graph: Graph) -> Graph:
     g.fold_input_affine()
     g.fuse_hard_swish()
     g.fuse_swish()
+    g.fuse_gelu()
     g.fuse_activations()
     nodes = tuple(n for n in g.nodes if n is not None)
     return Graph(graph.name, nodes, graph.inputs, graph.outputs, MappingProxyType(g.consts),
@@ -356,6 +359,58 @@ class _Rewriter:
                           i: _replace(mul, op_type="Swish", inputs=(x,), attrs=attrs,
                                       opset=max(mul.opset, SINCE["Swish"]))})
                 break
+
+    def fuse_gelu(self) -> None:
+        """x * 0.5 * (1 + Erf(x / sqrt 2)), or (x * 0.5) * (1 + Erf(x / sqrt 2)), becomes Gelu(x)."""
+        for e, erf in enumerate(self.nodes):
+            if erf is None or erf.domain or erf.op_type != "Erf" or len(erf.inputs) != 1:
+                continue
+            match = self._gelu_from(e, erf)
+            if match is not None:
+                last, x, removed = match
+                node = self.nodes[last]
+                self.set({**{k: None for k in removed},
+                          last: _replace(node, op_type="Gelu", inputs=(x,), attrs={},
+                                         opset=max(node.opset, SINCE["Gelu"]))})
+
+    def _gelu_from(self, e: int, erf: Node) -> tuple[int, str, list[int]] | None:
+        """(index of the pattern's last node, x, the other nodes) for the GELU pattern around an Erf."""
+        d, div = self.made_by(erf.inputs[0], "Div", "Mul")
+        if div is None or not self.only_user(erf.inputs[0], e):
+            return None
+        found = self._scalar_operand(div, None)
+        want = math.sqrt(2) if div.op_type == "Div" else 1 / math.sqrt(2)
+        if found is None or (div.op_type == "Div" and found[0] != 0) or not math.isclose(found[1], want, rel_tol=1e-6):
+            return None
+        x = div.inputs[found[0]]
+        a, add = self._only_reader(erf.outputs[0], e, "Add")
+        if add is None or (f := self._scalar_operand(add, None)) is None or f[1] != 1.0:
+            return None
+        m, mul = self._only_reader(add.outputs[0], a, "Mul")
+        if mul is None:
+            return None
+        other = mul.inputs[1 - mul.inputs.index(add.outputs[0])]
+        if other == x:  # (x * (1 + erf)) * 0.5
+            h, half = self._only_reader(mul.outputs[0], m, "Mul")
+            g = None if half is None else self._scalar_operand(half, None)
+            if g is None or g[1] != 0.5:
+                return None
+            return h, x, [d, e, a, m]
+        h, half = self.made_by(other, "Mul")  # (x * 0.5) * (1 + erf)
+        g = None if half is None else self._scalar_operand(half, None)
+        if g is None or g[1] != 0.5 or half.inputs[g[0]] != x or not self.only_user(other, m):
+            return None
+        return m, x, [d, e, a, h]
+
+    def _only_reader(self, name: str, producer: int, op_type: str) -> tuple[int, Node] | tuple[None, None]:
+        """The one node that reads a value (of this op type, with two inputs), when it is no graph output."""
+        users = self.users.get(name, [])
+        if len(users) != 1 or name in self.outputs:
+            return None, None
+        n = self.nodes[users[0]]
+        if n is None or n.domain or n.op_type != op_type or len(n.inputs) != 2 or users[0] < producer:
+            return None, None
+        return users[0], n
 
     def drop_identities(self) -> None:
         """An Identity whose input has no other reader (and is no graph output) goes: the node that produces

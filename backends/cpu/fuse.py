@@ -10,6 +10,16 @@ in arithmetic.
   products. Where a small 1x1 conv then reads the product, the scale goes into that conv's weights
   (W @ (x * s) = (W * s) @ x) instead of over the input; otherwise the input is scaled in one pass.
 
+* Attention (BERT and other exported transformers): MatMul(q, k^T) -> Div or Mul by a scalar -> Add of a
+  mask -> Softmax over the last axis -> MatMul with v, the scale and the mask Add optional. Each thread
+  takes a few heads of one batch item at a time: their scores stay in its cache, the compiled softmax
+  loop (loops.py) scales, masks and normalizes them in one pass without the GIL, and no [b, h, s, s]
+  tensor is ever written.
+
+* Dense layers: MatMul by a 2-D weight -> Add of a bias row -> GELU (optional) as one product, its tiles
+  shared with the helper threads, the bias added to each tile while it is in cache.
+* Residual and LayerNormalization: Add -> LayerNormalization over the last axis as one compiled pass.
+
 A fused step takes the place of the chain's steps only where the values between them are read by the
 next step alone (each is freed there), so no other step can miss them. If it meets inputs other than
 the ones it was planned for, it runs the chain's kernels one by one.
@@ -25,11 +35,16 @@ import numpy as np
 
 from aiomnn.backend import Execution
 
+from . import jit
+from .kernel import parallel, shared_scratch, threads
 from .ops.conv import Conv
-from .ops.products import bias_tile, product
-from .ops.dtypes import matches, out_buffer
-from .ops.elementwise import Mul
+from .ops.dtypes import F32, matches, out_buffer
+from .ops.elementwise import Add, Div, Mul
+from .ops.activations import gelu_
+from .ops.matmul import MatMul, gemm
+from .ops.normalization import NO_ROWS, LayerNormalization, _SoftmaxBase, layer_norm_rows
 from .ops.pool import GlobalAveragePool
+from .ops.products import bias_tile, product
 
 #: run_segment's view of one step: (execution, input names, [(output index, name)], names freed after it,
 #: whether to copy outputs that view planned memory, node).
@@ -41,13 +56,16 @@ def fuse(plan: list[Step]) -> list[Step]:
     out: list[Step] = []
     i = 0
     while i < len(plan):
-        chain = _squeeze_excite(plan, i)
-        if chain is None:
+        for find, kind in ((_squeeze_excite, SqueezeExcite), (_attention, Attention), (_dense, Dense),
+                           (_add_norm, AddNorm)):
+            chain = find(plan, i)
+            if chain is not None:
+                out.append(_step(kind, chain))
+                i += len(chain)
+                break
+        else:
             out.append(plan[i])
             i += 1
-        else:
-            out.append(_step(SqueezeExcite, chain))
-            i += len(chain)
     return out
 
 
@@ -97,13 +115,208 @@ def _squeeze_excite(plan: list[Step], i: int) -> list[Step] | None:
     return chain
 
 
-class SqueezeExcite(Execution):
+class Fused(Execution):
+    """A fused chain of steps: its inputs come in the order of `names`; where what arrives is not what the
+    fusion was made for, the chain's own kernels run one by one."""
+
+    def __init__(self, chain: list[Step], names: list[str]):
+        self.names = names
+        self.chain = [(s[0], s[1], s[2]) for s in chain]
+        self._spare: np.ndarray | None = None
+
+    def _output(self, planned: np.ndarray | None, shape: tuple[int, ...], reads: tuple[np.ndarray, ...]) -> np.ndarray:
+        """Where the chain's float32 result goes: the last step's planned buffer, unless it overlaps what the
+        chain reads (the plan let it reuse the memory of a value that an earlier step of the chain read last),
+        then a buffer of the fused step's own."""
+        out = out_buffer(planned, shape, F32)
+        if not any(np.may_share_memory(out, a) for a in reads):
+            return out
+        if self._spare is None or self._spare.shape != shape:
+            self._spare = np.empty(shape, F32)
+        return self._spare
+
+    def _unfused(self, values: dict[str, Any]) -> Any:
+        for execution, ins, outs in self.chain:
+            result = execution.on_execute([values[n] if n else None for n in ins], [])
+            for i, name in outs:
+                values[name] = result[i] if type(result) is tuple else result
+        return result
+
+
+def _reads(a: Step, b: Step) -> bool:
+    """Whether step a's one output is read by b alone, once, as either of its inputs (freed there)."""
+    outs, ins, frees = a[2], b[1], b[3]
+    return len(outs) == 1 and outs[0][1] in frees and ins.count(outs[0][1]) == 1
+
+
+def _attention(plan: list[Step], i: int) -> list[Step] | None:
+    """The steps from i that form scaled dot-product attention, MatMul (Div|Mul)? Add? Softmax MatMul."""
+    first = plan[i][0]
+    if type(first) is not MatMul:
+        return None
+    chain = [plan[i]]
+    j = i + 1
+    for kinds in ((Div, Mul), (Add,)):
+        if j < len(plan) and type(plan[j][0]) in kinds and _reads(plan[j - 1], plan[j]):
+            chain.append(plan[j])
+            j += 1
+    if j + 1 >= len(plan) or not isinstance(plan[j][0], _SoftmaxBase) or type(plan[j + 1][0]) is not MatMul:
+        return None
+    chain += [plan[j], plan[j + 1]]
+    if not all(_reads(a, b) for a, b in zip(chain, chain[1:])) or chain[-1][1][0] != chain[-2][2][0][1]:
+        return None
+    if any(s[0].legacy or s[0].activation is not None for s in chain[1:-2]):
+        return None
+    softmax = chain[-2][0]
+    scores = first.out_tensors[0]
+    if (softmax.kind != "softmax" or scores.shape is None or len(scores.shape) < 3 or scores.dtype != F32
+            or softmax.axis not in (-1, len(scores.shape) - 1) or chain[1][0] is not softmax and type(chain[1][0]) is Div
+            and chain[1][1][0] != chain[0][2][0][1]):
+        return None
+    return chain
+
+
+class Attention(Fused):
+    """softmax(q @ k * scale + mask) @ v, a few heads at a time per thread (see the module's docstring).
+
+    Inputs are checked on every run: the scale must be a scalar and the mask must add one row per batch item
+    (shape [b or 1, 1, 1, s]) or be absent; anything else runs the chain's kernels one by one."""
+
+    def __init__(self, chain: list[Step], names: list[str]):
+        super().__init__(chain, names)
+        kinds = [type(s[0]) for s in chain]
+        self.scaled = Div in kinds or Mul in kinds
+        self.divides = Div in kinds
+        self.masked = Add in kinds
+        inner = [s[2][0][1] for s in chain]  # the value each step makes
+        self.q, self.k = chain[0][1][:2]
+        self.scale = next((x for x in chain[1][1] if x != inner[0]), None) if self.scaled else None
+        add = chain[1 + self.scaled] if self.masked else None
+        self.mask = None if add is None else next(x for x in add[1] if x != inner[self.scaled])
+        self.v = chain[-1][1][1]
+        self.last = chain[-1][0]
+
+    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        values = dict(zip(self.names, inputs))
+        q, k, v = values[self.q], values[self.k], values[self.v]
+        loop = jit.jitted("softmax")
+        scale = 1.0
+        if self.scaled:
+            c = values[self.scale]
+            if not isinstance(c, np.ndarray) or c.size != 1 or c.dtype != F32:
+                return self._unfused(values)
+            scale = 1 / float(c.reshape(())) if self.divides else float(c.reshape(()))
+        if (loop is None or q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or any(a.dtype != F32 for a in (q, k, v))
+                or q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2] or q.shape[3] != k.shape[2]
+                or k.shape[3] != v.shape[2]):
+            return self._unfused(values)
+        b, h, s, _ = q.shape
+        t = k.shape[3]
+        rows = NO_ROWS
+        if self.masked:
+            m = values[self.mask]
+            if not isinstance(m, np.ndarray) or m.dtype != F32 or m.ndim != 4 or m.shape[1:3] != (1, 1) \
+                    or m.shape[3] != t or m.shape[0] not in (1, b):
+                return self._unfused(values)
+            rows = np.ascontiguousarray(m.reshape(m.shape[0], t))
+        out = self._output(self.last.out[0], (b, h, s, v.shape[3]), (q, k, v))
+        per = max(1, min(h, -(-h * b // (2 * threads()))))  # heads a piece: two pieces a thread
+        pieces = -(-h // per)
+        one_row = rows.shape[0] == 1
+        f_scale = np.float32(scale)
+
+        def piece(n: int) -> None:
+            i, j = divmod(n, pieces)
+            hs = slice(j * per, min(h, (j + 1) * per))
+            count = hs.stop - hs.start
+            scores = shared_scratch("attention.scores", (count, s, t), F32)[0]
+            np.matmul(q[i, hs], k[i, hs], out=scores)
+            flat = scores.reshape(-1, t)
+            mask = rows if not self.masked else rows[0 if one_row else i:][:1]
+            loop(flat, f_scale, mask, flat.shape[0], 0)
+            np.matmul(scores, v[i, hs], out=out[i, hs])
+
+        parallel(b * pieces, piece)
+        return out
+
+
+def _dense(plan: list[Step], i: int) -> list[Step] | None:
+    """MatMul -> Add (-> Gelu) from step i."""
+    if type(plan[i][0]) is not MatMul or i + 1 >= len(plan):
+        return None
+    add = plan[i + 1]
+    if type(add[0]) is not Add or add[0].legacy or add[0].activation is not None or not _reads(plan[i], add):
+        return None
+    chain = [plan[i], add]
+    nxt = plan[i + 2] if i + 2 < len(plan) else None
+    if nxt is not None and type(nxt[0]).__name__ == "Gelu" and nxt[0].attrs.get("approximate") == "none" \
+            and _reads(add, nxt):
+        chain.append(nxt)
+    return chain
+
+
+class Dense(Fused):
+    """x @ w + bias (then GELU) for a 2-D w and a bias row of its width, written into the last step's buffer."""
+
+    def __init__(self, chain: list[Step], names: list[str]):
+        super().__init__(chain, names)
+        self.x, self.w = chain[0][1][:2]
+        made = chain[0][2][0][1]
+        self.bias = next(x for x in chain[1][1] if x != made)
+        self.gelu = len(chain) == 3
+        self.last = chain[-1][0]
+
+    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        values = dict(zip(self.names, inputs))
+        x, w, bias = values[self.x], values[self.w], values[self.bias]
+        if (not isinstance(bias, np.ndarray) or any(a.dtype != F32 for a in (x, w, bias)) or w.ndim != 2
+                or x.ndim < 2 or x.shape[-1] != w.shape[0] or bias.shape[-1:] != w.shape[1:] or bias.size != w.shape[1]
+                or not x.flags.c_contiguous):
+            return self._unfused(values)
+        out = self._output(self.last.out[0], x.shape[:-1] + w.shape[1:], (x,))
+        gemm(x.reshape(-1, x.shape[-1]), w, out.reshape(-1, w.shape[1]), bias.reshape(-1))
+        if self.gelu and not jit.elementwise("gelu", out):
+            gelu_(out)
+        return out
+
+
+def _add_norm(plan: list[Step], i: int) -> list[Step] | None:
+    """Add -> LayerNormalization from step i, the sum read by the normalization alone."""
+    if i + 1 >= len(plan) or type(plan[i][0]) is not Add or type(plan[i + 1][0]) is not LayerNormalization:
+        return None
+    add, norm = plan[i], plan[i + 1]
+    if add[0].legacy or add[0].activation is not None or not _feeds(add, norm) or norm[0].n_out != 1:
+        return None
+    return [add, norm]
+
+
+class AddNorm(Fused):
+    """LayerNormalization(a + b) over the last axis in one compiled pass, without writing a + b."""
+
+    def __init__(self, chain: list[Step], names: list[str]):
+        super().__init__(chain, names)
+        self.a, self.b = chain[0][1]
+        self.norm = chain[1][0]
+        self.scale = chain[1][1][1]
+        self.bias = chain[1][1][2] if len(chain[1][1]) > 2 else ""
+
+    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        values = dict(zip(self.names, inputs))
+        a, b = values[self.a], values[self.b]
+        norm = self.norm
+        if a.shape == b.shape and a.ndim and norm.axis in (-1, a.ndim - 1) and a.dtype == F32:
+            out = self._output(norm.out[0], a.shape, (a, b))
+            if layer_norm_rows(a, b, values[self.scale], values[self.bias] if self.bias else None, norm.eps, out):
+                return out
+        return self._unfused(values)
+
+
+class SqueezeExcite(Fused):
     """Per image, s = act2(conv2(act1(conv1(the mean of x over its pixels)))), then x * s per channel into
     Mul's buffer, or, with a 1x1 conv after it, that conv of x with its weights scaled by s."""
 
     def __init__(self, chain: list[Step], names: list[str]):
-        self.names = names  # the chain's inputs, in the order on_execute gets them
-        self.chain = [(s[0], s[1], s[2]) for s in chain]
+        super().__init__(chain, names)
         self.conv1, self.conv2, self.mul = chain[1][0], chain[2][0], chain[3][0]
         self.project: Conv | None = chain[4][0] if len(chain) == 5 else None
         self.shape = tuple(self.mul.out_tensors[0].shape)
@@ -114,7 +327,7 @@ class SqueezeExcite(Execution):
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         x = inputs[0]
         if x.shape != self.shape or x.dtype != self.dtype:  # not what was planned
-            return self._unfused(inputs)
+            return self._unfused(dict(zip(self.names, inputs)))
         n, c = self.shape[:2]
         flat = x.reshape(n, c, -1)
         # Column vectors, one product per image as the unfused convs do: a batch's results do not depend on
@@ -137,13 +350,6 @@ class SqueezeExcite(Execution):
         product(packed["w"][0] * s.transpose(0, 2, 1), flat, y.reshape(n, self.out_shape[1], -1), bias, conv.activation)
         return y
 
-    def _unfused(self, inputs: list[Any]) -> Any:
-        values = dict(zip(self.names, inputs))
-        for execution, ins, outs in self.chain:
-            result = execution.on_execute([values[n] if n else None for n in ins], [])
-            for i, name in outs:
-                values[name] = result[i] if type(result) is tuple else result
-        return result
 
 
 #: Rows of at most this many values are averaged as a matrix-vector product with a vector of 1/n, which took

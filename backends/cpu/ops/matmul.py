@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernel import Kernel, op
+from ..kernel import Kernel, op, parallel, threads
 from .activations import activation_fn
 from .dtypes import out_buffer
 
@@ -68,20 +68,72 @@ class MatMul(Kernel):
 
 
 def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    if a.ndim >= 3 and b.ndim == 2 and a.flags.c_contiguous:
+    if a.ndim >= 2 and b.ndim == 2 and a.flags.c_contiguous:
         # (..., M, K) @ (K, N): one GEMM over all rows.
         rows = a.reshape(-1, a.shape[-1])
         if out is None:
-            return np.matmul(rows, b).reshape(a.shape[:-1] + (b.shape[1],))
-        np.matmul(rows, b, out=out.reshape(-1, b.shape[1]))
+            out = np.empty(a.shape[:-1] + (b.shape[1],), np.result_type(a, b))
+        gemm(rows, b, out.reshape(-1, b.shape[1]))
         return out
     if out is None:
         return np.matmul(a, b)
     if a.ndim == 1 and b.ndim == 1:
         out[...] = np.dot(a, b)
         return out
+    if a.ndim >= 3 and a.shape[:-2] == b.shape[:-2] and out.shape[:-2] == a.shape[:-2]:
+        # Batched products of one shape ([b, h, s, d] @ [b, h, d, s] in attention): runs of them shared with
+        # the helper threads.
+        a3, b3 = a.reshape((-1,) + a.shape[-2:]), b.reshape((-1,) + b.shape[-2:])
+        o3 = out.reshape((-1,) + out.shape[-2:])
+        n = a3.shape[0]
+        per = _per_piece(n, a.shape[-2] * a.shape[-1] * b.shape[-1])
+        if per < n:
+            parallel(-(-n // per), lambda k: np.matmul(a3[k * per:(k + 1) * per], b3[k * per:(k + 1) * per],
+                                                       out=o3[k * per:(k + 1) * per]))
+            return out
     np.matmul(a, b, out=out)
     return out
+
+
+#: A product is shared with the helper threads from this many multiply-adds (about 40 us of work on one
+#: core), in pieces of at least a quarter of that: a helper's wake-up and a GEMM call's set-up cost microseconds.
+PARALLEL_GEMM = 1 << 22
+
+
+def _per_piece(n: int, macs_each: int) -> int:
+    """How many of n equal products make one piece: two pieces a thread, none too small to be worth it."""
+    t = threads()
+    if t <= 1 or n * macs_each < PARALLEL_GEMM:
+        return n
+    return max(1, -(-n // (2 * t)), -(-PARALLEL_GEMM // 4 // max(1, macs_each)))
+
+
+def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None = None) -> None:
+    """out = a @ b (+ bias, a row) for 2-D operands, in tiles shared with the helper threads when it is big:
+    column blocks of b where they stay wide (each thread packs only its own block of b), else row blocks of
+    a. The bias is added to each tile while it is in cache."""
+    m, k = a.shape
+    n = b.shape[1]
+    t = threads()
+    if t <= 1 or m * n * k < PARALLEL_GEMM or a.dtype not in _BLAS:
+        np.matmul(a, b, out=out)
+        if bias is not None:
+            out += bias
+        return
+    pieces = min(2 * t, max(1, m * n * k // (PARALLEL_GEMM // 4)))
+    cols = max(1, min(pieces, n // 64))  # column blocks of 64 values and more
+    rows = max(1, min(pieces // cols, m // 16))
+    cw, rh = -(-(-(-n // cols)) // 16) * 16, -(-m // rows)  # column blocks of whole vector widths
+    cols = -(-n // cw)
+
+    def tile(idx: int) -> None:
+        r, c = divmod(idx, cols)
+        rs, cs = slice(r * rh, (r + 1) * rh), slice(c * cw, (c + 1) * cw)
+        np.matmul(a[rs], b[:, cs], out=out[rs, cs])
+        if bias is not None:
+            out[rs, cs] += bias[cs]
+
+    parallel(rows * cols, tile)
 
 
 @op("Gemm", 1)

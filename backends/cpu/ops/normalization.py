@@ -12,8 +12,9 @@ import math
 
 import numpy as np
 
+from .. import jit
 from ..kernel import Kernel, Unsupported, op
-from .dtypes import out_buffer
+from .dtypes import F32, out_buffer
 
 
 def _cdt(dtype: np.dtype) -> np.dtype:
@@ -34,6 +35,24 @@ def _axis(axis: int, rank: int, what: str = "axis") -> int:
 
 
 # Softmax family ------------------------------------------------------------------
+
+NO_ROWS = np.empty((0, 0), np.float32)
+
+
+def softmax_rows(x: np.ndarray, out: np.ndarray) -> bool:
+    """out = softmax(x) over the last axis, by the compiled loop, rows shared with the helper threads; False
+    (nothing done) where it cannot serve (see jit.elementwise)."""
+    if x.dtype != F32 or out.dtype != F32 or x.ndim == 0 or not out.flags.c_contiguous or x.size == 0:
+        return False
+    fn = jit.jitted("softmax")
+    if fn is None:
+        return False
+    cols = x.shape[-1]
+    np.copyto(out, x)
+    ys = out.reshape(-1, cols)
+    one = np.float32(1)
+    jit.shared(ys.shape[0], max(1, jit.ELEMENTS // cols), lambda lo, hi: fn(ys[lo:hi], one, NO_ROWS, 1, 0))
+    return True
 
 
 class _SoftmaxBase(Kernel):
@@ -67,6 +86,8 @@ class _SoftmaxBase(Kernel):
         cdt = x.dtype if x.dtype.kind == "f" or x.dtype.name == "bfloat16" else _cdt(x.dtype)
         native = cdt == x.dtype
         out = out_buffer(self.out[0], x.shape, x.dtype)
+        if self.kind == "softmax" and red == xv.ndim - 1 and softmax_rows(xv, out.reshape(xv.shape)):
+            return out
         y = out.reshape(xv.shape) if native else np.empty(xv.shape, cdt)
         xc = xv if native else xv.astype(cdt)
         # The ufuncs' reduce methods: np.max and np.sum add microseconds of Python per call.
@@ -197,6 +218,10 @@ class _RowNorm(Kernel):
 class LayerNormalization(_RowNorm):
     def run(self, x, scale, b=None):
         ax = _axis(self.axis, x.ndim)
+        if self.n_out == 1 and ax == x.ndim - 1:
+            out = out_buffer(self.out[0], x.shape, x.dtype)
+            if layer_norm_rows(x, None, scale, b, self.eps, out):
+                return out
         cdt = _cdt(x.dtype)
         lead = math.prod(x.shape[:ax])
         xv = x.reshape(lead, -1).astype(cdt, copy=False)
@@ -232,6 +257,30 @@ class RMSNormalization(_RowNorm):
         out = out_buffer(self.out[0], x.shape, x.dtype)
         out[...] = y
         return out
+
+
+def layer_norm_rows(x: np.ndarray, residual: np.ndarray | None, scale: np.ndarray, bias: np.ndarray | None,
+                    eps: float, out: np.ndarray) -> bool:
+    """out = LayerNorm(x (+ residual)) over the last axis by the compiled loop, rows shared with the helper
+    threads; False (nothing done) where it cannot serve (see jit.elementwise)."""
+    cols = x.shape[-1] if x.ndim else 0
+    arrays = (x, out) if residual is None else (x, out, residual)
+    if out is x or out is residual:
+        return False
+    if not cols or any(a.dtype != F32 or not a.flags.c_contiguous or a.shape != x.shape for a in arrays) \
+            or scale.dtype != F32 or scale.shape != (cols,) or (bias is not None and (bias.dtype != F32 or bias.shape != (cols,))):
+        return False
+    fn = jit.jitted("layer_norm")
+    if fn is None:
+        return False
+    xs, ys = x.reshape(-1, cols), out.reshape(-1, cols)
+    rs = NO_ROWS if residual is None else residual.reshape(-1, cols)
+    g = np.ascontiguousarray(scale)
+    b = np.zeros(cols, F32) if bias is None else np.ascontiguousarray(bias)
+    e = np.float32(eps)
+    jit.shared(xs.shape[0], max(1, jit.ELEMENTS // cols),
+               lambda lo, hi: fn(xs[lo:hi], rs[lo:hi] if residual is not None else rs, g, b, e, ys[lo:hi]))
+    return True
 
 
 def _normalize_groups(x: np.ndarray, groups: int, eps: float, cdt) -> np.ndarray:

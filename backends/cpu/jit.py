@@ -1,0 +1,132 @@
+"""numba kernels, compiled off the request path while numpy serves.
+
+A run made of many short numpy calls takes the GIL again at every call, so threads that share a kernel's
+work queue for it instead of computing. A numba function compiled with nogil=True runs a whole loop without
+the GIL and in one pass over memory. Compiling one takes a second or more, so it never happens on a run:
+the first time a kernel asks for a jitted function, one background thread starts compiling it (or loading
+its machine code from numba's disk cache), and the kernel's numpy path serves until it is ready, as GPU
+tuning does. Without numba, or with AIOMNN_NUMBA=0, numpy always serves.
+
+    fn = jitted("gelu")      # the compiled function, or None while it compiles
+    jit.wait()               # benchmarks and tests: block until every requested function is ready
+
+AIOMNN_NUMBA=wait compiles on first use, on the calling thread (for benchmarks of the steady state).
+The loops themselves are in loops.py, which imports numba and is imported only here, off the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from .kernel import parallel, threads
+
+F32 = np.dtype(np.float32)
+log = logging.getLogger("aiomnn")
+
+_lock = threading.Lock()
+_ready: dict[str, Callable[..., Any]] = {}
+_wanted: list[str] = []  # asked for and not compiled yet, in order
+_failed: set[str] = set()
+_idle = threading.Event()
+_idle.set()
+_worker: threading.Thread | None = None
+
+
+def mode() -> str:
+    """'off', 'wait' or 'background', from AIOMNN_NUMBA (default background)."""
+    value = os.environ.get("AIOMNN_NUMBA", "1").lower()
+    if value in ("0", "off", "no", "false"):
+        return "off"
+    return "wait" if value == "wait" else "background"
+
+
+def jitted(name: str) -> Callable[..., Any] | None:
+    """The compiled loop `name` of loops.py, or None while it compiles (or when numba is unavailable)."""
+    fn = _ready.get(name)
+    if fn is not None or name in _failed:
+        return fn
+    how = mode()
+    if how == "off":
+        return None
+    if how == "wait":
+        _compile(name)
+        return _ready.get(name)
+    global _worker
+    with _lock:
+        if name in _ready or name in _failed or name in _wanted:
+            return _ready.get(name)
+        _wanted.append(name)
+        _idle.clear()
+        if _worker is None or not _worker.is_alive():
+            _worker = threading.Thread(target=_compile_wanted, name="aiomnn-numba", daemon=True)
+            _worker.start()
+    return None
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Block until every kernel asked for so far is compiled (or failed); False on timeout."""
+    return _idle.wait(timeout)
+
+
+def pending() -> bool:
+    """True while kernels are being compiled in the background."""
+    return not _idle.is_set()
+
+
+def _compile_wanted() -> None:
+    while True:
+        with _lock:
+            if not _wanted:
+                _idle.set()
+                return
+            name = _wanted[0]
+        _compile(name)
+        with _lock:
+            _wanted.remove(name)
+
+
+def _compile(name: str) -> None:
+    try:
+        from . import loops  # imports numba: seconds on a cold start, never on the event loop
+
+        fn = loops.compile(name)
+    except Exception as exc:  # numba missing, or it cannot compile here: numpy keeps serving
+        _failed.add(name)
+        log.info("numba kernel %s is not available (%s: %s); numpy serves it", name, type(exc).__name__, exc)
+        return
+    _ready[name] = fn
+
+
+def shared(n: int, grain: int, part: Callable[[int, int], None]) -> None:
+    """part(lo, hi) over [0, n) in pieces of `grain` items or more, shared with the runtime's helper threads
+    (kernel.parallel). A compiled loop holds no GIL, so its pieces run at once on as many cores."""
+    pieces = max(1, min(n // max(1, grain), 4 * threads()))
+    step = -(-n // pieces)
+    parallel(-(-n // step), lambda k: part(k * step, min(n, (k + 1) * step)))
+
+
+def elementwise(name: str, x: Any, out: Any | None = None) -> bool:
+    """out = loops.name(x) elementwise over float32 arrays (in place without out), in parallel pieces; False
+    (nothing done) where the loop cannot serve: another dtype or layout, or it is still compiling."""
+    arrays = (x,) if out is None else (x, out)
+    if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrays):
+        return False
+    fn = jitted(name)
+    if fn is None:
+        return False
+    xs = x.reshape(-1)
+    if out is None:
+        shared(xs.size, ELEMENTS, lambda lo, hi: fn(xs[lo:hi]))
+    else:
+        ys = out.reshape(-1)
+        shared(xs.size, ELEMENTS, lambda lo, hi: fn(xs[lo:hi], ys[lo:hi]))
+    return True
+
+
+#: An elementwise loop's pieces hold at least this many values (a helper's wake-up is worth ~20 us of work).
+ELEMENTS = 1 << 15
