@@ -303,9 +303,9 @@ def _json(data: bytes, what: str) -> dict:
     return value
 
 
-def export_zip(src: Path, out: Path) -> None:
-    """The builder `models.fetch` runs: a sentence-transformers zip (model.safetensors, config.json and
-    1_Pooling/config.json, at its root or under one folder) exported to `out`."""
+def read_zip(src: Path) -> tuple[bytes, dict, dict | None]:
+    """The model.safetensors bytes, config.json and 1_Pooling/config.json (None if absent) of a
+    sentence-transformers zip; the files lie at its root or under one folder."""
     with zipfile.ZipFile(src) as z:
         members = set(z.namelist())
         found = sorted((m for m in members if m.rsplit("/", 1)[-1] == "model.safetensors"), key=len)
@@ -317,8 +317,12 @@ def export_zip(src: Path, out: Path) -> None:
         weights, config, pooling = read("model.safetensors"), read("config.json"), read("1_Pooling/config.json")
     if weights is None or config is None:
         raise ModelError(f"{src.name}: model.safetensors or config.json is missing")
-    data = export_bytes(weights, _json(config, "config.json"),
-                        None if pooling is None else _json(pooling, "1_Pooling/config.json"))
+    return weights, _json(config, "config.json"), None if pooling is None else _json(pooling, "1_Pooling/config.json")
+
+
+def export_zip(src: Path, out: Path) -> None:
+    """The builder `models.fetch` runs: a sentence-transformers zip (see read_zip) exported to `out`."""
+    data = export_bytes(*read_zip(src))
     tmp = out.with_suffix(".part")
     tmp.write_bytes(data)
     tmp.replace(out)

