@@ -23,6 +23,7 @@ import anyio
 import numpy as np
 
 from .errors import AiomnnError, InputError
+from .feeds import check_feeds
 from .session import Session
 
 
@@ -47,6 +48,7 @@ class BatchingSession:
                 raise AiomnnError(f"input {v.name!r} has no dynamic batch dimension (shape {v.shape}); "
                                   "dynamic batching needs one")
         self.session = session
+        self._inputs = {v.name: v for v in session.graph.inputs}
         self.max_batch = max_batch
         self.max_delay = max_delay_ms / 1000
         self.workers = workers
@@ -77,8 +79,8 @@ class BatchingSession:
     async def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if self._tasks is None:
             raise AiomnnError("use BatchingSession inside `async with`")
-        arrays = {k: np.asarray(v) for k, v in feeds.items()}
-        sizes = {a.shape[0] if a.ndim else None for a in arrays.values()}
+        arrays = check_feeds(self._inputs, feeds)  # what Session.run takes, this takes
+        sizes = {a.shape[0] if isinstance(a, np.ndarray) and a.ndim else None for a in arrays.values()}
         if len(sizes) != 1 or None in sizes:
             raise InputError(f"every input needs the same batch size along axis 0, got {sizes}")
         req = _Request(arrays, sizes.pop())

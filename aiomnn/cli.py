@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, NoReturn
 
 import numpy as np
 
@@ -129,13 +129,51 @@ def _print_stats(stats: dict[str, float]) -> None:
     print(f"event-loop lag p99: {stats['lag_p99']:.2f} ms")
 
 
-def _parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
-    shapes = {}
-    for item in items:
-        name, _, dims = item.rpartition("=")
-        if not name or not dims:
-            raise SystemExit(f"--shape wants name=1x3x224x224, not {item!r}")
-        shapes[name] = tuple(int(d) for d in dims.lower().split("x"))
+class UsageError(Exception):
+    """A bad argument found after parsing (a --shape naming no input of the model): exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported in one line: `aiomnn run: error: ...` and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `minimum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    """An argparse type: name=1x3x224x224 as (name, dims)."""
+    name, _, dims = text.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x")) if name and dims else None
+    except ValueError:
+        shape = None
+    if shape is None or any(d < 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"wants name=1x3x224x224 (dimensions >= 0), not {text!r}")
+    return name, shape
+
+
+def _parse_shapes(items: list[tuple[str, tuple[int, ...]]], inputs: dict) -> dict[str, tuple[int, ...]]:
+    shapes = dict(items)
+    unknown = [n for n in shapes if n not in inputs]
+    if unknown:
+        raise UsageError(f"argument --shape: the model has no input {', '.join(map(repr, unknown))}; "
+                         f"its inputs are {', '.join(map(repr, inputs))}")
     return shapes
 
 
@@ -145,7 +183,7 @@ def random_feeds(inputs: dict, shapes: dict[str, tuple[int, ...]], rng: np.rando
         if name in shapes:
             shape = shapes[name]
         elif shape is None or not all(isinstance(d, int) for d in shape):
-            raise SystemExit(f"input {name!r} has dynamic shape {shape}; give it with --shape {name}=...")
+            raise UsageError(f"input {name!r} has dynamic shape {shape}; give it with --shape {name}=...")
         dtype = np.dtype(dtype or np.float32)
         if dtype.kind == "f":
             feeds[name] = rng.standard_normal(shape).astype(dtype)
@@ -160,7 +198,7 @@ async def _run(args: argparse.Namespace) -> int:
     import aiomnn
 
     net = aiomnn.Interpreter.from_file(args.model)
-    feeds = random_feeds(net.inputs, _parse_shapes(args.shape), np.random.default_rng(0))
+    feeds = random_feeds(net.inputs, _parse_shapes(args.shape, net.inputs), np.random.default_rng(0))
     config = aiomnn.ScheduleConfig(type=args.backend, num_threads=args.threads,
                                    backend_config=aiomnn.BackendConfig(tuning=args.tuning),
                                    profile=args.profile is not None)
@@ -246,23 +284,24 @@ def _conformance(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="aiomnn", description="asyncio-native inference runtime")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="aiomnn", description="asyncio-native inference runtime")
+    parser.add_argument("--version", action="version", version=f"aiomnn {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("demo", help="serve a small CNN from concurrent tasks and report latency")
     p.add_argument("--backend", default="auto")
-    p.add_argument("--requests", type=int, default=400)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--requests", type=_count(1), default=400)
+    p.add_argument("--concurrency", type=_count(1), default=16)
+    p.add_argument("--threads", type=_count(1), default=None)
     p.set_defaults(fn=lambda a: asyncio.run(_demo(a)))
 
     p = sub.add_parser("run", help="run a model on random inputs")
     p.add_argument("model")
     p.add_argument("--backend", default="auto")
-    p.add_argument("--shape", action="append", default=[], help="name=1x3x224x224 (repeatable)")
-    p.add_argument("--requests", type=int, default=0)
-    p.add_argument("--concurrency", type=int, default=1)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--shape", action="append", default=[], type=shape_arg, help="name=1x3x224x224 (repeatable)")
+    p.add_argument("--requests", type=_count(0), default=0)
+    p.add_argument("--concurrency", type=_count(1), default=1)
+    p.add_argument("--threads", type=_count(1), default=None)
     p.add_argument("--tuning", default="normal", choices=["none", "fast", "normal", "heavy"],
                    help="GPU tuning level; tuning runs once, in the background, with a progress bar")
     p.add_argument("--cache", metavar="FILE", help="tuning cache: read at start, written when tuning ends")
@@ -291,11 +330,22 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.fn(args)
+    except UsageError as exc:
+        sub.choices[args.command].error(str(exc))
     except AiomnnError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("aiomnn")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
 
 
 if __name__ == "__main__":

@@ -19,6 +19,34 @@ from .session import Session
 MAX_MODEL_BYTES = 1 << 32
 
 
+def _load(data: bytes, base_dir: Path | None) -> Graph:
+    """load_model, saying so where the bytes are an MNN model rather than ONNX."""
+    try:
+        return load_model(data, base_dir)
+    except ModelError as exc:
+        if str(exc).startswith("not a valid ONNX model") and looks_like_flatbuffer(data):
+            raise ModelError("this looks like an MNN model; aiomnn loads ONNX models (convert with MNNConvert "
+                             "or export ONNX)") from None
+        raise
+
+
+def looks_like_flatbuffer(data: bytes) -> bool:
+    """True where data reads as a FlatBuffer (MNN's .mnn format): a little-endian root table offset, a
+    table there whose signed offset leads to a vtable in the file, and that vtable's two sizes sane."""
+    n = len(data)
+    if n < 12:
+        return False
+    root = int.from_bytes(data[0:4], "little")
+    if root < 4 or root % 4 or root + 4 > n or root > 1 << 16:
+        return False
+    vtable = root - int.from_bytes(data[root:root + 4], "little", signed=True)
+    if vtable < 4 or vtable % 2 or vtable + 4 > n:
+        return False
+    vt_size = int.from_bytes(data[vtable:vtable + 2], "little")
+    table_size = int.from_bytes(data[vtable + 2:vtable + 4], "little")
+    return 4 <= vt_size <= 1024 and vt_size % 2 == 0 and vtable + vt_size <= n and 4 <= table_size <= n - root
+
+
 class InputInfo(NamedTuple):
     shape: tuple[Dim, ...] | None  # None or a symbolic name where a dimension is dynamic
     dtype: np.dtype | None
@@ -41,7 +69,11 @@ class Interpreter:
             data = p.read_bytes()
         except OSError as exc:
             raise ModelError(f"cannot read model {p}: {exc.strerror or exc}") from None
-        return cls(load_model(data, p.parent))
+        try:
+            return cls(_load(data, p.parent))
+        except ModelError as exc:  # the same error, naming the file
+            exc.args = (f"{p}: {exc}", *exc.args[1:])
+            raise
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Interpreter":
@@ -49,7 +81,7 @@ class Interpreter:
             raise ModelError(f"from_bytes needs bytes, not {type(data).__name__}")
         if len(data) > MAX_MODEL_BYTES:
             raise ModelError(f"{len(data)} bytes is over the {MAX_MODEL_BYTES}-byte limit")
-        return cls(load_model(bytes(data), None))
+        return cls(_load(bytes(data), None))
 
     @property
     def input_names(self) -> list[str]:

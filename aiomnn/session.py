@@ -20,6 +20,7 @@ import numpy as np
 
 from .config import ForwardType, ScheduleConfig
 from .errors import AiomnnError, BackendError, ClosedError, InputError
+from .feeds import check_feeds, check_shape
 from .fence import offload
 from .graph import Graph, ValueInfo
 from .memory import HandedOver
@@ -134,7 +135,7 @@ class Session:
         DLPack). Other backends return numpy arrays, which speak DLPack too.
         """
         self._check_open()
-        arrays = self._check_feeds(feeds)
+        arrays = check_feeds(self._inputs, feeds)
         shapes = {name: a.shape for name, a in arrays.items() if isinstance(a, np.ndarray)}
         async with self._lock:
             self._check_open()
@@ -268,66 +269,9 @@ class Session:
                 shape = tuple(int(d) for d in shapes[name])
             except (TypeError, ValueError):
                 raise InputError(f"input {name!r}: shape {shapes[name]!r} is not a sequence of integers") from None
-            _check_shape(v, shape)
+            check_shape(v, shape)
             out[name] = shape
         return out
-
-    def _check_feeds(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        if not isinstance(feeds, Mapping):
-            raise InputError(f"feeds must be a mapping of input name to array, not {type(feeds).__name__}")
-        unknown = set(feeds) - set(self._inputs)
-        if unknown:
-            raise InputError(f"unknown input(s) {sorted(unknown)}; the model's inputs are {list(self._inputs)}")
-        arrays = {}
-        for name, v in self._inputs.items():
-            if name not in feeds:
-                raise InputError(f"missing input {name!r}")
-            arrays[name] = _as_array(v, feeds[name])
-        return arrays
-
-
-def _as_array(v: ValueInfo, value: Any) -> Any:
-    if v.kind != "tensor":
-        return value  # sequences and optionals pass through as Python values
-    want = v.dtype
-    if not isinstance(value, np.ndarray):
-        if isinstance(value, np.generic):
-            value = np.asarray(value)
-        else:
-            try:
-                value = np.asarray(value, dtype=want)
-            except (TypeError, ValueError, OverflowError) as exc:
-                raise InputError(f"input {v.name!r}: cannot convert {type(value).__name__} to {want}: {exc}") from None
-    if want is not None and value.dtype != want:
-        if value.dtype.newbyteorder("=") == want:
-            value = value.astype(want)  # same type in the other byte order
-        else:
-            raise InputError(f"input {v.name!r} must have dtype {want}, not {value.dtype}")
-    _check_shape(v, value.shape)  # before any copy: a huge zero-stride view must not be materialised here
-    if not value.flags.c_contiguous or not value.flags.aligned:
-        try:
-            value = np.ascontiguousarray(value)
-        except MemoryError:
-            raise InputError(f"input {v.name!r} of shape {value.shape} does not fit in memory") from None
-    return value
-
-
-def _check_shape(v: ValueInfo, shape: tuple[int, ...]) -> None:
-    if any(d < 0 for d in shape):
-        raise InputError(f"input {v.name!r}: shape {shape} has a negative dimension")
-    if v.shape is None:
-        return
-    if len(shape) != len(v.shape):
-        raise InputError(f"input {v.name!r} must have rank {len(v.shape)} (shape {_fmt(v.shape)}), "
-                         f"not rank {len(shape)} ({shape})")
-    for i, (want, got) in enumerate(zip(v.shape, shape)):
-        if isinstance(want, int) and want != got:
-            raise InputError(f"input {v.name!r}: dimension {i} must be {want} (shape {_fmt(v.shape)}), "
-                             f"not {got}")
-
-
-def _fmt(shape) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 def _own_outputs(outputs: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[str, Any]:
