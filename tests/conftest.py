@@ -9,6 +9,11 @@ import pytest
 import aiomnn
 from aiomnn import models
 
+# The CPU backend's numba loops compile in the background while numpy serves (backends/cpu/jit.py): which of
+# the two ran would depend on timing. Tests compile them on first use, so each test knows what ran; the numpy
+# paths are tested with AIOMNN_NUMBA=0 (tests/test_cpu_transformer.py).
+os.environ.setdefault("AIOMNN_NUMBA", "wait")
+
 LOOPS = [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), pytest.param("asyncio", id="asyncio"),
          pytest.param("trio", id="trio")]
 
