@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The CPU backend on the lent GPU machine's 16 cores (run through the device tool, carrying .models with the
+# four CNNs; minilm is made there from random weights by tools/stand_in_models.py):
+#   THREADS=1,2,4,8,16 BATCHES=1 MODELS=det,rec,cls,yolov8n,minilm PROFILE="minilm:8x128 yolov8n:1x3x320x320" \
+#     bash tools/cpu_on_gpu_machine.sh
+set -uo pipefail
+export PYTHONUNBUFFERED=1 AIOMNN_MODELS="$PWD/.models" OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
+python3 tools/stand_in_models.py .models
+nproc; python3 -c "import numba, numpy, onnxruntime; print('numba', numba.__version__, 'numpy', numpy.__version__, 'ort', onnxruntime.__version__)"
+for p in ${PROFILE:-}; do
+  python3 benchmarks/cpu_ops.py "${p%%:*}" --shape "${p#*:}" --threads "${PROFILE_THREADS:-16}" --runs 10 2>&1 | tee -a "$OUT/ops.txt"
+done
+python3 benchmarks/cpu_vs_ort.py --threads "${THREADS:-1,2,4,8,16}" --batches "${BATCHES:-1}" --runs "${RUNS:-20}" \
+  --models "${MODELS:-det,rec,cls,yolov8n,minilm}" 2>&1 | tee "$OUT/cpu_vs_ort.md"
