@@ -74,8 +74,8 @@ def read_safetensors(data: bytes) -> dict[str, np.ndarray]:
         raise ModelError(f"safetensors: header length {n} runs past the end of the {len(view)}-byte file")
     try:
         header = json.loads(bytes(view[8:8 + n]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelError(f"safetensors: the header is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep, a number too long
+        raise ModelError(f"safetensors: the header is not JSON: {exc!s:.200}") from None
     if not isinstance(header, dict):
         raise ModelError(f"safetensors: the header is a JSON {type(header).__name__}, not an object")
     body = view[8 + n:]

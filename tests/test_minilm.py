@@ -91,6 +91,8 @@ MALFORMED = {
     "header-longer-than-file": (struct.pack("<Q", 1000) + b"{}", "runs past the end"),
     "bad-json": (struct.pack("<Q", 9) + b"{not json", "not JSON"),
     "not-utf8": (struct.pack("<Q", 4) + b"\xff\xfe{}", "not JSON"),
+    "deeply-nested": (struct.pack("<Q", 200000) + b"[" * 200000, "not JSON"),
+    "too-many-digits": (struct.pack("<Q", 5000) + b"9" * 5000, "not JSON"),
     "header-a-list": (struct.pack("<Q", 2) + b"[]", "not an object"),
     "entry-not-object": (_header(3), "needs dtype"),
     "missing-offsets": (_header({"dtype": "F32", "shape": [4]}), "needs dtype"),
