@@ -325,18 +325,18 @@ class RuntimeInfo:
     def check_usable(self) -> None:
         if self.closed:
             raise ClosedError("the runtime is closed; create a new one with aiomnn.create_runtime()")
-        for rt in self.runtimes.values():
-            if rt.fork_error is not None:
-                raise rt.fork_error
 
     def runtime_for(self, config: ScheduleConfig) -> Runtime:
+        """The runtime of config's type, made now (with this RuntimeInfo's settings) if there is none yet."""
         self.check_usable()
         t = resolve_type(config)
         if t not in self.runtimes:
             rt = create_one(t, config)
             self._apply(rt)
             self.runtimes[t] = rt
-        return self.runtimes[t]
+        rt = self.runtimes[t]
+        rt.check_usable()  # closed on its own, or made before a fork (GPU runtimes)
+        return rt
 
     def _apply(self, rt: Runtime) -> None:
         """Give a runtime the settings made on this RuntimeInfo so far."""
