@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -53,11 +54,86 @@ class Segment:
     frees: list[list[str]]  # per step: values whose last use it is (on the host)
 
 
+@dataclass(eq=False)
+class Plan:
+    """What a pipeline made for one set of input shapes: its backends (which hold the plan's memory and its
+    recorded GPU work), tensors, segments and the constants a run hands over."""
+
+    main: Backend
+    backup: Backend
+    tensors: dict[str, Tensor]
+    segments: list[Segment]
+    consts: dict[str, Any]
+
+    @property
+    def backends(self) -> list[Backend]:
+        return [self.main] if self.main is self.backup else [self.main, self.backup]
+
+    @property
+    def all_backends(self) -> list[Backend]:
+        """The backends of the current plan and of every kept one."""
+        return list(dict.fromkeys(self.backends + [b for plan in self._kept.values() for b in plan.backends]))
+
+    # plans by shape ------------------------------------------------------------
+    def recall(self, input_shapes: dict[str, tuple[int, ...]]) -> bool:
+        """Make the plan for these shapes the current one: True when it was kept (nothing to plan). Otherwise
+        the current plan is kept and fresh backends await encode and alloc (False)."""
+        key = _key(input_shapes)
+        if self.segments and _key(self.input_shapes) == key:
+            return True
+        if self._spawn is None:
+            return False
+        plan = self._kept.pop(key, None)
+        if self.segments:  # kept; a plan that failed or was never made leaves its backends to the next
+            self._kept[_key(self.input_shapes)] = Plan(self.main, self.backup, self.tensors, self.segments, self.consts)
+            if plan is None:
+                self.main, self.backup = self._spawn()
+        if plan is None:
+            self.tensors, self.segments, self.consts = {}, [], {}
+            return False
+        if not self.segments:
+            _clear(self.backends, keep=plan.backends)  # unused: a kept plan brings its own
+        self.main, self.backup = plan.main, plan.backup
+        self.tensors, self.segments, self.consts = plan.tensors, plan.segments, plan.consts
+        self.input_shapes = dict(input_shapes)
+        return True
+
+    def trim(self) -> None:
+        """Let the least recently used kept plans go, past KEPT_PLANS or KEPT_BYTES of activations."""
+        def size(plan: Plan) -> int:
+            return sum(b.arena.size for b in plan.backends)
+
+        total = sum(size(p) for p in self._kept.values())
+        while self._kept and (len(self._kept) > KEPT_PLANS or total > KEPT_BYTES):
+            _, plan = self._kept.popitem(last=False)
+            total -= size(plan)
+            _clear(plan.backends, keep=self.backends)
+
+    def forget(self) -> None:
+        """Let every kept plan go (the backends' choices changed: tuning ended, or the session fell back)."""
+        plans, self._kept = list(self._kept.values()), OrderedDict()
+        for plan in plans:
+            _clear(plan.backends, keep=self.backends)
+
+
+#: A pipeline keeps the plans of at most this many input shapes besides the current one, and lets older ones go
+#: while the kept plans' activations pass KEPT_BYTES (the current plan is always kept).
+KEPT_PLANS = 4
+KEPT_BYTES = 1 << 30
+
+
 class Pipeline:
-    def __init__(self, graph: Graph, main: Backend, backup: Backend):
+    """The plan for the current input shapes, and those of shapes seen before (an LRU, KEPT_PLANS and
+    KEPT_BYTES): a run at an earlier shape takes its plan back instead of planning again. Each plan has
+    backends of its own, made by `spawn` (without it, one plan at a time, re-made at each new shape)."""
+
+    def __init__(self, graph: Graph, main: Backend, backup: Backend,
+                 spawn: Callable[[], tuple[Backend, Backend]] | None = None):
         self.graph = graph
         self.main = main
         self.backup = backup
+        self._spawn = spawn
+        self._kept: OrderedDict[tuple, Plan] = OrderedDict()  # by input shapes, least recently used first
         self.tensors: dict[str, Tensor] = {}
         self.segments: list[Segment] = []
         self.consts: dict[str, Any] = {}  # the constants a run hands over (see alloc)
@@ -73,6 +149,52 @@ class Pipeline:
     @property
     def backends(self) -> list[Backend]:
         return [self.main] if self.main is self.backup else [self.main, self.backup]
+
+    @property
+    def all_backends(self) -> list[Backend]:
+        """The backends of the current plan and of every kept one."""
+        return list(dict.fromkeys(self.backends + [b for plan in self._kept.values() for b in plan.backends]))
+
+    # plans by shape ------------------------------------------------------------
+    def recall(self, input_shapes: dict[str, tuple[int, ...]]) -> bool:
+        """Make the plan for these shapes the current one: True when it was kept (nothing to plan). Otherwise
+        the current plan is kept and fresh backends await encode and alloc (False)."""
+        key = _key(input_shapes)
+        if self.segments and _key(self.input_shapes) == key:
+            return True
+        if self._spawn is None:
+            return False
+        plan = self._kept.pop(key, None)
+        if self.segments:  # kept; a plan that failed or was never made leaves its backends to the next
+            self._kept[_key(self.input_shapes)] = Plan(self.main, self.backup, self.tensors, self.segments, self.consts)
+            if plan is None:
+                self.main, self.backup = self._spawn()
+        if plan is None:
+            self.tensors, self.segments, self.consts = {}, [], {}
+            return False
+        if not self.segments:
+            _clear(self.backends, keep=plan.backends)  # unused: a kept plan brings its own
+        self.main, self.backup = plan.main, plan.backup
+        self.tensors, self.segments, self.consts = plan.tensors, plan.segments, plan.consts
+        self.input_shapes = dict(input_shapes)
+        return True
+
+    def trim(self) -> None:
+        """Let the least recently used kept plans go, past KEPT_PLANS or KEPT_BYTES of activations."""
+        def size(plan: Plan) -> int:
+            return sum(b.arena.size for b in plan.backends)
+
+        total = sum(size(p) for p in self._kept.values())
+        while self._kept and (len(self._kept) > KEPT_PLANS or total > KEPT_BYTES):
+            _, plan = self._kept.popitem(last=False)
+            total -= size(plan)
+            _clear(plan.backends, keep=self.backends)
+
+    def forget(self) -> None:
+        """Let every kept plan go (the backends' choices changed: tuning ended, or the session fell back)."""
+        plans, self._kept = list(self._kept.values()), OrderedDict()
+        for plan in plans:
+            _clear(plan.backends, keep=self.backends)
 
     # encode -----------------------------------------------------------------
     def encode(self, input_shapes: dict[str, tuple[int, ...]]) -> None:
@@ -290,6 +412,21 @@ class Pipeline:
         if run is not None:
             profile.end_run(run)
         return {name: values[name] for name in self.graph.output_names}
+
+
+def _key(input_shapes: dict[str, tuple[int, ...]]) -> tuple:
+    return tuple(sorted((name, tuple(shape)) for name, shape in input_shapes.items()))
+
+
+def _clear(backends: list[Backend], keep: list[Backend]) -> None:
+    """Free the memory of a plan's backends (those the current plan does not share)."""
+    for b in backends:
+        if b in keep:
+            continue
+        try:
+            b.clear_buffers()
+        except Exception as exc:  # a lost device: its memory is gone anyway
+            log.warning("%s: freeing the buffers of a kept plan failed: %s: %s", b.type, type(exc).__name__, exc)
 
 
 def backend_failure(backend: Backend, doing: str, exc: Exception) -> Exception:

@@ -7,6 +7,7 @@ A run whose shapes differ from the current plan resizes first.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -52,15 +53,15 @@ class Session:
         self._shapes: dict[str, tuple[int, ...]] | None = None
         main_rt: Runtime = runtime.runtime_for(config)
         self.main_runtime = main_rt
-        main = main_rt.new_backend(config.backend_config)
         backup_rt = runtime.runtimes.get(config.backup_type, runtime.cpu)
         self._backup_runtime = backup_rt
-        backup = main if backup_rt is main_rt else backup_rt.new_backend(config.backend_config)
-        self.pipeline = Pipeline(graph, main, backup)
-        self.pipeline.memory_limit = config.backend_config.memory_limit
         self._profile = Profile(config.profile_runs) if config.profile else None
-        if self._profile is not None:
-            self.pipeline.profile = main.profile = backup.profile = self._profile
+        # A plan per input shape seen (Pipeline.recall), each on backends of its own. Made by a function that
+        # holds no reference to the session, which the pipeline must not keep alive.
+        spawn = functools.partial(_backends, main_rt, backup_rt, config.backend_config, self._profile)
+        self.pipeline = Pipeline(graph, *spawn(), spawn=spawn)
+        self.pipeline.memory_limit = config.backend_config.memory_limit
+        self.pipeline.profile = self._profile
         self._inputs = {v.name: v for v in graph.inputs}
         self._tuning = SessionTuning(main_rt, config, runtime.executor)
         #: Why the session left its main backend for good (with fallback_on_error), else None.
@@ -148,7 +149,7 @@ class Session:
                     self._closed_error(exc)
                     if not self._falls_back(exc):
                         raise
-                    await self._resize_locked(shapes)
+                    await self._resize_locked(shapes, again=True)
                     outputs = await self.pipeline.execute(arrays, device_outputs)
             except Exception as exc:
                 self._closed_error(exc)
@@ -218,10 +219,17 @@ class Session:
             except AiomnnError as closed:
                 raise closed from exc
 
-    async def _resize_locked(self, shapes: dict[str, tuple[int, ...]]) -> None:
+    async def _resize_locked(self, shapes: dict[str, tuple[int, ...]], again: bool = False) -> None:
+        """Make the plan for these shapes current: a kept one, else a new one. `again` (the session fell back
+        to its backup) plans anew on the current backends; so does the hand-off of finished tuning."""
         p = self.pipeline
         if p.pending is not None and not p.pending.done:
             await p.pending.settle()
+        if again or self._tuning.handoff_due:
+            p.forget()  # the kept plans ran on the backup or with untuned choices, or on a failed device
+        elif p.recall(shapes):
+            self._shapes = shapes
+            return
         self._shapes = None
         try:  # planning folds constants and builds kernels: worker-thread work, off the event loop
             await self._offload(p.encode, shapes)
@@ -236,6 +244,7 @@ class Session:
             p.segments = []
             raise
         self._shapes = shapes
+        p.trim()
 
     def _falls_back(self, exc: BackendError) -> bool:
         """With fallback_on_error, a failure of the main backend moves the session onto the backup for good."""
@@ -245,6 +254,7 @@ class Session:
             return False
         self.fallback_error = exc
         self._tuning.close()
+        p.forget()
         log.warning("%s; the session runs on %s from now on", exc, p.backup.type)
         return True
 
@@ -303,13 +313,22 @@ class _Parts:
         while pending is not None and not pending.done and time.monotonic() < deadline:
             time.sleep(0.005)
         if pending is None or pending.done:
-            for b in self.pipeline.backends:
+            for b in self.pipeline.all_backends:
                 try:
                     b.clear_buffers()
                 except Exception as exc:  # noqa: BLE001  (a closed or lost device: its memory is gone anyway)
                     log.debug("clearing %s buffers failed: %s", b.type, exc)
         if self.owned is not None:
             self.owned.release()
+
+
+def _backends(main_rt: "Runtime", backup_rt: "Runtime", config: Any, profile: Profile | None) -> tuple[Any, Any]:
+    """A new plan's (main, backup) backends; one backend where the backup is the main runtime."""
+    main = main_rt.new_backend(config)
+    backup = main if backup_rt is main_rt else backup_rt.new_backend(config)
+    if profile is not None:
+        main.profile = backup.profile = profile
+    return main, backup
 
 
 def _release(parts: _Parts) -> None:

@@ -357,6 +357,9 @@ class SessionTuning:
         self.executor = executor
         self.job: TuningJob | None = None
         self.failed: BaseException | None = None  # a job that crashed keeps the session on the CPU
+        #: The session has run on the GPU: a new shape's untuned ops then run there with their default choices
+        #: while they are tuned, instead of sending the session back to the CPU.
+        self.on_gpu = False
         self._closed = False
 
     @property
@@ -395,21 +398,27 @@ class SessionTuning:
         if self.failed is not None:
             return True
         if self.job is not None:
-            if not self.job.done:  # new shapes while tuning: queue their ops too, stay on the CPU
+            if not self.job.done:  # new shapes while tuning: queue their ops too, stay where the session is
                 tasks = self._tasks(pipeline)
                 if tasks and not self.job.add(tasks, self.level):
                     self._start(tasks)
-                return True
+                return not self.on_gpu
             job, self.job = self.job, None
             job.release()
+            self.on_gpu = True
             return False  # tuning has ended: this is the hand-off onto the GPU
         tasks = self._tasks(pipeline)
         if not tasks:
+            self.on_gpu = True
             return False
         if self.background:
+            self._start(tasks)
+            if self.on_gpu:  # a new shape of a model already on the GPU: it stays there
+                log.info("%d %s op(s) of a new shape need tuning; the session stays on the GPU with their "
+                         "default choices meanwhile", len({t.label for t in tasks}), pipeline.main.type)
+                return False
             log.info("%d %s op(s) need tuning; running on the CPU meanwhile (turn back to cpu)",
                      len({t.label for t in tasks}), pipeline.main.type)
-            self._start(tasks)
             return True
         cancelled = threading.Event()
         fence = offload(self.executor, self.tuner.run_now, tasks, self.level, cancelled)

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # The CPU backend on the lent GPU machine's 16 cores (run through the device tool, carrying .models with the
-# four CNNs; minilm is made there from random weights by tools/stand_in_models.py):
+# four CNNs and .whl with sniffio; minilm is made there from random weights by tools/stand_in_models.py):
 #   THREADS=1,2,4,8,16 BATCHES=1 MODELS=det,rec,cls,yolov8n,minilm PROFILE="minilm:8x128 yolov8n:1x3x320x320" \
 #     bash tools/cpu_on_gpu_machine.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 AIOMNN_MODELS="$PWD/.models" OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
+# What the machine's image lacks travels as wheels in .whl (sniffio; see the device tool's README).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
 python3 tools/stand_in_models.py .models
 nproc; python3 -c "import numba, numpy, onnxruntime; print('numba', numba.__version__, 'numpy', numpy.__version__, 'ort', onnxruntime.__version__)"
