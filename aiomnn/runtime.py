@@ -135,9 +135,9 @@ def release_now(f: weakref.finalize) -> None:
 
 
 def _collected(warn: str | None, release: Callable[..., Any], args: tuple) -> None:
-    if warn is not None:
-        warnings.warn(warn, ResourceWarning, stacklevel=2)
     _REAP.put((release, args))  # SimpleQueue.put is safe inside a weakref callback
+    if warn is not None:  # after: under a filter that makes warnings errors, the release still happens
+        warnings.warn(warn, ResourceWarning, stacklevel=2)
 
 
 _REAP: "queue.SimpleQueue[tuple[Callable[..., Any], tuple] | None]" = queue.SimpleQueue()
