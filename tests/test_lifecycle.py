@@ -147,6 +147,27 @@ def test_an_unclosed_session_warns_and_releases_its_runtime():
     assert info.closed and info.cpu.closed
 
 
+def test_an_unclosed_session_is_released_under_a_raising_warnings_filter(monkeypatch):
+    net = aiomnn.Interpreter.from_bytes(MODEL)
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    async def make():
+        s = await net.create_session(config("cpu"))
+        await s.run({"image": X})
+        return s
+
+    s = asyncio.run(make())
+    info = s.runtime_info
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        del s
+        gc.collect()
+    assert [type(u.exc_value) for u in unraisable] == [ResourceWarning]
+    settle(lambda: info.closed)
+    assert info.closed
+
+
 def test_cpu_pool_helpers_end_when_the_pool_is_dropped():
     from aiomnn.backends.cpu.kernel import Pool
 
