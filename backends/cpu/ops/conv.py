@@ -76,6 +76,13 @@ def _forget(ident: int, ref: weakref.ref, table: dict = _PACKED, lock: Any = _PA
             del table[ident]
 
 
+class _Packed(dict):
+    """A weight's packed forms. The table holds it weakly: its arrays may be views of the weight, so a strong
+    entry kept the weight alive, and with it the entry, for ever (every conv of every model ever loaded)."""
+
+    __slots__ = ("__weakref__",)
+
+
 def _ref(a: np.ndarray | None) -> Callable[[], np.ndarray | None]:
     return (lambda: None) if a is None else weakref.ref(a)
 
@@ -111,19 +118,22 @@ class Conv(Kernel):
     def _shared_pack(self, w: np.ndarray, b: np.ndarray | None) -> dict[str, Any]:
         """The packed constant weights, made once for every kernel of this node's weights: a new input shape
         re-creates the kernels, and packing took a quarter of re-planning rec at a new width (ms per conv).
-        Kept while the weight array lives; the entry names its bias array, so another bias never matches."""
+        Kept while a kernel holds it and the weight array lives; the entry names its bias array, so another bias
+        never matches."""
         key = (self.group, repr(self.strides), repr(self.dilations))
         with _PACKED_LOCK:
             found = _PACKED.get(id(w))
-            for bias, k, packed in found[1] if found is not None and found[0]() is w else ():
-                if k == key and bias() is b:
+            for bias, k, entry in found[1] if found is not None and found[0]() is w else ():
+                packed = entry()
+                if k == key and bias() is b and packed is not None:
                     return packed
-        packed = self._pack(w, b)
+        packed = _Packed(self._pack(w, b))
         with _PACKED_LOCK:
             found = _PACKED.get(id(w))
             if found is None or found[0]() is not w:
                 found = _PACKED[id(w)] = (weakref.ref(w, functools.partial(_forget, id(w))), [])
-            found[1].append((_ref(b), key, packed))
+            found[1][:] = [e for e in found[1] if e[2]() is not None]  # kernels that held them are gone
+            found[1].append((_ref(b), key, weakref.ref(packed)))
         return packed
 
     def _pack(self, w: np.ndarray, b: np.ndarray | None) -> dict[str, Any]:
