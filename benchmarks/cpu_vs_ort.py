@@ -10,6 +10,7 @@ parity), as a Markdown table.
 
     python benchmarks/cpu_vs_ort.py [--threads 2] [--batches 1,8] [--runs 50] [--models det,rec,cls,yolov8n,minilm]
     python benchmarks/cpu_vs_ort.py --threads 1,2,4,8,16 --batches 1    # scaling with threads
+    python benchmarks/cpu_vs_ort.py --power high     # aiomnn's workers at normal priority (see README)
 
 minilm runs at 16 and 128 tokens; the others at their first test shape, with the batch size replaced.
 """
@@ -31,13 +32,14 @@ from aiomnn.backends.cpu import jit
 TURN = 25
 
 
-async def bench(path, feeds: dict[str, np.ndarray], threads: int, runs: int) -> tuple[float, float]:
+async def bench(path, feeds: dict[str, np.ndarray], threads: int, runs: int, power: str = "normal") -> tuple[float, float]:
     """Median milliseconds of (onnxruntime, aiomnn), their calls taken in turns."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     net = aiomnn.Interpreter.from_file(path)
-    async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as s:
+    config = aiomnn.ScheduleConfig(type="cpu", num_threads=threads, backend_config=aiomnn.BackendConfig(power=power))
+    async with await net.create_session(config) as s:
         sess.run(None, feeds)  # warm up
         await s.run(feeds)
         jit.wait(300)
@@ -71,6 +73,8 @@ def main() -> None:
     p.add_argument("--batches", default="1,8")
     p.add_argument("--runs", type=int, default=50)
     p.add_argument("--models", default=",".join(models.MODELS))
+    p.add_argument("--power", default="normal", choices=["normal", "high"],
+                   help="aiomnn's BackendConfig.power: high keeps its workers at normal priority, never yielding")
     args = p.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
@@ -81,7 +85,7 @@ def main() -> None:
         for shape in shapes(name, batches):
             feeds = models.sample_feeds(name, shape)
             for t in threads:
-                t_ort, t_ai = asyncio.run(bench(models.path(name), feeds, t, args.runs))
+                t_ort, t_ai = asyncio.run(bench(models.path(name), feeds, t, args.runs, args.power))
                 print(f"| {name} | {'x'.join(map(str, shape))} | {t} | {t_ort:.2f} | {t_ai:.2f} | {t_ai / t_ort:.2f} |",
                       flush=True)
 

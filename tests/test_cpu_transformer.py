@@ -157,3 +157,31 @@ def test_background_compile_serves_numpy_meanwhile(monkeypatch):
     assert jit.wait(120)
     assert jit.jitted("gelu") is not None
     assert first is None or first is jit.jitted("gelu")
+
+
+def test_exit_and_fork_while_compiling(tmp_path):
+    """A process that exits while a loop compiles in the background exits cleanly, and a child forked
+    meanwhile runs the CPU backend (its numpy paths, then the loops it compiles itself)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys, numpy as np\n"
+        "os.environ['AIOMNN_NUMBA'] = '1'\n"
+        "from aiomnn.backends.cpu import jit\n"
+        "import time\n"
+        "jit.jitted('softmax'); jit.jitted('gelu'); time.sleep(float(sys.argv[2]))\n"
+        "if sys.argv[1] == 'fork':\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        jit.jitted('erf')\n"
+        "        ok = jit.wait(120)\n"
+        "        from aiomnn.backends.cpu.ops.activations import erf\n"
+        "        y = erf(np.zeros(4, np.float32), np.empty(4, np.float32))\n"
+        "        os._exit(0 if ok and not y.any() else 3)\n"
+        "    _, status = os.waitpid(pid, 0)\n"
+        "    sys.exit(os.waitstatus_to_exitcode(status))\n")
+    for how, delay in (("exit", "0"), ("fork", "0"), ("fork", "1.5")):
+        done = subprocess.run([sys.executable, "-c", code, how, delay], capture_output=True, text=True, timeout=180,
+                              env={**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / (how + delay))})
+        assert done.returncode == 0 and done.stderr == "", (how, done.returncode, done.stderr[-2000:])

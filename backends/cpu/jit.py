@@ -35,6 +35,7 @@ _failed: set[str] = set()
 _idle = threading.Event()
 _idle.set()
 _worker: threading.Thread | None = None
+_no_more = False  # a child forked during a compile compiles nothing more
 
 
 def mode() -> str:
@@ -48,7 +49,7 @@ def mode() -> str:
 def jitted(name: str) -> Callable[..., Any] | None:
     """The compiled loop `name` of loops.py, or None while it compiles (or when numba is unavailable)."""
     fn = _ready.get(name)
-    if fn is not None or name in _failed:
+    if fn is not None or name in _failed or _no_more:
         return fn
     how = mode()
     if how == "off":
@@ -88,6 +89,21 @@ def _compile_wanted() -> None:
         _compile(name)
         with _lock:
             _wanted.remove(name)
+
+
+def _after_fork_in_child() -> None:
+    """A fork during a compile leaves the compiling thread gone in the child, and numba's compiler lock held
+    by it: there, what was compiled serves and numpy serves the rest (compiling would wait for ever)."""
+    global _lock, _worker, _no_more
+    _no_more = _no_more or (_worker is not None and _worker.is_alive())
+    _lock = threading.Lock()
+    _worker = None
+    _wanted.clear()
+    _idle.set()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _compile(name: str) -> None:

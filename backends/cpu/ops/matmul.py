@@ -120,7 +120,9 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None 
         if bias is not None:
             out += bias
         return
-    pieces = min(2 * t, max(1, m * n * k // (PARALLEL_GEMM // 4)))
+    # A piece a thread: each piece's call costs tens of microseconds of Python under the GIL, and a helper that
+    # starts late only leaves its piece to whoever is free first.
+    pieces = min(t, max(1, m * n * k // (PARALLEL_GEMM // 4)))
     cols = max(1, min(pieces, n // 64))  # column blocks of 64 values and more
     rows = max(1, min(pieces // cols, m // 16))
     cw, rh = -(-(-(-n // cols)) // 16) * 16, -(-m // rows)  # column blocks of whole vector widths
