@@ -1,9 +1,10 @@
 """Fuzz runner: thousands of malformed models and bad inputs, each guarded by a timeout.
 
-Every case must end in a result or an AiomnnError. Cases run in worker
-processes; a worker that dies (a crash) or a case that outlives its timeout
-(a hang) is counted and the pool is restarted. The last line counts the
-outcomes by class; crash, hang and other must be 0.
+Every case must end in a result or an AiomnnError, and no warning (a NumPy
+RuntimeWarning, say) may reach the caller. Cases run in worker processes; a
+worker that dies (a crash) or a case that outlives its timeout (a hang) is
+counted and the pool is restarted. The last line counts the outcomes by class;
+crash, hang and other (which includes a warning) must be 0.
 
     python benchmarks/fuzz.py [--models 10000] [--inputs 10000] [--workers 2] [--timeout 10]
 """
@@ -16,6 +17,7 @@ import collections
 import concurrent.futures as cf
 import random
 import time
+import warnings
 
 import numpy as np
 
@@ -138,7 +140,7 @@ def run_input_case(seed: int) -> str:
         net = aiomnn.Interpreter.from_bytes(_bases()["demo"])
         _SESSION = (loop, loop.run_until_complete(net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=1))))
     loop, s = _SESSION
-    kind = int(rng.integers(8))
+    kind = int(rng.integers(9))
     good = rng.standard_normal((1, 3, 64, 64)).astype(np.float32)
     if kind == 0:
         x = good.copy()
@@ -165,9 +167,26 @@ def run_input_case(seed: int) -> str:
     elif kind == 6:
         feeds = rng.choice([{}, {"image": good, "extra": good}, {"other": good}, {"image": "text"}])
         return _run_feeds(loop, s, feeds)
-    else:
+    elif kind == 7:
         x = np.empty((1, 3, 64, 64), np.float32)  # uninitialised memory is still a valid input
+    else:  # what is not an array: None, a DLPack-only object, ragged lists, strings, objects
+        choice = int(rng.integers(6))
+        x = [None, _DLPackOnly(good if rng.random() < 0.7 else good.astype(np.float64)), [[1.0, 2.0], [3.0]],
+             "image", np.array([good], dtype=object), {"a": 1}][choice]
     return _run_feeds(loop, s, {"image": x})
+
+
+class _DLPackOnly:
+    """An array reachable through DLPack alone."""
+
+    def __init__(self, a: np.ndarray):
+        self._a = a
+
+    def __dlpack__(self, **kwargs):
+        return self._a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
 
 
 def _run_feeds(loop, s, feeds) -> str:
@@ -182,13 +201,25 @@ def _run_feeds(loop, s, feeds) -> str:
     return "ok"
 
 
+def checked(fn, seed: int) -> str:
+    """fn(seed)'s outcome, or 'other:warning: ...' where a warning reached the caller."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outcome = fn(seed)
+    shown = [w for w in caught if not issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning))]
+    if shown and not outcome.startswith("other"):
+        w = shown[0]
+        return f"other:warning: {w.category.__name__}: {str(w.message)[:80]} ({w.filename}:{w.lineno})"
+    return outcome
+
+
 def run_all(fn, count: int, workers: int, timeout: float, offset: int) -> collections.Counter:
     counts: collections.Counter = collections.Counter()
     seeds = list(range(offset, offset + count))
     done = 0
     while done < len(seeds):
         with cf.ProcessPoolExecutor(workers) as pool:
-            futures = {pool.submit(fn, s): s for s in seeds[done:]}
+            futures = {pool.submit(checked, fn, s): s for s in seeds[done:]}
             try:
                 for fut in futures:
                     try:
