@@ -69,52 +69,6 @@ class Plan:
     def backends(self) -> list[Backend]:
         return [self.main] if self.main is self.backup else [self.main, self.backup]
 
-    @property
-    def all_backends(self) -> list[Backend]:
-        """The backends of the current plan and of every kept one."""
-        return list(dict.fromkeys(self.backends + [b for plan in self._kept.values() for b in plan.backends]))
-
-    # plans by shape ------------------------------------------------------------
-    def recall(self, input_shapes: dict[str, tuple[int, ...]]) -> bool:
-        """Make the plan for these shapes the current one: True when it was kept (nothing to plan). Otherwise
-        the current plan is kept and fresh backends await encode and alloc (False)."""
-        key = _key(input_shapes)
-        if self.segments and _key(self.input_shapes) == key:
-            return True
-        if self._spawn is None:
-            return False
-        plan = self._kept.pop(key, None)
-        if self.segments:  # kept; a plan that failed or was never made leaves its backends to the next
-            self._kept[_key(self.input_shapes)] = Plan(self.main, self.backup, self.tensors, self.segments, self.consts)
-            if plan is None:
-                self.main, self.backup = self._spawn()
-        if plan is None:
-            self.tensors, self.segments, self.consts = {}, [], {}
-            return False
-        if not self.segments:
-            _clear(self.backends, keep=plan.backends)  # unused: a kept plan brings its own
-        self.main, self.backup = plan.main, plan.backup
-        self.tensors, self.segments, self.consts = plan.tensors, plan.segments, plan.consts
-        self.input_shapes = dict(input_shapes)
-        return True
-
-    def trim(self) -> None:
-        """Let the least recently used kept plans go, past KEPT_PLANS or KEPT_BYTES of activations."""
-        def size(plan: Plan) -> int:
-            return sum(b.arena.size for b in plan.backends)
-
-        total = sum(size(p) for p in self._kept.values())
-        while self._kept and (len(self._kept) > KEPT_PLANS or total > KEPT_BYTES):
-            _, plan = self._kept.popitem(last=False)
-            total -= size(plan)
-            _clear(plan.backends, keep=self.backends)
-
-    def forget(self) -> None:
-        """Let every kept plan go (the backends' choices changed: tuning ended, or the session fell back)."""
-        plans, self._kept = list(self._kept.values()), OrderedDict()
-        for plan in plans:
-            _clear(plan.backends, keep=self.backends)
-
 
 #: A pipeline keeps the plans of at most this many input shapes besides the current one, and lets older ones go
 #: while the kept plans' activations pass KEPT_BYTES (the current plan is always kept).

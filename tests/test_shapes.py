@@ -5,27 +5,22 @@ shape on the GPU while that shape's ops are tuned."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
 from aiomnn import pipeline as pipeline_module
 from aiomnn.config import ForwardType
+from tests.test_tuning import _model as tuned_model
 
 
 def _model() -> bytes:
-    rng = np.random.default_rng(0)
-    w1 = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
-    w2 = (rng.standard_normal((4, 8, 1, 1)) * 0.3).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["a"], ["r"]),
-             helper.make_node("Conv", ["r", "w2"], ["b"]),
-             helper.make_node("Sigmoid", ["b"], ["y"])]
-    graph = helper.make_graph(nodes, "shapes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    """test_tuning's model (two convs), with its height and width left open."""
+    model = onnx.load_from_string(tuned_model())
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "h", "w"
+    return model.SerializeToString()
 
 
 def _x(h: int, w: int) -> np.ndarray:
