@@ -129,6 +129,10 @@ def _print_stats(stats: dict[str, float]) -> None:
     print(f"event-loop lag p99: {stats['lag_p99']:.2f} ms")
 
 
+#: What --backend takes (aiomnn.ForwardType's values; not imported here, so that --help stays quick).
+BACKENDS = ["auto", "cpu", "cuda", "opencl", "vulkan"]
+
+
 class UsageError(Exception):
     """A bad argument found after parsing (a --shape naming no input of the model): exit status 2."""
 
@@ -289,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("demo", help="serve a small CNN from concurrent tasks and report latency")
-    p.add_argument("--backend", default="auto")
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--requests", type=_count(1), default=400)
     p.add_argument("--concurrency", type=_count(1), default=16)
     p.add_argument("--threads", type=_count(1), default=None)
@@ -297,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("run", help="run a model on random inputs")
     p.add_argument("model")
-    p.add_argument("--backend", default="auto")
+    p.add_argument("--backend", default="auto", choices=BACKENDS)
     p.add_argument("--shape", action="append", default=[], type=shape_arg, help="name=1x3x224x224 (repeatable)")
     p.add_argument("--requests", type=_count(0), default=0)
     p.add_argument("--concurrency", type=_count(1), default=1)
@@ -318,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=_models)
 
     p = sub.add_parser("conformance", help="run the ONNX backend test suite")
-    p.add_argument("--backend", default="cpu")
+    p.add_argument("--backend", default="cpu", choices=BACKENDS)
     p.add_argument("--kinds", default="node,simple,pytorch-converted,pytorch-operator")
     p.add_argument("--match", default=None, help="regex on case names")
     p.add_argument("--list-failures", action="store_true")

@@ -228,7 +228,7 @@ def model_file(tmp_path):
 @pytest.mark.parametrize("argv", [
     ["--shape", "x=1x3xfoo"], ["--shape", "x"], ["--shape", "=1x3"], ["--shape", "x=1x-3"],
     ["--requests", "-5"], ["--requests", "many"], ["--concurrency", "0"], ["--threads", "0"],
-    ["--shape", "image=1x3"], ["--shape", "x=2x3", "--shape", "y=1"],
+    ["--shape", "image=1x3"], ["--shape", "x=2x3", "--shape", "y=1"], ["--backend", "gpu"],
 ], ids=lambda a: " ".join(a))
 def test_bad_run_arguments_are_one_line_errors(capsys, model_file, argv):
     rc, out, err = _cli(capsys, "run", model_file, *argv)
@@ -258,6 +258,10 @@ def test_run_with_shape_works(capsys, model_file):
 def test_bad_demo_and_command_arguments(capsys, argv):
     rc, _, err = _cli(capsys, *argv)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and ": error: " in err
+
+
+def test_backend_choices_are_the_forward_types():
+    assert sorted(cli.BACKENDS) == sorted(t.value for t in aiomnn.ForwardType)
 
 
 def test_version(capsys):
