@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Issue 25's lifecycle proofs on the lent GPU machine, through the device tool. Carry .cache/lc: gl/ holds the
+# Vulkan loader debs and whl/ the cp312 wheels the image lacks (pyopencl, vulkan, cffi, pycparser, pytools,
+# platformdirs, siphash24, sniffio, typing_extensions), fetched as the device tool's README says.
+set -u
+for f in .cache/lc/gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json OUT="${OUT:-/tmp/out}" PYTHONUNBUFFERED=1
+mkdir -p /tmp/icd "$OUT" && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .cache/lc/whl/*.whl && export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "install failed"
+aiomnn info
+for k in cuda opencl vulkan; do timeout "${LEAK_SECONDS:-60}" python3 tools/dropped_sessions.py $k "${SESSIONS:-100}" 2>&1 | tail -7; echo "exit $?"; done | tee "$OUT/leak.txt"
+timeout "${TEST_SECONDS:-200}" python3 -m pytest -q -p no:cacheprovider tests/test_lifecycle.py 2>&1 | tail -40 | tee "$OUT/lifecycle.txt"
