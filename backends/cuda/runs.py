@@ -37,6 +37,8 @@ log = logging.getLogger("aiomnn")
 H2D, D2H, D2D = 1, 2, 3  # cudaMemcpyKind
 #: How often a segment's graph capture is tried before its launches run one by one.
 CAPTURE_TRIES = 3
+#: cudaStreamCaptureModeThreadLocal: unsafe calls invalidate a capture only from the capturing thread.
+THREAD_LOCAL = getattr(cupy.cuda.runtime, "streamCaptureModeThreadLocal", 1)
 
 
 @dataclass(eq=False)
@@ -183,13 +185,15 @@ def record(be: Backend, run: Run) -> None:
 
 def capture(be: Backend, fns: list[Callable[[], None]]) -> Any:
     """Capture fns into a graph. The garbage collector waits meanwhile: a CUDA object it frees
-    (a stream, device memory) synchronizes, and that invalidates a capture in progress."""
+    (a stream, device memory) synchronizes, and that invalidates a capture in progress. The capture
+    is thread-local, so that other threads' frees and synchronizations (a dropped session released on the
+    reaper thread, a runtime closing) cannot invalidate it."""
     stream = be.stream
     collecting = gc.isenabled()
     gc.disable()
     try:
         with stream:
-            stream.begin_capture()
+            stream.begin_capture(mode=THREAD_LOCAL)
             try:
                 for fn in fns:
                     fn()
