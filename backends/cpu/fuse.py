@@ -41,7 +41,7 @@ from .ops.conv import Conv
 from .ops.dtypes import F32, matches, out_buffer
 from .ops.elementwise import Add, Div, Mul
 from .ops.activations import gelu_
-from .ops.matmul import MatMul, gemm
+from .ops.matmul import PIECE_MACS, MatMul, gemm
 from .ops.normalization import NO_ROWS, LayerNormalization, _SoftmaxBase, layer_norm_rows
 from .ops.pool import GlobalAveragePool
 from .ops.products import bias_tile, product
@@ -220,7 +220,8 @@ class Attention(Fused):
                 return self._unfused(values)
             rows = np.ascontiguousarray(m.reshape(m.shape[0], t))
         out = self._output(self.last.out[0], (b, h, s, v.shape[3]), (q, k, v))
-        per = max(1, min(h, -(-h * b // (2 * threads()))))  # heads a piece: two pieces a thread
+        # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).
+        per = max(1, min(h, max(-(-h * b // threads()), -(-PIECE_MACS // max(1, 2 * s * t * q.shape[3])))))
         pieces = -(-h // per)
         one_row = rows.shape[0] == 1
         f_scale = np.float32(scale)

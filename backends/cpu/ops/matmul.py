@@ -95,17 +95,20 @@ def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
-#: A product is shared with the helper threads from this many multiply-adds (about 40 us of work on one
-#: core), in pieces of at least a quarter of that: a helper's wake-up and a GEMM call's set-up cost microseconds.
-PARALLEL_GEMM = 1 << 22
+#: A product is shared with the helper threads from this many multiply-adds, in pieces of at least PIECE_MACS
+#: (about 150 us on a core). A helper starts 40-100 us after the job does (tools/pool_trace.py, on the GPU
+#: machine's CPU), and each piece is an OpenBLAS call that packs its operands again: with pieces of 1M
+#: multiply-adds, minilm at 16 tokens ran 1.7x slower on 2 threads than on 1 (17 -> 29 ms, 2-core VM).
+PARALLEL_GEMM = 1 << 24
+PIECE_MACS = 1 << 23
 
 
 def _per_piece(n: int, macs_each: int) -> int:
-    """How many of n equal products make one piece: two pieces a thread, none too small to be worth it."""
+    """How many of n equal products make one piece: a piece a thread, none under PIECE_MACS."""
     t = threads()
     if t <= 1 or n * macs_each < PARALLEL_GEMM:
         return n
-    return max(1, -(-n // (2 * t)), -(-PARALLEL_GEMM // 4 // max(1, macs_each)))
+    return max(1, -(-n // t), -(-PIECE_MACS // max(1, macs_each)))
 
 
 def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None = None) -> None:
@@ -122,7 +125,7 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None 
         return
     # A piece a thread: each piece's call costs tens of microseconds of Python under the GIL, and a helper that
     # starts late only leaves its piece to whoever is free first.
-    pieces = min(t, max(1, m * n * k // (PARALLEL_GEMM // 4)))
+    pieces = min(t, max(1, m * n * k // PIECE_MACS))
     cols = max(1, min(pieces, n // 64))  # column blocks of 64 values and more
     rows = max(1, min(pieces // cols, m // 16))
     cw, rh = -(-(-(-n // cols)) // 16) * 16, -(-m // rows)  # column blocks of whole vector widths
