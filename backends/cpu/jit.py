@@ -121,7 +121,7 @@ def _compile(name: str) -> None:
 def shared(n: int, grain: int, part: Callable[[int, int], None]) -> None:
     """part(lo, hi) over [0, n) in pieces of `grain` items or more, shared with the runtime's helper threads
     (kernel.parallel). A compiled loop holds no GIL, so its pieces run at once on as many cores."""
-    pieces = max(1, min(n // max(1, grain), 4 * threads()))
+    pieces = max(1, min(n // max(1, grain), threads()))
     step = -(-n // pieces)
     parallel(-(-n // step), lambda k: part(k * step, min(n, (k + 1) * step)))
 
@@ -144,5 +144,6 @@ def elementwise(name: str, x: Any, out: Any | None = None) -> bool:
     return True
 
 
-#: An elementwise loop's pieces hold at least this many values (a helper's wake-up is worth ~20 us of work).
-ELEMENTS = 1 << 15
+#: An elementwise loop's pieces hold at least this many values (100-200 us of work): a helper starts 40-100 us
+#: after the job does (tools/pool_trace.py).
+ELEMENTS = 1 << 17
