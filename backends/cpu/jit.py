@@ -95,7 +95,7 @@ def _after_fork_in_child() -> None:
     """A fork during a compile leaves the compiling thread gone in the child, and numba's compiler lock held
     by it: there, what was compiled serves and numpy serves the rest (compiling would wait for ever)."""
     global _lock, _worker, _no_more
-    _no_more = _no_more or (_worker is not None and _worker.is_alive())
+    _no_more = _no_more or not _idle.is_set()  # (the thread itself already reads as stopped here)
     _lock = threading.Lock()
     _worker = None
     _wanted.clear()
