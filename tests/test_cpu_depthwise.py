@@ -1,4 +1,5 @@
-"""The CPU depthwise conv's band way (backends/cpu/ops/depthwise.py) against onnxruntime.
+"""The CPU depthwise conv's band way (backends/cpu/ops/depthwise.py) against onnxruntime, and the compiled
+loop that takes its place where it serves (loops.depthwise).
 
 Shapes that take the band way in one block of channels and in several, with strides, dilations,
 a depth multiplier, batches and no bias, and next to them shapes just past where the tiles way takes over.
@@ -19,6 +20,13 @@ from tests.oracle import conv_batch_matches_single_images, one_input_model, run_
 pytest.importorskip("onnxruntime")
 
 RNG = np.random.default_rng(11)
+
+
+@pytest.fixture(autouse=True, params=["wait", "0"], ids=["loop", "numpy"])
+def numba(request, monkeypatch):
+    """Each case by the compiled loop (where it serves: one channel per group, dilation 1) and by numpy."""
+    monkeypatch.setenv("AIOMNN_NUMBA", request.param)
+    return request.param
 
 CASES = [
     # (input, weight, attributes, way)

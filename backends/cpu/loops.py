@@ -122,15 +122,66 @@ def layer_norm(x, residual, gamma, beta, eps, y):
             yr[c] = (yr[c] - mean) * inv * gamma[c] + beta[c]
 
 
+def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last):
+    """A depthwise 2-D conv over planes [first, last) of x (N*C planes of H x W): plane p of y (Ho x Wo) is
+    the conv of plane p with w[p % C] (kh x kw; stride sh x sw, padding pt above and pl left, dilation 1)
+    plus bias[p % C], then act (0: none; jit.LOOP_ACTIVATIONS). Each kernel tap adds to a whole output row at once, its range
+    clipped to the input (no test in the inner loop)."""
+    C, kh, kw = w.shape
+    H, W = x.shape[1], x.shape[2]
+    Ho, Wo = y.shape[1], y.shape[2]
+    for plane in range(first, last):
+        c = plane % C
+        xp, yp = x[plane], y[plane]
+        for oh in range(Ho):
+            row = yp[oh]
+            b = bias[c]
+            for ow in range(Wo):
+                row[ow] = b
+            for i in range(kh):
+                ih = oh * sh - pt + i
+                if ih < 0 or ih >= H:
+                    continue
+                src = xp[ih]
+                for j in range(kw):
+                    wv = w[c, i, j]
+                    lo = max(0, (pl - j + sw - 1) // sw)  # the outputs whose tap j reads inside the row
+                    hi = min(Wo, (W - 1 + pl - j) // sw + 1)
+                    if hi <= lo:
+                        continue
+                    # Slices indexed from 0: an index that may be negative costs a wrap-around test per
+                    # value and keeps LLVM from vectorizing.
+                    out = row[lo:hi]
+                    start = lo * sw + j - pl
+                    if sw == 1:
+                        inp = src[start:start + hi - lo]
+                        for t in range(hi - lo):
+                            out[t] += wv * inp[t]
+                    else:
+                        inp = src[start:start + (hi - lo - 1) * sw + 1:sw]
+                        for t in range(hi - lo):
+                            out[t] += wv * inp[t]
+            if act == 1:
+                for ow in range(Wo):
+                    row[ow] = max(row[ow], F(0))
+            elif act == 2:
+                for ow in range(Wo):
+                    v = row[ow]
+                    row[ow] = v * min(max(v * F(1 / 6) + F(0.5), F(0)), F(1))
+
+
 _IN = types.Array(types.float32, 1, "C", readonly=True)  # read-only inputs take writable arrays too
 _OUT = types.Array(types.float32, 1, "C")
 _IN2 = types.Array(types.float32, 2, "C", readonly=True)
 _OUT2 = types.Array(types.float32, 2, "C")
+_IN3 = types.Array(types.float32, 3, "C", readonly=True)
+_OUT3 = types.Array(types.float32, 3, "C")
 SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "erf": (erf, types.void(_IN, _OUT)),
     "gelu": (gelu, types.void(_OUT)),
     "softmax": (softmax, types.void(_OUT2, types.float32, _IN2, types.int64, types.int64)),
     "layer_norm": (layer_norm, types.void(_IN2, _IN2, _IN, _IN, types.float32, _OUT2)),
+    "depthwise": (depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 7)),
 }
 
 

@@ -46,6 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import jit
 from ..kernel import Kernel, Unsupported, op, threads
 from . import depthwise, im2col, winograd
 from .products import PARALLEL_MACS, bias_tile, product, silu_product, split
@@ -98,6 +99,8 @@ class Conv(Kernel):
         self.dilations, self.group, self.kernel_shape = dilations, int(group), kernel_shape
         self.pads, self.strides = pads, strides
         self.activation = activation_fn(_activation)
+        # The compiled depthwise loop's code for the activation, None where the loop cannot apply it.
+        self.loop_act = 0 if _activation is None else jit.LOOP_ACTIVATIONS.get(_activation[0]) if not _activation[1] else None
         # SiLU (Swish with alpha 1) takes three passes over negated products: see silu_negated.
         self.silu = _activation is not None and _activation[0] == "Swish" and _activation[1].get("alpha", 1.0) == 1.0
         if self.group < 1:
@@ -190,7 +193,7 @@ class Conv(Kernel):
         L = math.prod(outs)
         plan = dict(n=n, N=N, C=C, co=co, cog=co // g, cg=cg, kernel=kernel, strides=strides, dils=dils,
                     pads=pads, outs=outs, L=L, cdt=cdt, out_shape=(N, co) + tuple(outs),
-                    spatial=tuple(xs[2:]), path="pointwise" if pointwise else "depthwise",
+                    spatial=tuple(xs[2:]), path="pointwise" if pointwise else "depthwise", loop_act=self.loop_act,
                     # A pointwise conv this small is one product on this thread: nothing to split.
                     direct=g == 1 and co * C * L * N < PARALLEL_MACS and co * L <= 2 * _CHUNK)
         if not (pointwise or (n == 2 and cg == 1 and depthwise.plan(plan, _TILE))

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .. import jit
 from ..kernel import shared_scratch
 from .products import image_runs
 
@@ -48,9 +49,42 @@ def plan(p: dict[str, Any], budget: int) -> bool:
 
 def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any],
         act: Callable[[np.ndarray], Any] | None) -> None:
-    """y = conv(x) for the plan p and the packed weights, on this thread: split across threads, cls at batch
-    16 ran 1.2x slower (the numpy calls are short, and the threads queue for the GIL)."""
-    (_run_band if "band" in p else _run_tiles)(x, y, p, packed, act)
+    """y = conv(x) for the plan p and the packed weights: by the compiled loop where it serves (its planes
+    shared with the helper threads), else by numpy on this thread (split across threads, cls at batch 16
+    ran 1.2x slower: the numpy calls are short, and the threads queue for the GIL)."""
+    if not _looped(x, y, p, packed, act):
+        (_run_band if "band" in p else _run_tiles)(x, y, p, packed, act)
+
+
+#: The loop's planes are shared with the helper threads in pieces of about this many multiply-adds.
+LOOP_PIECE = 1 << 20
+
+
+def _looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any], act) -> bool:
+    """loops.depthwise for one channel per group, float32, dilation 1; False (nothing done) elsewhere or
+    while the loop compiles."""
+    if (x.dtype != np.float32 or p["cog"] != 1 or p["dils"] != [1, 1] or not x.flags.c_contiguous
+            or not y.flags.c_contiguous):
+        return False
+    fn = jit.jitted("depthwise")
+    if fn is None:
+        return False
+    w = packed.get("loop_w")
+    if w is None:
+        kh, kw = p["kernel"]
+        w = packed["loop_w"] = np.ascontiguousarray(packed["w"].reshape(-1, kh, kw), np.float32)
+        packed["loop_b"] = np.zeros(w.shape[0], np.float32) if packed["b"] is None else packed["b"]
+    code = p["loop_act"]
+    (H, W), (Ho, Wo), (sh, sw) = p["spatial"], p["outs"], p["strides"]
+    planes = x.shape[0] * x.shape[1]
+    xs, ys = x.reshape(planes, H, W), y.reshape(planes, Ho, Wo)
+    b, pt, pl = packed["loop_b"], p["pads"][0], p["pads"][1]
+    each = Ho * Wo * w.shape[1] * w.shape[2]
+    jit.shared(planes, max(1, LOOP_PIECE // max(1, each)),
+               lambda lo, hi: fn(xs, w, b, ys, sh, sw, pt, pl, code or 0, lo, hi))
+    if code is None and act is not None:
+        act(y)
+    return True
 
 
 def _plan_band(p: dict[str, Any], budget: int) -> bool:
