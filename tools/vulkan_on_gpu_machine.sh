@@ -2,9 +2,9 @@
 # The Vulkan backend's checks on a machine with a real GPU (the lent NVIDIA machine).
 #
 # Here, once (fills the ignored folder .cache/vk: wheels, the Vulkan loader debs, the models):
-#     bash backends/vulkan/gpu_check.sh prepare
+#     bash tools/vulkan_on_gpu_machine.sh prepare
 # There, through the device tool, carrying that folder:
-#     run(command="bash backends/vulkan/gpu_check.sh run", carry=[".cache/vk"], timeout_s=600)
+#     run(command="bash tools/vulkan_on_gpu_machine.sh run", carry=[".cache/vk"], timeout_s=600)
 # Everything it prints also goes to $OUT/gpu_check.log (and the pytest report to $OUT/pytest.log).
 #
 # Steps: unpack the loader, install the carried wheels and aiomnn, list the devices, check the
