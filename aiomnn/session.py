@@ -226,7 +226,9 @@ class Session:
         if p.pending is not None and not p.pending.done:
             await p.pending.settle()
         if again or self._tuning.handoff_due:
-            p.forget()  # the kept plans ran on the backup or with untuned choices, or on a failed device
+            # The kept plans ran on the backup or with untuned choices, or on a failed device. Freeing device
+            # memory may wait for the device: off the event loop, as trim below.
+            await self._offload(p.forget)
         elif p.recall(shapes):
             self._shapes = shapes
             return
@@ -244,7 +246,7 @@ class Session:
             p.segments = []
             raise
         self._shapes = shapes
-        p.trim()
+        await self._offload(p.trim)
 
     def _falls_back(self, exc: BackendError) -> bool:
         """With fallback_on_error, a failure of the main backend moves the session onto the backup for good."""
