@@ -125,14 +125,25 @@ def layer_norm(x, residual, gamma, beta, eps, y):
 def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last):
     """A depthwise 2-D conv over planes [first, last) of x (N*C planes of H x W): plane p of y (Ho x Wo) is
     the conv of plane p with w[p % C] (kh x kw; stride sh x sw, padding pt above and pl left, dilation 1)
-    plus bias[p % C], then act (0: none; jit.LOOP_ACTIVATIONS). Each kernel tap adds to a whole output row at once, its range
-    clipped to the input (no test in the inner loop)."""
+    plus bias[p % C], then act (0: none; jit.LOOP_ACTIVATIONS).
+
+    Each plane is first copied between zero columns (its left and right padding), so a kernel tap adds to a
+    whole output row with no test in the inner loop, whose indices LLVM can then prove non-negative (numba
+    tests every possibly negative index for wrap-around, and that keeps LLVM from vectorizing); kernel rows
+    that fall in the top or bottom padding are skipped."""
     C, kh, kw = w.shape
     H, W = x.shape[1], x.shape[2]
     Ho, Wo = y.shape[1], y.shape[2]
+    Wp = (Wo - 1) * sw + kw
+    inner = max(0, min(W, Wp - pl))
+    buf = np.zeros((H, Wp), np.float32)
     for plane in range(first, last):
         c = plane % C
         xp, yp = x[plane], y[plane]
+        for r in range(H):
+            src, dst = xp[r], buf[r]
+            for t in range(inner):
+                dst[pl + t] = src[t]
         for oh in range(Ho):
             row = yp[oh]
             b = bias[c]
@@ -142,25 +153,15 @@ def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last):
                 ih = oh * sh - pt + i
                 if ih < 0 or ih >= H:
                     continue
-                src = xp[ih]
+                xrow = buf[ih]
                 for j in range(kw):
                     wv = w[c, i, j]
-                    lo = max(0, (pl - j + sw - 1) // sw)  # the outputs whose tap j reads inside the row
-                    hi = min(Wo, (W - 1 + pl - j) // sw + 1)
-                    if hi <= lo:
-                        continue
-                    # Slices indexed from 0: an index that may be negative costs a wrap-around test per
-                    # value and keeps LLVM from vectorizing.
-                    out = row[lo:hi]
-                    start = lo * sw + j - pl
                     if sw == 1:
-                        inp = src[start:start + hi - lo]
-                        for t in range(hi - lo):
-                            out[t] += wv * inp[t]
+                        for ow in range(Wo):
+                            row[ow] += wv * xrow[ow + j]
                     else:
-                        inp = src[start:start + (hi - lo - 1) * sw + 1:sw]
-                        for t in range(hi - lo):
-                            out[t] += wv * inp[t]
+                        for ow in range(Wo):
+                            row[ow] += wv * xrow[ow * sw + j]
             if act == 1:
                 for ow in range(Wo):
                     row[ow] = max(row[ow], F(0))

@@ -200,6 +200,9 @@ class Conv(Kernel):
                 or winograd.plan(plan, _TILE)):
             plan["path"] = "im2col"
             im2col.plan(plan, g, _TILE)
+        # One channel per group, float32: the compiled depthwise loop serves whichever numpy way was planned
+        # (det's 5x5 depthwise convs over 40 x 40 maps took im2col, at 6 GFLOP/s).
+        plan["loop"] = not pointwise and depthwise.loop_serves(plan)
         self._plan, self._plan_key = plan, (xs, ws, dtype)
         self._fast = None
         return plan
@@ -236,9 +239,15 @@ class Conv(Kernel):
                 def fast(x):
                     product(w2, x.reshape(xshape), ys, bias, act)
                     return y
-        elif p["path"] == "depthwise":
+        elif p["path"] == "depthwise" or p["loop"]:
+            numpy_way = im2col.run if p["path"] == "im2col" else None
+
             def fast(x):
-                depthwise.run(x, y, p, packed, act)
+                if not depthwise.looped(x, y, p, packed, act):
+                    if numpy_way is None:
+                        depthwise.run(x, y, p, packed, act)
+                    else:
+                        numpy_way(x, y, p, packed, self.group, act, self.silu, _TILE)
                 return y
         else:
             return
@@ -258,6 +267,8 @@ class Conv(Kernel):
         y = out_buffer(self.out[0], p["out_shape"], cdt) if native else np.empty(p["out_shape"], cdt)
         if p["path"] == "pointwise":
             self._pointwise(xc, y, p, packed)
+        elif p["loop"] and depthwise.looped(xc, y, p, packed, self.activation):
+            pass
         elif p["path"] == "depthwise":
             depthwise.run(xc, y, p, packed, self.activation)
         elif p["path"] == "winograd":

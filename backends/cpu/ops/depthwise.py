@@ -49,22 +49,26 @@ def plan(p: dict[str, Any], budget: int) -> bool:
 
 def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any],
         act: Callable[[np.ndarray], Any] | None) -> None:
-    """y = conv(x) for the plan p and the packed weights: by the compiled loop where it serves (its planes
-    shared with the helper threads), else by numpy on this thread (split across threads, cls at batch 16
-    ran 1.2x slower: the numpy calls are short, and the threads queue for the GIL)."""
-    if not _looped(x, y, p, packed, act):
-        (_run_band if "band" in p else _run_tiles)(x, y, p, packed, act)
+    """y = conv(x) for the plan p and the packed weights by numpy, on this thread: split across threads, cls at
+    batch 16 ran 1.2x slower (the numpy calls are short, and the threads queue for the GIL). The compiled loop
+    (looped) is tried first where it serves."""
+    (_run_band if "band" in p else _run_tiles)(x, y, p, packed, act)
+
+
+def loop_serves(p: dict[str, Any]) -> bool:
+    """Whether loops.depthwise can compute a conv of this plan: 2-D, one channel per group, dilation 1,
+    float32."""
+    return p["n"] == 2 and p["cg"] == 1 and p["cog"] == 1 and p["dils"] == [1, 1] and p["cdt"] == np.float32
 
 
 #: The loop's planes are shared with the helper threads in pieces of about this many multiply-adds.
 LOOP_PIECE = 1 << 20
 
 
-def _looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any], act) -> bool:
-    """loops.depthwise for one channel per group, float32, dilation 1; False (nothing done) elsewhere or
-    while the loop compiles."""
-    if (x.dtype != np.float32 or p["cog"] != 1 or p["dils"] != [1, 1] or not x.flags.c_contiguous
-            or not y.flags.c_contiguous):
+def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any], act) -> bool:
+    """y = conv(x) by loops.depthwise, its planes shared with the helper threads, for a plan it serves
+    (loop_serves); False (nothing done) while it compiles, or for other layouts."""
+    if x.dtype != np.float32 or not x.flags.c_contiguous or not y.flags.c_contiguous:
         return False
     fn = jit.jitted("depthwise")
     if fn is None:
