@@ -154,14 +154,28 @@ def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last):
                 if ih < 0 or ih >= H:
                     continue
                 xrow = buf[ih]
-                for j in range(kw):
-                    wv = w[c, i, j]
-                    if sw == 1:
-                        for ow in range(Wo):
-                            row[ow] += wv * xrow[ow + j]
-                    else:
-                        for ow in range(Wo):
-                            row[ow] += wv * xrow[ow * sw + j]
+                if kw == 3 and sw == 1:  # a kernel row's taps at once: the output row is read and written once
+                    w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
+                    for ow in range(Wo):
+                        row[ow] += w0 * xrow[ow] + w1 * xrow[ow + 1] + w2 * xrow[ow + 2]
+                elif kw == 5 and sw == 1:
+                    w0, w1, w2, w3, w4 = w[c, i, 0], w[c, i, 1], w[c, i, 2], w[c, i, 3], w[c, i, 4]
+                    for ow in range(Wo):
+                        row[ow] += (w0 * xrow[ow] + w1 * xrow[ow + 1] + w2 * xrow[ow + 2] + w3 * xrow[ow + 3]
+                                    + w4 * xrow[ow + 4])
+                elif kw == 3 and sw == 2:
+                    w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
+                    for ow in range(Wo):
+                        row[ow] += w0 * xrow[2 * ow] + w1 * xrow[2 * ow + 1] + w2 * xrow[2 * ow + 2]
+                else:
+                    for j in range(kw):
+                        wv = w[c, i, j]
+                        if sw == 1:
+                            for ow in range(Wo):
+                                row[ow] += wv * xrow[ow + j]
+                        else:
+                            for ow in range(Wo):
+                                row[ow] += wv * xrow[ow * sw + j]
             if act == 1:
                 for ow in range(Wo):
                     row[ow] = max(row[ow], F(0))
