@@ -44,9 +44,9 @@ from aiomnn.errors import BackendError
 from aiomnn.fence import Fence, offload
 from aiomnn.graph import Node
 from aiomnn.memory import Arena, Block, HandedOver, Lease, StorageType, handed
-from aiomnn.profile import OpEvent
 
 from .memory import Loc, align_up, upload
+from .profile import Timestamps
 from .queue import Submission
 from . import segments
 from .record import Dispatch, Record, Slot
@@ -100,9 +100,7 @@ class VulkanBackend(Backend):
         self._arena_buf = self._io_dev = self._io_host = self._aux_buf = None
         self._extra_bufs: list = []
         self._desc_pools: list = []
-        # Profiling: each timed command buffer's query pool and timestamp count, and the slot last submitted.
-        self._timestamps: dict[Submission, tuple[Any, int]] = {}
-        self._timed_slot: Slot | None = None
+        self.timestamps = Timestamps(self.ctx)  # the timed command buffers, with profiling on
         self.predicted_hits = 0  # segments whose commands were recorded at resize (for tests)
         # Every node this backend was offered in this alloc pass, in order: (node, execution or None, inputs,
         # outputs). The fusion plan (fusion.plan_fusions) reads who consumes each value from it.
@@ -285,7 +283,7 @@ class VulkanBackend(Backend):
         """Free everything planned for the current shapes (the weights stay in the runtime's pool)."""
         if self.rt.closed:  # the device is gone, and everything made on it
             self._subs, self._cmds, self._records, self._desc_pools = [], [], {}, []
-            self._timestamps, self._timed_slot = {}, None
+            self.timestamps.clear(destroy=False)
             self._arena_buf = self._io_dev = self._io_host = self._aux_buf = None
             self._extra_bufs = []
             self._reset_plan()
@@ -302,9 +300,7 @@ class VulkanBackend(Backend):
         for pool in self._desc_pools:
             vk.vkDestroyDescriptorPool(self.ctx.device, pool, None)
         self._desc_pools = []
-        for pool, _ in self._timestamps.values():
-            vk.vkDestroyQueryPool(self.ctx.device, pool, None)
-        self._timestamps, self._timed_slot = {}, None
+        self.timestamps.clear()
         for b in (self._arena_buf, self._io_dev, self._io_host, self._aux_buf, *self._extra_bufs):
             if b is not None:
                 b.destroy()
@@ -450,50 +446,15 @@ class VulkanBackend(Backend):
                         self.queue.send(sends[i][1])
                         i += 1
             if self.profile is not None:
-                self._timed_slot = slot
+                self.timestamps.last = slot
             self._last_value = self.queue.submit(slot.sub, functools.partial(_finish, rec, slot, values, fence))
         except BaseException as exc:
             fence.signal(error=exc)
 
     # Profiling ----------------------------------------------------------------------
-    def query_pool(self, n: int) -> Any:
-        """A pool of n timestamp queries for a timed command buffer (freed with the plan)."""
-        return vk.vkCreateQueryPool(self.ctx.device, vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP,
-                                                                             queryCount=n), None)
-
     def profile_segment(self, segment: "Segment", began_ns: int, ended_ns: int) -> None:
-        """One event per op (or fused group) that recorded dispatches: their device time, from the timestamps
-        its slot's command buffer wrote, placed from the segment's start on the host. Without timestamps on
-        the device's queue, one event for the segment, on the host's clock."""
         assert self.profile is not None
-        slot, self._timed_slot = self._timed_slot, None
-        found = self._timestamps.get(slot.sub) if slot is not None else None
-        if found is None:
-            name, op_type, args = self.profile.describe([s.node for s in segment.steps])
-            self.profile.add(OpEvent(name, op_type, "vulkan", began_ns, ended_ns - began_ns,
-                                     {**args, "clock": "host", "per_op": "not available: the device's queue "
-                                      "has no timestamp queries; this is the whole segment"}))
-            return
-        pool, n = found
-        data = ffi.new("uint64_t[]", n)
-        r = lib.vkGetQueryPoolResults(self.ctx.device, pool, 0, n, 8 * n, data, 8,
-                                      vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
-        if r != vk.VK_SUCCESS:
-            raise BackendError(f"vkGetQueryPoolResults: VkResult {r}")
-        period = self.ctx.timestamp_period  # ns a tick
-        i = 0
-        for s in segment.steps:
-            exe = s.execution
-            k = len(exe.dispatches)
-            if not k:
-                continue
-            group = getattr(exe, "group", None)
-            fused = group is not None and group.members[-1] is exe and all(not m.dispatches for m in group.members[:-1])
-            name, op_type, args = self.profile.describe([m.node for m in group.members] if fused else [s.node])
-            start, dur = (data[i] - data[0]) * period, (data[i + k] - data[i]) * period
-            i += k
-            self.profile.add(OpEvent(name, op_type, "vulkan", began_ns + int(start), int(dur),
-                                     {**args, "clock": "device", "kernels": [d.kernel.name for d in exe.dispatches]}))
+        self.timestamps.events(self.profile, segment, began_ns, ended_ns)
 
 
 def _finish(rec: Record, slot: Slot, values: dict[str, Any], fence: Fence, err: BaseException | None) -> None:

@@ -147,7 +147,7 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
             barrier(cmd, TRANSFER, COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, SHADER_RW)
         timed = be.profile is not None and be.ctx.timestamps and bool(dispatches)
         if timed:  # profiling: each dispatch on its own, timed (record_timed)
-            pool = be.query_pool(len(dispatches) + 1)
+            pool = be.timestamps.pool(len(dispatches) + 1)
             record_timed(cmd, dispatches, pool)
             record_cmds(cmd, cast_out)
         else:
@@ -164,7 +164,7 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
         sub = Submission(be.queue, cmd)
         be._subs.append(sub)
         if timed:
-            be._timestamps[sub] = (pool, len(dispatches) + 1)
+            be.timestamps.add(sub, pool, len(dispatches) + 1)
         return Slot(sub, views, handover, sends)
 
     return Record(make, up_views, pops, Record.key_of(exes, upload_names, download_names))
