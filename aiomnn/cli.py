@@ -116,8 +116,9 @@ async def _demo(args: argparse.Namespace) -> int:
         images = rng.standard_normal((16, 1, 3, 64, 64)).astype(np.float32)
         await session.run({"image": images[0]})  # plan once before timing
         # The CPU's numba loops compile (or load from their disk cache) in the background on first use, numpy
-        # serving meanwhile; on a 2-core machine that took a core from this short demo (143 against 812
-        # req/s). The demo shows the steady state, as the benchmarks do.
+        # serving meanwhile, and the compiling thread holds the GIL much of that time: on 2 cores it took most
+        # of this short demo's throughput (benchmarks/RESULTS.md). The demo shows the steady state, as the
+        # benchmarks do.
         began = time.perf_counter()
         from aiomnn.backends.cpu import jit
 

@@ -36,10 +36,10 @@ X = np.random.default_rng(0).standard_normal((1, 3, 64, 64)).astype(np.float32)
 #: few enough to keep this file near a minute.
 DROPS = {"cpu": (0, 600), "opencl": (150, 8), "vulkan": (100, 20), "cuda": (200, 100)}
 #: How far RSS may grow over the last 4/5 of them, in MB. A device runtime's driver state (lavapipe's
-#: compiled pipelines, say) leaves the allocator's heap a little larger each time, converging: 100 lavapipe
-#: runtimes made and dropped one after another took RSS from 163 to 196 MB, the next 50 to 199. Late in the
-#: whole suite's process the same 96 vulkan drops grew it by 68 MB (a heap already fragmented by thousands of
-#: tests), so GPU kinds get 150 MB: the leak reported in the issue was 26 MB a session, 2.5 GB here.
+#: compiled pipelines, say) leaves the allocator's heap a little larger each time, converging, and more so
+#: late in the whole suite's process, whose heap thousands of tests have fragmented. The bound for GPU kinds
+#: still sits far below the leak the issue reported, which grew by tens of MB a session
+#: (benchmarks/RESULTS.md, "Dropped sessions").
 RSS_BOUND = {"cpu": 25, "opencl": 150, "vulkan": 150, "cuda": 150}
 
 

@@ -29,8 +29,7 @@ def anyio_backend():
 
 def conv_chain(layers: int = 6, channels: int = 32) -> bytes:
     """A made-up model with real work in every op: Conv 3x3 -> Relu, `layers` times, then a residual Add. At 32
-    channels each conv takes about 2 ms on the 2-core test machine, the host's work between kernels a few
-    microseconds."""
+    channels each conv's work is far longer than the host's work between kernels."""
     rng = np.random.default_rng(0)
     inits, nodes, x = [], [], "x"
     for i in range(layers):
@@ -153,8 +152,8 @@ async def test_made_up_model(kind, tmp_path):
 @pytest.mark.models
 @pytest.mark.parametrize("kind", BACKENDS)
 async def test_cls(kind, tmp_path):
-    # Batch 8 on the CPU: about 15 ms a run on the 2-core test machine, so the host work between kernels (a
-    # few microseconds each) is a few percent of it. Batch 1 elsewhere (lavapipe takes 0.3 s a run).
+    # Batch 8 on the CPU, so that the host work between kernels is a small part of a run; batch 1 elsewhere
+    # (lavapipe is slow).
     batch, runs = (8, RUNS) if kind == "cpu" else (1, 3)
     session = await profiled(kind, model_path("cls"), cls_feeds(batch), runs=runs)
     try:

@@ -147,6 +147,6 @@ def elementwise(name: str, x: Any, out: Any | None = None) -> bool:
 #: Fused activations that loops.depthwise applies itself, by its code for them (0: none).
 LOOP_ACTIVATIONS = {"Relu": 1, "HardSwish": 2}
 
-#: An elementwise loop's pieces hold at least this many values (100-200 us of work): a helper starts 40-100 us
-#: after the job does (tools/pool_trace.py).
+#: An elementwise loop's pieces hold at least this many values: each must outlast a helper's late start
+#: (tools/pool_trace.py; benchmarks/RESULTS.md, "Piece sizes").
 ELEMENTS = 1 << 17

@@ -201,7 +201,7 @@ class Conv(Kernel):
             plan["path"] = "im2col"
             im2col.plan(plan, g, _TILE)
         # One channel per group, float32: the compiled depthwise loop serves whichever numpy way was planned
-        # (det's 5x5 depthwise convs over 40 x 40 maps took im2col, at 6 GFLOP/s).
+        # (det's 5x5 depthwise convs over 40 x 40 maps took im2col, far slower than the loop).
         plan["loop"] = not pointwise and depthwise.loop_serves(plan)
         self._plan, self._plan_key = plan, (xs, ws, dtype)
         self._fast = None

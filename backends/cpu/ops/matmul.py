@@ -95,10 +95,9 @@ def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
-#: A product is shared with the helper threads from this many multiply-adds, in pieces of at least PIECE_MACS
-#: (about 150 us on a core). A helper starts 40-100 us after the job does (tools/pool_trace.py, on the GPU
-#: machine's CPU), and each piece is an OpenBLAS call that packs its operands again: with pieces of 1M
-#: multiply-adds, minilm at 16 tokens ran 1.7x slower on 2 threads than on 1 (17 -> 29 ms, 2-core VM).
+#: A product is shared with the helper threads from this many multiply-adds, in pieces of at least PIECE_MACS:
+#: a helper starts some time after the job does (tools/pool_trace.py), and each piece is an OpenBLAS call that
+#: packs its operands again, so a small piece costs more than it saves (benchmarks/RESULTS.md, "Piece sizes").
 PARALLEL_GEMM = 1 << 24
 PIECE_MACS = 1 << 23
 
