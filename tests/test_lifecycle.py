@@ -132,15 +132,18 @@ def test_dropped_sessions_release_everything(kind):
           f"(from {threads}), RSS +{grew:.0f} MB over the last {n - n // 5}")
 
 
-def test_an_unclosed_session_warns_and_releases_its_runtime():
-    net = aiomnn.Interpreter.from_bytes(MODEL)
-
+def unclosed_cpu_session() -> aiomnn.Session:
+    """A CPU session on a runtime of its own, run once and left open."""
     async def make():
-        s = await net.create_session(config("cpu"))
+        s = await aiomnn.Interpreter.from_bytes(MODEL).create_session(config("cpu"))
         await s.run({"image": X})
         return s
 
-    s = asyncio.run(make())
+    return asyncio.run(make())
+
+
+def test_an_unclosed_session_warns_and_releases_its_runtime():
+    s = unclosed_cpu_session()
     info = s.runtime_info
     with pytest.warns(ResourceWarning, match="unclosed aiomnn session on cpu"):
         del s
@@ -150,16 +153,9 @@ def test_an_unclosed_session_warns_and_releases_its_runtime():
 
 
 def test_an_unclosed_session_is_released_under_a_raising_warnings_filter(monkeypatch):
-    net = aiomnn.Interpreter.from_bytes(MODEL)
     unraisable = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
-
-    async def make():
-        s = await net.create_session(config("cpu"))
-        await s.run({"image": X})
-        return s
-
-    s = asyncio.run(make())
+    s = unclosed_cpu_session()
     info = s.runtime_info
     with warnings.catch_warnings():
         warnings.simplefilter("error", ResourceWarning)
