@@ -67,7 +67,7 @@ class Plan:
 
     @property
     def backends(self) -> list[Backend]:
-        return [self.main] if self.main is self.backup else [self.main, self.backup]
+        return backends_of(self.main, self.backup)
 
 
 #: A pipeline keeps the plans of at most this many input shapes besides the current one, and lets older ones go
@@ -102,7 +102,7 @@ class Pipeline:
 
     @property
     def backends(self) -> list[Backend]:
-        return [self.main] if self.main is self.backup else [self.main, self.backup]
+        return backends_of(self.main, self.backup)
 
     @property
     def all_backends(self) -> list[Backend]:
@@ -366,6 +366,11 @@ class Pipeline:
         if run is not None:
             profile.end_run(run)
         return {name: values[name] for name in self.graph.output_names}
+
+
+def backends_of(main: Backend, backup: Backend) -> list[Backend]:
+    """A plan's backends: one where the backup is the main backend."""
+    return [main] if main is backup else [main, backup]
 
 
 def _key(input_shapes: dict[str, tuple[int, ...]]) -> tuple:

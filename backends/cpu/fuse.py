@@ -170,8 +170,10 @@ def _attention(plan: list[Step], i: int) -> list[Step] | None:
     softmax = chain[-2][0]
     scores = first.out_tensors[0]
     if (softmax.kind != "softmax" or scores.shape is None or len(scores.shape) < 3 or scores.dtype != F32
-            or softmax.axis not in (-1, len(scores.shape) - 1) or chain[1][0] is not softmax and type(chain[1][0]) is Div
-            and chain[1][1][0] != chain[0][2][0][1]):
+            or softmax.axis not in (-1, len(scores.shape) - 1)):
+        return None
+    divides = type(chain[1][0]) is Div
+    if divides and chain[1][1][0] != chain[0][2][0][1]:  # scores / c, not c / scores
         return None
     return chain
 
@@ -223,7 +225,6 @@ class Attention(Fused):
         # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).
         per = max(1, min(h, max(-(-h * b // threads()), -(-PIECE_MACS // max(1, 2 * s * t * q.shape[3])))))
         pieces = -(-h // per)
-        one_row = rows.shape[0] == 1
         f_scale = np.float32(scale)
 
         def piece(n: int) -> None:
@@ -233,8 +234,8 @@ class Attention(Fused):
             scores = shared_scratch("attention.scores", (count, s, t), F32)[0]
             np.matmul(q[i, hs], k[i, hs], out=scores)
             flat = scores.reshape(-1, t)
-            mask = rows if not self.masked else rows[0 if one_row else i:][:1]
-            loop(flat, f_scale, mask, flat.shape[0], 0)
+            # Every score row of batch item i adds the same mask row (none, or one for the whole batch: rows).
+            loop(flat, f_scale, rows[i:i + 1] if rows.shape[0] > 1 else rows, flat.shape[0], 0)
             np.matmul(scores, v[i, hs], out=out[i, hs])
 
         parallel(b * pieces, piece)
