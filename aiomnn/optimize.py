@@ -440,7 +440,7 @@ class _Rewriter:
                 bounds = [self.const(b) for b in act.inputs[1:3]]
                 if any(v is None for v, name in zip(bounds, act.inputs[1:3]) if name):
                     continue
-                attrs = {"min": None if bounds[0] is None else float(bounds[0]),
-                         "max": None if len(bounds) < 2 or bounds[1] is None else float(bounds[1])}
+                lo, hi = (bounds + [None, None])[:2]  # a Clip may have no bounds at all
+                attrs = {"min": None if lo is None else float(lo), "max": None if hi is None else float(hi)}
             self.set({i: None, j: _replace(prod, outputs=act.outputs,
                                            attrs={**prod.attrs, "_activation": (act.op_type, attrs)})})

@@ -24,6 +24,12 @@ pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(11)
 
 
+@pytest.fixture(autouse=True)
+def numpy_paths(monkeypatch):
+    """These are numpy's paths: the compiled tile loop (tests/test_cpu_direct.py) would take their convs."""
+    monkeypatch.setenv("AIOMNN_NUMBA", "0")
+
+
 def _silu_model(xs, ws, attrs, *, alpha: float | None = None, bias: bool = True) -> tuple[bytes, np.ndarray]:
     """Conv -> x * Sigmoid(x) (or Sigmoid(alpha x)), which the optimizer fuses into the conv."""
     consts = {"w": (RNG.standard_normal(ws) * 0.3).astype(np.float32)}

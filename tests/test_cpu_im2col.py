@@ -20,6 +20,12 @@ pytest.importorskip("onnxruntime")
 
 RNG = np.random.default_rng(3)
 
+
+@pytest.fixture(autouse=True)
+def numpy_paths(monkeypatch):
+    """These are numpy's paths: the compiled tile loop (tests/test_cpu_direct.py) would take their convs."""
+    monkeypatch.setenv("AIOMNN_NUMBA", "0")
+
 CASES = [
     # (input, weight, attributes)
     ((2, 8, 9, 11), (8, 4, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),

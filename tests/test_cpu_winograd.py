@@ -21,6 +21,12 @@ from tests.oracle import one_input_model
 RNG = np.random.default_rng(5)
 
 
+@pytest.fixture(autouse=True)
+def numpy_paths(monkeypatch):
+    """These are numpy's paths: the compiled tile loop (tests/test_cpu_direct.py) would take their convs."""
+    monkeypatch.setenv("AIOMNN_NUMBA", "0")
+
+
 def reference(x, w, b, pads, group: int, act: str | None) -> np.ndarray:
     """The conv in float64, pads as ONNX's [top, left, bottom, right]."""
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))

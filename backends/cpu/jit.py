@@ -48,12 +48,12 @@ def mode() -> str:
 
 def jitted(name: str) -> Callable[..., Any] | None:
     """The compiled loop `name` of loops.py, or None while it compiles (or when numba is unavailable)."""
+    how = mode()  # read each time: AIOMNN_NUMBA=0 sends even compiled kernels back to numpy
+    if how == "off":
+        return None
     fn = _ready.get(name)
     if fn is not None or name in _failed or _no_more:
         return fn
-    how = mode()
-    if how == "off":
-        return None
     if how == "wait":
         _compile(name)
         return _ready.get(name)
@@ -144,8 +144,28 @@ def elementwise(name: str, x: Any, out: Any | None = None) -> bool:
     return True
 
 
-#: Fused activations that loops.depthwise applies itself, by its code for them (0: none).
-LOOP_ACTIVATIONS = {"Relu": 1, "HardSwish": 2}
+#: Fused activations that the compiled loops apply themselves (scalars.activate), by their code; the tile
+#: loop takes them all, the depthwise loop codes 0-2.
+_CODES = {"Relu": 1, "HardSwish": 2, "Swish": 3, "Sigmoid": 4, "LeakyRelu": 5, "Clip": 6, "HardSigmoid": 7}
+#: Each activation's two parameters, from its attributes (ONNX's defaults where absent).
+_PARAMS = {"Swish": lambda a: (a.get("alpha", 1.0), 0.0), "LeakyRelu": lambda a: (a.get("alpha", 0.01), 0.0),
+           "Clip": lambda a: (-np.inf if a.get("min") is None else a["min"],
+                              np.inf if a.get("max") is None else a["max"]),
+           "HardSigmoid": lambda a: (a.get("alpha", 0.2), a.get("beta", 0.5))}
+
+
+def loop_activation(activation: tuple[str, dict[str, Any]] | None) -> tuple[int, float, float] | None:
+    """A fused activation (op type, attributes) as (code, alpha, beta) for the compiled loops; (0, 0, 0) for
+    none, None for one they do not apply."""
+    if activation is None:
+        return 0, 0.0, 0.0
+    name, attrs = activation
+    code = _CODES.get(name)
+    if code is None or (attrs and name not in _PARAMS):
+        return None
+    alpha, beta = _PARAMS[name](attrs) if name in _PARAMS else (0.0, 0.0)
+    return code, float(alpha), float(beta)
+
 
 #: An elementwise loop's pieces hold at least this many values: each must outlast a helper's late start
 #: (tools/pool_trace.py; benchmarks/RESULTS.md, "Piece sizes").

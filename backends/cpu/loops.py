@@ -1,10 +1,9 @@
 """The loops numba compiles for the CPU backend (see jit.py, which imports this module off the event loop).
 
-Each is a plain loop over float32 rows that LLVM vectorizes: no call inside a loop body, so no math.exp
-or math.erf, and a loop that works in place takes one array (given the same array twice, LLVM's check for
-overlap fails and the scalar loop runs, 10x slower) (numba calls the C library's scalar functions for those, 25x slower than a polynomial here).
-erf is a rational function of x^2 fitted for this file (max error 3.5e-7 over the line, in float32), exp
-a polynomial raised to the 32nd power (relative error about 1e-6 where softmax evaluates it).
+Each is a plain loop over float32 rows that LLVM vectorizes: no call inside a loop body (exp and erf are
+scalars.py's polynomials), and a loop that works in place takes one array (given the same array twice,
+LLVM's check for overlap fails and the scalar loop runs, 10x slower). The conv's tile loop is generated
+(tiles.py); the input layout it reads is made here (conv_input).
 """
 
 from __future__ import annotations
@@ -15,52 +14,22 @@ import numba
 import numpy as np
 from numba import types
 
+from . import scalars, tiles
+from .scalars import FAST, NEG_INF, exp_neg
+
 F = np.float32
-#: No assumption that values are finite: inf and NaN inputs give what numpy gives.
-FAST = {"reassoc", "contract", "nsz", "arcp"}
-
-# erf(x) = x P(x^2) / Q(x^2) for |x| <= 4, clamped to [-1, 1]; beyond 4 erf is 1 to float32 precision.
-P0, P1, P2, P3, P4, P5, P6 = (F(1.12837917e+00), F(1.84872543e-01), F(5.38428372e-02), F(3.78018973e-03),
-                              F(3.60578215e-04), F(4.18396580e-06), F(-1.05807249e-08))
-Q1, Q2, Q3, Q4, Q5 = F(4.97172387e-01), F(1.13440880e-01), F(1.52566643e-02), F(1.26786027e-03), F(5.83646938e-05)
-# exp(x) = e(x / 32)^32 with e a Taylor polynomial of degree 7 on [-88/32, 0].
-E2, E3, E4, E5, E6, E7 = F(1 / 2), F(1 / 6), F(1 / 24), F(1 / 120), F(1 / 720), F(1 / 5040)
-NEG_INF = F(-np.inf)
-
-
-@numba.njit(inline="always", fastmath=FAST, error_model="numpy")
-def _erf(v):
-    x = min(max(v, F(-4)), F(4))
-    t = x * x
-    p = ((((((P6 * t + P5) * t + P4) * t + P3) * t + P2) * t + P1) * t + P0)
-    q = (((((Q5 * t + Q4) * t + Q3) * t + Q2) * t + Q1) * t + F(1))
-    r = min(max(x * p / q, F(-1)), F(1))
-    return r if v == v else v  # NaN stays NaN
-
-
-@numba.njit(inline="always", fastmath=FAST, error_model="numpy")
-def _exp_neg(x):
-    """exp(x) for x <= 0 (below -88 it underflows to 0 through the squarings, as exp does)."""
-    x = max(x, F(-100)) * F(1 / 32)
-    e = ((((((E7 * x + E6) * x + E5) * x + E4) * x + E3) * x + E2) * x + F(1)) * x + F(1)
-    e = max(e, F(0))
-    e = e * e
-    e = e * e
-    e = e * e
-    e = e * e
-    return e * e
 
 
 def erf(x, y):
     for i in range(x.size):
-        y[i] = _erf(x[i])
+        y[i] = scalars.erf(x[i])
 
 
 def gelu(y):
     """y = y/2 (1 + erf(y / sqrt 2)), in place."""
     for i in range(y.size):
         v = y[i]
-        y[i] = F(0.5) * v * (F(1) + _erf(v * F(0.7071067811865476)))
+        y[i] = F(0.5) * v * (F(1) + scalars.erf(v * F(0.7071067811865476)))
 
 
 def softmax(y, scale, mask, group, first):
@@ -84,7 +53,7 @@ def softmax(y, scale, mask, group, first):
                 m = max(m, v)
         s = F(0)
         for c in range(cols):
-            e = _exp_neg(yr[c] - m)
+            e = exp_neg(yr[c] - m)
             yr[c] = e
             s += e
         inv = F(1) / s
@@ -125,7 +94,7 @@ def layer_norm(x, residual, gamma, beta, eps, y):
 def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last):
     """A depthwise 2-D conv over planes [first, last) of x (N*C planes of H x W): plane p of y (Ho x Wo) is
     the conv of plane p with w[p % C] (kh x kw; stride sh x sw, padding pt above and pl left, dilation 1)
-    plus bias[p % C], then act (0: none; jit.LOOP_ACTIVATIONS).
+    plus bias[p % C], then act (scalars.activate, codes 0-2).
 
     Each plane is first copied between zero columns (its left and right padding), so a kernel tap adds to a
     whole output row with no test in the inner loop, whose indices LLVM can then prove non-negative (numba
@@ -185,6 +154,41 @@ def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last):
                     row[ow] = v * min(max(v * F(1 / 6) + F(0.5), F(0)), F(1))
 
 
+def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last):
+    """The layout tiles.conv reads, for images [first, last) of x (N x c*h*w): each channel's input with pt
+    rows and pl columns of zeros before it (and zeros after, to hq * s rows and wq * s columns), split into its
+    s x s stride phases, phase (a, b) holding rows a, a + s, ... and columns b, b + s, ... as an hq x wq plane.
+    Planes follow one another by channel, then a, then b; the rest of each row of xp is zeros. With s = 1 this
+    is the zero-padded input, whose taps are then plain shifts."""
+    plane = hq * wq
+    for n in range(first, last):
+        xn, pn = x[n], xp[n]
+        for ch in range(c):
+            for a in range(s):
+                for b in range(s):
+                    dst0 = ((ch * s + a) * s + b) * plane
+                    # columns qx whose input column qx * s + b - pl lies in [0, w)
+                    lo = min(wq, max(0, (pl - b + s - 1) // s))
+                    hi = max(lo, min(wq, (w - 1 + pl - b) // s + 1))
+                    for qy in range(hq):
+                        row = pn[dst0 + qy * wq: dst0 + (qy + 1) * wq]
+                        iy = qy * s + a - pt
+                        if iy < 0 or iy >= h:
+                            row[:] = 0
+                            continue
+                        src = xn[ch * h * w + iy * w:]
+                        row[:lo] = 0
+                        start = lo * s + b - pl
+                        if s == 1:
+                            for qx in range(hi - lo):
+                                row[lo + qx] = src[start + qx]
+                        else:
+                            for qx in range(hi - lo):
+                                row[lo + qx] = src[start + qx * s]
+                        row[hi:] = 0
+        pn[c * s * s * plane:] = 0
+
+
 _IN = types.Array(types.float32, 1, "C", readonly=True)  # read-only inputs take writable arrays too
 _OUT = types.Array(types.float32, 1, "C")
 _IN2 = types.Array(types.float32, 2, "C", readonly=True)
@@ -197,9 +201,30 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "softmax": (softmax, types.void(_OUT2, types.float32, _IN2, types.int64, types.int64)),
     "layer_norm": (layer_norm, types.void(_IN2, _IN2, _IN, _IN, types.float32, _OUT2)),
     "depthwise": (depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 7)),
+    "conv_input": (conv_input, types.void(_IN2, _OUT2, *[types.int64] * 10)),
+    "conv_tiles": (tiles.conv, types.void(_IN, types.uint64, types.Array(types.uint64, 1, "C", readonly=True),
+                                          types.uint64, _IN3, _IN, _OUT3, *[types.uint64] * 6, types.int64,
+                                          types.float32, types.float32)),
 }
+#: Compiled with LLVM's SLP vectorizer, which packs a tile's scalar sums into vectors (numba leaves it off).
+SLP = {"conv_tiles"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)
     fn, signature = SIGNATURES[name]
-    return numba.njit(signature, nogil=True, cache=True, fastmath=FAST, error_model="numpy")(fn)
+    if name not in SLP:
+        return numba.njit(signature, nogil=True, cache=True, fastmath=FAST, error_model="numpy")(fn)
+    # No reassociation: with it, LLVM vectorizes the sum over taps (a reduction of gathered values) instead
+    # of the tile's rows. The vectorizer setting is numba's global, read while compiling: it is switched on
+    # for this compile only, under numba's compiler lock.
+    from numba.core import config
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock:
+        before = config.SLP_VECTORIZE
+        config.SLP_VECTORIZE = 1
+        try:
+            return numba.njit(signature, nogil=True, cache=True, fastmath=FAST - {"reassoc"},
+                              error_model="numpy", boundscheck=False)(fn)
+        finally:
+            config.SLP_VECTORIZE = before

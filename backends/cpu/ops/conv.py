@@ -48,7 +48,7 @@ import numpy as np
 
 from .. import jit
 from ..kernel import Kernel, Unsupported, op, threads
-from . import depthwise, im2col, winograd
+from . import depthwise, direct, im2col, winograd
 from .products import PARALLEL_MACS, bias_tile, product, silu_product, split
 from .activations import activation_fn
 from .dtypes import float_compute_dtype, out_buffer
@@ -99,8 +99,8 @@ class Conv(Kernel):
         self.dilations, self.group, self.kernel_shape = dilations, int(group), kernel_shape
         self.pads, self.strides = pads, strides
         self.activation = activation_fn(_activation)
-        # The compiled depthwise loop's code for the activation, None where the loop cannot apply it.
-        self.loop_act = 0 if _activation is None else jit.LOOP_ACTIVATIONS.get(_activation[0]) if not _activation[1] else None
+        # The compiled loops' (code, alpha, beta) for the activation, None where they cannot apply it.
+        self.loop_act = jit.loop_activation(_activation)
         # SiLU (Swish with alpha 1) takes three passes over negated products: see silu_negated.
         self.silu = _activation is not None and _activation[0] == "Swish" and _activation[1].get("alpha", 1.0) == 1.0
         if self.group < 1:
@@ -203,6 +203,8 @@ class Conv(Kernel):
         # One channel per group, float32: the compiled depthwise loop serves whichever numpy way was planned
         # (det's 5x5 depthwise convs over 40 x 40 maps took im2col, far slower than the loop).
         plan["loop"] = not pointwise and depthwise.loop_serves(plan)
+        # Other convs of one group in float32: the compiled tile loop, once it is compiled (direct.py).
+        plan["tiles"] = not plan["loop"] and direct.plan(plan, g)
         self._plan, self._plan_key = plan, (xs, ws, dtype)
         self._fast = None
         return plan
@@ -227,7 +229,12 @@ class Conv(Kernel):
         if self._packed is None or y is not self.out[0]:
             return
         act = self.activation
-        if p["path"] == "pointwise" and p["direct"]:
+        if p["tiles"]:
+            def fast(x):
+                if direct.run(x, y, p, packed):
+                    return y
+                return self.run(x, self.w_const, self.b_const)  # still compiling
+        elif p["path"] == "pointwise" and p["direct"]:
             w2 = packed["w"][0]
             xshape, ys = (p["N"], p["C"], p["L"]), y.reshape(p["N"], p["co"], p["L"])
             bias = None if packed["b"] is None else bias_tile(packed, p["L"])
@@ -265,7 +272,9 @@ class Conv(Kernel):
         native = x.dtype == cdt
         xc = x if native else x.astype(cdt)
         y = out_buffer(self.out[0], p["out_shape"], cdt) if native else np.empty(p["out_shape"], cdt)
-        if p["path"] == "pointwise":
+        if p["tiles"] and direct.run(xc, y, p, packed):
+            pass
+        elif p["path"] == "pointwise":
             self._pointwise(xc, y, p, packed)
         elif p["loop"] and depthwise.looped(xc, y, p, packed, self.activation):
             pass

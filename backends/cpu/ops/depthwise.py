@@ -78,7 +78,7 @@ def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, An
         kh, kw = p["kernel"]
         w = packed["loop_w"] = np.ascontiguousarray(packed["w"].reshape(-1, kh, kw), np.float32)
         packed["loop_b"] = np.zeros(w.shape[0], np.float32) if packed["b"] is None else packed["b"]
-    code = p["loop_act"]
+    code = p["loop_act"][0] if p["loop_act"] is not None and p["loop_act"][0] <= 2 else None
     (H, W), (Ho, Wo), (sh, sw) = p["spatial"], p["outs"], p["strides"]
     planes = x.shape[0] * x.shape[1]
     xs, ys = x.reshape(planes, H, W), y.reshape(planes, Ho, Wo)

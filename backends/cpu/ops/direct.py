@@ -1,0 +1,116 @@
+"""Conv's direct path: the compiled tile loop (tiles.conv) over the input itself, no column matrix.
+
+For a 2-D conv of one group in float32, with any kernel, stride (the same along both axes), dilation and
+padding. The input is laid out once a run so that each kernel tap reads a contiguous run of output positions
+(loops.conv_input: zero padding around each channel, then its s x s stride phases); a 1x1 conv of stride 1
+without padding reads its input as it is. Output positions run along the padded rows, so a tap at kernel
+row ky and column kx is one offset into that layout, and the tile loop's sums for 6 channels x 16 positions
+stay in registers over all the taps. Bias and the fused activation are applied as a tile leaves the
+registers, and the padding columns are dropped there.
+
+The loop holds no GIL, so a conv splits into pieces that run at once on the helper threads (kernel.parallel):
+whole images at batch > 1, else ranges of positions. While the loop compiles (jit.py), Conv's numpy paths
+serve.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import jit
+from ..kernel import parallel, shared_scratch, threads
+
+F32 = np.float32
+#: A piece of a conv holds at least this many multiply-adds: each must outlast a helper's late start
+#: (benchmarks/RESULTS.md, "Piece sizes").
+PIECE_MACS = 1 << 21
+#: Output channels and positions of a tile (tiles.MR, tiles.NR; tiles.py imports numba, so they are restated):
+#: weights are packed by MR channels, and pieces of a conv are ranges of whole tiles.
+MR, NR = 6, 16
+
+
+def plan(p: dict[str, Any], group: int) -> bool:
+    """The layout and tap offsets of the direct path, into p["direct"], for a conv it serves."""
+    if p["n"] != 2 or group != 1 or p["cdt"] != F32 or p["loop_act"] is None or p["strides"][0] != p["strides"][1]:
+        return False
+    C, (H, W), (kh, kw), (dh, dw), s = p["C"], p["spatial"], p["kernel"], p["dils"], p["strides"][0]
+    (Ho, Wo), (pt, pl, pb, pr) = p["outs"], p["pads"]
+    if p["path"] == "pointwise":  # the input is already the layout: a tap is a channel
+        rw, xs, layout = W, C * H * W, None
+        offs = np.arange(C, dtype=np.uint64) * np.uint64(H * W)
+    else:
+        hq, wq = -(-(H + pt + pb) // s), -(-(W + pl + pr) // s)
+        ci, ky, kx = np.meshgrid(np.arange(C), np.arange(kh) * dh, np.arange(kw) * dw, indexing="ij")
+        offs = ((((ci * s + ky % s) * s + kx % s) * hq + ky // s) * wq + kx // s).reshape(-1).astype(np.uint64)
+        rw = wq
+        # Room for the last tile's reads past the last plane, so that it takes the fast way too.
+        xs = -(-max(C * s * s * hq * wq, int(offs[-1]) + Ho * wq + NR) // NR) * NR
+        layout = (C, H, W, pt, pl, s, hq, wq)
+    p["direct"] = dict(offs=offs, far=int(offs.max()), rw=rw, xs=xs, layout=layout,
+                       last=(Ho - 1) * rw + Wo, macs=p["co"] * offs.shape[0] * Ho * Wo)
+    return True
+
+
+def pack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The weights as [channel block, tap, MR] and the bias padded to whole blocks, made once per weight."""
+    found = packed.get("direct")
+    if found is None:
+        w = packed["w"][0]  # (co, taps), taps in (channel, kernel row, kernel column) order
+        co, taps = w.shape
+        blocks = -(-co // MR)
+        wp = np.zeros((blocks * MR, taps), F32)
+        wp[:co] = w
+        bias = np.zeros(blocks * MR, F32)
+        if packed["b"] is not None:
+            bias[:co] = packed["b"]
+        found = packed["direct"] = (np.ascontiguousarray(wp.reshape(blocks, MR, taps).transpose(0, 2, 1)), bias)
+    return found
+
+
+def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> bool:
+    """y = act(conv(x)) by the tile loop for a plan it serves; False (nothing done) while it compiles."""
+    d = p["direct"]
+    layout = d["layout"]
+    conv = jit.jitted("conv_tiles")
+    lay = jit.jitted("conv_input") if layout is not None else None
+    if conv is None or (layout is not None and lay is None) or not x.flags.c_contiguous:
+        return False
+    w, bias = pack(packed)
+    N, co = p["N"], p["co"]
+    xf = x.reshape(N, -1)
+    if layout is not None:
+        xl = shared_scratch("direct", (N, d["xs"]), F32)[0]
+    else:
+        xl = xf
+    xflat = xl.reshape(-1)
+    ys = y.reshape(N, co, -1)
+    code, alpha, beta = p["loop_act"]
+    offs, far, rw, wo, last = d["offs"], d["far"], d["rw"], p["outs"][1], d["last"]
+    u = np.uint64
+    pieces = max(1, min(threads(), d["macs"] * N // PIECE_MACS))
+
+    def images(lo: int, hi: int) -> None:
+        if layout is not None:
+            lay(xf, xl, *layout, lo, hi)
+        conv(xflat, u(d["xs"] if layout is not None else xf.shape[1]), offs, u(far), w, bias, ys, u(rw), u(wo),
+             u(lo), u(hi), u(0), u(last), code, alpha, beta)
+
+    if pieces == 1 or N >= pieces:
+        per = -(-N // pieces)
+        parallel(-(-N // per), lambda k: images(k * per, min(N, (k + 1) * per)))
+        return True
+    if layout is not None:
+        lay(xf, xl, *layout, 0, N)
+    tiles = -(-last // NR)
+    per = -(-tiles // pieces) * NR
+    xstride = u(d["xs"] if layout is not None else xf.shape[1])
+
+    def positions(k: int) -> None:
+        conv(xflat, xstride, offs, u(far), w, bias, ys, u(rw), u(wo), u(0), u(N), u(k * per),
+             u(min(last, (k + 1) * per)), code, alpha, beta)
+
+    parallel(-(-last // per), positions)
+    return True

@@ -1,0 +1,132 @@
+"""The CPU conv's direct path (backends/cpu/ops/direct.py, the compiled tile loop of tiles.py) against
+onnxruntime: strides, dilations, uneven padding, auto_pad, every activation it applies itself, batches split by
+images and by positions, maps smaller than a tile, and channels that do not fill a block of the tile."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import aiomnn
+from aiomnn.backends.cpu import jit, tiles
+from aiomnn.backends.cpu.ops import direct
+from tests.oracle import one_input_model, run_ort
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("numba")
+
+RNG = np.random.default_rng(23)
+
+
+@pytest.fixture(autouse=True)
+def compiled(monkeypatch):
+    monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """How many convs the tile loop computed (direct.run returning True)."""
+    count = {"direct": 0}
+    run = direct.run
+
+    def counted(*args):
+        done = run(*args)
+        count["direct"] += done
+        return done
+
+    monkeypatch.setattr(direct, "run", counted)
+    return count
+
+
+def _run(data: bytes, feeds: dict[str, np.ndarray], threads: int) -> np.ndarray:
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as s:
+            await s.run(feeds)  # the first run plans; the loop is compiled by now (AIOMNN_NUMBA=wait)
+            return (await s.run(feeds))[net.output_names[0]]
+
+    return asyncio.run(go())
+
+
+ACTIVATIONS = {
+    None: [],
+    "Relu": [helper.make_node("Relu", ["c"], ["y"])],
+    "HardSwish": [helper.make_node("HardSwish", ["c"], ["y"])],
+    "SiLU": [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])],
+    "Sigmoid": [helper.make_node("Sigmoid", ["c"], ["y"])],
+    "LeakyRelu": [helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.3)],
+    "Clip": [helper.make_node("Clip", ["c", "lo", "hi"], ["y"])],
+    "HardSigmoid": [helper.make_node("HardSigmoid", ["c"], ["y"], alpha=0.3, beta=0.4)],
+}
+
+CASES = [
+    # (input, weight, attributes)
+    ((1, 3, 32, 32), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((2, 8, 17, 13), (12, 8, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 16, 9, 9), (8, 16, 1, 1), {}),  # a pointwise conv reads its input as it is
+    ((3, 5, 11, 10), (7, 5, 5, 5), {"pads": [2, 1, 2, 0], "strides": [2, 2]}),
+    ((1, 6, 14, 15), (9, 6, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 8, 10, 10), (8, 8, 2, 2), {"strides": [2, 2]}),
+    ((1, 4, 7, 7), (5, 4, 3, 3), {"pads": [1, 1, 1, 1], "strides": [3, 3]}),
+    ((1, 3, 1, 1), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),  # one position: fewer than a tile
+    ((1, 7, 5, 3), (9, 7, 1, 1), {"strides": [2, 2]}),
+    ((2, 6, 9, 11), (13, 6, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((1, 64, 40, 40), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # split into pieces of positions
+    ((4, 32, 20, 20), (48, 32, 1, 1), {}),  # split into images
+    ((1, 512, 10, 10), (256, 512, 1, 1), {}),  # a last tile that overlaps the one before
+    ((1, 24, 6, 50), (6, 24, 3, 1), {"pads": [1, 0, 1, 0]}),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("xs,ws,attrs", CASES)
+def test_direct_matches_onnxruntime(xs, ws, attrs, threads, calls):
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = (RNG.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    b = RNG.standard_normal(ws[0]).astype(np.float32)
+    data = one_input_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], xs, {"w": w, "b": b})
+    got = _run(data, {"x": x}, threads)
+    np.testing.assert_allclose(got, run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    assert calls["direct"] >= 1
+
+
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_fused_activations(act, calls):
+    xs, ws = (2, 5, 12, 12), (10, 5, 3, 3)
+    x = 3 * RNG.standard_normal(xs).astype(np.float32)
+    consts = {"w": RNG.standard_normal(ws).astype(np.float32), "b": RNG.standard_normal(ws[0]).astype(np.float32)}
+    tail = ACTIVATIONS[act]
+    if act == "Clip":
+        consts.update(lo=np.array(-0.5, np.float32), hi=np.array(1.5, np.float32))
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["c" if tail else "y"], pads=[1, 1, 1, 1])
+    data = one_input_model([conv] + tail, xs, consts)
+    got = _run(data, {"x": x}, 2)
+    np.testing.assert_allclose(got, run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    assert calls["direct"] >= 1
+
+
+def test_inf_and_nan_pass_through(calls):
+    xs, ws = (1, 4, 6, 6), (6, 4, 3, 3)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    x[0, 1, 2, 3], x[0, 2, 4, 4] = np.inf, np.nan
+    consts = {"w": np.abs(RNG.standard_normal(ws)).astype(np.float32)}
+    data = one_input_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                            helper.make_node("Relu", ["c"], ["y"])], xs, consts)
+    np.testing.assert_array_equal(np.isnan(_run(data, {"x": x}, 1)), np.isnan(run_ort(data, {"x": x})[0]))
+    assert calls["direct"] >= 1
+
+
+def test_the_packing_matches_the_loop():
+    """direct.py restates the tile's size (tiles.py imports numba): the two must agree."""
+    assert (direct.MR, direct.NR) == (tiles.MR, tiles.NR)
+
+
+def test_activation_codes():
+    assert jit.loop_activation(None) == (0, 0.0, 0.0)
+    assert jit.loop_activation(("Relu", {})) == (1, 0.0, 0.0)
+    assert jit.loop_activation(("Clip", {"min": None, "max": 6.0})) == (6, -np.inf, 6.0)
+    assert jit.loop_activation(("Swish", {})) == (3, 1.0, 0.0)
+    assert jit.loop_activation(("Tanh", {})) is None  # left to numpy after the loop
