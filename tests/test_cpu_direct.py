@@ -81,9 +81,26 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=["numba", "pool"])
+def sharing(request, monkeypatch):
+    """The work shared by numba's threads (the parallel build), or by the runtime's helper threads (as in a
+    forked child, or while the parallel build compiles). Records the thread counts the parallel build got."""
+    used: list[int] = []
+    threaded = jit.threaded
+
+    def recorded(name, n):
+        fn = threaded(name, n) if request.param == "numba" else None
+        if fn is not None:
+            used.append(n)
+        return fn
+
+    monkeypatch.setattr(jit, "threaded", recorded)
+    return used
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("xs,ws,attrs", CASES)
-def test_direct_matches_onnxruntime(xs, ws, attrs, threads, calls):
+def test_direct_matches_onnxruntime(xs, ws, attrs, threads, calls, sharing):
     x = RNG.standard_normal(xs).astype(np.float32)
     w = (RNG.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
     b = RNG.standard_normal(ws[0]).astype(np.float32)
@@ -91,6 +108,17 @@ def test_direct_matches_onnxruntime(xs, ws, attrs, threads, calls):
     got = _run(data, {"x": x}, threads)
     np.testing.assert_allclose(got, run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
     assert calls["direct"] >= 1
+
+
+def test_big_convs_take_numba_threads(sharing, request):
+    if request.node.callspec.params["sharing"] != "numba":
+        pytest.skip("about the parallel build")
+    xs, ws = (1, 64, 40, 40), (64, 64, 3, 3)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    data = one_input_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], xs,
+                           {"w": RNG.standard_normal(ws).astype(np.float32)})
+    np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-3)
+    assert sharing and set(sharing) == {2}
 
 
 @pytest.mark.parametrize("act", list(ACTIVATIONS))

@@ -21,7 +21,8 @@ MR, NR = 6, 16
 HEAD = '''"""The conv's tile loop, compiled by numba (written by tools/make_tiles.py: edit that, not this file).
 
 conv(x, ...) computes y[n, m, oy * wo + ox] = act(bias[m] + sum over k of w[m, k] * x[n * xs + offs[k] + p])
-for the output positions p = oy * rw + ox of images [first, last) and positions [p_first, p_last): x holds
+for the output positions p = oy * rw + ox of images [first, last) and positions [p_first, p_last), in `chunks`
+runs of tiles (the threads of numba's parallel loops share them, in the parallel build): x holds
 each image's input laid out so that every tap k of a kernel reads a contiguous run of positions (ops/direct.py
 makes that layout with loops.conv_input: padded rows, split into stride phases), and positions with ox >= wo
 are the padding columns, computed and dropped.
@@ -35,6 +36,7 @@ ones for wrap-around, which keeps LLVM from vectorizing.
 from __future__ import annotations
 
 import numpy as np
+from numba import prange
 
 from .scalars import activate
 
@@ -45,20 +47,25 @@ MR, NR = {mr}, {nr}
 KC = U(128)
 
 
-def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta):
+def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks):
     kk = U(offs.shape[0])
     mb = U(w.shape[0])
     m = U(y.shape[1])
     xn = U(x.shape[0])
-    t = np.empty((mb, MR, NR), np.float32)
-    dest = np.empty(NR, np.int64)
-    for n in range(first, last):
-        base = n * xs
-        yn = y[n]
-        for p in range(p_first, p_last, U(NR)):
-            # A last tile that would end past p_last ends there instead, overlapping the one before: it
-            # computes some positions twice (the same values), and reads no further than they need.
-            p0 = p_last - U(NR) if p + U(NR) > p_last and p_last >= U(NR) else p
+    per = (p_last - p_first + U(NR - 1)) // U(NR)  # tiles an image
+    total = (last - first) * per
+    for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
+        t = np.empty((mb, MR, NR), np.float32)
+        dest = np.empty(NR, np.int64)
+        for g in range(U(c) * total // U(chunks), (U(c) + U(1)) * total // U(chunks)):
+            n = first + g // per
+            base = n * xs
+            yn = y[n]
+            p = p_first + (g % per) * U(NR)
+            # A last tile that would end past p_last ends there instead, overlapping the one before (it computes
+            # some positions twice, the same values) and reading no further than they need; not before p_first,
+            # where another piece writes.
+            p0 = p_last - U(NR) if p + U(NR) > p_last and p_last >= p_first + U(NR) else p
             safe = base + far + p0 + U(NR) <= xn
             for k0 in range(U(0), kk, KC):
                 k1 = min(kk, k0 + KC)

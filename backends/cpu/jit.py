@@ -69,6 +69,24 @@ def jitted(name: str) -> Callable[..., Any] | None:
     return None
 
 
+_loop_threads = threading.local()
+
+
+def threaded(name: str, n: int) -> Callable[..., Any] | None:
+    """The parallel build of loop `name` (loops.PARALLEL), its prange shared by n threads when called from
+    this thread; None for n < 2, while it compiles, where no thread-safe threading layer loads, and in a
+    forked child (OpenMP's threads do not survive a fork)."""
+    if n < 2:
+        return None
+    fn = jitted(name + "_parallel")
+    if fn is not None and getattr(_loop_threads, "n", 0) != n:
+        import numba  # loaded already: the function above was compiled by it
+
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        _loop_threads.n = n
+    return fn
+
+
 def wait(timeout: float | None = None) -> bool:
     """Block until every kernel asked for so far is compiled (or failed); False on timeout."""
     return _idle.wait(timeout)
@@ -96,6 +114,9 @@ def _after_fork_in_child() -> None:
     by it: there, what was compiled serves and numpy serves the rest (compiling would wait for ever)."""
     global _lock, _worker, _no_more
     _no_more = _no_more or not _idle.is_set()  # (the thread itself already reads as stopped here)
+    for name in [n for n in _ready if n.endswith("_parallel")]:  # their threads are gone in the child
+        del _ready[name]
+        _failed.add(name)
     _lock = threading.Lock()
     _worker = None
     _wanted.clear()

@@ -8,6 +8,11 @@ LLVM's check for overlap fails and the scalar loop runs, 10x slower). The conv's
 
 from __future__ import annotations
 
+import ctypes
+import os
+import site
+import sys
+from types import FunctionType
 from typing import Any, Callable
 
 import numba
@@ -154,39 +159,49 @@ def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last):
                     row[ow] = v * min(max(v * F(1 / 6) + F(0.5), F(0)), F(1))
 
 
-def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last):
-    """The layout tiles.conv reads, for images [first, last) of x (N x c*h*w): each channel's input with pt
+def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1):
+    """The layout tiles.conv reads, rows [row0, row1) of each plane, for images [first, last) of x (N x c*h*w)
+    (pieces of a conv that split its output rows lay out the input rows they read): each channel's input with pt
     rows and pl columns of zeros before it (and zeros after, to hq * s rows and wq * s columns), split into its
     s x s stride phases, phase (a, b) holding rows a, a + s, ... and columns b, b + s, ... as an hq x wq plane.
     Planes follow one another by channel, then a, then b; the rest of each row of xp is zeros. With s = 1 this
-    is the zero-padded input, whose taps are then plain shifts."""
-    plane = hq * wq
+    is the zero-padded input, whose taps are then plain shifts. Indices are unsigned, as in tiles.py."""
+    U = np.uint64
+    zero = F(0)
+    plane = U(hq * wq)
+    width = U(wq)
     for n in range(first, last):
         xn, pn = x[n], xp[n]
         for ch in range(c):
             for a in range(s):
                 for b in range(s):
-                    dst0 = ((ch * s + a) * s + b) * plane
+                    dst0 = U(((ch * s + a) * s + b)) * plane
                     # columns qx whose input column qx * s + b - pl lies in [0, w)
                     lo = min(wq, max(0, (pl - b + s - 1) // s))
                     hi = max(lo, min(wq, (w - 1 + pl - b) // s + 1))
-                    for qy in range(hq):
-                        row = pn[dst0 + qy * wq: dst0 + (qy + 1) * wq]
+                    ulo, uhi = U(lo), U(hi)
+                    for qy in range(row0, row1):
+                        d = dst0 + U(qy) * width
                         iy = qy * s + a - pt
                         if iy < 0 or iy >= h:
-                            row[:] = 0
+                            for qx in range(width):
+                                pn[d + qx] = zero
                             continue
-                        src = xn[ch * h * w + iy * w:]
-                        row[:lo] = 0
-                        start = lo * s + b - pl
+                        src = U(ch * h * w + iy * w + lo * s + b - pl)
+                        for qx in range(ulo):
+                            pn[d + qx] = zero
                         if s == 1:
-                            for qx in range(hi - lo):
-                                row[lo + qx] = src[start + qx]
+                            for qx in range(uhi - ulo):
+                                pn[d + ulo + qx] = xn[src + qx]
                         else:
-                            for qx in range(hi - lo):
-                                row[lo + qx] = src[start + qx * s]
-                        row[hi:] = 0
-        pn[c * s * s * plane:] = 0
+                            us = U(s)
+                            for qx in range(uhi - ulo):
+                                pn[d + ulo + qx] = xn[src + qx * us]
+                        for qx in range(uhi, width):
+                            pn[d + qx] = zero
+        if row1 == hq:
+            for i in range(U(c * s * s) * plane, U(pn.shape[0])):
+                pn[i] = zero
 
 
 _IN = types.Array(types.float32, 1, "C", readonly=True)  # read-only inputs take writable arrays too
@@ -201,30 +216,85 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "softmax": (softmax, types.void(_OUT2, types.float32, _IN2, types.int64, types.int64)),
     "layer_norm": (layer_norm, types.void(_IN2, _IN2, _IN, _IN, types.float32, _OUT2)),
     "depthwise": (depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 7)),
-    "conv_input": (conv_input, types.void(_IN2, _OUT2, *[types.int64] * 10)),
+    "conv_input": (conv_input, types.void(_IN2, _OUT2, *[types.int64] * 12)),
     "conv_tiles": (tiles.conv, types.void(_IN, types.uint64, types.Array(types.uint64, 1, "C", readonly=True),
                                           types.uint64, _IN3, _IN, _OUT3, *[types.uint64] * 6, types.int64,
-                                          types.float32, types.float32)),
+                                          types.float32, types.float32, types.int64)),
 }
 #: Compiled with LLVM's SLP vectorizer, which packs a tile's scalar sums into vectors (numba leaves it off).
 SLP = {"conv_tiles"}
+#: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
+#: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
+PARALLEL = {"conv_tiles"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)
-    fn, signature = SIGNATURES[name]
-    if name not in SLP:
-        return numba.njit(signature, nogil=True, cache=True, fastmath=FAST, error_model="numpy")(fn)
+    base = name.removesuffix("_parallel")
+    parallel = base != name
+    if parallel and base not in PARALLEL:
+        raise KeyError(name)
+    fn, signature = SIGNATURES[base]
+    options: dict[str, Any] = dict(nogil=True, cache=True, fastmath=FAST, error_model="numpy", parallel=parallel)
+    if parallel:
+        _threadsafe_layer()
+        fn = _renamed(fn, fn.__name__ + "_parallel")
+    if base not in SLP:
+        return _checked(numba.njit(signature, **options)(fn), parallel)
     # No reassociation: with it, LLVM vectorizes the sum over taps (a reduction of gathered values) instead
     # of the tile's rows. The vectorizer setting is numba's global, read while compiling: it is switched on
     # for this compile only, under numba's compiler lock.
     from numba.core import config
     from numba.core.compiler_lock import global_compiler_lock
 
+    options.update(fastmath=FAST - {"reassoc"}, boundscheck=False)
     with global_compiler_lock:
         before = config.SLP_VECTORIZE
         config.SLP_VECTORIZE = 1
         try:
-            return numba.njit(signature, nogil=True, cache=True, fastmath=FAST - {"reassoc"},
-                              error_model="numpy", boundscheck=False)(fn)
+            return _checked(numba.njit(signature, **options)(fn), parallel)
         finally:
             config.SLP_VECTORIZE = before
+
+
+def _renamed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """fn under another name. numba's disk cache files a function by its name and source line, not by its
+    options: the parallel build of a loop, compiled from the same function, would load the serial one's
+    machine code (or the serial build the parallel one's)."""
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    return FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def _threadsafe_layer() -> None:
+    """Parallel loops are launched from several threads at once (sessions run side by side), and services
+    fork: of numba's threading layers only TBB allows both (workqueue aborts on concurrent launches, GNU
+    OpenMP kills a forked child), so TBB is asked for, unless the user chose a layer. pip's tbb puts its
+    library in the environment's lib folder, off the loader's path: it is loaded from there first."""
+    from numba.core import config
+
+    if config.THREADING_LAYER != "default":
+        return
+    for folder in (sys.prefix, sys.base_prefix, site.getuserbase()):
+        path = os.path.join(folder, "lib", "libtbb.so.12")
+        if os.path.exists(path):
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                continue
+            break
+    config.THREADING_LAYER = "safe"
+
+
+def _checked(fn: Callable[..., Any], parallel: bool) -> Callable[..., Any]:
+    """fn, once its threading layer has started (a parallel build); raises where no safe one can."""
+    if parallel:
+        from numba.core import config
+
+        try:
+            numba.get_num_threads()  # starts the threading layer: raises where it cannot be loaded
+        except Exception:
+            if config.THREADING_LAYER == "safe":
+                config.THREADING_LAYER = "default"  # the user's own parallel loops keep numba's default
+            raise
+        if numba.threading_layer() == "workqueue":
+            raise RuntimeError("only numba's workqueue threading layer is loaded, which is not thread-safe")
+    return fn

@@ -39,7 +39,7 @@ def plan(p: dict[str, Any], group: int) -> bool:
     C, (H, W), (kh, kw), (dh, dw), s = p["C"], p["spatial"], p["kernel"], p["dils"], p["strides"][0]
     (Ho, Wo), (pt, pl, pb, pr) = p["outs"], p["pads"]
     if p["path"] == "pointwise":  # the input is already the layout: a tap is a channel
-        rw, xs, layout = W, C * H * W, None
+        rw, xs, layout, hq = W, C * H * W, None, H
         offs = np.arange(C, dtype=np.uint64) * np.uint64(H * W)
     else:
         hq, wq = -(-(H + pt + pb) // s), -(-(W + pl + pr) // s)
@@ -49,7 +49,8 @@ def plan(p: dict[str, Any], group: int) -> bool:
         # Room for the last tile's reads past the last plane, so that it takes the fast way too.
         xs = -(-max(C * s * s * hq * wq, int(offs[-1]) + Ho * wq + NR) // NR) * NR
         layout = (C, H, W, pt, pl, s, hq, wq)
-    p["direct"] = dict(offs=offs, far=int(offs.max()), rw=rw, xs=xs, layout=layout,
+    p["direct"] = dict(offs=offs, far=int(offs.max()), rw=rw, xs=xs, layout=layout, hq=hq,
+                       reach=dh * (kh - 1) // s + 1,  # plane rows past its last output row that a band reads, and one
                        last=(Ho - 1) * rw + Wo, macs=p["co"] * offs.shape[0] * Ho * Wo)
     return True
 
@@ -87,30 +88,43 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
         xl = xf
     xflat = xl.reshape(-1)
     ys = y.reshape(N, co, -1)
-    code, alpha, beta = p["loop_act"]
-    offs, far, rw, wo, last = d["offs"], d["far"], d["rw"], p["outs"][1], d["last"]
     u = np.uint64
+    code, alpha, beta = p["loop_act"]
+    offs, far, rw, wo, last, hq = d["offs"], u(d["far"]), u(d["rw"]), u(p["outs"][1]), d["last"], d["hq"]
+    xstride = u(d["xs"] if layout is not None else xf.shape[1])
     pieces = max(1, min(threads(), d["macs"] * N // PIECE_MACS))
+    conv_par = jit.threaded("conv_tiles", pieces)
+    if conv_par is not None:
+        # numba's threads: each takes an equal run of tiles (of every image), and they spin a while between
+        # loops instead of sleeping, so the next conv finds them awake. The layout is a copy, on this thread:
+        # its parallel build ran 3x slower than this on the 2-core VM.
+        if layout is not None:
+            lay(xf, xl, *layout, 0, N, 0, hq)
+        conv_par(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(0), u(N), u(0), u(last), code, alpha, beta,
+                 pieces)
+        return True
 
+    # Without the parallel build (compiling, or a forked child): pieces on the runtime's helper threads.
     def images(lo: int, hi: int) -> None:
         if layout is not None:
-            lay(xf, xl, *layout, lo, hi)
-        conv(xflat, u(d["xs"] if layout is not None else xf.shape[1]), offs, u(far), w, bias, ys, u(rw), u(wo),
-             u(lo), u(hi), u(0), u(last), code, alpha, beta)
+            lay(xf, xl, *layout, lo, hi, 0, hq)
+        conv(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(lo), u(hi), u(0), u(last), code, alpha, beta, 1)
 
     if pieces == 1 or N >= pieces:
         per = -(-N // pieces)
         parallel(-(-N // per), lambda k: images(k * per, min(N, (k + 1) * per)))
         return True
-    if layout is not None:
-        lay(xf, xl, *layout, 0, N)
-    tiles = -(-last // NR)
-    per = -(-tiles // pieces) * NR
-    xstride = u(d["xs"] if layout is not None else xf.shape[1])
+    # Pieces of output rows, each laying out the input rows it reads (the rows its neighbours read too are
+    # written by both, with the same values).
+    Ho, reach = p["outs"][0], d["reach"]
+    rows = -(-Ho // pieces)
 
-    def positions(k: int) -> None:
-        conv(xflat, xstride, offs, u(far), w, bias, ys, u(rw), u(wo), u(0), u(N), u(k * per),
-             u(min(last, (k + 1) * per)), code, alpha, beta)
+    def band(k: int) -> None:
+        r0, r1 = k * rows, min(Ho, (k + 1) * rows)
+        if layout is not None:
+            lay(xf, xl, *layout, 0, N, r0, min(hq, r1 + reach))
+        conv(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(0), u(N), u(r0 * d["rw"]),
+             u(min(last, r1 * d["rw"])), code, alpha, beta, 1)
 
-    parallel(-(-last // per), positions)
+    parallel(-(-Ho // rows), band)
     return True
