@@ -37,6 +37,7 @@ from aiomnn.backend import Execution
 
 from . import jit
 from .kernel import parallel, shared_scratch, threads
+from .ops import direct
 from .ops.conv import Conv
 from .ops.dtypes import F32, matches, out_buffer
 from .ops.elementwise import Add, Div, Mul
@@ -324,7 +325,8 @@ class SqueezeExcite(Fused):
         self.shape = tuple(self.mul.out_tensors[0].shape)
         self.dtype = self.mul.out_tensors[0].dtype
         # Taken now: running unfused on other shapes re-plans the conv.
-        self.out_shape = None if self.project is None else self.project._plan["out_shape"]
+        self.plan = None if self.project is None else self.project._plan
+        self.out_shape = None if self.plan is None else self.plan["out_shape"]
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         x = inputs[0]
@@ -343,11 +345,16 @@ class SqueezeExcite(Fused):
             if conv.activation is not None:
                 conv.activation(s)
         conv = self.project
+        scale = s.reshape(s.shape[:2] + (1,) * (x.ndim - 2))
         if conv is None:
             out = matches(self.mul.out[0], x.shape, x.dtype)
-            return np.multiply(x, s.reshape(s.shape[:2] + (1,) * (x.ndim - 2)), out=out)
+            return np.multiply(x, scale, out=out)
         packed = conv._packed
         y = out_buffer(conv.out[0], self.out_shape, x.dtype)
+        if self.plan["tiles"]:  # the scaled input through the conv's tile loop, shared among threads
+            scaled = np.multiply(x, scale, out=matches(self.mul.out[0], x.shape, x.dtype))
+            if direct.run(scaled, y, self.plan, packed):
+                return y
         bias = None if packed["b"] is None else bias_tile(packed, flat.shape[2])
         product(packed["w"][0] * s.transpose(0, 2, 1), flat, y.reshape(n, self.out_shape[1], -1), bias, conv.activation)
         return y
