@@ -7,13 +7,18 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 AIOMNN_MODELS="$PWD/.models" OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 # What the machine's image lacks travels as wheels in .whl (sniffio; see the device tool's README).
+# With tbb among them: its library lands in the target's lib folder, which the loader is told about (numba's
+# TBB threading layer runs the parallel conv loop; without it the runtime's helper threads share the work).
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
+  tbb=$(find /tmp/site -name 'libtbb.so.12' 2>/dev/null | head -1)
+  [ -n "$tbb" ] && export LD_LIBRARY_PATH="$(dirname "$tbb")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
 python3 tools/stand_in_models.py .models
 nproc; python3 -c "import numba, numpy, onnxruntime; print('numba', numba.__version__, 'numpy', numpy.__version__, 'ort', onnxruntime.__version__)"
+python3 -c "from aiomnn.backends.cpu import loops; loops.compile('conv_tiles_parallel'); import numba; print('threading layer', numba.threading_layer())"
 for p in ${PROFILE:-}; do
   python3 benchmarks/cpu_ops.py "${p%%:*}" --shape "${p#*:}" --threads "${PROFILE_THREADS:-16}" --runs 10 2>&1 | tee -a "$OUT/ops.txt"
 done
