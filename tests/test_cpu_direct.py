@@ -78,6 +78,7 @@ CASES = [
     ((4, 32, 20, 20), (48, 32, 1, 1), {}),  # split into images
     ((1, 512, 10, 10), (256, 512, 1, 1), {}),  # a last tile that overlaps the one before
     ((1, 24, 6, 50), (6, 24, 3, 1), {"pads": [1, 0, 1, 0]}),
+    ((1, 1024, 4, 4), (256, 1024, 1, 1), {}),  # one tile: threads take groups of channels
 ]
 
 

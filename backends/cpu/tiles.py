@@ -2,7 +2,8 @@
 
 conv(x, ...) computes y[n, m, oy * wo + ox] = act(bias[m] + sum over k of w[m, k] * x[n * xs + offs[k] + p])
 for the output positions p = oy * rw + ox of images [first, last) and positions [p_first, p_last), in `chunks`
-runs of tiles (the threads of numba's parallel loops share them, in the parallel build): x holds
+pieces: runs of tiles, each for one of `groups` groups of channels (the threads of numba's parallel loops share
+them, in the parallel build; groups let a conv of few positions and many channels use many threads): x holds
 each image's input laid out so that every tap k of a kernel reads a contiguous run of positions (ops/direct.py
 makes that layout with loops.conv_input: padded rows, split into stride phases), and positions with ox >= wo
 are the padding columns, computed and dropped.
@@ -27,17 +28,21 @@ MR, NR = 6, 16
 KC = U(128)
 
 
-def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks):
+def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks, groups):
     kk = U(offs.shape[0])
     mb = U(w.shape[0])
     m = U(y.shape[1])
     xn = U(x.shape[0])
     per = (p_last - p_first + U(NR - 1)) // U(NR)  # tiles an image
     total = (last - first) * per
+    runs = U(chunks) // U(groups)
     for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
+        # chunk c: run c // groups of the tiles, for group c % groups of the blocks of channels
+        r, q = U(c) // U(groups), U(c) % U(groups)
+        b0, b1 = q * mb // U(groups), (q + U(1)) * mb // U(groups)
         t = np.empty((mb, MR, NR), np.float32)
         dest = np.empty(NR, np.int64)
-        for g in range(U(c) * total // U(chunks), (U(c) + U(1)) * total // U(chunks)):
+        for g in range(r * total // runs, (r + U(1)) * total // runs):
             n = first + g // per
             base = n * xs
             yn = y[n]
@@ -49,7 +54,7 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
             safe = base + far + p0 + U(NR) <= xn
             for k0 in range(U(0), kk, KC):
                 k1 = min(kk, k0 + KC)
-                for i0 in range(mb):
+                for i0 in range(b0, b1):
                     ti = t[i0]
                     wi = w[i0]
                     if safe:
@@ -485,7 +490,7 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
                         dest[j] = (p // rw) * wo + c
                     else:
                         dest[j] = -1
-            for i in range(m):
+            for i in range(b0 * U(MR), min(m, b1 * U(MR))):
                 tr = t[i // U(MR), i % U(MR)]
                 yr = yn[i]
                 activate(tr, act, alpha, beta)

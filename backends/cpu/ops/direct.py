@@ -95,20 +95,23 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     pieces = max(1, min(threads(), d["macs"] * N // PIECE_MACS))
     conv_par = jit.threaded("conv_tiles", pieces)
     if conv_par is not None:
-        # numba's threads: each takes an equal run of tiles (of every image), and they spin a while between
-        # loops instead of sleeping, so the next conv finds them awake. The layout is a copy, on this thread:
-        # its parallel build ran 3x slower than this on the 2-core VM.
+        # numba's threads: each takes an equal run of tiles (of every image) for a group of the channels (groups
+        # where there are fewer tiles than threads), and they spin a while between loops instead of sleeping, so
+        # the next conv finds them awake. The layout is a copy, on this thread: its parallel build ran 3x slower
+        # than this on the 2-core VM.
         if layout is not None:
             lay(xf, xl, *layout, 0, N, 0, hq)
+        runs = min(pieces, N * -(-(last) // NR))
+        groups = max(1, min(pieces // runs, w.shape[0]))
         conv_par(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(0), u(N), u(0), u(last), code, alpha, beta,
-                 pieces)
+                 runs * groups, groups)
         return True
 
     # Without the parallel build (compiling, or a forked child): pieces on the runtime's helper threads.
     def images(lo: int, hi: int) -> None:
         if layout is not None:
             lay(xf, xl, *layout, lo, hi, 0, hq)
-        conv(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(lo), u(hi), u(0), u(last), code, alpha, beta, 1)
+        conv(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(lo), u(hi), u(0), u(last), code, alpha, beta, 1, 1)
 
     if pieces == 1 or N >= pieces:
         per = -(-N // pieces)
@@ -124,7 +127,7 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
         if layout is not None:
             lay(xf, xl, *layout, 0, N, r0, min(hq, r1 + reach))
         conv(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(0), u(N), u(r0 * d["rw"]),
-             u(min(last, r1 * d["rw"])), code, alpha, beta, 1)
+             u(min(last, r1 * d["rw"])), code, alpha, beta, 1, 1)
 
     parallel(-(-Ho // rows), band)
     return True
