@@ -123,6 +123,7 @@ async def _demo(args: argparse.Namespace) -> int:
         from aiomnn.backends.cpu import jit
 
         if jit.pending():
+            print("compiling the CPU loops (once a machine: numba caches them on disk)...", flush=True)
             await anyio.to_thread.run_sync(jit.wait, 300)
             print(f"CPU loops compiled in {time.perf_counter() - began:.1f} s")
         print(f"aiomnn demo: {args.requests} requests, {args.concurrency} concurrent tasks")
