@@ -21,6 +21,7 @@ MR, NR = 6, 16
 HEAD = '''"""The conv's tile loop, compiled by numba (written by tools/make_tiles.py: edit that, not this file).
 
 conv(x, ...) computes y[n, m, oy * wo + ox] = act(bias[m] + sum over k of w[m, k] * x[n * xs + offs[k] + p])
+(or y[n, oy * wo + ox, m] with `across`, for a matrix product's rows)
 for the output positions p = oy * rw + ox of images [first, last) and positions [p_first, p_last), in `chunks`
 pieces: runs of tiles, each for one of `groups` groups of channels (the threads of numba's parallel loops share
 them, in the parallel build; groups let a conv of few positions and many channels use many threads): x holds
@@ -48,10 +49,11 @@ MR, NR = {mr}, {nr}
 KC = U(128)
 
 
-def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks, groups):
+def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks, groups,
+         across):
     kk = U(offs.shape[0])
     mb = U(w.shape[0])
-    m = U(y.shape[1])
+    m = U(y.shape[2]) if across else U(y.shape[1])  # channels
     xn = U(x.shape[0])
     per = (p_last - p_first + U(NR - 1)) // U(NR)  # tiles an image
     total = (last - first) * per
@@ -103,8 +105,18 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
                         dest[j] = -1
             for i in range(b0 * U(MR), min(m, b1 * U(MR))):
                 tr = t[i // U(MR), i % U(MR)]
-                yr = yn[i]
                 activate(tr, act, alpha, beta)
+                if across:  # y[n] is (positions, channels): a product's rows
+                    if full:
+                        for j in range(NR):
+                            yn[d0 + U(j), i] = tr[j]
+                    else:
+                        for j in range(NR):
+                            d = dest[j]
+                            if d >= 0:
+                                yn[d, i] = tr[j]
+                    continue
+                yr = yn[i]
                 if full:
                     for j in range(NR):
                         yr[d0 + U(j)] = tr[j]

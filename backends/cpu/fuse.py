@@ -268,6 +268,7 @@ class Dense(Fused):
         self.bias = next(x for x in chain[1][1] if x != made)
         self.gelu = len(chain) == 3
         self.last = chain[-1][0]
+        self._packed: tuple[Any, Any, Any] | None = None  # (w, bias, their tile-loop form)
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         values = dict(zip(self.names, inputs))
@@ -277,7 +278,13 @@ class Dense(Fused):
                 or not x.flags.c_contiguous):
             return self._unfused(values)
         out = self._output(self.last.out[0], x.shape[:-1] + w.shape[1:], (x,))
-        gemm(x.reshape(-1, x.shape[-1]), w, out.reshape(-1, w.shape[1]), bias.reshape(-1))
+        x2, out2 = x.reshape(-1, x.shape[-1]), out.reshape(-1, w.shape[1])
+        packed = self._packed
+        if packed is None or packed[0] is not w or packed[1] is not bias:
+            packed = self._packed = (w, bias, direct.pack_dense(w, bias.reshape(-1)))
+        if direct.dense(x2, packed[2], out2, 8 if self.gelu else 0):  # the tile loop, GELU in it
+            return out
+        gemm(x2, w, out2, bias.reshape(-1))
         if self.gelu and not jit.elementwise("gelu", out):
             gelu_(out)
         return out

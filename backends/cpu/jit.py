@@ -167,7 +167,8 @@ def elementwise(name: str, x: Any, out: Any | None = None) -> bool:
 
 #: Fused activations that the compiled loops apply themselves (scalars.activate), by their code; the tile
 #: loop takes them all, the depthwise loop codes 0-2.
-_CODES = {"Relu": 1, "HardSwish": 2, "Swish": 3, "Sigmoid": 4, "LeakyRelu": 5, "Clip": 6, "HardSigmoid": 7}
+_CODES = {"Relu": 1, "HardSwish": 2, "Swish": 3, "Sigmoid": 4, "LeakyRelu": 5, "Clip": 6, "HardSigmoid": 7,
+          "Gelu": 8}
 #: Each activation's two parameters, from its attributes (ONNX's defaults where absent).
 _PARAMS = {"Swish": lambda a: (a.get("alpha", 1.0), 0.0), "LeakyRelu": lambda a: (a.get("alpha", 0.01), 0.0),
            "Clip": lambda a: (-np.inf if a.get("min") is None else a["min"],

@@ -219,7 +219,8 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "conv_input": (conv_input, types.void(_IN2, _OUT2, *[types.int64] * 12)),
     "conv_tiles": (tiles.conv, types.void(_IN, types.uint64, types.Array(types.uint64, 1, "C", readonly=True),
                                           types.uint64, _IN3, _IN, _OUT3, *[types.uint64] * 6, types.int64,
-                                          types.float32, types.float32, types.int64, types.int64)),
+                                          types.float32, types.float32, types.int64, types.int64,
+                                          types.boolean)),
 }
 #: Compiled with LLVM's SLP vectorizer, which packs a tile's scalar sums into vectors (numba leaves it off).
 SLP = {"conv_tiles"}

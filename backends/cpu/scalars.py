@@ -58,7 +58,7 @@ def sigmoid(v):
 def activate(y, act, alpha, beta):
     """A fused activation, in place over the row y, by its code (jit.loop_activation): 0 none, 1 Relu,
     2 HardSwish, 3 Swish(alpha), 4 Sigmoid, 5 LeakyRelu(alpha), 6 Clip(alpha, beta), 7 HardSigmoid(alpha,
-    beta). One loop for each, so that each vectorizes."""
+    beta), 8 Gelu. One loop for each, so that each vectorizes."""
     if act == 1:
         for j in range(y.shape[0]):
             y[j] = max(y[j], F(0))
@@ -83,3 +83,7 @@ def activate(y, act, alpha, beta):
     elif act == 7:
         for j in range(y.shape[0]):
             y[j] = min(max(alpha * y[j] + beta, F(0)), F(1))
+    elif act == 8:
+        for j in range(y.shape[0]):
+            v = y[j]
+            y[j] = F(0.5) * v * (F(1) + erf(v * F(0.7071067811865476)))

@@ -15,6 +15,7 @@ serve.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -27,6 +28,11 @@ F32 = np.float32
 #: A piece of a conv holds at least this many multiply-adds: each must outlast a helper's late start
 #: (benchmarks/RESULTS.md, "Piece sizes").
 PIECE_MACS = 1 << 21
+#: Bytes of packed weights that a group of channels takes at most (L2 is 512 KiB a core on the 2-core VM).
+WEIGHTS_IN_L2 = 1 << 18
+#: Products of more rows go to BLAS: at 1024 rows (minilm at 8 x 128) OpenBLAS ran 1.5-2x faster on the 2-core
+#: VM, at 16-128 rows the tile loop 1.1-1.3x faster (benchmarks/RESULTS.md).
+DENSE_ROWS = 256
 #: Output channels and positions of a tile (tiles.MR, tiles.NR; tiles.py imports numba, so they are restated):
 #: weights are packed by MR channels, and pieces of a conv are ranges of whole tiles.
 MR, NR = 6, 16
@@ -102,16 +108,17 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
         if layout is not None:
             lay(xf, xl, *layout, 0, N, 0, hq)
         runs = min(pieces, N * -(-(last) // NR))
-        groups = max(1, min(pieces // runs, w.shape[0]))
+        groups = _groups(w, pieces // runs)
         conv_par(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(0), u(N), u(0), u(last), code, alpha, beta,
-                 runs * groups, groups)
+                 runs * groups, groups, False)
         return True
 
     # Without the parallel build (compiling, or a forked child): pieces on the runtime's helper threads.
     def images(lo: int, hi: int) -> None:
         if layout is not None:
             lay(xf, xl, *layout, lo, hi, 0, hq)
-        conv(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(lo), u(hi), u(0), u(last), code, alpha, beta, 1, 1)
+        conv(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(lo), u(hi), u(0), u(last), code, alpha, beta,
+             _groups(w, 1), _groups(w, 1), False)
 
     if pieces == 1 or N >= pieces:
         per = -(-N // pieces)
@@ -127,7 +134,52 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
         if layout is not None:
             lay(xf, xl, *layout, 0, N, r0, min(hq, r1 + reach))
         conv(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(0), u(N), u(r0 * d["rw"]),
-             u(min(last, r1 * d["rw"])), code, alpha, beta, 1, 1)
+             u(min(last, r1 * d["rw"])), code, alpha, beta, _groups(w, 1), _groups(w, 1), False)
 
     parallel(-(-Ho // rows), band)
     return True
+
+
+def dense(x: np.ndarray, packed: tuple[np.ndarray, np.ndarray], out: np.ndarray, code: int) -> bool:
+    """out = act(x @ w + bias) for x (rows, k) and the weights packed by pack_dense, by the tile loop: the rows
+    are its positions (x is transposed first, so that a tap reads a contiguous run of them) and w's columns its
+    channels, written across into out's rows. False (nothing done) while the loop compiles, and for more than
+    DENSE_ROWS rows."""
+    rows, k = x.shape
+    if rows > DENSE_ROWS:
+        return False
+    pieces = max(1, min(threads(), rows * k * out.shape[1] // PIECE_MACS))
+    par = jit.threaded("conv_tiles", pieces)
+    conv = par or jit.jitted("conv_tiles")
+    if conv is None:
+        return False
+    w, bias = packed
+    # x transposed, each row padded past a multiple of 16 values: rows 4 KiB apart (1024 rows) fall in one
+    # L1 set, and the loop's taps read a tile from each of them (it ran at half speed).
+    stride = -(-rows // NR) * NR + NR
+    xt = shared_scratch("dense", (k, stride), F32)[0]
+    np.copyto(xt[:, :rows], x.T)
+    u = np.uint64
+    offs = _tap_offsets(k, stride)
+    runs = min(pieces, -(-rows // NR)) if par is not None else 1
+    groups = _groups(w, pieces // runs if par is not None else 1)
+    conv(xt.reshape(-1), u(k * stride), offs, u((k - 1) * stride), w, bias, out.reshape(1, rows, -1), u(rows), u(rows),
+         u(0), u(1), u(0), u(rows), code, 0.0, 0.0, runs * groups, groups, True)
+    return True
+
+
+def _groups(w: np.ndarray, threads: int) -> int:
+    """Groups of channel blocks for the tile loop: at least one for each thread that the runs of tiles leave
+    idle, and enough that a group's weights stay in L2 while the loop takes its tiles one after another (a
+    product's 1536 x 384 weights, read again for every tile, ran at half speed)."""
+    return max(1, min(w.shape[0], max(threads, -(-w.nbytes // WEIGHTS_IN_L2))))
+
+
+def pack_dense(w: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A product's weights (k, n) and bias (n,) as the tile loop reads them: w's columns are its channels."""
+    return pack({"w": np.ascontiguousarray(w.T)[None], "b": b})
+
+
+@functools.lru_cache(maxsize=64)
+def _tap_offsets(k: int, stride: int) -> np.ndarray:
+    return np.arange(k, dtype=np.uint64) * np.uint64(stride)
