@@ -1,4 +1,7 @@
-"""A/B: minilm with Dense through the tile loop (on) and through OpenBLAS (off), against onnxruntime."""
+"""A/B: minilm with its Dense steps through the tile loop (on) and through BLAS (off), against onnxruntime.
+
+    python tools/ab_dense.py THREADS[,THREADS...]
+"""
 import asyncio, sys
 sys.path.insert(0, "benchmarks")
 import cpu_vs_ort

@@ -33,3 +33,7 @@ for p in ${PROFILE:-}; do
 done
 python3 benchmarks/cpu_vs_ort.py --threads "${THREADS:-1,2,4,8,16}" --batches "${BATCHES:-1}" --runs "${RUNS:-20}" \
   --models "${MODELS:-det,rec,cls,yolov8n,minilm}" 2>&1 | tee "$OUT/cpu_vs_ort.md"
+# Any further command, in the same environment (e.g. EXTRA="python3 tools/ab_dense.py 1,4,16").
+if [ -n "${EXTRA:-}" ]; then
+  eval "$EXTRA" 2>&1 | tee "$OUT/extra.txt"
+fi
