@@ -143,10 +143,11 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
 def dense(x: np.ndarray, packed: tuple[np.ndarray, np.ndarray], out: np.ndarray, code: int) -> bool:
     """out = act(x @ w + bias) for x (rows, k) and the weights packed by pack_dense, by the tile loop: the rows
     are its positions (x is transposed first, so that a tap reads a contiguous run of them) and w's columns its
-    channels, written across into out's rows. False (nothing done) while the loop compiles, and for more than
-    DENSE_ROWS rows."""
+    channels, written across into out's rows. False (nothing done) while the loop compiles, for more than
+    DENSE_ROWS rows, and on one thread (there BLAS ran minilm at 1 x 128 1.6x faster on the 16-core machine's
+    AVX-512 cores; the loop's gain is in sharing the work)."""
     rows, k = x.shape
-    if rows > DENSE_ROWS:
+    if rows > DENSE_ROWS or threads() < 2:
         return False
     pieces = max(1, min(threads(), rows * k * out.shape[1] // PIECE_MACS))
     par = jit.threaded("conv_tiles", pieces)
