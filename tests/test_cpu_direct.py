@@ -23,7 +23,9 @@ RNG = np.random.default_rng(23)
 
 @pytest.fixture(autouse=True)
 def compiled(monkeypatch):
+    """The loop compiled on first use, and taking convs of any size (numpy keeps the small ones otherwise)."""
     monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+    monkeypatch.setattr(direct, "SMALL_MACS", 0)
 
 
 @pytest.fixture
@@ -178,3 +180,13 @@ def test_dense_products_match_onnxruntime(rows, k, n, gelu, threads, sharing, mo
     data = one_input_model(nodes, x.shape, consts, opset=20)
     np.testing.assert_allclose(_run(data, {"x": x}, threads), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
     assert any(done) == (rows <= direct.DENSE_ROWS and threads > 1)
+
+
+def test_small_convs_keep_numpy(monkeypatch, calls):
+    monkeypatch.setattr(direct, "SMALL_MACS", 1 << 21)
+    xs, ws = (1, 8, 24, 96), (8, 8, 1, 1)  # one of cls's: 150 thousand multiply-adds
+    x = RNG.standard_normal(xs).astype(np.float32)
+    data = one_input_model([helper.make_node("Conv", ["x", "w"], ["y"])], xs,
+                           {"w": RNG.standard_normal(ws).astype(np.float32)})
+    np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    assert calls["direct"] == 0

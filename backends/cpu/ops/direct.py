@@ -28,6 +28,9 @@ F32 = np.float32
 #: A piece of a conv holds at least this many multiply-adds: each must outlast a helper's late start
 #: (benchmarks/RESULTS.md, "Piece sizes").
 PIECE_MACS = 1 << 21
+#: Convs of fewer multiply-adds keep numpy's paths: on cls (a few hundred thousand each, 2-25 rows of 96) the
+#: tile loop's fixed costs made the model 1.3x slower on the 2-core VM.
+SMALL_MACS = 1 << 21
 #: Bytes of packed weights that a group of channels takes at most (L2 is 512 KiB a core on the 2-core VM).
 WEIGHTS_IN_L2 = 1 << 18
 #: Products of more rows go to BLAS: at 1024 rows (minilm at 8 x 128) OpenBLAS ran 1.5-2x faster on the 2-core
@@ -55,6 +58,8 @@ def plan(p: dict[str, Any], group: int) -> bool:
         # Room for the last tile's reads past the last plane, so that it takes the fast way too.
         xs = -(-max(C * s * s * hq * wq, int(offs[-1]) + Ho * wq + NR) // NR) * NR
         layout = (C, H, W, pt, pl, s, hq, wq)
+    if p["co"] * offs.shape[0] * Ho * Wo * p["N"] < SMALL_MACS:
+        return False
     p["direct"] = dict(offs=offs, far=int(offs.max()), rw=rw, xs=xs, layout=layout, hq=hq,
                        reach=dh * (kh - 1) // s + 1,  # plane rows past its last output row that a band reads, and one
                        last=(Ho - 1) * rw + Wo, macs=p["co"] * offs.shape[0] * Ho * Wo)
