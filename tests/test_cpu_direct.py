@@ -190,3 +190,14 @@ def test_small_convs_keep_numpy(monkeypatch, calls):
                            {"w": RNG.standard_normal(ws).astype(np.float32)})
     np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
     assert calls["direct"] == 0
+
+
+def test_depthwise_loop_shares_its_planes(sharing, request):
+    """The depthwise loop's planes on numba's threads (its parallel build) or the helper threads."""
+    xs, ws = (2, 96, 80, 80), (96, 1, 5, 5)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    data = one_input_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[2, 2, 2, 2], group=96),
+                            helper.make_node("Relu", ["c"], ["y"])], xs,
+                           {"w": RNG.standard_normal(ws).astype(np.float32)})
+    np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    assert bool(sharing) == (request.node.callspec.params["sharing"] == "numba")

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numba
 import numpy as np
-from numba import types
+from numba import prange, types
 
 from . import scalars, tiles
 from .scalars import FAST, NEG_INF, exp_neg
@@ -96,10 +96,11 @@ def layer_norm(x, residual, gamma, beta, eps, y):
             yr[c] = (yr[c] - mean) * inv * gamma[c] + beta[c]
 
 
-def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last):
+def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last, chunks):
     """A depthwise 2-D conv over planes [first, last) of x (N*C planes of H x W): plane p of y (Ho x Wo) is
     the conv of plane p with w[p % C] (kh x kw; stride sh x sw, padding pt above and pl left, dilation 1)
-    plus bias[p % C], then act (scalars.activate, codes 0-2).
+    plus bias[p % C], then act (scalars.activate, codes 0-2); the planes in `chunks` runs, which the
+    parallel build's threads share.
 
     Each plane is first copied between zero columns (its left and right padding), so a kernel tap adds to a
     whole output row with no test in the inner loop, whose indices LLVM can then prove non-negative (numba
@@ -110,53 +111,55 @@ def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last):
     Ho, Wo = y.shape[1], y.shape[2]
     Wp = (Wo - 1) * sw + kw
     inner = max(0, min(W, Wp - pl))
-    buf = np.zeros((H, Wp), np.float32)
-    for plane in range(first, last):
-        c = plane % C
-        xp, yp = x[plane], y[plane]
-        for r in range(H):
-            src, dst = xp[r], buf[r]
-            for t in range(inner):
-                dst[pl + t] = src[t]
-        for oh in range(Ho):
-            row = yp[oh]
-            b = bias[c]
-            for ow in range(Wo):
-                row[ow] = b
-            for i in range(kh):
-                ih = oh * sh - pt + i
-                if ih < 0 or ih >= H:
-                    continue
-                xrow = buf[ih]
-                if kw == 3 and sw == 1:  # a kernel row's taps at once: the output row is read and written once
-                    w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
-                    for ow in range(Wo):
-                        row[ow] += w0 * xrow[ow] + w1 * xrow[ow + 1] + w2 * xrow[ow + 2]
-                elif kw == 5 and sw == 1:
-                    w0, w1, w2, w3, w4 = w[c, i, 0], w[c, i, 1], w[c, i, 2], w[c, i, 3], w[c, i, 4]
-                    for ow in range(Wo):
-                        row[ow] += (w0 * xrow[ow] + w1 * xrow[ow + 1] + w2 * xrow[ow + 2] + w3 * xrow[ow + 3]
-                                    + w4 * xrow[ow + 4])
-                elif kw == 3 and sw == 2:
-                    w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
-                    for ow in range(Wo):
-                        row[ow] += w0 * xrow[2 * ow] + w1 * xrow[2 * ow + 1] + w2 * xrow[2 * ow + 2]
-                else:
-                    for j in range(kw):
-                        wv = w[c, i, j]
-                        if sw == 1:
-                            for ow in range(Wo):
-                                row[ow] += wv * xrow[ow + j]
-                        else:
-                            for ow in range(Wo):
-                                row[ow] += wv * xrow[ow * sw + j]
-            if act == 1:
+    for chunk in prange(chunks):
+        buf = np.zeros((H, Wp), np.float32)  # its padding columns stay zero
+        lo, hi = first + chunk * (last - first) // chunks, first + (chunk + 1) * (last - first) // chunks
+        for plane in range(lo, hi):
+            c = plane % C
+            xp, yp = x[plane], y[plane]
+            for r in range(H):
+                src, dst = xp[r], buf[r]
+                for t in range(inner):
+                    dst[pl + t] = src[t]
+            for oh in range(Ho):
+                row = yp[oh]
+                b = bias[c]
                 for ow in range(Wo):
-                    row[ow] = max(row[ow], F(0))
-            elif act == 2:
-                for ow in range(Wo):
-                    v = row[ow]
-                    row[ow] = v * min(max(v * F(1 / 6) + F(0.5), F(0)), F(1))
+                    row[ow] = b
+                for i in range(kh):
+                    ih = oh * sh - pt + i
+                    if ih < 0 or ih >= H:
+                        continue
+                    xrow = buf[ih]
+                    if kw == 3 and sw == 1:  # a kernel row's taps at once: the output row is read and written once
+                        w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
+                        for ow in range(Wo):
+                            row[ow] += w0 * xrow[ow] + w1 * xrow[ow + 1] + w2 * xrow[ow + 2]
+                    elif kw == 5 and sw == 1:
+                        w0, w1, w2, w3, w4 = w[c, i, 0], w[c, i, 1], w[c, i, 2], w[c, i, 3], w[c, i, 4]
+                        for ow in range(Wo):
+                            row[ow] += (w0 * xrow[ow] + w1 * xrow[ow + 1] + w2 * xrow[ow + 2] + w3 * xrow[ow + 3]
+                                        + w4 * xrow[ow + 4])
+                    elif kw == 3 and sw == 2:
+                        w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
+                        for ow in range(Wo):
+                            row[ow] += w0 * xrow[2 * ow] + w1 * xrow[2 * ow + 1] + w2 * xrow[2 * ow + 2]
+                    else:
+                        for j in range(kw):
+                            wv = w[c, i, j]
+                            if sw == 1:
+                                for ow in range(Wo):
+                                    row[ow] += wv * xrow[ow + j]
+                            else:
+                                for ow in range(Wo):
+                                    row[ow] += wv * xrow[ow * sw + j]
+                if act == 1:
+                    for ow in range(Wo):
+                        row[ow] = max(row[ow], F(0))
+                elif act == 2:
+                    for ow in range(Wo):
+                        v = row[ow]
+                        row[ow] = v * min(max(v * F(1 / 6) + F(0.5), F(0)), F(1))
 
 
 def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1):
@@ -215,7 +218,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "gelu": (gelu, types.void(_OUT)),
     "softmax": (softmax, types.void(_OUT2, types.float32, _IN2, types.int64, types.int64)),
     "layer_norm": (layer_norm, types.void(_IN2, _IN2, _IN, _IN, types.float32, _OUT2)),
-    "depthwise": (depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 7)),
+    "depthwise": (depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 8)),
     "conv_input": (conv_input, types.void(_IN2, _OUT2, *[types.int64] * 12)),
     "conv_tiles": (tiles.conv, types.void(_IN, types.uint64, types.Array(types.uint64, 1, "C", readonly=True),
                                           types.uint64, _IN3, _IN, _OUT3, *[types.uint64] * 6, types.int64,
@@ -226,7 +229,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
 SLP = {"conv_tiles"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
 #: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
-PARALLEL = {"conv_tiles"}
+PARALLEL = {"conv_tiles", "depthwise"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)

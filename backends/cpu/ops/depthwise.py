@@ -30,7 +30,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import jit
-from ..kernel import shared_scratch
+from ..kernel import shared_scratch, threads
 from .products import image_runs
 
 #: The band way is taken while its GEMMs do at most this many times the multiply-adds the conv needs
@@ -66,8 +66,9 @@ LOOP_PIECE = 1 << 20
 
 
 def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any], act) -> bool:
-    """y = conv(x) by loops.depthwise, its planes shared with the helper threads, for a plan it serves
-    (loop_serves); False (nothing done) while it compiles, or for other layouts."""
+    """y = conv(x) by loops.depthwise, its planes shared among numba's threads (or the helper threads, without
+    its parallel build), for a plan it serves (loop_serves); False (nothing done) while it compiles, or for
+    other layouts."""
     if x.dtype != np.float32 or not x.flags.c_contiguous or not y.flags.c_contiguous:
         return False
     fn = jit.jitted("depthwise")
@@ -84,8 +85,13 @@ def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, An
     xs, ys = x.reshape(planes, H, W), y.reshape(planes, Ho, Wo)
     b, pt, pl = packed["loop_b"], p["pads"][0], p["pads"][1]
     each = Ho * Wo * w.shape[1] * w.shape[2]
-    jit.shared(planes, max(1, LOOP_PIECE // max(1, each)),
-               lambda lo, hi: fn(xs, w, b, ys, sh, sw, pt, pl, code or 0, lo, hi))
+    pieces = max(1, min(threads(), planes, planes * each // LOOP_PIECE))
+    par = jit.threaded("depthwise", pieces)
+    if par is not None:  # numba's threads, awake between loops (see direct.py)
+        par(xs, w, b, ys, sh, sw, pt, pl, code or 0, 0, planes, pieces)
+    else:
+        jit.shared(planes, max(1, LOOP_PIECE // max(1, each)),
+                   lambda lo, hi: fn(xs, w, b, ys, sh, sw, pt, pl, code or 0, lo, hi, 1))
     if code is None and act is not None:
         act(y)
     return True
