@@ -201,3 +201,28 @@ def test_depthwise_loop_shares_its_planes(sharing, request):
                            {"w": RNG.standard_normal(ws).astype(np.float32)})
     np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
     assert bool(sharing) == (request.node.callspec.params["sharing"] == "numba")
+
+
+@pytest.mark.parametrize("op,attrs,opset", [("Gelu", {}, 20), ("Softmax", {"axis": -1}, 13),
+                                            ("LayerNormalization", {"axis": -1}, 17), ("Erf", {}, 13)])
+def test_row_loops_on_numba_threads(op, attrs, opset, monkeypatch):
+    """The elementwise and row loops' parallel builds (jit.split) give what onnxruntime gives."""
+    used: list[str] = []
+    threaded = jit.threaded
+
+    def recorded(name, n):
+        fn = threaded(name, n)
+        if fn is not None:
+            used.append(name)
+        return fn
+
+    monkeypatch.setattr(jit, "threaded", recorded)
+    xs = (4, 256, 384)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    inputs, consts = ["x"], {}
+    if op == "LayerNormalization":
+        consts = {"g": RNG.standard_normal(384).astype(np.float32), "b": RNG.standard_normal(384).astype(np.float32)}
+        inputs = ["x", "g", "b"]
+    data = one_input_model([helper.make_node(op, inputs, ["y"], **attrs)], xs, consts, opset=opset)
+    np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    assert used, f"{op} did not take a parallel build"

@@ -147,22 +147,33 @@ def shared(n: int, grain: int, part: Callable[[int, int], None]) -> None:
     parallel(-(-n // step), lambda k: part(k * step, min(n, (k + 1) * step)))
 
 
+def split(name: str, n: int, grain: int, call: Callable[[Callable[..., Any], int, int], None]) -> bool:
+    """call(fn, lo, hi) over [0, n) with loop `name`: its parallel build once over the whole range, where numba's
+    threads share its prange, else its serial build in pieces of `grain` items or more on the helper threads
+    (shared); False (nothing done) while it compiles."""
+    pieces = max(1, min(n // max(1, grain), threads()))
+    par = threaded(name, pieces)
+    if par is not None:
+        call(par, 0, n)
+        return True
+    fn = jitted(name)
+    if fn is None:
+        return False
+    shared(n, grain, lambda lo, hi: call(fn, lo, hi))
+    return True
+
+
 def elementwise(name: str, x: Any, out: Any | None = None) -> bool:
     """out = loops.name(x) elementwise over float32 arrays (in place without out), in parallel pieces; False
     (nothing done) where the loop cannot serve: another dtype or layout, or it is still compiling."""
     arrays = (x,) if out is None else (x, out)
     if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrays):
         return False
-    fn = jitted(name)
-    if fn is None:
-        return False
     xs = x.reshape(-1)
     if out is None:
-        shared(xs.size, ELEMENTS, lambda lo, hi: fn(xs[lo:hi]))
-    else:
-        ys = out.reshape(-1)
-        shared(xs.size, ELEMENTS, lambda lo, hi: fn(xs[lo:hi], ys[lo:hi]))
-    return True
+        return split(name, xs.size, ELEMENTS, lambda fn, lo, hi: fn(xs[lo:hi]))
+    ys = out.reshape(-1)
+    return split(name, xs.size, ELEMENTS, lambda fn, lo, hi: fn(xs[lo:hi], ys[lo:hi]))
 
 
 #: Fused activations that the compiled loops apply themselves (scalars.activate), by their code; the tile

@@ -26,13 +26,13 @@ F = np.float32
 
 
 def erf(x, y):
-    for i in range(x.size):
+    for i in prange(x.size):
         y[i] = scalars.erf(x[i])
 
 
 def gelu(y):
     """y = y/2 (1 + erf(y / sqrt 2)), in place."""
-    for i in range(y.size):
+    for i in prange(y.size):
         v = y[i]
         y[i] = F(0.5) * v * (F(1) + scalars.erf(v * F(0.7071067811865476)))
 
@@ -42,7 +42,7 @@ def softmax(y, scale, mask, group, first):
     mask adds nothing."""
     rows, cols = y.shape
     masked = mask.shape[0] > 0
-    for r in range(rows):
+    for r in prange(rows):
         xr = yr = y[r]
         m = NEG_INF
         if masked:
@@ -72,7 +72,7 @@ def layer_norm(x, residual, gamma, beta, eps, y):
     rows, cols = x.shape
     added = residual.shape[0] > 0
     n = F(cols)
-    for r in range(rows):
+    for r in prange(rows):
         xr, yr = x[r], y[r]
         s = F(0)
         if added:
@@ -229,7 +229,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
 SLP = {"conv_tiles"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
 #: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
-PARALLEL = {"conv_tiles", "depthwise"}
+PARALLEL = {"conv_tiles", "depthwise", "erf", "gelu", "softmax", "layer_norm"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)

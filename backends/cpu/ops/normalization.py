@@ -40,19 +40,18 @@ NO_ROWS = np.empty((0, 0), np.float32)
 
 
 def softmax_rows(x: np.ndarray, out: np.ndarray) -> bool:
-    """out = softmax(x) over the last axis, by the compiled loop, rows shared with the helper threads; False
+    """out = softmax(x) over the last axis, by the compiled loop, rows shared among threads (jit.split); False
     (nothing done) where it cannot serve (see jit.elementwise)."""
     if x.dtype != F32 or out.dtype != F32 or x.ndim == 0 or not out.flags.c_contiguous or x.size == 0:
         return False
-    fn = jit.jitted("softmax")
-    if fn is None:
+    if jit.jitted("softmax") is None:
         return False
     cols = x.shape[-1]
     np.copyto(out, x)
     ys = out.reshape(-1, cols)
     one = np.float32(1)
-    jit.shared(ys.shape[0], max(1, jit.ELEMENTS // cols), lambda lo, hi: fn(ys[lo:hi], one, NO_ROWS, 1, 0))
-    return True
+    return jit.split("softmax", ys.shape[0], max(1, jit.ELEMENTS // cols),
+                     lambda fn, lo, hi: fn(ys[lo:hi], one, NO_ROWS, 1, 0))
 
 
 class _SoftmaxBase(Kernel):
@@ -261,8 +260,8 @@ class RMSNormalization(_RowNorm):
 
 def layer_norm_rows(x: np.ndarray, residual: np.ndarray | None, scale: np.ndarray, bias: np.ndarray | None,
                     eps: float, out: np.ndarray) -> bool:
-    """out = LayerNorm(x (+ residual)) over the last axis by the compiled loop, rows shared with the helper
-    threads; False (nothing done) where it cannot serve (see jit.elementwise)."""
+    """out = LayerNorm(x (+ residual)) over the last axis by the compiled loop, rows shared among threads
+    (jit.split); False (nothing done) where it cannot serve (see jit.elementwise)."""
     cols = x.shape[-1] if x.ndim else 0
     arrays = (x, out) if residual is None else (x, out, residual)
     if out is x or out is residual:
@@ -270,17 +269,15 @@ def layer_norm_rows(x: np.ndarray, residual: np.ndarray | None, scale: np.ndarra
     if not cols or any(a.dtype != F32 or not a.flags.c_contiguous or a.shape != x.shape for a in arrays) \
             or scale.dtype != F32 or scale.shape != (cols,) or (bias is not None and (bias.dtype != F32 or bias.shape != (cols,))):
         return False
-    fn = jit.jitted("layer_norm")
-    if fn is None:
+    if jit.jitted("layer_norm") is None:
         return False
     xs, ys = x.reshape(-1, cols), out.reshape(-1, cols)
     rs = NO_ROWS if residual is None else residual.reshape(-1, cols)
     g = np.ascontiguousarray(scale)
     b = np.zeros(cols, F32) if bias is None else np.ascontiguousarray(bias)
     e = np.float32(eps)
-    jit.shared(xs.shape[0], max(1, jit.ELEMENTS // cols),
-               lambda lo, hi: fn(xs[lo:hi], rs[lo:hi] if residual is not None else rs, g, b, e, ys[lo:hi]))
-    return True
+    return jit.split("layer_norm", xs.shape[0], max(1, jit.ELEMENTS // cols),
+                     lambda fn, lo, hi: fn(xs[lo:hi], rs[lo:hi] if residual is not None else rs, g, b, e, ys[lo:hi]))
 
 
 def _normalize_groups(x: np.ndarray, groups: int, eps: float, cdt) -> np.ndarray:
