@@ -269,6 +269,7 @@ class Dense(Fused):
         self.gelu = len(chain) == 3
         self.last = chain[-1][0]
         self._packed: tuple[Any, Any, Any] | None = None  # (w, bias, their tile-loop form)
+        self.code = jit.loop_activation(("Gelu", {}) if self.gelu else None)[0]  # the tile loop applies GELU
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         values = dict(zip(self.names, inputs))
@@ -282,7 +283,7 @@ class Dense(Fused):
         packed = self._packed
         if packed is None or packed[0] is not w or packed[1] is not bias:
             packed = self._packed = (w, bias, direct.pack_dense(w, bias.reshape(-1)))
-        if direct.dense(x2, packed[2], out2, 8 if self.gelu else 0):  # the tile loop, GELU in it
+        if direct.dense(x2, packed[2], out2, self.code):
             return out
         gemm(x2, w, out2, bias.reshape(-1))
         if self.gelu and not jit.elementwise("gelu", out):

@@ -8,9 +8,9 @@ row ky and column kx is one offset into that layout, and the tile loop's sums fo
 stay in registers over all the taps. Bias and the fused activation are applied as a tile leaves the
 registers, and the padding columns are dropped there.
 
-The loop holds no GIL, so a conv splits into pieces that run at once on the helper threads (kernel.parallel):
-whole images at batch > 1, else ranges of positions. While the loop compiles (jit.py), Conv's numpy paths
-serve.
+The loop holds no GIL, so a conv's pieces run at once: on numba's threads (the loop's parallel build), else on
+the runtime's helper threads (see run). While the loop compiles (jit.py), Conv's numpy paths serve. dense()
+takes a matrix product of few rows through the same loop.
 """
 
 from __future__ import annotations
@@ -58,11 +58,17 @@ def plan(p: dict[str, Any], group: int) -> bool:
         # Room for the last tile's reads past the last plane, so that it takes the fast way too.
         xs = -(-max(C * s * s * hq * wq, int(offs[-1]) + Ho * wq + NR) // NR) * NR
         layout = (C, H, W, pt, pl, s, hq, wq)
-    if p["co"] * offs.shape[0] * Ho * Wo * p["N"] < SMALL_MACS:
+    macs = p["co"] * offs.shape[0] * Ho * Wo
+    if macs * p["N"] < SMALL_MACS:
         return False
-    p["direct"] = dict(offs=offs, far=int(offs.max()), rw=rw, xs=xs, layout=layout, hq=hq,
-                       reach=dh * (kh - 1) // s + 1,  # plane rows past its last output row that a band reads, and one
-                       last=(Ho - 1) * rw + Wo, macs=p["co"] * offs.shape[0] * Ho * Wo)
+    u = np.uint64
+    last = (Ho - 1) * rw + Wo
+    p["direct"] = dict(
+        offs=offs, layout=layout, hq=hq, macs=macs, rw=rw, last=last, xs=xs,
+        reach=dh * (kh - 1) // s + 1,  # plane rows that a band of output rows reads past its last, plus one
+        # the loop's fixed arguments: the layout's image stride, the farthest tap, row and output widths
+        fixed=(u(xs), offs, u(offs.max())), widths=(u(rw), u(Wo)),
+        groups=_groups(-(-p["co"] // MR), offs.shape[0], 1))
     return True
 
 
@@ -83,63 +89,63 @@ def pack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> bool:
-    """y = act(conv(x)) by the tile loop for a plan it serves; False (nothing done) while it compiles."""
+    """y = act(conv(x)) by the tile loop for a plan it serves; False (nothing done) while it compiles.
+
+    With the loop's parallel build, numba's threads each take an equal run of tiles (of every image) for a
+    group of the channels (groups where there are fewer tiles than threads), and they spin a while between
+    loops instead of sleeping, so the next conv finds them awake; the layout is copied on this thread first (its
+    parallel build ran 3x slower on the 2-core VM). Without it (compiling, no TBB, a forked child), pieces go
+    to the runtime's helper threads: whole images, or bands of output rows that lay out the input rows they
+    read (rows that neighbours read too are written by both, with the same values)."""
     d = p["direct"]
     layout = d["layout"]
-    conv = jit.jitted("conv_tiles")
+    serial = jit.jitted("conv_tiles")
     lay = jit.jitted("conv_input") if layout is not None else None
-    if conv is None or (layout is not None and lay is None) or not x.flags.c_contiguous:
+    if serial is None or (layout is not None and lay is None) or not x.flags.c_contiguous:
         return False
     w, bias = pack(packed)
-    N, co = p["N"], p["co"]
+    N = p["N"]
     xf = x.reshape(N, -1)
-    if layout is not None:
-        xl = shared_scratch("direct", (N, d["xs"]), F32)[0]
-    else:
-        xl = xf
-    xflat = xl.reshape(-1)
-    ys = y.reshape(N, co, -1)
-    u = np.uint64
+    xl = xf if layout is None else shared_scratch("direct", (N, d["xs"]), F32)[0]
+    ys = y.reshape(N, p["co"], -1)
+    xs, offs, far = d["fixed"]
     code, alpha, beta = p["loop_act"]
-    offs, far, rw, wo, last, hq = d["offs"], u(d["far"]), u(d["rw"]), u(p["outs"][1]), d["last"], d["hq"]
-    xstride = u(d["xs"] if layout is not None else xf.shape[1])
+    u = np.uint64
+
+    def tiles(fn, first: int, last: int, p_first: int, p_last: int, chunks: int, groups: int) -> None:
+        fn(xl.reshape(-1), xs, offs, far, w, bias, ys, *d["widths"], u(first), u(last), u(p_first), u(p_last),
+           code, alpha, beta, chunks, groups, False)
+
+    last = d["last"]
     pieces = max(1, min(threads(), d["macs"] * N // PIECE_MACS))
-    conv_par = jit.threaded("conv_tiles", pieces)
-    if conv_par is not None:
-        # numba's threads: each takes an equal run of tiles (of every image) for a group of the channels (groups
-        # where there are fewer tiles than threads), and they spin a while between loops instead of sleeping, so
-        # the next conv finds them awake. The layout is a copy, on this thread: its parallel build ran 3x slower
-        # than this on the 2-core VM.
+    par = jit.threaded("conv_tiles", pieces)
+    if par is not None:
         if layout is not None:
-            lay(xf, xl, *layout, 0, N, 0, hq)
-        runs = min(pieces, N * -(-(last) // NR))
-        groups = _groups(w, pieces // runs)
-        conv_par(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(0), u(N), u(0), u(last), code, alpha, beta,
-                 runs * groups, groups, False)
+            lay(xf, xl, *layout, 0, N, 0, d["hq"])
+        runs = min(pieces, N * -(-last // NR))
+        groups = max(d["groups"], min(w.shape[0], pieces // runs))
+        tiles(par, 0, N, 0, last, runs * groups, groups)
         return True
-
-    # Without the parallel build (compiling, or a forked child): pieces on the runtime's helper threads.
-    def images(lo: int, hi: int) -> None:
-        if layout is not None:
-            lay(xf, xl, *layout, lo, hi, 0, hq)
-        conv(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(lo), u(hi), u(0), u(last), code, alpha, beta,
-             _groups(w, 1), _groups(w, 1), False)
-
+    groups = d["groups"]
     if pieces == 1 or N >= pieces:
         per = -(-N // pieces)
-        parallel(-(-N // per), lambda k: images(k * per, min(N, (k + 1) * per)))
+
+        def images(k: int) -> None:
+            lo, hi = k * per, min(N, (k + 1) * per)
+            if layout is not None:
+                lay(xf, xl, *layout, lo, hi, 0, d["hq"])
+            tiles(serial, lo, hi, 0, last, groups, groups)
+
+        parallel(-(-N // per), images)
         return True
-    # Pieces of output rows, each laying out the input rows it reads (the rows its neighbours read too are
-    # written by both, with the same values).
-    Ho, reach = p["outs"][0], d["reach"]
+    Ho, rw = p["outs"][0], d["rw"]
     rows = -(-Ho // pieces)
 
     def band(k: int) -> None:
         r0, r1 = k * rows, min(Ho, (k + 1) * rows)
         if layout is not None:
-            lay(xf, xl, *layout, 0, N, r0, min(hq, r1 + reach))
-        conv(xflat, xstride, offs, far, w, bias, ys, rw, wo, u(0), u(N), u(r0 * d["rw"]),
-             u(min(last, r1 * d["rw"])), code, alpha, beta, _groups(w, 1), _groups(w, 1), False)
+            lay(xf, xl, *layout, 0, N, r0, min(d["hq"], r1 + d["reach"]))
+        tiles(serial, 0, N, r0 * rw, min(last, r1 * rw), groups, groups)
 
     parallel(-(-Ho // rows), band)
     return True
@@ -168,17 +174,17 @@ def dense(x: np.ndarray, packed: tuple[np.ndarray, np.ndarray], out: np.ndarray,
     u = np.uint64
     offs = _tap_offsets(k, stride)
     runs = min(pieces, -(-rows // NR)) if par is not None else 1
-    groups = _groups(w, pieces // runs if par is not None else 1)
+    groups = _groups(w.shape[0], k, pieces // runs if par is not None else 1)
     conv(xt.reshape(-1), u(k * stride), offs, u((k - 1) * stride), w, bias, out.reshape(1, rows, -1), u(rows), u(rows),
          u(0), u(1), u(0), u(rows), code, 0.0, 0.0, runs * groups, groups, True)
     return True
 
 
-def _groups(w: np.ndarray, threads: int) -> int:
-    """Groups of channel blocks for the tile loop: at least one for each thread that the runs of tiles leave
-    idle, and enough that a group's weights stay in L2 while the loop takes its tiles one after another (a
-    product's 1536 x 384 weights, read again for every tile, ran at half speed)."""
-    return max(1, min(w.shape[0], max(threads, -(-w.nbytes // WEIGHTS_IN_L2))))
+def _groups(blocks: int, taps: int, threads: int) -> int:
+    """Groups of the weights' channel blocks for the tile loop: at least one for each thread that the runs of
+    tiles leave idle, and enough that a group's weights stay in L2 while the loop takes its tiles one after
+    another (a product's 1536 x 384 weights, read again for every tile, ran at half speed)."""
+    return max(1, min(blocks, max(threads, -(-blocks * taps * MR * 4 // WEIGHTS_IN_L2))))
 
 
 def pack_dense(w: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
