@@ -12,7 +12,7 @@ from onnx import helper
 
 import aiomnn
 from aiomnn.backends.cpu import jit, tiles
-from aiomnn.backends.cpu.ops import direct
+from aiomnn.backends.cpu.ops import conv, direct
 from tests.oracle import one_input_model, run_ort
 
 pytest.importorskip("onnxruntime")
@@ -23,9 +23,11 @@ RNG = np.random.default_rng(23)
 
 @pytest.fixture(autouse=True)
 def compiled(monkeypatch):
-    """The loop compiled on first use, and taking convs of any size (numpy keeps the small ones otherwise)."""
+    """The loop compiled on first use, and taking convs of any size (numpy keeps the small ones otherwise),
+    pointwise ones too (the compiled BLAS product takes those first; tests/test_cpu_gemm.py has its tests)."""
     monkeypatch.setenv("AIOMNN_NUMBA", "wait")
     monkeypatch.setattr(direct, "SMALL_MACS", 0)
+    monkeypatch.setattr(conv, "compiled", lambda *args: False)
 
 
 @pytest.fixture
@@ -161,25 +163,6 @@ def test_activation_codes():
     assert jit.loop_activation(("Clip", {"min": None, "max": 6.0})) == (6, -np.inf, 6.0)
     assert jit.loop_activation(("Swish", {})) == (3, 1.0, 0.0)
     assert jit.loop_activation(("Tanh", {})) is None  # left to numpy after the loop
-
-
-@pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("rows,k,n,gelu", [(16, 384, 1536, True), (7, 20, 13, False), (128, 96, 64, True),
-                                           (300, 32, 40, False)])  # 300 rows: BLAS's
-def test_dense_products_match_onnxruntime(rows, k, n, gelu, threads, sharing, monkeypatch):
-    """MatMul + bias row (+ Gelu) as one Dense step, through the tile loop (rows as positions)."""
-    done = []
-    dense = direct.dense
-    monkeypatch.setattr(direct, "dense", lambda *a: done.append(dense(*a)) or done[-1])
-    x = RNG.standard_normal((1, rows, k)).astype(np.float32)
-    consts = {"w": (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32),
-              "b": RNG.standard_normal(n).astype(np.float32)}
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a" if gelu else "y"])]
-    if gelu:
-        nodes.append(helper.make_node("Gelu", ["a"], ["y"]))
-    data = one_input_model(nodes, x.shape, consts, opset=20)
-    np.testing.assert_allclose(_run(data, {"x": x}, threads), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
-    assert any(done) == (rows <= direct.DENSE_ROWS and threads > 1)
 
 
 def test_small_convs_keep_numpy(monkeypatch, calls):

@@ -1,7 +1,8 @@
-"""Set the BLAS library's thread count (the CPU runtime keeps it at one; see runtime.py).
+"""numpy's BLAS library: its thread count (the CPU runtime keeps it at one; see runtime.py), and its
+matrix product for the compiled loops (loops.gemm).
 
 numpy's wheels bundle OpenBLAS under a prefixed name; find it among the loaded
-libraries and call its set_num_threads. Other BLAS builds are left alone.
+libraries. Other BLAS builds are left alone.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import logging
 from typing import Callable
 
 log = logging.getLogger("aiomnn")
+#: cblas_sgemm under the names that numpy's BLAS builds give it: 64-bit integers first (numpy's own wheels).
+_SGEMM = ("scipy_cblas_sgemm64_", "cblas_sgemm64_", "scipy_cblas_sgemm", "cblas_sgemm")
 _SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
             "openblas_set_num_threads", "MKL_Set_Num_Threads")
 
@@ -49,3 +52,26 @@ def limit_threads(n: int) -> bool:
         return False
     setter(n)
     return True
+
+
+@functools.cache
+def sgemm_address() -> int | None:
+    """The address of numpy's cblas_sgemm, None where none is found. Its integer arguments are passed as 64-bit
+    values, which a build with 32-bit integers reads correctly on x86-64 (the low half of each register and
+    stack slot), the only machine where the compiled loops use it."""
+    import platform
+
+    import numpy  # noqa: F401  (loads the BLAS library)
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    for path in _loaded_blas():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in _SGEMM:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                return ctypes.cast(fn, ctypes.c_void_p).value
+    return None

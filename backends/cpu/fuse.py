@@ -16,8 +16,9 @@ in arithmetic.
   loop (loops.py) scales, masks and normalizes them in one pass without the GIL, and no [b, h, s, s]
   tensor is ever written.
 
-* Dense layers: MatMul by a 2-D weight -> Add of a bias row -> GELU (optional) as one product, its tiles
-  shared with the helper threads, the bias added to each tile while it is in cache.
+* Dense layers: MatMul by a 2-D weight -> Add of a bias row -> GELU (optional) as one product
+  (products.compiled: numba's threads share its pieces, each a BLAS call whose bias and GELU are applied
+  while it is in cache).
 * Residual and LayerNormalization: Add -> LayerNormalization over the last axis as one compiled pass.
 
 A fused step takes the place of the chain's steps only where the values between them are read by the
@@ -45,7 +46,7 @@ from .ops.activations import gelu_
 from .ops.matmul import PIECE_MACS, MatMul, gemm
 from .ops.normalization import NO_ROWS, LayerNormalization, _SoftmaxBase, layer_norm_rows
 from .ops.pool import GlobalAveragePool
-from .ops.products import bias_tile, product
+from .ops.products import bias_tile, compiled, product
 
 #: run_segment's view of one step: (execution, input names, [(output index, name)], names freed after it,
 #: whether to copy outputs that view planned memory, node).
@@ -268,8 +269,7 @@ class Dense(Fused):
         self.bias = next(x for x in chain[1][1] if x != made)
         self.gelu = len(chain) == 3
         self.last = chain[-1][0]
-        self._packed: tuple[Any, Any, Any] | None = None  # (w, bias, their tile-loop form)
-        self.code = jit.loop_activation(("Gelu", {}) if self.gelu else None)[0]  # the tile loop applies GELU
+        self.activation = jit.loop_activation(("Gelu", {}) if self.gelu else None)  # the compiled product's
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         values = dict(zip(self.names, inputs))
@@ -280,10 +280,7 @@ class Dense(Fused):
             return self._unfused(values)
         out = self._output(self.last.out[0], x.shape[:-1] + w.shape[1:], (x,))
         x2, out2 = x.reshape(-1, x.shape[-1]), out.reshape(-1, w.shape[1])
-        packed = self._packed
-        if packed is None or packed[0] is not w or packed[1] is not bias:
-            packed = self._packed = (w, bias, direct.pack_dense(w, bias.reshape(-1)))
-        if direct.dense(x2, packed[2], out2, self.code):
+        if compiled(x2, w[None], out2[None], bias.reshape(-1), False, self.activation):
             return out
         gemm(x2, w, out2, bias.reshape(-1))
         if self.gelu and not jit.elementwise("gelu", out):

@@ -162,6 +162,49 @@ def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last, chunks):
                         row[ow] = v * min(max(v * F(1 / 6) + F(0.5), F(0)), F(1))
 
 
+#: numpy's cblas_sgemm, whose address compile() gives LLVM under this name before it compiles or loads gemm:
+#: the machine code refers to the name, so numba's disk cache keeps it from one process to the next.
+_SGEMM = "aiomnn_cblas_sgemm"
+_I8 = types.int64  # pointers, and the integers, which cblas takes as 64 or 32 bits (blas.sgemm_address)
+_sgemm = types.ExternalFunction(_SGEMM, types.void(*[_I8] * 6, types.float32, *[_I8] * 4, types.float32, _I8, _I8))
+_ROW_MAJOR, _NO_TRANSPOSE = 101, 111
+
+
+def gemm(a, b, bias, out, per_row, act, alpha, beta, row_pieces, col_pieces):
+    """out[i] = act(a @ b[i] + bias) for a (m, k) and each b[i] (k, n) into out[i] (m, n), with bias a column
+    (one value a row of the product) when per_row, else a row, or empty; in row_pieces x col_pieces pieces of
+    each product, which the parallel build's threads share. Each piece is one call of numpy's BLAS, then
+    its bias and activation while it is in cache: pieces of columns read only their own columns of b (a
+    layer's weights, at few rows, where its time goes in reading them)."""
+    m, k = a.shape
+    images, _, n = b.shape
+    width = ((n + col_pieces - 1) // col_pieces + 15) // 16 * 16  # whole vectors
+    cols = (n + width - 1) // width
+    pa, pb, po = np.int64(a.ctypes.data), np.int64(b.ctypes.data), np.int64(out.ctypes.data)
+    biased = bias.shape[0] > 0
+    for piece in prange(images * row_pieces * cols):
+        i = piece // (row_pieces * cols)
+        r = piece // cols % row_pieces
+        c0 = piece % cols * width
+        c1 = min(n, c0 + width)
+        r0, r1 = r * m // row_pieces, (r + 1) * m // row_pieces
+        if r0 == r1:
+            continue
+        _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, r1 - r0, c1 - c0, k, F(1), pa + 4 * r0 * k, k,
+               pb + 4 * (i * k * n + c0), n, F(0), po + 4 * ((i * m + r0) * n + c0), n)
+        for row in range(r0, r1):
+            y = out[i, row, c0:c1]
+            if biased and per_row:
+                v = bias[row]
+                for j in range(c1 - c0):
+                    y[j] += v
+            elif biased:
+                bc = bias[c0:c1]
+                for j in range(c1 - c0):
+                    y[j] += bc[j]
+            scalars.activate(y, act, alpha, beta)
+
+
 def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1):
     """The layout tiles.conv reads, rows [row0, row1) of each plane, for images [first, last) of x (N x c*h*w)
     (pieces of a conv that split its output rows lay out the input rows they read): each channel's input with pt
@@ -219,17 +262,18 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "softmax": (softmax, types.void(_OUT2, types.float32, _IN2, types.int64, types.int64)),
     "layer_norm": (layer_norm, types.void(_IN2, _IN2, _IN, _IN, types.float32, _OUT2)),
     "depthwise": (depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 8)),
+    "gemm": (gemm, types.void(_IN2, _IN3, _IN, _OUT3, types.boolean, types.int64, types.float32, types.float32,
+                              types.int64, types.int64)),
     "conv_input": (conv_input, types.void(_IN2, _OUT2, *[types.int64] * 12)),
     "conv_tiles": (tiles.conv, types.void(_IN, types.uint64, types.Array(types.uint64, 1, "C", readonly=True),
                                           types.uint64, _IN3, _IN, _OUT3, *[types.uint64] * 6, types.int64,
-                                          types.float32, types.float32, types.int64, types.int64,
-                                          types.boolean)),
+                                          types.float32, types.float32, types.int64, types.int64)),
 }
 #: Compiled with LLVM's SLP vectorizer, which packs a tile's scalar sums into vectors (numba leaves it off).
 SLP = {"conv_tiles"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
 #: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
-PARALLEL = {"conv_tiles", "depthwise", "erf", "gelu", "softmax", "layer_norm"}
+PARALLEL = {"conv_tiles", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)
@@ -238,6 +282,8 @@ def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry poin
     if parallel and base not in PARALLEL:
         raise KeyError(name)
     fn, signature = SIGNATURES[base]
+    if base == "gemm":
+        _link_blas()
     options: dict[str, Any] = dict(nogil=True, cache=True, fastmath=FAST, error_model="numpy", parallel=parallel)
     if parallel:
         _threadsafe_layer()
@@ -258,6 +304,19 @@ def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry poin
             return _checked(numba.njit(signature, **options)(fn), parallel)
         finally:
             config.SLP_VECTORIZE = before
+
+
+def _link_blas() -> None:
+    """Give LLVM the address of numpy's cblas_sgemm under gemm's name for it; raises where there is none (a
+    name left unresolved would abort the process when the code is linked, not raise)."""
+    import llvmlite.binding as ll
+
+    from .blas import sgemm_address
+
+    address = sgemm_address()
+    if address is None:
+        raise RuntimeError("numpy's BLAS library has no cblas_sgemm that the compiled loops can call")
+    ll.add_symbol(_SGEMM, address)
 
 
 def _renamed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:

@@ -1,7 +1,6 @@
 """The conv's tile loop, compiled by numba (loops.py); its block of sums is written by tools/make_tiles.py.
 
 conv(x, ...) computes y[n, m, oy * wo + ox] = act(bias[m] + sum over k of w[m, k] * x[n * xs + offs[k] + p])
-(or y[n, oy * wo + ox, m] with `across`, for a matrix product's rows)
 for the output positions p = oy * rw + ox of images [first, last) and positions [p_first, p_last), in `chunks`
 pieces: runs of tiles, each for one of `groups` groups of channels (the threads of numba's parallel loops share
 them, in the parallel build; groups let a conv of few positions and many channels use many threads): x holds
@@ -32,11 +31,10 @@ MR, NR = 6, 16
 KC = U(128)
 
 
-def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks, groups,
-         across):
+def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks, groups):
     kk = U(offs.shape[0])
     mb = U(w.shape[0])
-    m = U(y.shape[2]) if across else U(y.shape[1])  # channels
+    m = U(y.shape[1])  # channels
     xn = U(x.shape[0])
     per = (p_last - p_first + U(NR - 1)) // U(NR)  # tiles an image
     total = (last - first) * per
@@ -89,16 +87,6 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
             for i in range(b0 * U(MR), min(m, b1 * U(MR))):
                 tr = t[i // U(MR), i % U(MR)]
                 activate(tr, act, alpha, beta)
-                if across:  # y[n] is (positions, channels): a product's rows
-                    if full:
-                        for j in range(NR):
-                            yn[d0 + U(j), i] = tr[j]
-                    else:
-                        for j in range(NR):
-                            d = dest[j]
-                            if d >= 0:
-                                yn[d, i] = tr[j]
-                    continue
                 yr = yn[i]
                 if full:
                     for j in range(NR):

@@ -49,10 +49,12 @@ import numpy as np
 from .. import jit
 from ..kernel import Kernel, Unsupported, op, threads
 from . import depthwise, direct, im2col, winograd
-from .products import PARALLEL_MACS, bias_tile, product, silu_product, split
+from .products import PARALLEL_MACS, bias_tile, compiled, product, silu_product, split
 from .activations import activation_fn
 from .dtypes import float_compute_dtype, out_buffer
 from .window import conv_geometry, ints, tap_phases
+
+F32 = np.dtype(np.float32)
 
 #: im2col works in tiles of about this many column elements (2 MiB of float32), to stay in cache.
 _TILE = 1 << 19
@@ -229,7 +231,12 @@ class Conv(Kernel):
         if self._packed is None or y is not self.out[0]:
             return
         act = self.activation
-        if p["tiles"]:
+        if self._compiled_serves(p):
+            def fast(x):
+                if self._compiled(x, y, p, packed):
+                    return y
+                return self.run(x, self.w_const, self.b_const)  # still compiling
+        elif p["tiles"]:
             def fast(x):
                 if direct.run(x, y, p, packed):
                     return y
@@ -272,7 +279,9 @@ class Conv(Kernel):
         native = x.dtype == cdt
         xc = x if native else x.astype(cdt)
         y = out_buffer(self.out[0], p["out_shape"], cdt) if native else np.empty(p["out_shape"], cdt)
-        if p["tiles"] and direct.run(xc, y, p, packed):
+        if self._compiled_serves(p) and self._compiled(xc, y, p, packed):
+            pass
+        elif p["tiles"] and direct.run(xc, y, p, packed):
             pass
         elif p["path"] == "pointwise":
             self._pointwise(xc, y, p, packed)
@@ -291,6 +300,15 @@ class Conv(Kernel):
             out[...] = y
             return out
         return y
+
+    def _compiled_serves(self, p: dict[str, Any]) -> bool:
+        return p["path"] == "pointwise" and self.group == 1 and p["cdt"] == F32 and p["loop_act"] is not None
+
+    def _compiled(self, x, y, p, packed) -> bool:
+        """A pointwise conv as products.compiled: one BLAS call a piece, its bias and activation fused."""
+        N, L = p["N"], p["L"]
+        return compiled(packed["w"][0], x.reshape(N, p["C"], L), y.reshape(N, p["co"], L), packed["b"], True,
+                        p["loop_act"])
 
     def _pointwise(self, x, y, p, packed):
         """One GEMM per image and group, in column chunks that stay in cache, each finished (bias and

@@ -9,13 +9,11 @@ stay in registers over all the taps. Bias and the fused activation are applied a
 registers, and the padding columns are dropped there.
 
 The loop holds no GIL, so a conv's pieces run at once: on numba's threads (the loop's parallel build), else on
-the runtime's helper threads (see run). While the loop compiles (jit.py), Conv's numpy paths serve. dense()
-takes a matrix product of few rows through the same loop.
+the runtime's helper threads (see run). While the loop compiles (jit.py), Conv's numpy paths serve.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -33,9 +31,6 @@ PIECE_MACS = 1 << 21
 SMALL_MACS = 1 << 21
 #: Bytes of packed weights that a group of channels takes at most (L2 is 512 KiB a core on the 2-core VM).
 WEIGHTS_IN_L2 = 1 << 18
-#: Products of more rows go to BLAS: at 1024 rows (minilm at 8 x 128) OpenBLAS ran 1.5-2x faster on the 2-core
-#: VM, at 16-128 rows the tile loop 1.1-1.3x faster (benchmarks/RESULTS.md).
-DENSE_ROWS = 256
 #: Output channels and positions of a tile (tiles.MR, tiles.NR; tiles.py imports numba, so they are restated):
 #: weights are packed by MR channels, and pieces of a conv are ranges of whole tiles.
 MR, NR = 6, 16
@@ -114,7 +109,7 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
 
     def tiles(fn, first: int, last: int, p_first: int, p_last: int, chunks: int, groups: int) -> None:
         fn(xl.reshape(-1), xs, offs, far, w, bias, ys, *d["widths"], u(first), u(last), u(p_first), u(p_last),
-           code, alpha, beta, chunks, groups, False)
+           code, alpha, beta, chunks, groups)
 
     last = d["last"]
     pieces = max(1, min(threads(), d["macs"] * N // PIECE_MACS))
@@ -151,47 +146,8 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     return True
 
 
-def dense(x: np.ndarray, packed: tuple[np.ndarray, np.ndarray], out: np.ndarray, code: int) -> bool:
-    """out = act(x @ w + bias) for x (rows, k) and the weights packed by pack_dense, by the tile loop: the rows
-    are its positions (x is transposed first, so that a tap reads a contiguous run of them) and w's columns its
-    channels, written across into out's rows. False (nothing done) while the loop compiles, for more than
-    DENSE_ROWS rows, and on one thread (there BLAS ran minilm at 1 x 128 1.6x faster on the 16-core machine's
-    AVX-512 cores; the loop's gain is in sharing the work)."""
-    rows, k = x.shape
-    if rows > DENSE_ROWS or threads() < 2:
-        return False
-    pieces = max(1, min(threads(), rows * k * out.shape[1] // PIECE_MACS))
-    par = jit.threaded("conv_tiles", pieces)
-    conv = par or jit.jitted("conv_tiles")
-    if conv is None:
-        return False
-    w, bias = packed
-    # x transposed, each row padded past a multiple of 16 values: rows 4 KiB apart (1024 rows) fall in one
-    # L1 set, and the loop's taps read a tile from each of them (it ran at half speed).
-    stride = -(-rows // NR) * NR + NR
-    xt = shared_scratch("dense", (k, stride), F32)[0]
-    np.copyto(xt[:, :rows], x.T)
-    u = np.uint64
-    offs = _tap_offsets(k, stride)
-    runs = min(pieces, -(-rows // NR)) if par is not None else 1
-    groups = _groups(w.shape[0], k, pieces // runs if par is not None else 1)
-    conv(xt.reshape(-1), u(k * stride), offs, u((k - 1) * stride), w, bias, out.reshape(1, rows, -1), u(rows), u(rows),
-         u(0), u(1), u(0), u(rows), code, 0.0, 0.0, runs * groups, groups, True)
-    return True
-
-
 def _groups(blocks: int, taps: int, threads: int) -> int:
     """Groups of the weights' channel blocks for the tile loop: at least one for each thread that the runs of
     tiles leave idle, and enough that a group's weights stay in L2 while the loop takes its tiles one after
-    another (a product's 1536 x 384 weights, read again for every tile, ran at half speed)."""
+    another (weights read again for every tile from past L2 ran the loop at half speed)."""
     return max(1, min(blocks, max(threads, -(-blocks * taps * MR * 4 // WEIGHTS_IN_L2))))
-
-
-def pack_dense(w: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A product's weights (k, n) and bias (n,) as the tile loop reads them: w's columns are its channels."""
-    return pack({"w": np.ascontiguousarray(w.T)[None], "b": b})
-
-
-@functools.lru_cache(maxsize=64)
-def _tap_offsets(k: int, stride: int) -> np.ndarray:
-    return np.arange(k, dtype=np.uint64) * np.uint64(stride)

@@ -1,6 +1,7 @@
 """The products a conv's GEMMs end in: y = act(w @ x + bias) with the bias as a tile, and SiLU taken from the
-product of the negated weights in three passes (conv.py, and the squeeze-excitation fusion in fuse.py); and how
-a conv's work is shared out: runs of images per numpy call (image_runs), tiles over threads (split)."""
+product of the negated weights in three passes (conv.py, and the squeeze-excitation fusion in fuse.py); the same
+product compiled, each piece one BLAS call with its bias and activation (compiled); and how a conv's work is
+shared out: runs of images per numpy call (image_runs), tiles over threads (split)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..kernel import parallel, shared_scratch
+from .. import jit
+from ..kernel import parallel, shared_scratch, threads
+
+F32 = np.dtype(np.float32)
+_NO_BIAS = np.empty(0, F32)
 
 
 def product(w: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray | None, act) -> None:
@@ -18,6 +23,33 @@ def product(w: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray | None
         np.add(y, bias, out=y)
     if act is not None:
         act(y)
+
+
+#: A piece of a compiled product holds at least this many multiply-adds. numba's threads spin a while between
+#: loops, so a piece can be smaller than the helper threads' (PIECE_MACS in matmul.py).
+GEMM_PIECE = 1 << 20
+
+
+def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None, per_row: bool,
+             activation: tuple[int, float, float]) -> bool:
+    """out[i] = act(a @ b[i] + bias) for float32 a (m, k), b (N, k, n), out (N, m, n), by loops.gemm: the bias
+    a value per row of the product (per_row) or per column, the activation a loop code (jit.loop_activation).
+    Its pieces are shared by numba's threads, whole products where there are images enough, else columns of
+    b (of a layer's weights, which each thread then reads alone) and then rows. False (nothing done) where it
+    cannot serve: other dtypes or layouts, no parallel build for pieces to share (there the numpy path shares
+    its tiles with the helper threads), or while it compiles."""
+    arrays = (a, b, out) if bias is None else (a, b, out, bias)
+    if any(x.dtype != F32 or not x.flags.c_contiguous for x in arrays):
+        return False
+    (m, k), (N, _, n) = a.shape, b.shape
+    pieces = max(1, min(threads(), N * m * n * k // GEMM_PIECE))
+    fn = jit.threaded("gemm", pieces) if pieces > 1 else jit.jitted("gemm")
+    if fn is None:
+        return False
+    cols = 1 if N >= pieces else max(1, min(pieces, n // 64))
+    rows = 1 if N >= pieces else max(1, min(pieces // cols, m // 16))
+    fn(a, b, _NO_BIAS if bias is None else bias, out, per_row, *activation, rows, cols)
+    return True
 
 
 def negated(packed: dict[str, Any], key: str) -> np.ndarray:
