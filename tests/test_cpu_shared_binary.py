@@ -1,0 +1,49 @@
+"""Broadcasting binary ops over big outputs, shared by the CPU runtime's threads in slices of their first long
+axis (backends/cpu/ops/elementwise.py, Binary._shared), against onnxruntime: inputs broadcast along that axis
+and along others, a fused activation on each slice, more threads than the axis is long."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import aiomnn
+from aiomnn.backends.cpu.ops import elementwise
+from tests.oracle import one_input_model, run_ort
+
+pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(31)
+
+
+@pytest.mark.parametrize("threads", [1, 3, 16])
+@pytest.mark.parametrize("xs,bs,op,act", [
+    ((1, 64, 40, 40), (1, 64, 40, 40), "Add", None),
+    ((1, 64, 40, 40), (64, 1, 1), "Mul", "Relu"),
+    ((3, 1, 30, 50), (1, 7, 1, 50), "Sub", None),  # the first long axis is broadcast in x
+    ((2, 30000), (30000,), "Div", None),  # fewer rows than threads: slices of the last axis
+    ((5, 2, 1), (1, 1, 9000), "Add", "Sigmoid"),
+])
+def test_shared_binary_matches_onnxruntime(xs, bs, op, act, threads, monkeypatch):
+    monkeypatch.setattr(elementwise, "SHARED_ELEMENTS", 1000)  # share these small cases too
+    shared = []
+    original = elementwise.Binary._shared
+    monkeypatch.setattr(elementwise.Binary, "_shared", lambda *a: shared.append(a[-1]) or original(*a))
+    b = (RNG.random(bs) + 0.5).astype(np.float32)
+    nodes = [helper.make_node(op, ["x", "b"], ["c" if act else "y"])]
+    if act:
+        nodes.append(helper.make_node(act, ["c"], ["y"]))
+    data = one_input_model(nodes, xs, {"b": b})
+    x = RNG.standard_normal(xs).astype(np.float32)
+
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as s:
+            await s.run({"x": x})
+            return (await s.run({"x": x}))[net.output_names[0]]
+
+    np.testing.assert_allclose(asyncio.run(go()), run_ort(data, {"x": x})[0], rtol=1e-6, atol=1e-6)
+    assert bool(shared) == (threads > 1)
