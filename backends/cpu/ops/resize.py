@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..kernel import Kernel, Unsupported, op, parallel, threads
 from .dtypes import out_buffer
 
 _MODES = ("nearest", "linear", "cubic")
@@ -242,6 +242,32 @@ def _apply_axis(a: np.ndarray, p: AxisPlan, out: np.ndarray | None) -> np.ndarra
     return out
 
 
+def _repeat(x: np.ndarray, out: np.ndarray, reps: dict[int, int]) -> None:
+    """A nearest upscale by whole factors (reps: axis -> factor) as one broadcast copy."""
+    vshape, src_idx = [], []
+    for a, d in enumerate(x.shape):
+        vshape.append(d)
+        src_idx.append(slice(None))
+        if a in reps:
+            vshape.append(reps[a])
+            src_idx.append(None)
+    dst = out.reshape(vshape)
+    last = x.ndim - 1
+    if last in reps:
+        # One copy per phase of the last axis: a copy broadcast along a length-k innermost
+        # axis would run numpy's inner loop k elements at a time.
+        src = x[tuple(src_idx[:-1])]
+        for j in range(reps[last]):
+            np.copyto(dst[..., j], src)
+    else:
+        np.copyto(dst, x[tuple(src_idx)])
+
+
+#: An upscale whose output has this many values per thread or more shares its copies along the batch or
+#: channel axis (det's pyramid upscales took 5 of 62 ms on one of 16 cores).
+SHARED_ELEMENTS = 1 << 17
+
+
 class _ResizeBase(Kernel):
     writes_outputs = True
 
@@ -340,25 +366,22 @@ class _ResizeBase(Kernel):
             np.copyto(out, x)
             return out
         if plan["repeat"]:
-            # Nearest integer upscale: one broadcast copy.
             reps = {p.axis: p.repeat for p in plans}
-            vshape, src_idx = [], []
-            for a, d in enumerate(x.shape):
-                vshape.append(d)
-                src_idx.append(slice(None))
-                if a in reps:
-                    vshape.append(reps[a])
-                    src_idx.append(None)
-            dst = out.reshape(vshape)
-            last = x.ndim - 1
-            if last in reps:
-                # One copy per phase of the last axis: a copy broadcast along a length-k innermost
-                # axis would run numpy's inner loop k elements at a time.
-                src = x[tuple(src_idx[:-1])]
-                for j in range(reps[last]):
-                    np.copyto(dst[..., j], src)
-            else:
-                np.copyto(dst, x[tuple(src_idx)])
+            # Slices of the first axis longer than one, if it comes before the first resized axis (batch or
+            # channels): each slice of out is then contiguous, and reshapes as a view.
+            axis = next((a for a, d in enumerate(x.shape) if d > 1), 0)
+            pieces = min(threads(), out.size // SHARED_ELEMENTS, x.shape[axis])
+            if pieces < 2 or axis >= min(reps):
+                _repeat(x, out, reps)
+                return out
+            step = -(-x.shape[axis] // pieces)
+            at = (slice(None),) * axis
+
+            def piece(k: int) -> None:
+                rows = at + (slice(k * step, (k + 1) * step),)
+                _repeat(x[rows], out[rows], reps)
+
+            parallel(-(-x.shape[axis] // step), piece)
             return out
         integer = x.dtype.kind in "iub"
         if self.mode == "nearest":

@@ -1,6 +1,7 @@
-"""Broadcasting binary ops over big outputs, shared by the CPU runtime's threads in slices of their first long
-axis (backends/cpu/ops/elementwise.py, Binary._shared), against onnxruntime: inputs broadcast along that axis
-and along others, a fused activation on each slice, more threads than the axis is long."""
+"""Ops over big outputs, shared by the CPU runtime's threads, against onnxruntime: broadcasting binary ops in
+slices of their first long axis (elementwise.py, Binary._shared), with inputs broadcast along that axis and along
+others, a fused activation on each slice, more threads than the axis is long; and nearest upscales by whole
+factors in slices of their batch or channel axis (resize.py)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,24 @@ def test_shared_binary_matches_onnxruntime(xs, bs, op, act, threads, monkeypatch
 
     np.testing.assert_allclose(asyncio.run(go()), run_ort(data, {"x": x})[0], rtol=1e-6, atol=1e-6)
     assert bool(shared) == (threads > 1)
+
+
+@pytest.mark.parametrize("threads", [1, 3, 16])
+@pytest.mark.parametrize("xs,scales", [((1, 64, 20, 20), (1, 1, 2, 2)), ((2, 5, 8, 9), (1, 1, 3, 2)),
+                                       ((3, 4, 6, 5), (1, 1, 2, 1))])
+def test_shared_upscale_matches_onnxruntime(xs, scales, threads, monkeypatch):
+    """Nearest upscales by whole factors, their copies shared along the batch or channel axis (resize.py)."""
+    from aiomnn.backends.cpu.ops import resize
+
+    monkeypatch.setattr(resize, "SHARED_ELEMENTS", 100)
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest")
+    data = one_input_model([node], xs, {"s": np.array(scales, np.float32)})
+    x = RNG.standard_normal(xs).astype(np.float32)
+
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as s:
+            await s.run({"x": x})
+            return (await s.run({"x": x}))[net.output_names[0]]
+
+    np.testing.assert_array_equal(asyncio.run(go()), run_ort(data, {"x": x})[0])
