@@ -26,8 +26,10 @@ def product(w: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray | None
 
 
 #: A piece of a compiled product holds at least this many multiply-adds. numba's threads spin a while between
-#: loops, so a piece can be smaller than the helper threads' (PIECE_MACS in matmul.py).
-GEMM_PIECE = 1 << 20
+#: loops, so a piece can be smaller than the helper threads' (PIECE_MACS in matmul.py); at few rows a product's
+#: time goes in reading its weights, which more pieces read side by side (benchmarks/RESULTS.md, "A compiled
+#: product on BLAS").
+GEMM_PIECE = 1 << 18
 
 
 def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None, per_row: bool,
