@@ -20,6 +20,16 @@ pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(31)
 
 
+def _run(data: bytes, x: np.ndarray, threads: int) -> np.ndarray:
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as s:
+            await s.run({"x": x})
+            return (await s.run({"x": x}))[net.output_names[0]]
+
+    return asyncio.run(go())
+
+
 @pytest.mark.parametrize("threads", [1, 3, 16])
 @pytest.mark.parametrize("xs,bs,op,act", [
     ((1, 64, 40, 40), (1, 64, 40, 40), "Add", None),
@@ -40,13 +50,7 @@ def test_shared_binary_matches_onnxruntime(xs, bs, op, act, threads, monkeypatch
     data = one_input_model(nodes, xs, {"b": b})
     x = RNG.standard_normal(xs).astype(np.float32)
 
-    async def go():
-        net = aiomnn.Interpreter.from_bytes(data)
-        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as s:
-            await s.run({"x": x})
-            return (await s.run({"x": x}))[net.output_names[0]]
-
-    np.testing.assert_allclose(asyncio.run(go()), run_ort(data, {"x": x})[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(_run(data, x, threads), run_ort(data, {"x": x})[0], rtol=1e-6, atol=1e-6)
     assert bool(shared) == (threads > 1)
 
 
@@ -62,10 +66,4 @@ def test_shared_upscale_matches_onnxruntime(xs, scales, threads, monkeypatch):
     data = one_input_model([node], xs, {"s": np.array(scales, np.float32)})
     x = RNG.standard_normal(xs).astype(np.float32)
 
-    async def go():
-        net = aiomnn.Interpreter.from_bytes(data)
-        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as s:
-            await s.run({"x": x})
-            return (await s.run({"x": x}))[net.output_names[0]]
-
-    np.testing.assert_array_equal(asyncio.run(go()), run_ort(data, {"x": x})[0])
+    np.testing.assert_array_equal(_run(data, x, threads), run_ort(data, {"x": x})[0])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 log = logging.getLogger("aiomnn")
 #: cblas_sgemm under the names that numpy's BLAS builds give it: 64-bit integers first (numpy's own wheels).
@@ -28,8 +28,8 @@ def _loaded_blas() -> list[str]:
     return sorted(p for p in paths if p.endswith(".so") or ".so." in p or p.endswith(".dylib"))
 
 
-@functools.cache
-def _setter() -> Callable[[int], None] | None:
+def _function(names: tuple[str, ...]) -> Any:
+    """The first of these functions that a loaded BLAS library exports (ctypes), None if none does."""
     import numpy  # noqa: F401  (loads the BLAS library)
 
     for path in _loaded_blas():
@@ -37,12 +37,20 @@ def _setter() -> Callable[[int], None] | None:
             lib = ctypes.CDLL(path)
         except OSError:
             continue
-        for name in _SETTERS:
+        for name in names:
             fn = getattr(lib, name, None)
             if fn is not None:
-                return lambda n, fn=fn: fn(ctypes.c_int(n))
-    log.debug("no BLAS thread setter found; BLAS threads are not bounded")
+                return fn
     return None
+
+
+@functools.cache
+def _setter() -> Callable[[int], None] | None:
+    fn = _function(_SETTERS)
+    if fn is None:
+        log.debug("no BLAS thread setter found; BLAS threads are not bounded")
+        return None
+    return lambda n: fn(ctypes.c_int(n))
 
 
 def limit_threads(n: int) -> bool:
@@ -61,17 +69,7 @@ def sgemm_address() -> int | None:
     stack slot), the only machine where the compiled loops use it."""
     import platform
 
-    import numpy  # noqa: F401  (loads the BLAS library)
-
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
-    for path in _loaded_blas():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in _SGEMM:
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                return ctypes.cast(fn, ctypes.c_void_p).value
-    return None
+    fn = _function(_SGEMM)
+    return None if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
