@@ -163,3 +163,41 @@ def test_numpy_serves_where_it_declines(monkeypatch, calls):
                            x.shape, consts)
     np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
     assert calls["compiled"] == 0
+
+
+CONV_CASES = [
+    ((1, 16, 20, 24), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 8, 17, 19), (12, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 4, 9, 11), (5, 4, 5, 3), {"pads": [2, 0, 1, 3], "dilations": [2, 1]}),  # uneven padding, dilation
+    ((1, 3, 48, 192), (8, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # cls's first conv
+    ((1, 2, 3, 3), (4, 2, 3, 3), {"pads": [4, 4, 4, 4]}),  # taps wholly in the padding
+    ((1, 2, 6, 7), (3, 2, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((3, 64, 40, 40), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # bands of rows over images and threads
+    ((1, 7, 5, 3), (9, 7, 1, 1), {"strides": [2, 2]}),  # a strided 1x1 conv is not pointwise
+]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("activation", [None, "Relu", "SiLU"])
+@pytest.mark.parametrize("rows", ["budget", "one"])
+@pytest.mark.parametrize("xs,ws,attrs", CONV_CASES)
+def test_convs_match_onnxruntime(gemm, xs, ws, attrs, rows, activation, threads, monkeypatch):
+    """Convs of one group through loops.conv_gemm: the input columns of a band of output rows laid out, then
+    one BLAS product a band (products.conv_compiled); bands as the column budget makes them, and of one row."""
+    from aiomnn.backends.cpu.ops import conv, direct
+
+    monkeypatch.setattr(direct, "SMALL_MACS", 0)  # these small convs too
+    if rows == "one":
+        monkeypatch.setattr(products, "CONV_COLUMNS", 1)
+
+    done = []
+    original = conv.conv_compiled
+    monkeypatch.setattr(conv, "conv_compiled", lambda *a: done.append(original(*a)) or done[-1])
+    x = RNG.standard_normal(xs).astype(np.float32)
+    consts = {"w": (RNG.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32),
+              "b": RNG.standard_normal(ws[0]).astype(np.float32)}
+    tail = ACTIVATIONS[activation]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if tail else "y"], **attrs)] + tail
+    data = one_input_model(nodes, xs, consts)
+    np.testing.assert_allclose(_run(data, {"x": x}, threads), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    assert any(done)
