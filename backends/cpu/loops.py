@@ -225,32 +225,24 @@ def conv_gemm(x, w, bias, y, ho, wo, kh, kw, sh, sw, dh, dw, pt, pl, act, alpha,
         r1 = min(ho, r0 + band)
         width = (r1 - r0) * wo
         cols = np.empty((k, width), np.float32)
-        for ci in range(c):
-            xc = x[n, ci]
-            for ky in range(kh):
-                for kx in range(kw):
-                    row = cols[(ci * kh + ky) * kw + kx]
-                    off = kx * dw - pl
-                    lo = min(wo, max(0, (sw - 1 - off) // sw))  # the first ox whose column ox * sw + off >= 0
-                    hi = max(lo, min(wo, (wd - 1 - off) // sw + 1)) if wd - 1 - off >= 0 else lo
-                    for oy in range(r0, r1):
-                        d = (oy - r0) * wo
-                        iy = oy * sh - pt + ky * dh
-                        if iy < 0 or iy >= h:
-                            for ox in range(wo):
-                                row[d + ox] = F(0)
-                            continue
-                        xr = xc[iy]
-                        for ox in range(lo):
-                            row[d + ox] = F(0)
-                        if sw == 1:
-                            for ox in range(lo, hi):
-                                row[d + ox] = xr[ox + off]
-                        else:
-                            for ox in range(lo, hi):
-                                row[d + ox] = xr[ox * sw + off]
-                        for ox in range(hi, wo):
-                            row[d + ox] = F(0)
+        for ky in range(kh):
+            # the band's output rows whose input row is inside the image, for this kernel row
+            top = ky * dh - pt
+            y0 = min(r1, max(r0, (sh - 1 - top) // sh))
+            y1 = max(y0, min(r1, (h - 1 - top) // sh + 1)) if h - 1 - top >= 0 else y0
+            for kx in range(kw):
+                off = kx * dw - pl
+                lo = min(wo, max(0, (sw - 1 - off) // sw))  # the first ox whose column ox * sw + off >= 0
+                hi = max(lo, min(wo, (wd - 1 - off) // sw + 1)) if wd - 1 - off >= 0 else lo
+                padded = y0 > r0 or y1 < r1 or lo > 0 or hi < wo
+                for ci in range(c):
+                    # one 2-D copy a tap: rows of short copies would each cost more than their values
+                    row = cols[(ci * kh + ky) * kw + kx].reshape(r1 - r0, wo)
+                    if padded:
+                        row[:, :] = F(0)
+                    if y1 > y0 and hi > lo:
+                        row[y0 - r0:y1 - r0, lo:hi] = x[n, ci, y0 * sh + top:(y1 - 1) * sh + top + 1:sh,
+                                                        lo * sw + off:(hi - 1) * sw + off + 1:sw]
         _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, co, width, k, F(1), pw, k, np.int64(cols.ctypes.data), width,
                F(0), py + 4 * (n * co * plane + r0 * wo), plane)
         for m in range(co):

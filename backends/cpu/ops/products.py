@@ -54,8 +54,9 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
     return True
 
 
-#: Bytes of input columns that a piece of a compiled conv lays out at most: they stay in L2 while BLAS reads them.
-CONV_COLUMNS = 1 << 19
+#: Bytes of input columns that a piece of a compiled conv lays out at most: bands of fewer rows ran slower on the
+#: 2-core VM (the per-band product and its packing of the weights), 1-2 MiB about as fast as whole images.
+CONV_COLUMNS = 1 << 21
 
 
 def conv_compiled(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, y: np.ndarray, p: dict[str, Any]) -> bool:
