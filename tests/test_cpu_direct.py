@@ -24,11 +24,10 @@ RNG = np.random.default_rng(23)
 @pytest.fixture(autouse=True)
 def compiled(monkeypatch):
     """The loop compiled on first use, and taking convs of any size (numpy keeps the small ones otherwise),
-    and those that the compiled BLAS products take first where they can (tests/test_cpu_gemm.py has their tests)."""
+    pointwise ones too (the compiled BLAS product takes those first; tests/test_cpu_gemm.py has its tests)."""
     monkeypatch.setenv("AIOMNN_NUMBA", "wait")
     monkeypatch.setattr(direct, "SMALL_MACS", 0)
     monkeypatch.setattr(conv, "compiled", lambda *args: False)
-    monkeypatch.setattr(conv, "conv_compiled", lambda *args: False)
 
 
 @pytest.fixture

@@ -205,55 +205,6 @@ def gemm(a, b, bias, out, per_row, act, alpha, beta, row_pieces, col_pieces):
             scalars.activate(y, act, alpha, beta)
 
 
-def conv_gemm(x, w, bias, y, ho, wo, kh, kw, sh, sw, dh, dw, pt, pl, act, alpha, beta, band):
-    """y[n] = act(w @ columns(x[n]) + bias) for a 2-D conv of one group: x (N, C, H, W), w (co, C * kh * kw),
-    bias (co,) or empty, y (N, co, ho * wo); strides sh, sw, dilations dh, dw, padding pt above and pl left.
-    Its pieces, which the parallel build's threads share, are bands of `band` output rows of one image: each
-    lays out the input columns of its band in a buffer of its own (zeros where a tap falls in the padding),
-    multiplies them by the weights in one call of numpy's BLAS, and applies the bias and activation to its
-    part of y while it is in cache."""
-    images, c, h, wd = x.shape
-    co = w.shape[0]
-    k = c * kh * kw
-    bands = (ho + band - 1) // band
-    pw, py = np.int64(w.ctypes.data), np.int64(y.ctypes.data)
-    biased = bias.shape[0] > 0
-    plane = ho * wo
-    for piece in prange(images * bands):
-        n = piece // bands
-        r0 = piece % bands * band
-        r1 = min(ho, r0 + band)
-        width = (r1 - r0) * wo
-        cols = np.empty((k, width), np.float32)
-        for ky in range(kh):
-            # the band's output rows whose input row is inside the image, for this kernel row
-            top = ky * dh - pt
-            y0 = min(r1, max(r0, (sh - 1 - top) // sh))
-            y1 = max(y0, min(r1, (h - 1 - top) // sh + 1)) if h - 1 - top >= 0 else y0
-            for kx in range(kw):
-                off = kx * dw - pl
-                lo = min(wo, max(0, (sw - 1 - off) // sw))  # the first ox whose column ox * sw + off >= 0
-                hi = max(lo, min(wo, (wd - 1 - off) // sw + 1)) if wd - 1 - off >= 0 else lo
-                padded = y0 > r0 or y1 < r1 or lo > 0 or hi < wo
-                for ci in range(c):
-                    # one 2-D copy a tap: rows of short copies would each cost more than their values
-                    row = cols[(ci * kh + ky) * kw + kx].reshape(r1 - r0, wo)
-                    if padded:
-                        row[:, :] = F(0)
-                    if y1 > y0 and hi > lo:
-                        row[y0 - r0:y1 - r0, lo:hi] = x[n, ci, y0 * sh + top:(y1 - 1) * sh + top + 1:sh,
-                                                        lo * sw + off:(hi - 1) * sw + off + 1:sw]
-        _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, co, width, k, F(1), pw, k, np.int64(cols.ctypes.data), width,
-               F(0), py + 4 * (n * co * plane + r0 * wo), plane)
-        for m in range(co):
-            yr = y[n, m, r0 * wo:r1 * wo]
-            if biased:
-                v = bias[m]
-                for j in range(width):
-                    yr[j] += v
-            scalars.activate(yr, act, alpha, beta)
-
-
 def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1):
     """The layout tiles.conv reads, rows [row0, row1) of each plane, for images [first, last) of x (N x c*h*w)
     (pieces of a conv that split its output rows lay out the input rows they read): each channel's input with pt
@@ -313,8 +264,6 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "depthwise": (depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 8)),
     "gemm": (gemm, types.void(_IN2, _IN3, _IN, _OUT3, types.boolean, types.int64, types.float32, types.float32,
                               types.int64, types.int64)),
-    "conv_gemm": (conv_gemm, types.void(types.Array(types.float32, 4, "C", readonly=True), _IN2, _IN, _OUT3,
-                                        *[types.int64] * 11, types.float32, types.float32, types.int64)),
     "conv_input": (conv_input, types.void(_IN2, _OUT2, *[types.int64] * 12)),
     "conv_tiles": (tiles.conv, types.void(_IN, types.uint64, types.Array(types.uint64, 1, "C", readonly=True),
                                           types.uint64, _IN3, _IN, _OUT3, *[types.uint64] * 6, types.int64,
@@ -324,7 +273,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
 SLP = {"conv_tiles"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
 #: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
-PARALLEL = {"conv_tiles", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm", "conv_gemm"}
+PARALLEL = {"conv_tiles", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)
@@ -333,7 +282,7 @@ def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry poin
     if parallel and base not in PARALLEL:
         raise KeyError(name)
     fn, signature = SIGNATURES[base]
-    if base in ("gemm", "conv_gemm"):
+    if base == "gemm":
         _link_blas()
     options: dict[str, Any] = dict(nogil=True, cache=True, fastmath=FAST, error_model="numpy", parallel=parallel)
     if parallel:

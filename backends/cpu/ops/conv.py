@@ -49,7 +49,7 @@ import numpy as np
 from .. import jit
 from ..kernel import Kernel, Unsupported, op, threads
 from . import depthwise, direct, im2col, winograd
-from .products import PARALLEL_MACS, bias_tile, compiled, conv_compiled, product, silu_product, split
+from .products import PARALLEL_MACS, bias_tile, compiled, product, silu_product, split
 from .activations import activation_fn
 from .dtypes import float_compute_dtype, out_buffer
 from .window import conv_geometry, ints, tap_phases
@@ -236,11 +236,6 @@ class Conv(Kernel):
                 if self._compiled(x, y, p, packed):
                     return y
                 return self.run(x, self.w_const, self.b_const)  # still compiling
-        elif self._columns_serve(p):
-            def fast(x):
-                if conv_compiled(x, packed["w"][0], packed["b"], y, p):
-                    return y
-                return self.run(x, self.w_const, self.b_const)  # still compiling
         elif p["tiles"]:
             def fast(x):
                 if direct.run(x, y, p, packed):
@@ -286,8 +281,6 @@ class Conv(Kernel):
         y = out_buffer(self.out[0], p["out_shape"], cdt) if native else np.empty(p["out_shape"], cdt)
         if self._compiled_serves(p) and self._compiled(xc, y, p, packed):
             pass
-        elif self._columns_serve(p) and conv_compiled(xc, packed["w"][0], packed["b"], y, p):
-            pass
         elif p["tiles"] and direct.run(xc, y, p, packed):
             pass
         elif p["path"] == "pointwise":
@@ -310,13 +303,6 @@ class Conv(Kernel):
 
     def _compiled_serves(self, p: dict[str, Any]) -> bool:
         return p["path"] == "pointwise" and self.group == 1 and p["cdt"] == F32 and p["loop_act"] is not None
-
-    @staticmethod
-    def _columns_serve(p: dict[str, Any]) -> bool:
-        """Whether products.conv_compiled takes this conv: where the tile loop would (one group, float32, 2-D,
-        not small), but for pointwise convs, which are one product already. On the 16-core machine it ran
-        yolov8n 1.05-1.15x faster than the tile loop, det and rec the same (benchmarks/RESULTS.md)."""
-        return p["tiles"] and p["path"] != "pointwise"
 
     def _compiled(self, x, y, p, packed) -> bool:
         """A pointwise conv as products.compiled: one BLAS call a piece, its bias and activation fused."""

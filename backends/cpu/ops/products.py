@@ -54,34 +54,6 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
     return True
 
 
-#: Bytes of input columns that a piece of a compiled conv lays out at most: bands of fewer rows ran slower on the
-#: 2-core VM (the per-band product and its packing of the weights), 1-2 MiB about as fast as whole images.
-CONV_COLUMNS = 1 << 21
-
-
-def conv_compiled(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, y: np.ndarray, p: dict[str, Any]) -> bool:
-    """y = act(conv(x) + bias) by loops.conv_gemm, for a 2-D float32 conv of one group planned as p (conv.py)
-    with its weights w as (co, C * kh * kw): bands of output rows of each image, their input columns laid out
-    and multiplied by BLAS one band at a time, shared by numba's threads. False (nothing done) where it cannot
-    serve (no parallel build for pieces to share, other dtypes or layouts) or while it compiles."""
-    if any(a.dtype != F32 or not a.flags.c_contiguous for a in (x, w, y)):
-        return False
-    (ho, wo), (kh, kw), (sh, sw), (dh, dw), pads = p["outs"], p["kernel"], p["strides"], p["dils"], p["pads"]
-    N, k, co = p["N"], w.shape[1], w.shape[0]
-    band = max(1, min(ho, CONV_COLUMNS // (4 * k * wo)))
-    work = N * co * k * ho * wo
-    pieces = max(1, min(threads(), work // GEMM_PIECE))
-    if N * -(-ho // band) < pieces:  # a band for each thread at least
-        band = max(1, -(-ho // -(-pieces // N)))
-    fn = jit.threaded("conv_gemm", pieces) if pieces > 1 else jit.jitted("conv_gemm")
-    if fn is None:
-        return False
-    code, alpha, beta = p["loop_act"]
-    fn(x, w, _NO_BIAS if bias is None else bias, y.reshape(N, co, ho * wo), ho, wo, kh, kw, sh, sw, dh, dw,
-       pads[0], pads[1], code, alpha, beta, band)
-    return True
-
-
 def negated(packed: dict[str, Any], key: str) -> np.ndarray:
     """-packed[key], made once: a product with negated weights gives -z exactly, the input SiLU's exp needs."""
     neg = packed.get(("negated", key))
