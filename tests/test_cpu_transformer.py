@@ -81,10 +81,16 @@ async def _run(model: onnx.ModelProto, feeds_list: list[dict[str, np.ndarray]], 
     return outs, fused
 
 
-@pytest.mark.parametrize("numba", ["wait", "0"], ids=["numba", "numpy"])
+@pytest.mark.parametrize("numba", ["wait", "pool", "0"], ids=["numba", "numba-helpers", "numpy"])
 @pytest.mark.parametrize("order", ["torch", "halved-first"])
 def test_encoder_layer_matches_onnxruntime(monkeypatch, numba, order):
-    monkeypatch.setenv("AIOMNN_NUMBA", numba)
+    """Compiled loops on numba's threads; the serial loops on the helper threads (as without TBB, or in a forked
+    child: attention then takes a few heads a piece); numpy alone."""
+    from aiomnn.backends.cpu import jit
+
+    monkeypatch.setenv("AIOMNN_NUMBA", "0" if numba == "0" else "wait")
+    if numba == "pool":
+        monkeypatch.setattr(jit, "threaded", lambda name, n: None)
     model = _encoder_layer(order)
     feeds = [_feeds(), _feeds(1, 5), _feeds(3, 16)]
     outs, fused = asyncio.run(_run(model, feeds))

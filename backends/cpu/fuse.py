@@ -11,10 +11,10 @@ in arithmetic.
   (W @ (x * s) = (W * s) @ x) instead of over the input; otherwise the input is scaled in one pass.
 
 * Attention (BERT and other exported transformers): MatMul(q, k^T) -> Div or Mul by a scalar -> Add of a
-  mask -> Softmax over the last axis -> MatMul with v, the scale and the mask Add optional. Each thread
-  takes a few heads of one batch item at a time: their scores stay in its cache, the compiled softmax
-  loop (loops.py) scales, masks and normalizes them in one pass without the GIL, and no [b, h, s, s]
-  tensor is ever written.
+  mask -> Softmax over the last axis -> MatMul with v, the scale and the mask Add optional. A piece is one
+  head of one batch item (loops.attention, its products BLAS calls, numba's threads sharing the pieces;
+  while that compiles, a few heads a piece on the helper threads): its scores stay in its cache, are scaled,
+  masked and normalized in one pass without the GIL, and no [b, h, s, s] tensor is ever written.
 
 * Dense layers: MatMul by a 2-D weight -> Add of a bias row -> GELU (optional) as one product
   (products.compiled: numba's threads share its pieces, each a BLAS call whose bias and GELU are applied
@@ -224,6 +224,11 @@ class Attention(Fused):
                 return self._unfused(values)
             rows = np.ascontiguousarray(m.reshape(m.shape[0], t))
         out = self._output(self.last.out[0], (b, h, s, v.shape[3]), (q, k, v))
+        pieces = min(threads(), b * h)
+        compiled = jit.threaded("attention", pieces) if pieces > 1 else jit.jitted("attention")
+        if compiled is not None and all(a.flags.c_contiguous for a in (q, k, v, out)):
+            compiled(q, k, v, np.float32(scale), rows, out)  # a head a piece, on numba's threads
+            return out
         # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).
         per = max(1, min(h, max(-(-h * b // threads()), -(-PIECE_MACS // max(1, 2 * s * t * q.shape[3])))))
         pieces = -(-h // per)

@@ -40,30 +40,54 @@ def gelu(y):
 def softmax(y, scale, mask, group, first):
     """y[r] = softmax(y[r] * scale + mask[(first + r) // group]) over rows of y (R, C), in place; an empty
     mask adds nothing."""
-    rows, cols = y.shape
+    rows = y.shape[0]
     masked = mask.shape[0] > 0
     for r in prange(rows):
-        xr = yr = y[r]
-        m = NEG_INF
-        if masked:
-            mr = mask[(first + r) // group]
-            for c in range(cols):
-                v = xr[c] * scale + mr[c]
-                yr[c] = v
-                m = max(m, v)
-        else:
-            for c in range(cols):
-                v = xr[c] * scale
-                yr[c] = v
-                m = max(m, v)
-        s = F(0)
+        _softmax_row(y[r], scale, mask[(first + r) // group] if masked else mask[0:0].reshape(-1), masked)
+
+
+@numba.njit(inline="always", fastmath=FAST, error_model="numpy")
+def _softmax_row(yr, scale, mr, masked):
+    cols = yr.shape[0]
+    m = NEG_INF
+    if masked:
         for c in range(cols):
-            e = exp_neg(yr[c] - m)
-            yr[c] = e
-            s += e
-        inv = F(1) / s
+            v = yr[c] * scale + mr[c]
+            yr[c] = v
+            m = max(m, v)
+    else:
         for c in range(cols):
-            yr[c] *= inv
+            v = yr[c] * scale
+            yr[c] = v
+            m = max(m, v)
+    s = F(0)
+    for c in range(cols):
+        e = exp_neg(yr[c] - m)
+        yr[c] = e
+        s += e
+    inv = F(1) / s
+    for c in range(cols):
+        yr[c] *= inv
+
+
+def attention(q, k, v, scale, mask, out):
+    """out[i, j] = softmax(q[i, j] @ k[i, j] * scale + mask[i]) @ v[i, j] for q (b, h, s, d), k (b, h, d, t),
+    v (b, h, t, e), mask (b or 1, t) or empty; one head of one batch item a piece, which the parallel build's
+    threads share: both products are calls of numpy's BLAS, and the head's scores, made, normalized and read
+    in one piece, stay in its cache."""
+    b, h, s, d = q.shape
+    t, e = k.shape[3], v.shape[3]
+    masked = mask.shape[0] > 0
+    for piece in prange(b * h):
+        i, j = piece // h, piece % h
+        scores = np.empty((s, t), np.float32)
+        _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, s, t, d, F(1), np.int64(q[i, j].ctypes.data), d,
+               np.int64(k[i, j].ctypes.data), t, F(0), np.int64(scores.ctypes.data), t)
+        mr = mask[i if mask.shape[0] > 1 else 0] if masked else mask[0:0].reshape(-1)
+        for r in range(s):
+            _softmax_row(scores[r], scale, mr, masked)
+        _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, s, e, t, F(1), np.int64(scores.ctypes.data), t,
+               np.int64(v[i, j].ctypes.data), e, F(0), np.int64(out[i, j].ctypes.data), e)
 
 
 def layer_norm(x, residual, gamma, beta, eps, y):
@@ -262,6 +286,8 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "softmax": (softmax, types.void(_OUT2, types.float32, _IN2, types.int64, types.int64)),
     "layer_norm": (layer_norm, types.void(_IN2, _IN2, _IN, _IN, types.float32, _OUT2)),
     "depthwise": (depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 8)),
+    "attention": (attention, types.void(*[types.Array(types.float32, 4, "C", readonly=True)] * 3, types.float32, _IN2,
+                                        types.Array(types.float32, 4, "C"))),
     "gemm": (gemm, types.void(_IN2, _IN3, _IN, _OUT3, types.boolean, types.int64, types.float32, types.float32,
                               types.int64, types.int64)),
     "conv_input": (conv_input, types.void(_IN2, _OUT2, *[types.int64] * 12)),
@@ -273,7 +299,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
 SLP = {"conv_tiles"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
 #: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
-PARALLEL = {"conv_tiles", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm"}
+PARALLEL = {"conv_tiles", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm", "attention"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)
@@ -282,7 +308,7 @@ def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry poin
     if parallel and base not in PARALLEL:
         raise KeyError(name)
     fn, signature = SIGNATURES[base]
-    if base == "gemm":
+    if base in ("gemm", "attention"):
         _link_blas()
     options: dict[str, Any] = dict(nogil=True, cache=True, fastmath=FAST, error_model="numpy", parallel=parallel)
     if parallel:
