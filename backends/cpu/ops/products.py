@@ -30,6 +30,8 @@ def product(w: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray | None
 #: time goes in reading its weights, which more pieces read side by side (benchmarks/RESULTS.md, "A compiled
 #: product on BLAS").
 GEMM_PIECE = 1 << 18
+#: Columns of b a piece takes at least, where the pieces split its columns.
+GEMM_COLUMNS = 64
 
 
 def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None, per_row: bool,
@@ -48,7 +50,7 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
     fn = jit.threaded("gemm", pieces) if pieces > 1 else jit.jitted("gemm")
     if fn is None:
         return False
-    cols = 1 if N >= pieces else max(1, min(pieces, n // 64))
+    cols = 1 if N >= pieces else max(1, min(pieces, n // GEMM_COLUMNS))
     rows = 1 if N >= pieces else max(1, min(pieces // cols, m // 16))
     fn(a, b, _NO_BIAS if bias is None else bias, out, per_row, *activation, rows, cols)
     return True
