@@ -49,7 +49,7 @@ def _se_model(c: int, *, project: bool, scale_first: bool = False, expose: str |
     return model.SerializeToString()
 
 
-def _run(model: bytes, xs: list[np.ndarray], monkeypatch) -> tuple[list[list[np.ndarray]], int]:
+def _run(model: bytes, xs: list[np.ndarray], monkeypatch, threads: int = 1) -> tuple[list[list[np.ndarray]], int]:
     """Each input's outputs from one CPU session, and how many times a fused block ran."""
     runs = []
     on_execute = fuse.SqueezeExcite.on_execute
@@ -58,7 +58,7 @@ def _run(model: bytes, xs: list[np.ndarray], monkeypatch) -> tuple[list[list[np.
 
     async def go():
         net = aiomnn.Interpreter.from_bytes(model)
-        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=1)) as session:
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as session:
             return [[np.asarray(v) for v in (await session.run({"x": x})).values()] for x in xs for _ in range(2)]
 
     return asyncio.run(go()), len(runs)
@@ -67,10 +67,16 @@ def _run(model: bytes, xs: list[np.ndarray], monkeypatch) -> tuple[list[list[np.
 @pytest.mark.parametrize("project", [True, False])
 @pytest.mark.parametrize("scale_first", [False, True])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_squeeze_excite_fuses(project, scale_first, batch, monkeypatch):
+@pytest.mark.parametrize("how", ["numpy", "compiled", "compiled-shared"])
+def test_squeeze_excite_fuses(project, scale_first, batch, how, monkeypatch):
+    """Through numpy alone; through the compiled product (the projection's weights scaled for one image, its
+    input for more); and with the scaling of the input shared among threads."""
+    monkeypatch.setenv("AIOMNN_NUMBA", "0" if how == "numpy" else "wait")
+    if how == "compiled-shared":
+        monkeypatch.setattr(fuse, "SHARED_ELEMENTS", 16)
     model = _se_model(16, project=project, scale_first=scale_first)
     x = _rand(batch, 16, 3, 20)
-    got, fused_runs = _run(model, [x], monkeypatch)
+    got, fused_runs = _run(model, [x], monkeypatch, threads=3 if how == "compiled-shared" else 1)
     expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert fused_runs == 2
     for out in got:

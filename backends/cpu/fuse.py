@@ -41,7 +41,7 @@ from .kernel import parallel, shared_scratch, threads
 from .ops import direct
 from .ops.conv import Conv
 from .ops.dtypes import F32, matches, out_buffer
-from .ops.elementwise import Add, Div, Mul
+from .ops.elementwise import SHARED_ELEMENTS, Add, Div, Mul
 from .ops.activations import gelu_
 from .ops.matmul import PIECE_MACS, MatMul, gemm
 from .ops.normalization import NO_ROWS, LayerNormalization, _SoftmaxBase, layer_norm_rows
@@ -357,18 +357,51 @@ class SqueezeExcite(Fused):
         conv = self.project
         scale = s.reshape(s.shape[:2] + (1,) * (x.ndim - 2))
         if conv is None:
-            out = matches(self.mul.out[0], x.shape, x.dtype)
-            return np.multiply(x, scale, out=out)
+            return _scaled(x, scale, self.mul.out[0])
         packed = conv._packed
         y = out_buffer(conv.out[0], self.out_shape, x.dtype)
+        co, act = self.out_shape[1], self.plan["loop_act"]
+        if act is not None and x.dtype == F32:  # the compiled product (products.compiled)
+            # BLAS writes its output while it reads its input: never into memory that x shares (the plan may
+            # give the conv's buffer the memory of x, whose last reader is in this chain).
+            out = self._output(conv.out[0], self.out_shape, (x,))
+            if n == 1:  # one image: its weights scaled instead of its input
+                w = packed["w"][0] * s[0].T
+                if compiled(w, flat, out.reshape(1, co, -1), packed["b"], True, act):
+                    return out
+            else:
+                scaled = _scaled(x, scale, self.mul.out[0])
+                if not np.may_share_memory(scaled, out) and compiled(
+                        packed["w"][0], scaled.reshape(n, c, -1), out.reshape(n, co, -1), packed["b"], True, act):
+                    return out
         if self.plan["tiles"]:  # the scaled input through the conv's tile loop, shared among threads
-            scaled = np.multiply(x, scale, out=matches(self.mul.out[0], x.shape, x.dtype))
+            scaled = _scaled(x, scale, self.mul.out[0])
             if direct.run(scaled, y, self.plan, packed):
                 return y
         bias = None if packed["b"] is None else bias_tile(packed, flat.shape[2])
         product(packed["w"][0] * s.transpose(0, 2, 1), flat, y.reshape(n, self.out_shape[1], -1), bias, conv.activation)
         return y
 
+
+
+def _scaled(x: np.ndarray, scale: np.ndarray, planned: np.ndarray | None) -> np.ndarray:
+    """x * scale (a value per image and channel) into the planned buffer where it fits, in slices of channels
+    shared with the helper threads when it is big (det's excitations scale maps of 1 x 96 x 160 x 160)."""
+    out = matches(planned, x.shape, x.dtype)
+    if out is None:
+        out = np.empty(x.shape, x.dtype)
+    c = x.shape[1]
+    pieces = min(threads(), c, x.size // SHARED_ELEMENTS)
+    if pieces < 2:
+        return np.multiply(x, scale, out=out)
+    per = -(-c // pieces)
+
+    def piece(k: int) -> None:
+        cs = slice(k * per, (k + 1) * per)
+        np.multiply(x[:, cs], scale[:, cs], out=out[:, cs])
+
+    parallel(-(-c // per), piece)
+    return out
 
 
 #: Rows of at most this many values are averaged as a matrix-vector product with a vector of 1/n, which took
