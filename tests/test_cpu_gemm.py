@@ -163,3 +163,18 @@ def test_numpy_serves_where_it_declines(monkeypatch, calls):
                            x.shape, consts)
     np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
     assert calls["compiled"] == 0
+
+
+@pytest.mark.parametrize("xs,k,n", [((1, 4, 0), 0, 6), ((1, 0, 5), 5, 6)])
+def test_empty_products_decline_to_numpy(gemm, xs, k, n):
+    """No inner dimension (the product is the bias alone) or no rows: numpy's path, not BLAS (which refuses a
+    leading dimension of 0)."""
+    x = np.zeros(xs, np.float32)
+    consts = {"w": RNG.standard_normal((k, n)).astype(np.float32), "b": RNG.standard_normal(n).astype(np.float32)}
+    data = one_input_model([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])],
+                           xs, consts)
+    got = _run(data, {"x": x}, 2)
+    assert got.shape == xs[:-1] + (n,)
+    np.testing.assert_allclose(got, np.broadcast_to(consts["b"], got.shape) if xs[1] else got, rtol=0, atol=0)
+    assert not products.compiled(x.reshape(xs[1], xs[2]), consts["w"][None], np.empty((1, xs[1], n), np.float32),
+                                 consts["b"], False, (0, 0.0, 0.0))

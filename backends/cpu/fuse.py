@@ -226,7 +226,7 @@ class Attention(Fused):
         out = self._output(self.last.out[0], (b, h, s, v.shape[3]), (q, k, v))
         pieces = min(threads(), b * h)
         compiled = jit.threaded("attention", pieces) if pieces > 1 else jit.jitted("attention")
-        if compiled is not None and all(a.flags.c_contiguous for a in (q, k, v, out)):
+        if compiled is not None and all(a.flags.c_contiguous and a.size for a in (q, k, v, out)):
             compiled(q, k, v, np.float32(scale), rows, out)  # a head a piece, on numba's threads
             return out
         # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).
@@ -284,7 +284,8 @@ class Dense(Fused):
                 or not x.flags.c_contiguous):
             return self._unfused(values)
         out = self._output(self.last.out[0], x.shape[:-1] + w.shape[1:], (x,))
-        x2, out2 = x.reshape(-1, x.shape[-1]), out.reshape(-1, w.shape[1])
+        rows = math.prod(x.shape[:-1])  # not -1: an empty x has no size to infer it from
+        x2, out2 = x.reshape(rows, x.shape[-1]), out.reshape(rows, w.shape[1])
         if compiled(x2, w[None], out2[None], bias.reshape(-1), False, self.activation):
             return out
         gemm(x2, w, out2, bias.reshape(-1))

@@ -46,6 +46,8 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
     if any(x.dtype != F32 or not x.flags.c_contiguous for x in arrays):
         return False
     (m, k), (N, _, n) = a.shape, b.shape
+    if not (m and k and n and N):  # BLAS refuses a leading dimension of 0; numpy has the empty cases
+        return False
     pieces = max(1, min(threads(), N * m * n * k // GEMM_PIECE))
     fn = jit.threaded("gemm", pieces) if pieces > 1 else jit.jitted("gemm")
     if fn is None:
