@@ -73,7 +73,7 @@ def test_squeeze_excite_fuses(project, scale_first, batch, how, monkeypatch):
     input for more); and with the scaling of the input shared among threads."""
     monkeypatch.setenv("AIOMNN_NUMBA", "0" if how == "numpy" else "wait")
     if how == "compiled-shared":
-        monkeypatch.setattr(fuse, "SHARED_ELEMENTS", 16)
+        monkeypatch.setattr(fuse, "SLICE_ELEMENTS", 16)
     model = _se_model(16, project=project, scale_first=scale_first)
     x = _rand(batch, 16, 3, 20)
     got, fused_runs = _run(model, [x], monkeypatch, threads=3 if how == "compiled-shared" else 1)

@@ -40,7 +40,7 @@ def _run(data: bytes, x: np.ndarray, threads: int) -> np.ndarray:
     ((5, 2, 1), (1, 1, 9000), "Add", "Sigmoid"),
 ])
 def test_shared_binary_matches_onnxruntime(xs, bs, op, act, threads, monkeypatch):
-    monkeypatch.setattr(elementwise, "SHARED_ELEMENTS", 1000)  # share these small cases too
+    monkeypatch.setattr(elementwise, "SLICE_ELEMENTS", 1000)  # share these small cases too
     shared = []
     original = elementwise.Binary._shared
     monkeypatch.setattr(elementwise.Binary, "_shared", lambda *a: shared.append(a[-1]) or original(*a))
@@ -62,7 +62,7 @@ def test_shared_upscale_matches_onnxruntime(xs, scales, threads, monkeypatch):
     """Nearest upscales by whole factors, their copies shared along the batch or channel axis (resize.py)."""
     from aiomnn.backends.cpu.ops import resize
 
-    monkeypatch.setattr(resize, "SHARED_ELEMENTS", 100)
+    monkeypatch.setattr(resize, "SLICE_ELEMENTS", 100)
     node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest")
     data = one_input_model([node], xs, {"s": np.array(scales, np.float32)})
     x = RNG.standard_normal(xs).astype(np.float32)

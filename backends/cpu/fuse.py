@@ -37,11 +37,11 @@ import numpy as np
 from aiomnn.backend import Execution
 
 from . import jit
-from .kernel import parallel, shared_scratch, threads
+from .kernel import SLICE_ELEMENTS, parallel, parallel_slices, shared_scratch, threads
 from .ops import direct
 from .ops.conv import Conv
 from .ops.dtypes import F32, matches, out_buffer
-from .ops.elementwise import SHARED_ELEMENTS, Add, Div, Mul
+from .ops.elementwise import Add, Div, Mul
 from .ops.activations import gelu_
 from .ops.matmul import PIECE_MACS, MatMul, gemm
 from .ops.normalization import NO_ROWS, LayerNormalization, _SoftmaxBase, layer_norm_rows
@@ -391,17 +391,10 @@ def _scaled(x: np.ndarray, scale: np.ndarray, planned: np.ndarray | None) -> np.
     out = matches(planned, x.shape, x.dtype)
     if out is None:
         out = np.empty(x.shape, x.dtype)
-    c = x.shape[1]
-    pieces = min(threads(), c, x.size // SHARED_ELEMENTS)
+    pieces = min(threads(), x.shape[1], x.size // SLICE_ELEMENTS)
     if pieces < 2:
         return np.multiply(x, scale, out=out)
-    per = -(-c // pieces)
-
-    def piece(k: int) -> None:
-        cs = slice(k * per, (k + 1) * per)
-        np.multiply(x[:, cs], scale[:, cs], out=out[:, cs])
-
-    parallel(-(-c // per), piece)
+    parallel_slices(x.shape[1], pieces, lambda cs: np.multiply(x[:, cs], scale[:, cs], out=out[:, cs]))
     return out
 
 

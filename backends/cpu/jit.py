@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .kernel import parallel, threads
+from .kernel import SLICE_ELEMENTS, parallel, threads
 
 F32 = np.dtype(np.float32)
 log = logging.getLogger("aiomnn")
@@ -171,9 +171,9 @@ def elementwise(name: str, x: Any, out: Any | None = None) -> bool:
         return False
     xs = x.reshape(-1)
     if out is None:
-        return split(name, xs.size, ELEMENTS, lambda fn, lo, hi: fn(xs[lo:hi]))
+        return split(name, xs.size, SLICE_ELEMENTS, lambda fn, lo, hi: fn(xs[lo:hi]))
     ys = out.reshape(-1)
-    return split(name, xs.size, ELEMENTS, lambda fn, lo, hi: fn(xs[lo:hi], ys[lo:hi]))
+    return split(name, xs.size, SLICE_ELEMENTS, lambda fn, lo, hi: fn(xs[lo:hi], ys[lo:hi]))
 
 
 #: Fused activations that the compiled loops apply themselves (scalars.activate), by their code; the tile
@@ -199,7 +199,3 @@ def loop_activation(activation: tuple[str, dict[str, Any]] | None) -> tuple[int,
     alpha, beta = _PARAMS[name](attrs) if name in _PARAMS else (0.0, 0.0)
     return code, float(alpha), float(beta)
 
-
-#: An elementwise loop's pieces hold at least this many values: each must outlast a helper's late start
-#: (tools/pool_trace.py; benchmarks/RESULTS.md, "Piece sizes").
-ELEMENTS = 1 << 17

@@ -308,6 +308,17 @@ def threads() -> int:
     return 1 if pool is None else pool.threads
 
 
+#: Work shared among threads in pieces holds at least this many values a piece: each must outlast a helper's
+#: late start (tools/pool_trace.py; benchmarks/RESULTS.md, "Piece sizes").
+SLICE_ELEMENTS = 1 << 17
+
+
+def parallel_slices(length: int, pieces: int, fn: Callable[[slice], None]) -> None:
+    """fn(slice) over [0, length) in `pieces` near-equal slices, shared as parallel() shares its calls."""
+    step = -(-length // max(1, pieces))
+    parallel(-(-length // step), lambda k: fn(slice(k * step, min(length, (k + 1) * step))))
+
+
 def parallel(count: int, fn: Callable[[int], None]) -> None:
     """fn(0), ..., fn(count - 1), shared with the runtime's helper threads; each call must release the GIL
     for most of its time (numpy does, on arrays of some size) and touch only its own part of the output."""

@@ -2,7 +2,7 @@
 
 Each is a plain loop over float32 rows that LLVM vectorizes: no call inside a loop body (exp and erf are
 scalars.py's polynomials), and a loop that works in place takes one array (given the same array twice,
-LLVM's check for overlap fails and the scalar loop runs, 10x slower). The conv's tile loop is generated
+LLVM's check for overlap fails and the scalar loop runs instead). The conv's tile loop is generated
 (tiles.py); the input layout it reads is made here (conv_input).
 """
 

@@ -1,7 +1,7 @@
 """Scalar functions that numba inlines into the compiled loops (loops.py, tiles.py).
 
 No call reaches the C library: numba calls its scalar exp and erf, which keep LLVM from vectorizing the loop
-around them (25x slower than these polynomials here). erf is a rational function of x^2 fitted for this file
+around them. erf is a rational function of x^2 fitted for this file
 (max error 3.5e-7 over the line, in float32); exp a polynomial raised to the 32nd power (relative error about
 1e-6 over the range the loops use).
 """

@@ -129,8 +129,7 @@ class ConvTranspose(Kernel):
         y = out_buffer(self.out[0], p["out_shape"], cdt) if native else np.empty(p["out_shape"], cdt)
         g, N, co = self.group, p["N"], p["co"]
         # Pieces of output channels of each image, shared with the runtime's threads (one group only: a group's
-        # channels need its own slice of the input). det's two upscaling ConvTransposes took 12 of 69 ms on one
-        # of 16 cores.
+        # channels need its own slice of the input). det upscales its maps by ConvTranspose twice.
         pieces = 1 if g > 1 else max(1, min(threads(), co, N * p["ci"] * co * p["L"] * math.prod(p["kernel"])
                                             // SHARED_MACS))
         per = -(-co // max(1, pieces // N)) if pieces > N else co

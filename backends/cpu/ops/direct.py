@@ -27,7 +27,7 @@ F32 = np.float32
 #: (benchmarks/RESULTS.md, "Piece sizes").
 PIECE_MACS = 1 << 21
 #: Convs of fewer multiply-adds keep numpy's paths: on cls (a few hundred thousand each, 2-25 rows of 96) the
-#: tile loop's fixed costs made the model 1.3x slower on the 2-core VM.
+#: tile loop's fixed costs outweighed its speed (benchmarks/RESULTS.md).
 SMALL_MACS = 1 << 21
 #: Bytes of packed weights that a group of channels takes at most (L2 is 512 KiB a core on the 2-core VM).
 WEIGHTS_IN_L2 = 1 << 18
@@ -89,7 +89,7 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     With the loop's parallel build, numba's threads each take an equal run of tiles (of every image) for a
     group of the channels (groups where there are fewer tiles than threads), and they spin a while between
     loops instead of sleeping, so the next conv finds them awake; the layout is copied on this thread first (its
-    parallel build ran 3x slower on the 2-core VM). Without it (compiling, no TBB, a forked child), pieces go
+    parallel build was slower: it is bound by memory, not arithmetic). Without it (compiling, no TBB, a forked child), pieces go
     to the runtime's helper threads: whole images, or bands of output rows that lay out the input rows they
     read (rows that neighbours read too are written by both, with the same values)."""
     d = p["direct"]
@@ -149,5 +149,5 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
 def _groups(blocks: int, taps: int, threads: int) -> int:
     """Groups of the weights' channel blocks for the tile loop: at least one for each thread that the runs of
     tiles leave idle, and enough that a group's weights stay in L2 while the loop takes its tiles one after
-    another (weights read again for every tile from past L2 ran the loop at half speed)."""
+    another (weights read again for every tile from past L2 starve the loop)."""
     return max(1, min(blocks, max(threads, -(-blocks * taps * MR * 4 // WEIGHTS_IN_L2))))

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op, parallel, threads
+from ..kernel import SLICE_ELEMENTS, Kernel, Unsupported, op, parallel_slices, threads
 from .activations import (activation_fn, clip_, clip_ufunc, elu_, erf, gelu_, hard_sigmoid_, hard_swish_, leaky_relu_,
                           sigmoid_, swish_)
 from .dtypes import BOOL, F16, F32, FLT_MAX, ML_INTS, compute_dtype, is_float, matches, widen
@@ -318,11 +318,6 @@ def _int_div(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-#: A broadcasting op whose output has this many values per thread or more shares its work (det's feature
-#: pyramid adds 1 x 256 x 160 x 160 maps, 11 ms of a 62 ms run on one of 16 cores).
-SHARED_ELEMENTS = 1 << 17
-
-
 class Binary(Kernel):
     """A broadcasting binary op. Writes into its planned buffer when the shape and dtype agree."""
 
@@ -352,7 +347,7 @@ class Binary(Kernel):
             return self._run_wide(a, b, shape, out)
         if out is None:
             out = np.empty(shape, dt)
-        pieces = min(threads(), out.size // SHARED_ELEMENTS)
+        pieces = min(threads(), out.size // SLICE_ELEMENTS)  # (det's feature pyramid adds big maps)
         if pieces > 1:
             self._shared(a, b, out, pieces)
             return out
@@ -365,21 +360,19 @@ class Binary(Kernel):
         activation) on one of the runtime's threads: numpy holds no GIL over a slice this big. An input
         broadcast along that axis is read whole by every slice."""
         axis = next((i for i, d in enumerate(out.shape) if d >= pieces), int(np.argmax(out.shape)))
-        step = -(-out.shape[axis] // pieces)
 
         def part(x: np.ndarray, rows: slice) -> np.ndarray:
             at = axis - (out.ndim - x.ndim)
             return x if at < 0 or x.shape[at] == 1 else x[(slice(None),) * at + (rows,)]
 
-        def piece(k: int) -> None:
-            rows = slice(k * step, (k + 1) * step)
+        def piece(rows: slice) -> None:
             y = out[(slice(None),) * axis + (rows,)]
             with np.errstate(all="ignore"):
                 self.compute(part(a, rows), part(b, rows), y)
             if self.activation is not None:
                 self.activation(y)
 
-        parallel(-(-out.shape[axis] // step), piece)
+        parallel_slices(out.shape[axis], pieces, piece)
 
     def _run_wide(self, a, b, shape, out):
         """Types numpy has no arithmetic for (float16 is computed in float32 too), or mixed types."""

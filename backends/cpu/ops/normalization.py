@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from .. import jit
-from ..kernel import Kernel, Unsupported, op
+from ..kernel import SLICE_ELEMENTS, Kernel, Unsupported, op
 from .dtypes import F32, out_buffer
 
 
@@ -50,7 +50,7 @@ def softmax_rows(x: np.ndarray, out: np.ndarray) -> bool:
     np.copyto(out, x)
     ys = out.reshape(-1, cols)
     one = np.float32(1)
-    return jit.split("softmax", ys.shape[0], max(1, jit.ELEMENTS // cols),
+    return jit.split("softmax", ys.shape[0], max(1, SLICE_ELEMENTS // cols),
                      lambda fn, lo, hi: fn(ys[lo:hi], one, NO_ROWS, 1, 0))
 
 
@@ -276,7 +276,7 @@ def layer_norm_rows(x: np.ndarray, residual: np.ndarray | None, scale: np.ndarra
     g = np.ascontiguousarray(scale)
     b = np.zeros(cols, F32) if bias is None else np.ascontiguousarray(bias)
     e = np.float32(eps)
-    return jit.split("layer_norm", xs.shape[0], max(1, jit.ELEMENTS // cols),
+    return jit.split("layer_norm", xs.shape[0], max(1, SLICE_ELEMENTS // cols),
                      lambda fn, lo, hi: fn(xs[lo:hi], rs[lo:hi] if residual is not None else rs, g, b, e, ys[lo:hi]))
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op, parallel, threads
+from ..kernel import SLICE_ELEMENTS, Kernel, Unsupported, op, parallel_slices, threads
 from .dtypes import out_buffer
 
 _MODES = ("nearest", "linear", "cubic")
@@ -263,11 +263,6 @@ def _repeat(x: np.ndarray, out: np.ndarray, reps: dict[int, int]) -> None:
         np.copyto(dst, x[tuple(src_idx)])
 
 
-#: An upscale whose output has this many values per thread or more shares its copies along the batch or
-#: channel axis (det's pyramid upscales took 5 of 62 ms on one of 16 cores).
-SHARED_ELEMENTS = 1 << 17
-
-
 class _ResizeBase(Kernel):
     writes_outputs = True
 
@@ -370,18 +365,12 @@ class _ResizeBase(Kernel):
             # Slices of the first axis longer than one, if it comes before the first resized axis (batch or
             # channels): each slice of out is then contiguous, and reshapes as a view.
             axis = next((a for a, d in enumerate(x.shape) if d > 1), 0)
-            pieces = min(threads(), out.size // SHARED_ELEMENTS, x.shape[axis])
+            pieces = min(threads(), out.size // SLICE_ELEMENTS, x.shape[axis])
             if pieces < 2 or axis >= min(reps):
                 _repeat(x, out, reps)
                 return out
-            step = -(-x.shape[axis] // pieces)
             at = (slice(None),) * axis
-
-            def piece(k: int) -> None:
-                rows = at + (slice(k * step, (k + 1) * step),)
-                _repeat(x[rows], out[rows], reps)
-
-            parallel(-(-x.shape[axis] // step), piece)
+            parallel_slices(x.shape[axis], pieces, lambda rows: _repeat(x[at + (rows,)], out[at + (rows,)], reps))
             return out
         integer = x.dtype.kind in "iub"
         if self.mode == "nearest":
