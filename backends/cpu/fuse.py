@@ -225,7 +225,7 @@ class Attention(Fused):
             rows = np.ascontiguousarray(m.reshape(m.shape[0], t))
         out = self._output(self.last.out[0], (b, h, s, v.shape[3]), (q, k, v))
         pieces = min(threads(), b * h)
-        compiled = jit.threaded("attention", pieces) if pieces > 1 else jit.jitted("attention")
+        compiled = jit.for_pieces("attention", pieces)
         if compiled is not None and all(a.flags.c_contiguous and a.size for a in (q, k, v, out)):
             compiled(q, k, v, np.float32(scale), rows, out)  # a head a piece, on numba's threads
             return out

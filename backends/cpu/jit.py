@@ -87,6 +87,12 @@ def threaded(name: str, n: int) -> Callable[..., Any] | None:
     return fn
 
 
+def for_pieces(name: str, pieces: int) -> Callable[..., Any] | None:
+    """Loop `name` for work in `pieces` pieces: its parallel build for several (None where that cannot run: the
+    caller's numpy path then shares the pieces with the helper threads), its serial build for one."""
+    return threaded(name, pieces) if pieces > 1 else jitted(name)
+
+
 def wait(timeout: float | None = None) -> bool:
     """Block until every kernel asked for so far is compiled (or failed); False on timeout."""
     return _idle.wait(timeout)

@@ -49,7 +49,7 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
     if not (m and k and n and N):  # BLAS refuses a leading dimension of 0; numpy has the empty cases
         return False
     pieces = max(1, min(threads(), N * m * n * k // GEMM_PIECE))
-    fn = jit.threaded("gemm", pieces) if pieces > 1 else jit.jitted("gemm")
+    fn = jit.for_pieces("gemm", pieces)
     if fn is None:
         return False
     cols = 1 if N >= pieces else max(1, min(pieces, n // GEMM_COLUMNS))
