@@ -22,6 +22,21 @@ def one_input_model(nodes: list, x_shape: tuple, consts: dict[str, np.ndarray] |
     return model.SerializeToString()
 
 
+def counting(monkeypatch, key: str, fn, *modules) -> dict[str, int]:
+    """Count the calls of fn that return True, under {key: n}: fn is replaced by a counting wrapper under its
+    own name in each of the modules (those that imported it by name, or its own)."""
+    count = {key: 0}
+
+    def counted(*args):
+        done = fn(*args)
+        count[key] += done
+        return done
+
+    for module in modules:
+        monkeypatch.setattr(module, fn.__name__, counted)
+    return count
+
+
 def run_ort(data: bytes, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """The model's outputs from onnxruntime's CPU provider."""
     import onnxruntime

@@ -13,7 +13,7 @@ from onnx import helper
 import aiomnn
 from aiomnn.backends.cpu import jit, tiles
 from aiomnn.backends.cpu.ops import conv, direct
-from tests.oracle import one_input_model, run_ort
+from tests.oracle import counting, one_input_model, run_ort
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("numba")
@@ -33,16 +33,7 @@ def compiled(monkeypatch):
 @pytest.fixture
 def calls(monkeypatch):
     """How many convs the tile loop computed (direct.run returning True)."""
-    count = {"direct": 0}
-    run = direct.run
-
-    def counted(*args):
-        done = run(*args)
-        count["direct"] += done
-        return done
-
-    monkeypatch.setattr(direct, "run", counted)
-    return count
+    return counting(monkeypatch, "direct", direct.run, direct)
 
 
 def _run(data: bytes, feeds: dict[str, np.ndarray], threads: int) -> np.ndarray:

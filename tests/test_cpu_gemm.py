@@ -15,7 +15,7 @@ from onnx import helper
 import aiomnn
 from aiomnn.backends.cpu import jit
 from aiomnn.backends.cpu.ops import products
-from tests.oracle import one_input_model, run_ort
+from tests.oracle import counting, one_input_model, run_ort
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("numba")
@@ -43,17 +43,7 @@ def calls(monkeypatch):
     from aiomnn.backends.cpu import fuse
     from aiomnn.backends.cpu.ops import conv
 
-    count = {"compiled": 0}
-    original = products.compiled
-
-    def counted(*args):
-        done = original(*args)
-        count["compiled"] += done
-        return done
-
-    monkeypatch.setattr(conv, "compiled", counted)
-    monkeypatch.setattr(fuse, "compiled", counted)
-    return count
+    return counting(monkeypatch, "compiled", products.compiled, conv, fuse)
 
 
 def _gelu(z: np.ndarray) -> np.ndarray:
