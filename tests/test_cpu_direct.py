@@ -148,6 +148,15 @@ def test_the_packing_matches_the_loop():
     assert (direct.MR, direct.NR) == (tiles.MR, tiles.NR)
 
 
+def test_the_sums_stamp_matches_their_file():
+    """tiles.SUMS is tile_sums.py's SHA-256 (tools/make_tiles.py writes both): numba's disk cache checks only
+    tiles.py, so sums changed without it would leave a stale loop in the cache."""
+    import hashlib
+    from pathlib import Path
+
+    assert tiles.SUMS == hashlib.sha256((Path(tiles.__file__).parent / "tile_sums.py").read_bytes()).hexdigest()
+
+
 def test_activation_codes():
     assert jit.loop_activation(None) == (0, 0.0, 0.0)
     assert jit.loop_activation(("Relu", {})) == (1, 0.0, 0.0)

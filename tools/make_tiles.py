@@ -1,5 +1,5 @@
-"""Write the block of sums of backends/cpu/tiles.py, the conv's compiled tile loop: the part of the file after
-its marker line.
+"""Write backends/cpu/tile_sums.py, the block of sums that the conv's compiled tile loop (backends/cpu/tiles.py)
+inlines, and stamp its SHA-256 into tiles.py (numba's disk cache checks only tiles.py for changes).
 
     python tools/make_tiles.py
 
@@ -7,18 +7,31 @@ numba has no vector type, and LLVM keeps a tile of sums in registers only when e
 variable: an array of sums stays in memory (numba allocates it on the heap, and LLVM must assume it may
 overlap the input). So the block names its MR x NR sums one by one, and LLVM's SLP vectorizer packs each row of
 NR into NR / 8 AVX registers. Writing 96 sums by hand would hide the loop's shape; this script writes them into
-the file that numba compiles and caches (a function made by exec cannot be cached on disk).
+a file that numba compiles and caches (a function made by exec cannot be cached on disk).
 """
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
+import re
 
 #: Rows (output channels) and columns (output positions) of one tile: 6 x 16 sums are 12 AVX registers, with 2
 #: for a row of inputs and 1 for a broadcast weight: enough sums in flight to cover the multiply-add latency
 #: (4 x 16 and 8 x 8 ran 20% slower on the 2-core VM; tiles.py and ops/direct.py state MR and NR too).
 MR, NR = 6, 16
-MARKER = "# Written by tools/make_tiles.py from here to the end of the file: edit that, not this.\n"
+HEADER = '''"""One tile's block of sums for the conv's tile loop (tiles.py), written by tools/make_tiles.py: edit that, not
+this (tiles.py holds this file's SHA-256, so that numba's disk cache compiles the loop again when it changes)."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+U = np.uint64
+
+
+'''
 
 
 def sums() -> str:
@@ -40,10 +53,13 @@ def sums() -> str:
 
 
 def main() -> None:
-    path = pathlib.Path(__file__).resolve().parent.parent / "backends" / "cpu" / "tiles.py"
-    text = path.read_text()
-    path.write_text(text[:text.index(MARKER) + len(MARKER)] + sums())
-    print(f"wrote {path}")
+    folder = pathlib.Path(__file__).resolve().parent.parent / "backends" / "cpu"
+    text = HEADER + sums()
+    (folder / "tile_sums.py").write_text(text)
+    tiles = folder / "tiles.py"
+    stamp = hashlib.sha256(text.encode()).hexdigest()
+    tiles.write_text(re.sub(r'^SUMS = ".*"$', f'SUMS = "{stamp}"', tiles.read_text(), count=1, flags=re.M))
+    print(f"wrote {folder / 'tile_sums.py'} and its stamp in {tiles}")
 
 
 if __name__ == "__main__":
