@@ -8,11 +8,15 @@ import pytest
 
 import aiomnn
 from aiomnn import models
+from aiomnn.backends.cpu import vectors
 
 # The CPU backend's numba loops compile in the background while numpy serves (backends/cpu/jit.py): which of
 # the two ran would depend on timing. Tests compile them on first use, so each test knows what ran; the numpy
 # paths are tested with AIOMNN_NUMBA=0 (tests/test_cpu_transformer.py).
 os.environ.setdefault("AIOMNN_NUMBA", "wait")
+# The vector width is chosen before numba loads (backends/cpu/vectors.py), as `import aiomnn` then a run would:
+# test modules import numba themselves, which would leave the default width.
+vectors.wide()
 
 LOOPS = [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), pytest.param("asyncio", id="asyncio"),
          pytest.param("trio", id="trio")]

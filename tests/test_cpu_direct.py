@@ -11,7 +11,7 @@ import pytest
 from onnx import helper
 
 import aiomnn
-from aiomnn.backends.cpu import jit, tiles
+from aiomnn.backends.cpu import jit, tiles, vectors
 from aiomnn.backends.cpu.ops import conv, direct
 from tests.oracle import counting, one_input_model, run_ort
 
@@ -144,8 +144,9 @@ def test_inf_and_nan_pass_through(calls):
 
 
 def test_the_packing_matches_the_loop():
-    """direct.py restates the tile's size (tiles.py imports numba): the two must agree."""
-    assert (direct.MR, direct.NR) == (tiles.MR, tiles.NR)
+    """direct.py packs by vectors.py's tile shape, as the loops compiled in this process take it."""
+    assert (tiles.MR, tiles.NR) == vectors.conv_tile()
+    assert (tiles.DR, tiles.DC) == vectors.dense_tile()
 
 
 def test_the_sums_stamp_matches_their_file():

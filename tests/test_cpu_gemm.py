@@ -100,8 +100,12 @@ def _run(data: bytes, feeds: dict[str, np.ndarray], threads: int) -> np.ndarray:
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("rows,k,n,gelu", [(16, 384, 1536, True), (7, 20, 13, False), (128, 96, 64, True),
                                            (300, 32, 40, False)])
-def test_dense_matches_onnxruntime(gemm, rows, k, n, gelu, threads, calls):
-    """MatMul + bias row (+ Gelu) as one Dense step, its product compiled."""
+def test_dense_matches_onnxruntime(gemm, rows, k, n, gelu, threads, calls, monkeypatch):
+    """MatMul + bias row (+ Gelu) as one Dense step, its product compiled (the dense tile loop, which serves
+    it first, declines here: tests/test_cpu_dense.py has that)."""
+    from aiomnn.backends.cpu import fuse
+
+    monkeypatch.setattr(fuse, "panels", lambda w: None)
     x = RNG.standard_normal((1, rows, k)).astype(np.float32)
     consts = {"w": (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32),
               "b": RNG.standard_normal(n).astype(np.float32)}

@@ -1,5 +1,5 @@
-"""Write backends/cpu/tile_sums.py, the block of sums that the conv's compiled tile loop (backends/cpu/tiles.py)
-inlines, and stamp its SHA-256 into tiles.py (numba's disk cache checks only tiles.py for changes).
+"""Write backends/cpu/tile_sums.py, the blocks of sums that the compiled tile loops (backends/cpu/tiles.py)
+inline, and stamp its SHA-256 into tiles.py (numba's disk cache checks only tiles.py for changes).
 
     python tools/make_tiles.py
 
@@ -16,45 +16,72 @@ import hashlib
 import pathlib
 import re
 
-#: Rows (output channels) and columns (output positions) of one tile: 6 x 16 sums are 12 AVX registers, with 2
-#: for a row of inputs and 1 for a broadcast weight: enough sums in flight to cover the multiply-add latency
-#: (4 x 16 and 8 x 8 ran 20% slower on the 2-core VM; tiles.py and ops/direct.py state MR and NR too).
-MR, NR = 6, 16
-HEADER = '''"""One tile's block of sums for the conv's tile loop (tiles.py), written by tools/make_tiles.py: edit that, not
-this (tiles.py holds this file's SHA-256, so that numba's disk cache compiles the loop again when it changes)."""
+#: The tiles written, as (loop, rows, columns): each tile loop's shape for narrow (256-bit) and wide (512-bit)
+#: vectors, as backends/cpu/vectors.py chooses them. A conv tile is 6 x 16 sums in 12 AVX registers (with 2 for
+#: a row of inputs and 1 for a broadcast weight: enough sums in flight to cover the multiply-add latency; 4 x 16
+#: and 8 x 8 ran 20% slower on the 2-core VM), or 12 x 16 in 12 AVX-512 registers.
+TILES = (("conv", 6, 16), ("conv", 12, 16), ("dense", 6, 16), ("dense", 8, 32))
+HEADER = '''"""The blocks of sums of the tile loops (tiles.py), written by tools/make_tiles.py: edit that, not this (tiles.py
+holds this file's SHA-256, so that numba's disk cache compiles the loops again when it changes)."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
+from .scalars import prefetch
+
 U = np.uint64
-
-
 '''
 
 
-def sums() -> str:
-    """_sums: a block of taps [k0, k1) added into one tile's sums, which start from the bias (fresh) or from
-    the tile's store ti, and end in ti."""
+def conv(mr: int, nr: int) -> str:
+    """conv_MRxNR: a block of taps [k0, k1) added into one tile's sums, which start from the bias (fresh) or
+    from the tile's store ti, and end in ti; a tap reads nr input positions in a row and mr weights."""
     lines = ['@numba.njit(inline="always")',
-             "def _sums(x, q0, offs, k0, k1, wi, ti, bias, c0, fresh):",
+             f"def conv_{mr}x{nr}(x, q0, offs, k0, k1, wi, ti, bias, c0, fresh):",
              "    if fresh:"]
-    lines += [f"        s{i}_{j} = bias[c0 + U({i})]" for i in range(MR) for j in range(NR)]
+    lines += [f"        s{i}_{j} = bias[c0 + U({i})]" for i in range(mr) for j in range(nr)]
     lines += ["    else:"]
-    lines += [f"        s{i}_{j} = ti[{i}, {j}]" for i in range(MR) for j in range(NR)]
+    lines += [f"        s{i}_{j} = ti[{i}, {j}]" for i in range(mr) for j in range(nr)]
     lines += ["    for k in range(k0, k1):", "        q = offs[k] + q0"]
-    lines += [f"        x{j} = x[q + U({j})]" for j in range(NR)]
-    for i in range(MR):
+    lines += [f"        x{j} = x[q + U({j})]" for j in range(nr)]
+    for i in range(mr):
         lines += [f"        a = wi[k, U({i})]"]
-        lines += [f"        s{i}_{j} += a * x{j}" for j in range(NR)]
-    lines += [f"    ti[{i}, {j}] = s{i}_{j}" for i in range(MR) for j in range(NR)]
+        lines += [f"        s{i}_{j} += a * x{j}" for j in range(nr)]
+    lines += [f"    ti[{i}, {j}] = s{i}_{j}" for i in range(mr) for j in range(nr)]
+    return "\n".join(lines) + "\n"
+
+
+#: How far ahead of its reads the dense tile loop asks for its weights, in floats (8 KB: 2 KB and 16 KB streamed
+#: slower from memory on the 2-core VM).
+AHEAD = 2048
+
+
+def dense(mr: int, nr: int) -> str:
+    """dense_MRxNR: one tile of a product, rows rs of x (M, K) times a panel of nr columns of the weights
+    (K, nr), from the bias at columns n0.. (where there is one) into ti; a step of k reads nr weights in a row
+    and mr values of x, and prefetches the weights AHEAD floats on in `flat`, where the panel starts at `at`."""
+    lines = ['@numba.njit(inline="always")',
+             f"def dense_{mr}x{nr}(x, rs, wp, kk, ti, bias, n0, biased, flat, at):"]
+    lines += [f"    r{i} = rs[{i}]" for i in range(mr)]
+    lines += ["    if biased:"]
+    lines += [f"        s{i}_{j} = bias[n0 + U({j})]" for i in range(mr) for j in range(nr)]
+    lines += ["    else:"]
+    lines += [f"        s{i}_{j} = np.float32(0)" for i in range(mr) for j in range(nr)]
+    lines += ["    for k in range(U(0), kk):"]
+    lines += [f"        prefetch(flat, at + k * U({nr}) + U({AHEAD + line}))" for line in range(0, nr, 16)]
+    lines += [f"        w{j} = wp[k, U({j})]" for j in range(nr)]
+    for i in range(mr):
+        lines += [f"        a = x[r{i}, k]"]
+        lines += [f"        s{i}_{j} += a * w{j}" for j in range(nr)]
+    lines += [f"    ti[{i}, {j}] = s{i}_{j}" for i in range(mr) for j in range(nr)]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     folder = pathlib.Path(__file__).resolve().parent.parent / "backends" / "cpu"
-    text = HEADER + sums()
+    text = HEADER + "".join("\n\n" + {"conv": conv, "dense": dense}[loop](mr, nr) for loop, mr, nr in TILES)
     (folder / "tile_sums.py").write_text(text)
     tiles = folder / "tiles.py"
     stamp = hashlib.sha256(text.encode()).hexdigest()

@@ -46,7 +46,7 @@ from .ops.activations import gelu_
 from .ops.matmul import PIECE_MACS, MatMul, gemm
 from .ops.normalization import NO_ROWS, LayerNormalization, _SoftmaxBase, layer_norm_rows
 from .ops.pool import GlobalAveragePool
-from .ops.products import bias_tile, compiled, product
+from .ops.products import bias_tile, compiled, dense, panels, product
 
 #: run_segment's view of one step: (execution, input names, [(output index, name)], names freed after it,
 #: whether to copy outputs that view planned memory, node).
@@ -274,7 +274,9 @@ class Dense(Fused):
         self.bias = next(x for x in chain[1][1] if x != made)
         self.gelu = len(chain) == 3
         self.last = chain[-1][0]
-        self.activation = jit.loop_activation(("Gelu", {}) if self.gelu else None)  # the compiled product's
+        self.activation = jit.loop_activation(("Gelu", {}) if self.gelu else None)  # the compiled loops'
+        self.w_const = chain[0][0].b_const
+        self.panels: Any = None  # w_const packed for the dense tile loop, on the first run that can use it
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         values = dict(zip(self.names, inputs))
@@ -286,12 +288,23 @@ class Dense(Fused):
         out = self._output(self.last.out[0], x.shape[:-1] + w.shape[1:], (x,))
         rows = math.prod(x.shape[:-1])  # not -1: an empty x has no size to infer it from
         x2, out2 = x.reshape(rows, x.shape[-1]), out.reshape(rows, w.shape[1])
+        if w is self.w_const and self._dense(x2, w, out2, bias.reshape(-1)):
+            return out
         if compiled(x2, w[None], out2[None], bias.reshape(-1), False, self.activation):
             return out
         gemm(x2, w, out2, bias.reshape(-1))
         if self.gelu and not jit.elementwise("gelu", out):
             gelu_(out)
         return out
+
+
+    def _dense(self, x: np.ndarray, w: np.ndarray, out: np.ndarray, bias: np.ndarray) -> bool:
+        if self.panels is None:
+            # Asks for both builds at once; packing waits until they can serve.
+            if jit.jitted("dense") is None or (threads() > 1 and jit.threaded("dense", threads()) is None):
+                return False
+            self.panels = panels(w) or False
+        return bool(self.panels) and dense(x, self.panels, bias, out, self.activation)
 
 
 def _add_norm(plan: list[Step], i: int) -> list[Step] | None:

@@ -15,11 +15,15 @@ import sys
 from types import FunctionType
 from typing import Any, Callable
 
-import numba
-import numpy as np
-from numba import prange, types
+from . import vectors
 
-from . import scalars, tiles
+vectors.wide()  # before numba loads: it fixes the vector width numba compiles for (vectors.py)
+
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from numba import prange, types  # noqa: E402
+
+from . import scalars, tiles  # noqa: E402
 from .scalars import FAST, NEG_INF, exp_neg
 
 F = np.float32
@@ -294,12 +298,14 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "conv_tiles": (tiles.conv, types.void(_IN, types.uint64, types.Array(types.uint64, 1, "C", readonly=True),
                                           types.uint64, _IN3, _IN, _OUT3, *[types.uint64] * 6, types.int64,
                                           types.float32, types.float32, types.int64, types.int64)),
+    "dense": (tiles.dense, types.void(_IN2, _IN3, _IN, _OUT2, types.int64, types.float32, types.float32, types.int64,
+                                      types.int64)),
 }
 #: Compiled with LLVM's SLP vectorizer, which packs a tile's scalar sums into vectors (numba leaves it off).
-SLP = {"conv_tiles"}
+SLP = {"conv_tiles", "dense"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
 #: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
-PARALLEL = {"conv_tiles", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm", "attention"}
+PARALLEL = {"conv_tiles", "dense", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm", "attention"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 F = np.float32
 #: No assumption that values are finite: inf and NaN inputs give what numpy gives.
@@ -87,3 +90,24 @@ def activate(y, act, alpha, beta):
         for j in range(y.shape[0]):
             v = y[j]
             y[j] = F(0.5) * v * (F(1) + erf(v * F(0.7071067811865476)))
+
+
+@intrinsic
+def prefetch(typingctx, array, index):
+    """A hint that array's element `index` will be read soon (llvm.prefetch, for reading, into every cache
+    level): the dense tile loop streams its weights from memory faster when it asks for them a few KB ahead.
+    The index may lie past the array's end (the next panel): a prefetch never faults."""
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        ptr = builder.gep(data, [args[1]])
+        if not getattr(ptr.type, "is_opaque", False):  # LLVM with typed pointers names the i8* form
+            ptr = builder.bitcast(ptr, ir.IntType(8).as_pointer())
+        name = "llvm.prefetch.p0" if getattr(ptr.type, "is_opaque", False) else "llvm.prefetch.p0i8"
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]),
+                                            name)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(array, index), codegen

@@ -1,4 +1,5 @@
-"""The conv's tile loop, compiled by numba (loops.py); its block of sums is written by tools/make_tiles.py.
+"""The tile loops, compiled by numba (loops.py): the conv's and a dense product's. Their blocks of sums are
+written by tools/make_tiles.py.
 
 conv(x, ...) computes y[n, m, oy * wo + ox] = act(bias[m] + sum over k of w[m, k] * x[n * xs + offs[k] + p])
 for the output positions p = oy * rw + ox of images [first, last) and positions [p_first, p_last), in `chunks`
@@ -8,28 +9,36 @@ each image's input laid out so that every tap k of a kernel reads a contiguous r
 makes that layout with loops.conv_input: padded rows, split into stride phases), and positions with ox >= wo
 are the padding columns, computed and dropped.
 
-The sums of one tile, 6 output channels x 16 positions, are scalars that LLVM keeps in registers and
+The sums of one tile, MR output channels x NR positions, are scalars that LLVM keeps in registers and
 vectorizes along the positions, over the taps in blocks of KC (so a block's inputs stay in L1 while every
-channel's tile uses them); w is packed as [channel block, tap, 6]. Indices are unsigned: numba tests signed
-ones for wrap-around, which keeps LLVM from vectorizing. The block of sums (tile_sums._sums) is written by
-tools/make_tiles.py and inlined here by numba. numba's disk cache checks only this file for changes: SUMS is
-the SHA-256 of tile_sums.py, which make_tiles.py writes here with it, so that new sums make a new loop.
+channel's tile uses them); w is packed as [channel block, tap, MR]. dense(...) is the same idea for x @ w with
+w packed once in panels of DC columns: a tile is DR rows of x by one panel, vectorized along the columns, over
+all of x's columns. The tile shapes follow the vector width (vectors.py). Indices are unsigned: numba tests
+signed ones for wrap-around, which keeps LLVM from vectorizing. The blocks of sums (tile_sums.py) are written
+by tools/make_tiles.py and inlined here by numba. numba's disk cache checks only this file for changes: SUMS
+is the SHA-256 of tile_sums.py, which make_tiles.py writes here with it, so that new sums make new loops.
 """
 
 from __future__ import annotations
 
-import numba
-import numpy as np
-from numba import prange
+from . import vectors
 
-from .scalars import activate
-from .tile_sums import _sums
+vectors.wide()  # before numba loads: it fixes the vector width numba compiles for (vectors.py)
+
+import numpy as np  # noqa: E402
+from numba import prange  # noqa: E402
+
+from . import tile_sums  # noqa: E402
+from .scalars import activate  # noqa: E402
 
 U = np.uint64
 F = np.float32
-MR, NR = 6, 16
+MR, NR = vectors.conv_tile()
+DR, DC = vectors.dense_tile()
+_sums = getattr(tile_sums, f"conv_{MR}x{NR}")
+_dense_sums = getattr(tile_sums, f"dense_{DR}x{DC}")
 #: The SHA-256 of tile_sums.py (tools/make_tiles.py writes both).
-SUMS = "325ced6e7c7479d99d54e30cc000231e25bcbc93bd5775e335762cd6e1bac250"
+SUMS = "5fab49cbac0503082c518d774e2344fd72af45f25c3d73870595d2994e18e5a6"
 #: Taps a block: a block's inputs (16 positions a tap) and weights stay in L1.
 KC = U(128)
 
@@ -99,3 +108,42 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
                         d = dest[j]
                         if d >= 0:
                             yr[d] = tr[j]
+
+
+def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
+    """y = act(x @ w + bias) for x (M, K) and the weights packed in panels of DC columns, wp (P, K, DC): panel p
+    holds columns c .. c + DC of w, c = min(p DC, N - DC), so the last panel overlaps the one before it rather
+    than run past N; it writes only the columns the others leave. An empty bias adds nothing. The work is
+    `chunks` pieces (numba's threads share them in the parallel build): `cols` runs of panels, each for
+    chunks // cols runs of the blocks of DR rows. A last block of rows likewise overlaps the one before (or, with
+    fewer than DR rows in all, reads the last row again) and writes only its own rows."""
+    m = U(x.shape[0])
+    kk = U(x.shape[1])
+    n = U(y.shape[1])
+    panels = U(wp.shape[0])
+    blocks = (m + U(DR - 1)) // U(DR)
+    biased = bias.shape[0] > 0
+    runs = U(chunks) // U(cols)
+    flat = wp.reshape(-1)
+    for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
+        pc, rc = U(c) % U(cols), U(c) // U(cols)
+        t = np.empty((DR, DC), np.float32)
+        rs = np.empty(DR, np.uint64)
+        for p in range(pc * panels // U(cols), (pc + U(1)) * panels // U(cols)):
+            lo = p * U(DC)  # the first column this panel writes
+            n0 = min(lo, n - U(DC))  # the first it computes
+            wpp = wp[p]
+            for b in range(rc * blocks // runs, (rc + U(1)) * blocks // runs):
+                top = b * U(DR)  # the first row this block writes
+                m0 = top if top + U(DR) <= m or m < U(DR) else m - U(DR)
+                for i in range(DR):
+                    rs[i] = min(m0 + U(i), m - U(1))
+                _dense_sums(x, rs, wpp, kk, t, bias, n0, biased, flat, p * kk * U(DC))
+                for i in range(DR):
+                    r = m0 + U(i)
+                    if r >= top and r < m:
+                        tr = t[i]
+                        activate(tr, act, alpha, beta)
+                        yr = y[r]
+                        for j in range(lo - n0, U(DC)):
+                            yr[n0 + j] = tr[j]

@@ -38,15 +38,12 @@ compute in float32 and round once at the end.
 
 from __future__ import annotations
 
-import functools
 import math
-import threading
-import weakref
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from .. import jit
+from .. import jit, packing
 from ..kernel import Kernel, Unsupported, op, threads
 from . import depthwise, direct, im2col, winograd
 from .products import PARALLEL_MACS, bias_tile, compiled, product, silu_product, split
@@ -64,30 +61,6 @@ _CHUNK = 1 << 17
 
 def _const(t: Any) -> Any:
     return None if t is None else t.const
-
-
-#: Conv's packed constant weights, by the weight array's id: (its weak reference, [(bias reference,
-#: attributes, packed)]). An entry goes when its weight array does (weak numpy arrays cannot be dict keys).
-_PACKED: dict[int, tuple[weakref.ref, list]] = {}
-_PACKED_LOCK = threading.RLock()  # re-entered when a weight array dies while this thread holds the lock
-
-
-def _forget(ident: int, ref: weakref.ref, table: dict = _PACKED, lock: Any = _PACKED_LOCK) -> None:
-    # The table and lock are bound here: at interpreter exit the module's globals may be gone first.
-    with lock:
-        if ident in table and table[ident][0] is ref:
-            del table[ident]
-
-
-class _Packed(dict):
-    """A weight's packed forms. The table holds it weakly: its arrays may be views of the weight, so a strong
-    entry kept the weight alive, and with it the entry, for ever (every conv of every model ever loaded)."""
-
-    __slots__ = ("__weakref__",)
-
-
-def _ref(a: np.ndarray | None) -> Callable[[], np.ndarray | None]:
-    return (lambda: None) if a is None else weakref.ref(a)
 
 
 @op("Conv", 1)
@@ -121,25 +94,9 @@ class Conv(Kernel):
 
     # Weights -------------------------------------------------------------
     def _shared_pack(self, w: np.ndarray, b: np.ndarray | None) -> dict[str, Any]:
-        """The packed constant weights, made once for every kernel of this node's weights: a new input shape
-        re-creates the kernels, and packing took a quarter of re-planning rec at a new width (ms per conv).
-        Kept while a kernel holds it and the weight array lives; the entry names its bias array, so another bias
-        never matches."""
-        key = (self.group, repr(self.strides), repr(self.dilations))
-        with _PACKED_LOCK:
-            found = _PACKED.get(id(w))
-            for bias, k, entry in found[1] if found is not None and found[0]() is w else ():
-                packed = entry()
-                if k == key and bias() is b and packed is not None:
-                    return packed
-        packed = _Packed(self._pack(w, b))
-        with _PACKED_LOCK:
-            found = _PACKED.get(id(w))
-            if found is None or found[0]() is not w:
-                found = _PACKED[id(w)] = (weakref.ref(w, functools.partial(_forget, id(w))), [])
-            found[1][:] = [e for e in found[1] if e[2]() is not None]  # kernels that held them are gone
-            found[1].append((_ref(b), key, weakref.ref(packed)))
-        return packed
+        """The packed constant weights, made once for every kernel of this node's weights (packing.py): packing
+        took a quarter of re-planning rec at a new width (ms per conv)."""
+        return packing.shared(w, b, (self.group, repr(self.strides), repr(self.dilations)), lambda: self._pack(w, b))
 
     def _pack(self, w: np.ndarray, b: np.ndarray | None) -> dict[str, Any]:
         if w.ndim < 3:

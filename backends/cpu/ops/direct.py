@@ -4,8 +4,8 @@ For a 2-D conv of one group in float32, with any kernel, stride (the same along 
 padding. The input is laid out once a run so that each kernel tap reads a contiguous run of output positions
 (loops.conv_input: zero padding around each channel, then its s x s stride phases); a 1x1 conv of stride 1
 without padding reads its input as it is. Output positions run along the padded rows, so a tap at kernel
-row ky and column kx is one offset into that layout, and the tile loop's sums for 6 channels x 16 positions
-stay in registers over all the taps. Bias and the fused activation are applied as a tile leaves the
+row ky and column kx is one offset into that layout, and the tile loop's sums for a tile of channels x
+positions (vectors.conv_tile) stay in registers over all the taps. Bias and the fused activation are applied as a tile leaves the
 registers, and the padding columns are dropped there.
 
 The loop holds no GIL, so a conv's pieces run at once: on numba's threads (the loop's parallel build), else on
@@ -14,12 +14,11 @@ the runtime's helper threads (see run). While the loop compiles (jit.py), Conv's
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
-from .. import jit
+from .. import jit, vectors
 from ..kernel import parallel, shared_scratch, threads
 
 F32 = np.float32
@@ -31,15 +30,13 @@ PIECE_MACS = 1 << 21
 SMALL_MACS = 1 << 21
 #: Bytes of packed weights that a group of channels takes at most (L2 is 512 KiB a core on the 2-core VM).
 WEIGHTS_IN_L2 = 1 << 18
-#: Output channels and positions of a tile (tiles.MR, tiles.NR; tiles.py imports numba, so they are restated):
-#: weights are packed by MR channels, and pieces of a conv are ranges of whole tiles.
-MR, NR = 6, 16
 
 
 def plan(p: dict[str, Any], group: int) -> bool:
     """The layout and tap offsets of the direct path, into p["direct"], for a conv it serves."""
     if p["n"] != 2 or group != 1 or p["cdt"] != F32 or p["loop_act"] is None or p["strides"][0] != p["strides"][1]:
         return False
+    MR, NR = vectors.conv_tile()
     C, (H, W), (kh, kw), (dh, dw), s = p["C"], p["spatial"], p["kernel"], p["dils"], p["strides"][0]
     (Ho, Wo), (pt, pl, pb, pr) = p["outs"], p["pads"]
     if p["path"] == "pointwise":  # the input is already the layout: a tap is a channel
@@ -71,6 +68,7 @@ def pack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """The weights as [channel block, tap, MR] and the bias padded to whole blocks, made once per weight."""
     found = packed.get("direct")
     if found is None:
+        MR = vectors.conv_tile()[0]
         w = packed["w"][0]  # (co, taps), taps in (channel, kernel row, kernel column) order
         co, taps = w.shape
         blocks = -(-co // MR)
@@ -117,7 +115,7 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     if par is not None:
         if layout is not None:
             lay(xf, xl, *layout, 0, N, 0, d["hq"])
-        runs = min(pieces, N * -(-last // NR))
+        runs = min(pieces, N * -(-last // vectors.conv_tile()[1]))
         groups = max(d["groups"], min(w.shape[0], pieces // runs))
         tiles(par, 0, N, 0, last, runs * groups, groups)
         return True
@@ -150,4 +148,4 @@ def _groups(blocks: int, taps: int, threads: int) -> int:
     """Groups of the weights' channel blocks for the tile loop: at least one for each thread that the runs of
     tiles leave idle, and enough that a group's weights stay in L2 while the loop takes its tiles one after
     another (weights read again for every tile from past L2 starve the loop)."""
-    return max(1, min(blocks, max(threads, -(-blocks * taps * MR * 4 // WEIGHTS_IN_L2))))
+    return max(1, min(blocks, max(threads, -(-blocks * taps * vectors.conv_tile()[0] * 4 // WEIGHTS_IN_L2))))

@@ -47,6 +47,7 @@ class MatMul(Kernel):
     def __init__(self, node, inputs, outputs):
         super().__init__(node, inputs, outputs)
         b = inputs[1].const if len(inputs) > 1 and inputs[1] is not None else None
+        self.b_const = b  # a constant second operand (fuse.Dense packs it), else None
         self.b_wide = None
         if b is not None and _wide(b.dtype) is not None:
             self.b_wide = np.ascontiguousarray(b, dtype=_wide(b.dtype))

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import jit
+from .. import jit, packing, vectors
 from ..kernel import parallel, shared_scratch, threads
 
 F32 = np.dtype(np.float32)
@@ -55,6 +55,42 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
     cols = 1 if N >= pieces else max(1, min(pieces, n // GEMM_COLUMNS))
     rows = 1 if N >= pieces else max(1, min(pieces // cols, m // 16))
     fn(a, b, _NO_BIAS if bias is None else bias, out, per_row, *activation, rows, cols)
+    return True
+
+
+def panels(w: np.ndarray) -> packing.Packed | None:
+    """A constant weight w (K, N) packed for the dense tile loop (tiles.dense), in panels of its columns, made
+    once for every kernel of w (packing.py; the caller holds what this returns); None where that loop cannot
+    take it: another dtype, or fewer columns than a panel."""
+    cols = vectors.dense_tile()[1]
+    if w.dtype != F32 or w.ndim != 2 or w.shape[1] < cols or not w.shape[0]:
+        return None
+
+    def make() -> dict[str, Any]:
+        n = w.shape[1]
+        firsts = [min(p, n - cols) for p in range(0, n, cols)]
+        return {"panels": np.ascontiguousarray(np.stack([w[:, c:c + cols] for c in firsts]))}
+
+    return packing.shared(w, None, ("dense", cols), make)
+
+
+def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: np.ndarray,
+          activation: tuple[int, float, float]) -> bool:
+    """out = act(x @ w + bias) for float32 x (M, K), w's panels (panels) and out (M, N), by the dense tile loop:
+    numba's threads share its panels, then its rows. False (nothing done) where it cannot serve: other dtypes
+    or layouts, no parallel build for pieces to share, or while it compiles."""
+    wp = packed["panels"]
+    arrays = (x, out) if bias is None else (x, out, bias)
+    if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrays) or not x.shape[0]:
+        return False
+    (m, k), n = x.shape, out.shape[1]
+    pieces = max(1, min(threads(), m * n * k // GEMM_PIECE))
+    fn = jit.for_pieces("dense", pieces)
+    if fn is None:
+        return False
+    cols = min(pieces, wp.shape[0])
+    runs = max(1, min(pieces // cols, -(-m // vectors.dense_tile()[0])))
+    fn(x, wp, _NO_BIAS if bias is None else bias, out, *activation, cols * runs, cols)
     return True
 
 

@@ -1,0 +1,56 @@
+"""The vector width of numba's loops, chosen once a process, before numba loads, and the tile shapes it gives.
+
+LLVM compiles for Intel's server cores with 256-bit vectors even where AVX-512 is there (its tuning for the
+cores that slowed their clock on 512-bit work). The tile loops (tiles.py) keep a tile's sums in registers, and
+with 512-bit vectors twice as many fit, as onnxruntime's kernels use them. So where the CPU has AVX-512 and
+nothing has set numba's target already, numba is told to prefer 512-bit vectors (NUMBA_CPU_FEATURES, the host's
+own features plus "-prefer-256-bit"): this holds for every numba function the process compiles, the caller's
+too. AIOMNN_VECTORS=256 keeps LLVM's choice. The choice is part of numba's cache key, so each has its own code.
+
+This module imports llvmlite alone, not numba: the plans (ops/direct.py) read the tile shapes from here.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+_PREFER_WIDE = "-prefer-256-bit"
+#: A tile's rows and columns of sums by vector width: (conv tile loop, dense tile loop). Narrow: 12 AVX
+#: registers of sums for the conv, 12 for the dense. Wide: 12 AVX-512 registers for the conv (its columns stay
+#: 16 positions, so rows of few positions waste no more), 16 for the dense (benchmarks/RESULTS.md).
+SHAPES = {False: ((6, 16), (6, 16)), True: ((12, 16), (8, 32))}
+
+
+@functools.cache
+def wide() -> bool:
+    """Whether numba's loops are compiled for 512-bit vectors in this process (see above); sets numba's target
+    the first time, when numba has not loaded yet."""
+    if os.environ.get("AIOMNN_VECTORS") == "256":
+        return False
+    chosen = os.environ.get("NUMBA_CPU_FEATURES")
+    if chosen is not None or "numba" in sys.modules or os.environ.get("NUMBA_CPU_NAME"):
+        if "numba" in sys.modules:
+            chosen = sys.modules["numba"].config.CPU_FEATURES
+        return bool(chosen) and _PREFER_WIDE in chosen.split(",")
+    try:
+        import llvmlite.binding as ll
+
+        features = ll.get_host_cpu_features()
+    except Exception:  # no llvmlite (so no numba either): the numpy paths serve
+        return False
+    if not features.get("avx512f"):
+        return False
+    os.environ["NUMBA_CPU_FEATURES"] = features.flatten() + "," + _PREFER_WIDE
+    return True
+
+
+def conv_tile() -> tuple[int, int]:
+    """(output channels, output positions) of the conv tile loop's tile."""
+    return SHAPES[wide()][0]
+
+
+def dense_tile() -> tuple[int, int]:
+    """(rows, columns) of the dense tile loop's tile."""
+    return SHAPES[wide()][1]

@@ -1,0 +1,165 @@
+"""The CPU's dense tile loop (tiles.dense through products.dense): x @ w + bias with w packed once in panels of
+columns. Against numpy for the loop's edges (fewer rows than a tile, rows and columns that end mid-tile, pieces
+of panels and rows), against onnxruntime for the Dense steps that use it, and in a process with the other
+vector width (vectors.py) where this machine has a choice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import aiomnn
+from aiomnn.backends.cpu import jit, vectors
+from aiomnn.backends.cpu.ops import products
+from tests.oracle import counting, one_input_model, run_ort
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("numba")
+
+RNG = np.random.default_rng(31)
+
+
+@pytest.fixture(autouse=True)
+def compiled(monkeypatch):
+    monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+
+
+@pytest.fixture
+def loop():
+    fn = jit.jitted("dense")
+    if fn is None:
+        pytest.skip("numba cannot compile the dense tile loop here")
+    return fn
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    from aiomnn.backends.cpu import fuse
+
+    return counting(monkeypatch, "dense", products.dense, fuse)
+
+
+def _pack(w: np.ndarray) -> np.ndarray:
+    packed = products.panels(w)
+    assert packed is not None
+    return packed["panels"]
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 5, 40), (3, 17, 33), (16, 384, 384), (13, 100, 50), (37, 64, 32),
+                                   (130, 20, 97)])
+@pytest.mark.parametrize("chunks,cols", [(1, 1), (4, 2), (3, 3), (9, 1)])
+@pytest.mark.parametrize("biased", [True, False])
+def test_tiles_match_numpy(loop, m, k, n, chunks, cols, biased):
+    """Every split gives the same values: panels and rows in pieces (pieces past the panels or the blocks of
+    rows are left empty), a last panel and a last block that overlap the ones before, fewer rows than a tile."""
+    x = RNG.standard_normal((m, k)).astype(np.float32)
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    bias = RNG.standard_normal(n).astype(np.float32) if biased else np.empty(0, np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    fn = loop if chunks == 1 else jit.threaded("dense", 2) or loop
+    fn(x, _pack(w), bias, out, 1, 0.0, 0.0, chunks, cols)
+    want = np.maximum(x.astype(np.float64) @ w + (bias if biased else 0), 0)
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_narrow_weights_decline():
+    """Fewer columns than a panel, or another dtype: no panels, and the Dense step keeps the compiled product."""
+    cols = vectors.dense_tile()[1]
+    assert products.panels(np.ones((8, cols - 1), np.float32)) is None
+    assert products.panels(np.ones((8, cols), np.float64)) is None
+
+
+def test_panels_are_shared_and_released():
+    """One weight's panels are made once for every kernel that asks while one holds them, and go with them."""
+    import gc
+    import weakref
+
+    w = RNG.standard_normal((24, 70)).astype(np.float32)
+    first = products.panels(w)
+    assert products.panels(w) is first
+    gone = weakref.ref(first)
+    del first
+    gc.collect()
+    assert gone() is None
+
+
+def _run(data: bytes, feeds: dict[str, np.ndarray], threads: int) -> np.ndarray:
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as s:
+            await s.run(feeds)  # the first run asks for the loop; AIOMNN_NUMBA=wait compiles it there
+            return (await s.run(feeds))[net.output_names[0]]
+
+    return asyncio.run(go())
+
+
+def _dense_model(rows: int, k: int, n: int, gelu: bool) -> tuple[bytes, np.ndarray]:
+    x = RNG.standard_normal((2, rows, k)).astype(np.float32)
+    consts = {"w": (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32),
+              "b": RNG.standard_normal(n).astype(np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a" if gelu else "y"])]
+    if gelu:
+        nodes.append(helper.make_node("Gelu", ["a"], ["y"]))
+    return one_input_model(nodes, x.shape, consts, opset=20), x
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("rows,k,n,gelu", [(8, 384, 1536, True), (7, 20, 33, False), (64, 96, 64, True),
+                                           (150, 32, 40, False)])
+def test_dense_steps_match_onnxruntime(loop, rows, k, n, gelu, threads, calls):
+    data, x = _dense_model(rows, k, n, gelu)
+    np.testing.assert_allclose(_run(data, {"x": x}, threads), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    assert calls["dense"] >= 1
+
+
+_OTHER_WIDTH = """
+import asyncio, sys
+import numpy as np
+import aiomnn
+from aiomnn.backends.cpu import vectors
+from tests.oracle import one_input_model, run_ort
+from onnx import helper
+
+rng = np.random.default_rng(5)
+x = rng.standard_normal((1, 16, 32, 32)).astype(np.float32)
+consts = {"w": rng.standard_normal((32, 16, 3, 3)).astype(np.float32) / 12,
+          "w2": rng.standard_normal((64, 70)).astype(np.float32) / 8, "b2": rng.standard_normal(70).astype(np.float32)}
+nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("Reshape", ["r", "shape"], ["f"]), helper.make_node("MatMul", ["f", "w2"], ["m"]),
+         helper.make_node("Add", ["m", "b2"], ["y"])]
+consts["shape"] = np.array([1, 512, 64], np.int64)
+data = one_input_model(nodes, x.shape, consts)
+
+async def go():
+    net = aiomnn.Interpreter.from_bytes(data)
+    async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as s:
+        await s.run({"x": x})
+        return (await s.run({"x": x}))["y"]
+
+np.testing.assert_allclose(asyncio.run(go()), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
+print("wide" if vectors.wide() else "narrow")
+"""
+
+
+def test_the_other_vector_width():
+    """On a machine with AVX-512 the loops take 512-bit vectors and their wide tiles, and AIOMNN_VECTORS=256
+    keeps the narrow ones: a process of the width this one does not use gives onnxruntime's values on a conv
+    and a Dense step (this process's width runs every other test)."""
+    import llvmlite.binding as ll
+
+    if not ll.get_host_cpu_features().get("avx512f"):
+        pytest.skip("no AVX-512 here: the loops have one vector width")
+    other = "narrow" if vectors.wide() else "wide"
+    env = dict(os.environ, AIOMNN_NUMBA="wait")
+    env.pop("NUMBA_CPU_FEATURES", None)  # this process's choice, which the child would inherit
+    env["AIOMNN_VECTORS"] = "256" if other == "narrow" else ""
+    done = subprocess.run([sys.executable, "-c", _OTHER_WIDTH], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == other
