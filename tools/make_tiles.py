@@ -6,8 +6,9 @@ inline, and stamp its SHA-256 into tiles.py (numba's disk cache checks only tile
 numba has no vector type, and LLVM keeps a tile of sums in registers only when each sum is its own scalar
 variable: an array of sums stays in memory (numba allocates it on the heap, and LLVM must assume it may
 overlap the input). So the block names its MR x NR sums one by one, and LLVM's SLP vectorizer packs each row of
-NR into NR / 8 AVX registers. Writing 96 sums by hand would hide the loop's shape; this script writes them into
-a file that numba compiles and caches (a function made by exec cannot be cached on disk).
+NR into NR / 8 AVX (NR / 16 AVX-512) registers. Writing hundreds of sums by hand would hide the loop's shape; this
+script writes them into a file that numba compiles and caches (a function made by exec cannot be cached on
+disk).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import pathlib
 import re
 
 #: The tiles written, as (loop, rows, columns): each tile loop's shape for narrow (256-bit) and wide (512-bit)
-#: vectors, as backends/cpu/vectors.py chooses them. A conv tile is 6 x 16 sums in 12 AVX registers (with 2 for
-#: a row of inputs and 1 for a broadcast weight: enough sums in flight to cover the multiply-add latency; 4 x 16
-#: and 8 x 8 ran 20% slower on the 2-core VM), or 12 x 16 in 12 AVX-512 registers.
-TILES = (("conv", 6, 16), ("conv", 12, 16), ("dense", 6, 16), ("dense", 8, 32))
+#: vectors, as backends/cpu/vectors.py chooses them. A narrow conv tile is 6 x 16 sums in 12 AVX registers (with 2
+#: for a row of inputs and 1 for a broadcast weight: enough sums in flight to cover the multiply-add latency;
+#: 4 x 16 and 8 x 8 ran 20% slower on the 2-core VM); a wide one 8 x 32 in 16 AVX-512 registers.
+TILES = (("conv", 6, 16), ("conv", 8, 32), ("dense", 6, 16), ("dense", 8, 32))
 HEADER = '''"""The blocks of sums of the tile loops (tiles.py), written by tools/make_tiles.py: edit that, not this (tiles.py
 holds this file's SHA-256, so that numba's disk cache compiles the loops again when it changes)."""
 
