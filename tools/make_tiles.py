@@ -30,27 +30,32 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from .scalars import prefetch
+from .scalars import FAST, prefetch
 
 U = np.uint64
 '''
+#: Compiled as functions of their own that LLVM inlines, not inlined by numba (inline="always"): numba's inlining
+#: takes a reference to each array argument, atomic calls (and spilled registers) around every block of sums.
+#: As in loops.compile for the tile loops, no reassociation.
+DECORATOR = '@numba.njit(fastmath=FAST - {"reassoc"}, error_model="numpy", boundscheck=False)'
 
 
 def conv(mr: int, nr: int) -> str:
     """conv_MRxNR: a block of taps [k0, k1) added into one tile's sums, which start from the bias (fresh) or
-    from the tile's store ti, and end in ti; a tap reads nr input positions in a row and mr weights."""
-    lines = ['@numba.njit(inline="always")',
-             f"def conv_{mr}x{nr}(x, q0, offs, k0, k1, wi, ti, bias, c0, fresh):",
+    from the tile's store t[at:] (flat, row by row), and end there; a tap reads nr input positions in a row and
+    the mr weights of channel block b."""
+    lines = [DECORATOR,
+             f"def conv_{mr}x{nr}(x, q0, offs, k0, k1, w, b, t, at, bias, c0, fresh):",
              "    if fresh:"]
     lines += [f"        s{i}_{j} = bias[c0 + U({i})]" for i in range(mr) for j in range(nr)]
     lines += ["    else:"]
-    lines += [f"        s{i}_{j} = ti[{i}, {j}]" for i in range(mr) for j in range(nr)]
+    lines += [f"        s{i}_{j} = t[at + U({i * nr + j})]" for i in range(mr) for j in range(nr)]
     lines += ["    for k in range(k0, k1):", "        q = offs[k] + q0"]
     lines += [f"        x{j} = x[q + U({j})]" for j in range(nr)]
     for i in range(mr):
-        lines += [f"        a = wi[k, U({i})]"]
+        lines += [f"        a = w[b, k, U({i})]"]
         lines += [f"        s{i}_{j} += a * x{j}" for j in range(nr)]
-    lines += [f"    ti[{i}, {j}] = s{i}_{j}" for i in range(mr) for j in range(nr)]
+    lines += [f"    t[at + U({i * nr + j})] = s{i}_{j}" for i in range(mr) for j in range(nr)]
     return "\n".join(lines) + "\n"
 
 
@@ -60,11 +65,12 @@ AHEAD = 2048
 
 
 def dense(mr: int, nr: int) -> str:
-    """dense_MRxNR: one tile of a product, rows rs of x (M, K) times a panel of nr columns of the weights
-    (K, nr), from the bias at columns n0.. (where there is one) into ti; a step of k reads nr weights in a row
-    and mr values of x, and prefetches the weights AHEAD floats on in `flat`, where the panel starts at `at`."""
-    lines = ['@numba.njit(inline="always")',
-             f"def dense_{mr}x{nr}(x, rs, wp, kk, ti, bias, n0, biased, flat, at):"]
+    """dense_MRxNR: one tile of a product, rows rs of x (M, K) times panel p of nr columns of the weights
+    wp (P, K, nr), from the bias at columns n0.. (where there is one) into t (flat, row by row); a step of k
+    reads nr weights in a row and mr values of x, and prefetches the weights AHEAD floats on in `flat`, where
+    the panel starts at `at`."""
+    lines = [DECORATOR,
+             f"def dense_{mr}x{nr}(x, rs, wp, p, kk, t, bias, n0, biased, flat, at):"]
     lines += [f"    r{i} = rs[{i}]" for i in range(mr)]
     lines += ["    if biased:"]
     lines += [f"        s{i}_{j} = bias[n0 + U({j})]" for i in range(mr) for j in range(nr)]
@@ -72,11 +78,11 @@ def dense(mr: int, nr: int) -> str:
     lines += [f"        s{i}_{j} = np.float32(0)" for i in range(mr) for j in range(nr)]
     lines += ["    for k in range(U(0), kk):"]
     lines += [f"        prefetch(flat, at + k * U({nr}) + U({AHEAD + line}))" for line in range(0, nr, 16)]
-    lines += [f"        w{j} = wp[k, U({j})]" for j in range(nr)]
+    lines += [f"        w{j} = wp[p, k, U({j})]" for j in range(nr)]
     for i in range(mr):
         lines += [f"        a = x[r{i}, k]"]
         lines += [f"        s{i}_{j} += a * w{j}" for j in range(nr)]
-    lines += [f"    ti[{i}, {j}] = s{i}_{j}" for i in range(mr) for j in range(nr)]
+    lines += [f"    t[U({i * nr + j})] = s{i}_{j}" for i in range(mr) for j in range(nr)]
     return "\n".join(lines) + "\n"
 
 

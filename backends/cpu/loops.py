@@ -230,7 +230,7 @@ def gemm(a, b, bias, out, per_row, act, alpha, beta, row_pieces, col_pieces):
                 bc = bias[c0:c1]
                 for j in range(c1 - c0):
                     y[j] += bc[j]
-            scalars.activate(y, act, alpha, beta)
+            scalars.activate(y, 0, c1 - c0, act, alpha, beta)
 
 
 def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1):

@@ -58,36 +58,36 @@ def sigmoid(v):
 
 
 @numba.njit(inline="always", fastmath=FAST, error_model="numpy")
-def activate(y, act, alpha, beta):
-    """A fused activation, in place over the row y, by its code (jit.loop_activation): 0 none, 1 Relu,
+def activate(y, lo, hi, act, alpha, beta):
+    """A fused activation, in place over y[lo:hi] (indices, not a view: see tiles.py), by its code (jit.loop_activation): 0 none, 1 Relu,
     2 HardSwish, 3 Swish(alpha), 4 Sigmoid, 5 LeakyRelu(alpha), 6 Clip(alpha, beta), 7 HardSigmoid(alpha,
     beta), 8 Gelu. One loop for each, so that each vectorizes."""
     if act == 1:
-        for j in range(y.shape[0]):
+        for j in range(lo, hi):
             y[j] = max(y[j], F(0))
     elif act == 2:
-        for j in range(y.shape[0]):
+        for j in range(lo, hi):
             v = y[j]
             y[j] = v * min(max(v * F(1 / 6) + F(0.5), F(0)), F(1))
     elif act == 3:
-        for j in range(y.shape[0]):
+        for j in range(lo, hi):
             v = y[j]
             y[j] = v * sigmoid(alpha * v)
     elif act == 4:
-        for j in range(y.shape[0]):
+        for j in range(lo, hi):
             y[j] = sigmoid(y[j])
     elif act == 5:
-        for j in range(y.shape[0]):
+        for j in range(lo, hi):
             v = y[j]
             y[j] = v if v >= F(0) else alpha * v
     elif act == 6:
-        for j in range(y.shape[0]):
+        for j in range(lo, hi):
             y[j] = min(max(y[j], alpha), beta)
     elif act == 7:
-        for j in range(y.shape[0]):
+        for j in range(lo, hi):
             y[j] = min(max(alpha * y[j] + beta, F(0)), F(1))
     elif act == 8:
-        for j in range(y.shape[0]):
+        for j in range(lo, hi):
             v = y[j]
             y[j] = F(0.5) * v * (F(1) + erf(v * F(0.7071067811865476)))
 

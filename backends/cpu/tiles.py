@@ -38,7 +38,7 @@ DR, DC = vectors.dense_tile()
 _sums = getattr(tile_sums, f"conv_{MR}x{NR}")
 _dense_sums = getattr(tile_sums, f"dense_{DR}x{DC}")
 #: The SHA-256 of tile_sums.py (tools/make_tiles.py writes both).
-SUMS = "96d6051c7fe1a8432e9db898c1411335ec58c1427df8be42510641c444e2821d"
+SUMS = "1191beffd62a088c2d3e401a28e7315fd58e2d01b476fabe8ea8df5c010fa0ac"
 #: Taps a block: a block's inputs (16 positions a tap) and weights stay in L1.
 KC = U(128)
 
@@ -55,12 +55,11 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
         # chunk c: run c // groups of the tiles, for group c % groups of the blocks of channels
         r, q = U(c) // U(groups), U(c) % U(groups)
         b0, b1 = q * mb // U(groups), (q + U(1)) * mb // U(groups)
-        t = np.empty((mb, MR, NR), np.float32)
-        dest = np.empty(NR, np.int64)
+        t = np.empty(mb * U(MR * NR), np.float32)  # flat, and no views of it or of y, w: see the module's notes
+        seg = np.empty((NR, 3), np.uint64)
         for g in range(r * total // runs, (r + U(1)) * total // runs):
             n = first + g // per
             base = n * xs
-            yn = y[n]
             p = p_first + (g % per) * U(NR)
             # A last tile that would end past p_last ends there instead, overlapping the one before (it computes
             # some positions twice, the same values) and reading no further than they need; not before p_first,
@@ -70,44 +69,42 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
             for k0 in range(U(0), kk, KC):
                 k1 = min(kk, k0 + KC)
                 for i0 in range(b0, b1):
-                    ti = t[i0]
-                    wi = w[i0]
+                    at = i0 * U(MR * NR)
                     if safe:
-                        _sums(x, base + p0, offs, k0, k1, wi, ti, bias, i0 * U(MR), k0 == U(0))
-                    else:  # the last tile of the last image, whose row of 16 would read past x
+                        _sums(x, base + p0, offs, k0, k1, w, i0, t, at, bias, i0 * U(MR), k0 == U(0))
+                    else:  # the last tile of the last image, whose row of NR would read past x
                         if k0 == U(0):
                             for i in range(MR):
                                 for j in range(NR):
-                                    ti[i, j] = bias[i0 * U(MR) + U(i)]
+                                    t[at + U(i * NR + j)] = bias[i0 * U(MR) + U(i)]
                         for k in range(k0, k1):
                             q = base + offs[k] + p0
                             for i in range(MR):
-                                a = wi[k, U(i)]
+                                a = w[i0, k, U(i)]
                                 for j in range(NR):
                                     if q + U(j) < xn:
-                                        ti[i, j] += a * x[q + U(j)]
-            full = p0 + U(NR) <= p_last and (rw == wo or p0 % rw + U(NR) <= wo)
-            d0 = (p0 // rw) * wo + p0 % rw
-            if not full:
-                for j in range(NR):
-                    p = p0 + U(j)
-                    c = p % rw
-                    if c < wo and p < p_last:
-                        dest[j] = (p // rw) * wo + c
-                    else:
-                        dest[j] = -1
+                                        t[at + U(i * NR + j)] += a * x[q + U(j)]
+            # The tile's positions as runs that each lie in one output row, padding columns and positions past
+            # p_last left out: (first position in the tile, first output index, length). One division a run.
+            runs_n = 0
+            j = U(0)
+            while j < U(NR):
+                pj = p0 + j
+                col = pj % rw
+                span = min(U(NR) - j, rw - col)  # to the end of this padded row
+                keep = min(span, wo - col) if col < wo else U(0)
+                keep = min(keep, p_last - pj) if pj < p_last else U(0)
+                if keep > U(0):
+                    seg[runs_n, 0], seg[runs_n, 1], seg[runs_n, 2] = j, (pj // rw) * wo + col, keep
+                    runs_n += 1
+                j += span
             for i in range(b0 * U(MR), min(m, b1 * U(MR))):
-                tr = t[i // U(MR), i % U(MR)]
-                activate(tr, act, alpha, beta)
-                yr = yn[i]
-                if full:
-                    for j in range(NR):
-                        yr[d0 + U(j)] = tr[j]
-                else:
-                    for j in range(NR):
-                        d = dest[j]
-                        if d >= 0:
-                            yr[d] = tr[j]
+                row = i * U(NR)  # tile i // MR, its row i % MR
+                activate(t, row, row + U(NR), act, alpha, beta)
+                for k in range(runs_n):
+                    j0, d, length = seg[k, 0], seg[k, 1], seg[k, 2]
+                    for j in range(length):
+                        y[n, i, d + j] = t[row + j0 + j]
 
 
 def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
@@ -127,23 +124,21 @@ def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
     flat = wp.reshape(-1)
     for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
         pc, rc = U(c) % U(cols), U(c) // U(cols)
-        t = np.empty((DR, DC), np.float32)
+        t = np.empty(DR * DC, np.float32)
         rs = np.empty(DR, np.uint64)
         for p in range(pc * panels // U(cols), (pc + U(1)) * panels // U(cols)):
             lo = p * U(DC)  # the first column this panel writes
             n0 = min(lo, n - U(DC))  # the first it computes
-            wpp = wp[p]
             for b in range(rc * blocks // runs, (rc + U(1)) * blocks // runs):
                 top = b * U(DR)  # the first row this block writes
                 m0 = top if top + U(DR) <= m or m < U(DR) else m - U(DR)
                 for i in range(DR):
                     rs[i] = min(m0 + U(i), m - U(1))
-                _dense_sums(x, rs, wpp, kk, t, bias, n0, biased, flat, p * kk * U(DC))
+                _dense_sums(x, rs, wp, p, kk, t, bias, n0, biased, flat, p * kk * U(DC))
                 for i in range(DR):
                     r = m0 + U(i)
                     if r >= top and r < m:
-                        tr = t[i]
-                        activate(tr, act, alpha, beta)
-                        yr = y[r]
+                        row = U(i * DC)
+                        activate(t, row, row + U(DC), act, alpha, beta)
                         for j in range(lo - n0, U(DC)):
-                            yr[n0 + j] = tr[j]
+                            y[r, n0 + j] = t[row + j]
