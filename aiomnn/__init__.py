@@ -7,6 +7,7 @@ from .batching import BatchingSession
 from .config import BackendConfig, ForwardType, ScheduleConfig
 from .errors import AiomnnError, BackendError, ClosedError, ForkError, InputError, ModelError, UnsupportedOpError
 from .interpreter import InputInfo, Interpreter
+from .metadata import ModelMetadata, TensorInfo
 from .runtime import RuntimeInfo, available_backends, create_runtime
 from .session import Session
 
@@ -24,9 +25,11 @@ __all__ = [
     "InputInfo",
     "Interpreter",
     "ModelError",
+    "ModelMetadata",
     "RuntimeInfo",
     "ScheduleConfig",
     "Session",
+    "TensorInfo",
     "UnsupportedOpError",
     "available_backends",
     "create_runtime",

@@ -54,14 +54,16 @@ def all_empty(outputs: list[Tensor]) -> bool:
     """True when every named output is a tensor of zero elements (an empty batch, say): their
     shapes and dtypes are the whole result, and there is nothing to compute."""
     named = [t for t in outputs if t.name]
-    return bool(named) and all(t.kind == "tensor" and t.nbytes == 0 and 0 in t.shape for t in named)
+    return bool(named) and all(t.kind == "tensor" and t.nbytes == 0 and t.shape is not None and 0 in t.shape
+                               for t in named)
 
 
 class Execution:
     """One node, ready to run on one backend."""
 
-    def on_resize(self, inputs: list[Tensor], outputs: list[Tensor]) -> None:
-        """Plan for the current shapes: scratch memory, kernel arguments, recorded commands."""
+    def on_resize(self, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
+        """Plan for the current shapes: scratch memory, kernel arguments, recorded commands. An input the
+        model leaves out is None."""
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         raise NotImplementedError
@@ -85,8 +87,16 @@ class Backend:
         self.blocks: list[Block] = []
 
     # Creation -----------------------------------------------------------
-    def on_create(self, node: Node, inputs: list[Tensor], outputs: list[Tensor]) -> Execution | None:
+    def on_create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution | None:
+        """An Execution of node on this backend, or None where the op or its shapes are not supported here
+        (the backup backend is asked next). An input the model leaves out is None."""
         raise NotImplementedError
+
+    def why_unsupported(self, node: Node) -> str | None:
+        """Why this backend cannot run the node whatever its shapes, or None where it may (on_create decides
+        once shapes are known). A session's backup answers it when the session is made, so that a model with
+        an op nothing runs fails then, naming the op."""
+        return None
 
     # Memory -------------------------------------------------------------
     def acquire(self, nbytes: int, storage: StorageType = StorageType.DYNAMIC) -> Block:

@@ -38,17 +38,27 @@ class _Request:
 
 
 class BatchingSession:
+    """Gathers concurrent runs of a session into batched runs (see the module's docstring).
+
+    Use it inside `async with`. `run(feeds)` takes what Session.run takes, every input with the same size
+    along axis 0 (usually 1), and returns that request's part of the batched outputs. Requests whose inputs
+    differ in shape beyond axis 0 run in separate batches. The model's inputs need a dynamic first dimension.
+    """
+
     def __init__(self, session: Session, max_batch: int = 8, max_delay_ms: float = 2.0, workers: int = 1):
+        """Batch up to `max_batch` items, waiting at most `max_delay_ms` after a batch's first request for
+        more; `workers` batches run at once, each on its own clone of `session` beyond the first."""
         if max_batch < 1:
             raise AiomnnError(f"max_batch must be at least 1, not {max_batch}")
         if workers < 1:
             raise AiomnnError(f"workers must be at least 1, not {workers}")
-        for v in session.graph.inputs:
+        inputs = session._inputs  # the model's declared inputs, by name
+        for v in inputs.values():
             if v.shape is None or not v.shape or isinstance(v.shape[0], int):
                 raise AiomnnError(f"input {v.name!r} has no dynamic batch dimension (shape {v.shape}); "
                                   "dynamic batching needs one")
         self.session = session
-        self._inputs = {v.name: v for v in session.graph.inputs}
+        self._inputs = dict(inputs)
         self.max_batch = max_batch
         self.max_delay = max_delay_ms / 1000
         self.workers = workers
@@ -58,6 +68,7 @@ class BatchingSession:
         self._clones: list[Session] = []
 
     async def __aenter__(self) -> "BatchingSession":
+        """Start the workers (and make their clones of the session)."""
         self._clones = [await self.session.clone() for _ in range(self.workers - 1)]
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
@@ -67,6 +78,7 @@ class BatchingSession:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        """Run what is queued, stop the workers and close the clones; the session itself stays open."""
         assert self._tasks is not None
         self._send.close()  # the workers drain what is queued, then end
         try:
@@ -77,13 +89,15 @@ class BatchingSession:
                 await clone.close()
 
     async def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Run one request in the next batch; its outputs, split from the batch's (views the caller owns)."""
         if self._tasks is None:
             raise AiomnnError("use BatchingSession inside `async with`")
         arrays = check_feeds(self._inputs, feeds)  # what Session.run takes, this takes
-        sizes = {a.shape[0] if isinstance(a, np.ndarray) and a.ndim else None for a in arrays.values()}
-        if len(sizes) != 1 or None in sizes:
+        sizes = {int(a.shape[0]) if isinstance(a, np.ndarray) and a.ndim else None for a in arrays.values()}
+        size = next(iter(sizes)) if len(sizes) == 1 else None
+        if size is None:
             raise InputError(f"every input needs the same batch size along axis 0, got {sizes}")
-        req = _Request(arrays, sizes.pop())
+        req = _Request(arrays, size)
         await self._send.send(req)
         try:
             await req.done.wait()
@@ -109,7 +123,7 @@ class BatchingSession:
                 await self._run_batch(session, buffers, batch)
 
     async def _run_batch(self, session: Session, buffers: dict[str, np.ndarray], batch: list[_Request]) -> None:
-        groups: dict[tuple, list[_Request]] = {}
+        groups: dict[tuple[tuple[str, tuple[int, ...], str], ...], list[_Request]] = {}
         for r in batch:
             if not r.withdrawn:
                 key = tuple(sorted((k, a.shape[1:], a.dtype.str) for k, a in r.feeds.items()))

@@ -40,9 +40,12 @@ import math
 import struct
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
 
 from .errors import ModelError
 
@@ -126,15 +129,15 @@ class _Graph:
         from onnx import helper, numpy_helper
 
         self.helper, self.numpy_helper = helper, numpy_helper
-        self.nodes: list = []
-        self.inits: list = []
-        self._consts: dict[tuple, str] = {}
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._consts: dict[tuple[str, tuple[int, ...], bytes], str] = {}
 
     def init(self, name: str, a: np.ndarray) -> str:
         self.inits.append(self.numpy_helper.from_array(np.array(a, order="C"), name))
         return name
 
-    def const(self, value, dtype=np.float32) -> str:
+    def const(self, value: Any, dtype: type[np.generic] = np.float32) -> str:
         """A shared scalar or 1-D constant initializer."""
         a = np.asarray(value, dtype)
         key = (a.dtype.str, a.shape, a.tobytes())
@@ -142,7 +145,7 @@ class _Graph:
             self._consts[key] = self.init(f"const_{len(self._consts)}", a)
         return self._consts[key]
 
-    def op(self, op: str, inputs: list[str], name: str, **attrs) -> str:
+    def op(self, op: str, inputs: list[str], name: str, **attrs: Any) -> str:
         out = f"{name}_output_0"
         self.nodes.append(self.helper.make_node(op, inputs, [out], name=name, **attrs))
         return out
@@ -155,7 +158,7 @@ def _weights(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return dict(tensors)
 
 
-def _check_config(config: dict) -> None:
+def _check_config(config: dict[str, Any]) -> None:
     need = {"hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "layer_norm_eps"}
     missing = need - config.keys()
     if missing:
@@ -171,7 +174,8 @@ def _check_config(config: dict) -> None:
         raise ModelError("bert config: hidden_size is not a multiple of num_attention_heads")
 
 
-def export(tensors: dict[str, np.ndarray], config: dict, pooling: dict | None = None, name: str = "bert"):
+def export(tensors: dict[str, np.ndarray], config: dict[str, Any], pooling: dict[str, Any] | None = None,
+           name: str = "bert") -> onnx.ModelProto:
     """The ONNX ModelProto of a BertModel with these weights, plus mean pooling and L2 normalisation."""
     from onnx import TensorProto, helper
 
@@ -235,7 +239,7 @@ def export(tensors: dict[str, np.ndarray], config: dict, pooling: dict | None = 
         p, s = f"encoder.layer.{i}", f"/encoder/layer.{i}"
         sa, ss = f"{p}.attention.self", f"{s}/attention/self"
 
-        def split(name: str, perm: list[int], sa=sa, ss=ss) -> str:
+        def split(name: str, perm: list[int], sa: str = sa, ss: str = ss) -> str:
             y = linear(x, f"{sa}.{name}", f"{ss}/{name}", hidden, hidden)
             y = g.op("Reshape", [y, heads_shape], f"{ss}/{name}/Reshape")
             return g.op("Transpose", [y], f"{ss}/{name}/Transpose", perm=perm)
@@ -288,12 +292,14 @@ def export(tensors: dict[str, np.ndarray], config: dict, pooling: dict | None = 
     return model
 
 
-def export_bytes(safetensors: bytes, config: dict, pooling: dict | None = None, name: str = "bert") -> bytes:
+def export_bytes(safetensors: bytes, config: dict[str, Any], pooling: dict[str, Any] | None = None,
+                 name: str = "bert") -> bytes:
     """The serialized ONNX model; the same inputs give the same bytes."""
-    return export(read_safetensors(safetensors), config, pooling, name).SerializeToString()
+    data: bytes = export(read_safetensors(safetensors), config, pooling, name).SerializeToString()
+    return data
 
 
-def _json(data: bytes, what: str) -> dict:
+def _json(data: bytes, what: str) -> dict[str, Any]:
     try:
         value = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -303,7 +309,7 @@ def _json(data: bytes, what: str) -> dict:
     return value
 
 
-def read_zip(src: Path) -> tuple[bytes, dict, dict | None]:
+def read_zip(src: Path) -> tuple[bytes, dict[str, Any], dict[str, Any] | None]:
     """The model.safetensors bytes, config.json and 1_Pooling/config.json (None if absent) of a
     sentence-transformers zip; the files lie at its root or under one folder."""
     with zipfile.ZipFile(src) as z:

@@ -6,10 +6,14 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Any, Awaitable, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, NoReturn, Sequence
 
 import anyio
 import numpy as np
+
+if TYPE_CHECKING:
+    from .interpreter import Interpreter
+    from .metadata import TensorInfo
 
 
 def demo_model(channels: int = 16, classes: int = 10) -> bytes:
@@ -48,7 +52,8 @@ def demo_model(channels: int = 16, classes: int = 10) -> bytes:
         [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, 64, 64])],
         [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", classes])],
         inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    data: bytes = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    return data
 
 
 class Progress:
@@ -70,8 +75,9 @@ class Progress:
             sys.stderr.flush()
 
 
-async def serve(make_feeds: Callable[[int], dict[str, np.ndarray]], call: Callable[[dict], Awaitable[Any]],
-                requests: int, concurrency: int) -> dict[str, float]:
+async def serve(make_feeds: Callable[[int], dict[str, np.ndarray]],
+                call: Callable[[dict[str, np.ndarray]], Awaitable[Any]], requests: int, concurrency: int
+                ) -> dict[str, float]:
     """Serve `requests` calls from `concurrency` tasks while a 1 ms ticker measures event-loop lag."""
     latencies: list[float] = []
     lags: list[float] = []
@@ -184,7 +190,8 @@ def shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
-def _parse_shapes(items: list[tuple[str, tuple[int, ...]]], inputs: dict) -> dict[str, tuple[int, ...]]:
+def _parse_shapes(items: list[tuple[str, tuple[int, ...]]], inputs: Mapping[str, TensorInfo]
+                  ) -> dict[str, tuple[int, ...]]:
     shapes = dict(items)
     unknown = [n for n in shapes if n not in inputs]
     if unknown:
@@ -193,14 +200,18 @@ def _parse_shapes(items: list[tuple[str, tuple[int, ...]]], inputs: dict) -> dic
     return shapes
 
 
-def random_feeds(inputs: dict, shapes: dict[str, tuple[int, ...]], rng: np.random.Generator) -> dict[str, np.ndarray]:
+def random_feeds(inputs: Mapping[str, TensorInfo], shapes: dict[str, tuple[int, ...]], rng: np.random.Generator
+                 ) -> dict[str, np.ndarray]:
+    """A random feed for every input, of the shape given in `shapes` or else the one the model fixes."""
     feeds = {}
-    for name, (shape, dtype) in inputs.items():
+    for name, info in inputs.items():
         if name in shapes:
             shape = shapes[name]
-        elif shape is None or not all(isinstance(d, int) for d in shape):
-            raise UsageError(f"input {name!r} has dynamic shape {shape}; give it with --shape {name}=...")
-        dtype = np.dtype(dtype or np.float32)
+        elif info.shape is not None and all(isinstance(d, int) for d in info.shape):
+            shape = tuple(d for d in info.shape if isinstance(d, int))
+        else:
+            raise UsageError(f"input {name!r} has dynamic shape {info.shape}; give it with --shape {name}=...")
+        dtype = np.dtype(info.dtype or np.float32)
         if dtype.kind == "f":
             feeds[name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind == "b":
@@ -243,12 +254,13 @@ async def _run(args: argparse.Namespace) -> int:
             if args.requests:
                 stats = await serve(lambda i: feeds, session.run, args.requests, args.concurrency)
                 _print_stats(stats)
-            if args.profile is not None:
+            profile = session.profile
+            if args.profile is not None and profile is not None:
                 from .profile import format_summary
 
                 session.write_profile(args.profile)
-                print(f"profile of {len(session.profile.runs)} runs written to {args.profile}; the costliest ops:")
-                print(format_summary(session.profile.summary(top=10)))
+                print(f"profile of {len(profile.runs)} runs written to {args.profile}; the costliest ops:")
+                print(format_summary(profile.summary(top=10)))
     finally:
         runtime.close()
     return 0
@@ -257,6 +269,11 @@ async def _run(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     import aiomnn
     from aiomnn.runtime import BACKEND_MODULES, probe
+
+    if args.model is not None:
+        for line in describe(aiomnn.Interpreter.from_file(args.model), args.model):
+            print(line)
+        return 0
 
     for t in BACKEND_MODULES:
         devices = probe(t)
@@ -269,6 +286,44 @@ def _info(args: argparse.Namespace) -> int:
     chosen = aiomnn.runtime.resolve_type(aiomnn.ScheduleConfig())
     print(f"auto -> {chosen.value}")
     return 0
+
+
+def describe(net: Interpreter, where: str) -> list[str]:
+    """What `aiomnn info MODEL` prints of an Interpreter: its metadata, then its inputs and outputs, a line each."""
+    meta = net.metadata
+    opsets = ", ".join(f"{domain or 'ai.onnx'} {version}" for domain, version in meta.opset_imports.items())
+    lines = [f"model: {where}",
+             f"producer: {_text(f'{meta.producer_name} {meta.producer_version}')}",
+             f"domain: {_text(meta.domain)}",
+             f"ir version: {meta.ir_version}",
+             f"model version: {meta.model_version}",
+             f"opset imports: {opsets or '(none)'}",
+             f"graph: {_text(meta.graph_name)}",
+             f"doc string: {_text(meta.doc_string)}"]
+    lines += [f"metadata {_text(key)}: {_text(value)}" for key, value in meta.metadata_props.items()]
+    for kind, infos in (("input", net.inputs), ("output", net.outputs)):
+        lines += [f"{kind} {info.name}: {_tensor_type(info)}" for info in infos.values()]
+    return lines
+
+
+def _text(text: str, limit: int = 100) -> str:
+    """Text on one line (its runs of white space as one space), cut at `limit` characters; '(none)' if empty."""
+    flat = " ".join(text.split())
+    if len(flat) > limit:
+        return f"{flat[:limit]}... ({len(flat)} characters)"
+    return flat or "(none)"
+
+
+def _tensor_type(info: TensorInfo) -> str:
+    """A TensorInfo as `float32 [batch, 3, ?, 224]`: a symbolic dimension by its name, an unknown one as '?'."""
+    dtype = "unknown dtype" if info.dtype is None else str(info.dtype)
+    return f"{dtype} {_dims(info.shape)}"
+
+
+def _dims(shape: Sequence[int | str | None] | None) -> str:
+    if shape is None:
+        return "(rank unknown)"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 def _models(args: argparse.Namespace) -> int:
@@ -325,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(chrome://tracing, Perfetto) and print the ten costliest ops")
     p.set_defaults(fn=lambda a: asyncio.run(_run(a)))
 
-    p = sub.add_parser("info", help="list backends and devices")
+    p = sub.add_parser("info", help="list backends and devices; with a model, its metadata, inputs and outputs")
+    p.add_argument("model", nargs="?", help="an ONNX model file to describe")
     p.set_defaults(fn=_info)
 
     p = sub.add_parser("models", help="fetch or list the public real models")
@@ -345,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import AiomnnError
 
     try:
-        return args.fn(args)
+        status: int = args.fn(args)
+        return status
     except UsageError as exc:
         sub.choices[args.command].error(str(exc))
     except AiomnnError as exc:

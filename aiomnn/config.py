@@ -10,6 +10,9 @@ from .errors import AiomnnError
 
 
 class ForwardType(str, enum.Enum):
+    """Which backend runs a session (MNN's forward type). AUTO picks the first of AUTO_ORDER that has a real
+    GPU here, else the CPU. Configs take the values as strings too ("cuda", case aside)."""
+
     CPU = "cpu"
     CUDA = "cuda"
     OPENCL = "opencl"
@@ -18,6 +21,7 @@ class ForwardType(str, enum.Enum):
 
     @classmethod
     def of(cls, value: "ForwardType | str") -> "ForwardType":
+        """A ForwardType or its name as the ForwardType; an AiomnnError naming the choices for anything else."""
         try:
             return cls(value.lower() if isinstance(value, str) else value)
         except ValueError:

@@ -52,13 +52,15 @@ def load_cases(kinds: Iterable[str] = KINDS) -> list[Case]:
             warnings.simplefilter("ignore")
             tests = load_model_tests(kind=kind)
         for t in tests:
-            if t.model is not None:
+            if t.model is not None:  # a case built in Python, its data sets beside it
                 model = t.model
-                data = [([_as_value(v) for v in i], [_as_value(v) for v in o]) for i, o in t.data_sets]
-            else:
+                data = [([_as_value(v) for v in i], [_as_value(v) for v in o]) for i, o in t.data_sets or ()]
+            elif t.model_dir is not None:  # a case on disk
                 path = os.path.join(t.model_dir, "model.onnx")
                 model = onnx.load(path)
                 data = [_read_data_set(d) for d in sorted(glob.glob(os.path.join(t.model_dir, "test_data_set_*")))]
+            else:
+                continue
             ops = tuple(sorted({n.op_type for n in model.graph.node}))
             cases.append(Case(t.name, kind, model.SerializeToString(), t.model_dir, data, t.rtol, t.atol, ops))
     return cases

@@ -8,12 +8,12 @@ that names the input.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .errors import InputError
-from .graph import ValueInfo
+from .graph import Dim, ValueInfo
 
 
 def check_feeds(inputs: Mapping[str, ValueInfo], feeds: Mapping[str, Any]) -> dict[str, Any]:
@@ -81,6 +81,6 @@ def check_shape(v: ValueInfo, shape: tuple[int, ...]) -> None:
                              f"not {got}")
 
 
-def fmt(shape) -> str:
+def fmt(shape: Sequence[Dim]) -> str:
     """A declared shape as text, '?' for a dynamic dimension."""
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

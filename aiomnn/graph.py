@@ -83,6 +83,11 @@ def subgraphs(value: Any) -> list[Graph]:
 
 def load_model(data: bytes, base_dir: Path | None) -> Graph:
     """Parse serialized ModelProto bytes into a checked Graph."""
+    return graph_of(parse_model(data), base_dir)
+
+
+def parse_model(data: bytes) -> onnx.ModelProto:
+    """Serialized ModelProto bytes as a ModelProto that has a graph; nothing in it is checked yet."""
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)
@@ -90,6 +95,12 @@ def load_model(data: bytes, base_dir: Path | None) -> Graph:
         raise ModelError(f"not a valid ONNX model: {exc}") from None
     if not model.HasField("graph"):
         raise ModelError("not a valid ONNX model: it has no graph")
+    return model
+
+
+def graph_of(model: onnx.ModelProto, base_dir: Path | None) -> Graph:
+    """A parsed model as a checked Graph. Its local functions are inlined first, in place: the model's graph
+    changes."""
     opsets: dict[str, int] = {}
     for imp in model.opset_import:
         domain = "" if imp.domain in ("", "ai.onnx") else imp.domain
@@ -140,7 +151,7 @@ def dtype_of(elem_type: int, where: str) -> np.dtype:
 
 
 _KNOWN_TYPES = set(TensorProto.DataType.values())
-_SUB_BYTE = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.FLOAT4E2M1: 4}
+_SUB_BYTE: dict[int, int] = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.FLOAT4E2M1: 4}
 for _name, _bits_ in (("INT2", 2), ("UINT2", 2)):
     if hasattr(TensorProto, _name):
         _SUB_BYTE[getattr(TensorProto, _name)] = _bits_
@@ -206,7 +217,7 @@ class _Parser:
 
         defined = set(outer) | set(inits) | {v.name for v in inputs}
         local = set(inits) | {v.name for v in inputs}
-        nodes = []
+        nodes: list[Node] = []
         producers: dict[str, int] = {}
         scope = outer | frozenset(local) | self._all_outputs(g)  # what subgraphs of these nodes may read
         for i, n in enumerate(g.node):
@@ -376,10 +387,13 @@ def check_schema(n: onnx.NodeProto, name: str, domain: str, opset: int) -> None:
             raise ModelError(f"{where}: input {i} ({formal.name}) is required, and the model leaves it empty")
     for a in n.attribute:
         want = schema.attributes.get(a.name)
-        if want is not None and int(want.type) != a.type:
-            have = AttributeProto.AttributeType.Name(a.type) if a.type in AttributeProto.AttributeType.values() \
+        if want is None:
+            continue
+        kind: Any = want.type  # a pybind11 enum: onnx's stub leaves out its __int__ and .name
+        if int(kind) != a.type:
+            given = AttributeProto.AttributeType.Name(a.type) if a.type in AttributeProto.AttributeType.values() \
                 else str(a.type)
-            raise ModelError(f"{where}: attribute {a.name!r} must be {want.type.name}, not {have}")
+            raise ModelError(f"{where}: attribute {a.name!r} must be {kind.name}, not {given}")
 
 
 def value_info_of(v: onnx.ValueInfoProto) -> ValueInfo:

@@ -18,6 +18,10 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
-def sample_feeds(name: str, shape: tuple[int, ...]) -> dict:
+def sample_feeds(name: str, shape: tuple[int, ...]) -> dict[str, "np.ndarray"]:
     """A seeded feed of every input of a model, by input name. For minilm: token ids in [1000, 30000)
     between [CLS]=101 and [SEP]=102, an attention mask of ones except for the last quarter of row 0
     when the batch has more than one row (padding), and token_type_ids of zeros."""
@@ -88,7 +92,7 @@ def sample_feeds(name: str, shape: tuple[int, ...]) -> dict:
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros(shape, np.int64)}
 
 
-def sample_input(name: str, shape: tuple[int, ...]):
+def sample_input(name: str, shape: tuple[int, ...]) -> "np.ndarray":
     """A seeded array for a model's first input (`sample_feeds` gives every input). For det it is a
     seeded page of text lines, each glyph a random 7x5 pattern drawn at twice that size, with noise: the
     detector finds text on about a fifth of the pixels at 640x640 and 480x320 alike, so a relative error
@@ -144,7 +148,7 @@ def sha256(p: Path) -> str:
     return h.hexdigest()
 
 
-def fetch(names: list[str] | None = None, log=print) -> dict[str, Path]:
+def fetch(names: list[str] | None = None, log: Callable[[str], object] = print) -> dict[str, Path]:
     """Download, unpack and verify the models; files already cached and verified are kept."""
     names = names or list(MODELS)
     dest = cache_dir()

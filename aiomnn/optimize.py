@@ -21,6 +21,7 @@ Conv, ConvTranspose, Gemm and Add apply or decline.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import MappingProxyType
 from typing import Any
@@ -36,6 +37,7 @@ SINCE = {"HardSwish": 14, "Swish": 24, "Gelu": 20}
 
 
 def optimize(graph: Graph) -> Graph:
+    """The graph with the rewrites above made: the same inputs, outputs and results."""
     g = _Rewriter(graph)
     g.drop_identities()
     g.fold_output_affine()
@@ -50,12 +52,9 @@ def optimize(graph: Graph) -> Graph:
 
 
 def _replace(node: Node, **changes: Any) -> Node:
-    fields = dict(name=node.name, op_type=node.op_type, domain=node.domain, inputs=node.inputs,
-                  outputs=node.outputs, attrs=node.attrs, opset=node.opset, implicit=node.implicit)
-    fields.update(changes)
-    if isinstance(fields["attrs"], dict):
-        fields["attrs"] = MappingProxyType(fields["attrs"])
-    return Node(**fields)
+    if isinstance(changes.get("attrs"), dict):
+        changes["attrs"] = MappingProxyType(changes["attrs"])
+    return dataclasses.replace(node, **changes)
 
 
 def _is_scalar(a: np.ndarray | None, value: float) -> bool:
@@ -74,7 +73,9 @@ class _Rewriter:
         for i, n in enumerate(self.nodes):
             self._index(i, n, add=True)
 
-    def _index(self, i: int, n: Node, add: bool) -> None:
+    def _index(self, i: int, n: Node | None, add: bool) -> None:
+        if n is None:
+            return
         for o in n.outputs:
             if o and add:
                 self.producer[o] = i
@@ -89,8 +90,7 @@ class _Rewriter:
     def set(self, changes: dict[int, Node | None]) -> None:
         """Replace (or, with None, remove) nodes by index, keeping who produces and reads what up to date."""
         for i in changes:
-            if self.nodes[i] is not None:
-                self._index(i, self.nodes[i], add=False)
+            self._index(i, self.nodes[i], add=False)
         for i, n in changes.items():
             self.nodes[i] = n
             if n is not None:
@@ -105,8 +105,9 @@ class _Rewriter:
         n = None if j is None else self.nodes[j]
         if n is None or n.domain:
             return None
-        if n.op_type == "Constant" and isinstance(n.attrs.get("value"), np.ndarray):
-            return n.attrs["value"]
+        value = n.attrs.get("value")
+        if n.op_type == "Constant" and isinstance(value, np.ndarray):
+            return value
         if n.op_type == "Reshape" and n.opset >= 5 and len(n.inputs) == 2:
             data, shape = self.const(n.inputs[0]), self.const(n.inputs[1])
             if data is None or shape is None or shape.dtype.kind not in "iu" or n.attrs.get("allowzero", 0):
@@ -128,11 +129,12 @@ class _Rewriter:
         """Whether node i is the one reader of this value, and it is no graph output."""
         return self.users.get(name) == [i] and name not in self.outputs
 
-    def made_by(self, name: str, *op_types: str) -> tuple[int, Node] | tuple[None, None]:
+    def made_by(self, name: str, *op_types: str) -> tuple[int, Node] | None:
+        """(index, node) of the node of one of these op types that produces the value, else None."""
         j = self.producer.get(name)
         n = None if j is None else self.nodes[j]
-        if n is None or n.domain or n.op_type not in op_types:
-            return None, None
+        if j is None or n is None or n.domain or n.op_type not in op_types:
+            return None
         return j, n
 
     # Per-channel constants --------------------------------------------------------------------
@@ -160,16 +162,19 @@ class _Rewriter:
         return w, b
 
     def _out_channels(self, conv: Node, w: np.ndarray) -> int:
-        return w.shape[0] if conv.op_type == "Conv" else w.shape[1] * int(conv.attrs.get("group", 1))
+        return int(w.shape[0] if conv.op_type == "Conv" else w.shape[1] * int(conv.attrs.get("group", 1)))
 
     def _scale_out(self, conv: Node, w: np.ndarray, s: np.ndarray) -> np.ndarray:
         """Conv/ConvTranspose weights with output channel o scaled by s[o]."""
         w64 = w.astype(np.float64)
+        scaled: np.ndarray
         if conv.op_type == "Conv":
-            return w64 * s.reshape((-1,) + (1,) * (w.ndim - 1))
-        g = int(conv.attrs.get("group", 1))
-        ci, cog = w.shape[0], w.shape[1]
-        return (w64.reshape(g, ci // g, cog, -1) * s.reshape(g, 1, cog, 1)).reshape(w.shape)
+            scaled = w64 * s.reshape((-1,) + (1,) * (w.ndim - 1))
+        else:
+            g = int(conv.attrs.get("group", 1))
+            ci, cog = w.shape[0], w.shape[1]
+            scaled = (w64.reshape(g, ci // g, cog, -1) * s.reshape(g, 1, cog, 1)).reshape(w.shape)
+        return scaled
 
     # Rewrites ---------------------------------------------------------------------------------
     def fold_output_affine(self) -> None:
@@ -188,9 +193,12 @@ class _Rewriter:
         sides = [0] if op.op_type == "BatchNormalization" else [0, 1]
         for side in sides:
             x = op.inputs[side]
-            j, conv = self.made_by(x, "Conv", "ConvTranspose")
-            params = None if conv is None else self._conv_params(conv)
-            if params is None or not self.only_user(x, i):
+            hit = self.made_by(x, "Conv", "ConvTranspose")
+            if hit is None or not self.only_user(x, i):
+                continue
+            j, conv = hit
+            params = self._conv_params(conv)
+            if params is None:
                 continue
             w, b = params
             co = self._out_channels(conv, w)
@@ -198,9 +206,10 @@ class _Rewriter:
                 if len(op.inputs) != 5 or op.attrs.get("training_mode", 0):
                     return False
                 p = [self.const(n) for n in op.inputs[1:5]]
-                if any(v is None or v.shape != (co,) or v.dtype != w.dtype for v in p):
+                known = [v for v in p if v is not None and v.shape == (co,) and v.dtype == w.dtype]
+                if len(known) != 4:
                     return False
-                scale, bias, mean, var = (v.astype(np.float64) for v in p)
+                scale, bias, mean, var = (v.astype(np.float64) for v in known)
                 s = scale / np.sqrt(var + float(op.attrs.get("epsilon", 1e-5)))
                 t = bias - mean * s
             else:
@@ -243,9 +252,10 @@ class _Rewriter:
     def _fold_input_affine_at(self, i: int, conv: Node) -> bool:
         params = self._conv_params(conv)
         x = conv.inputs[0]
-        j, op = self.made_by(x, "Mul", "Add")
-        if params is None or op is None or not self.only_user(x, i):
+        hit = self.made_by(x, "Mul", "Add")
+        if params is None or hit is None or not self.only_user(x, i):
             return False
+        j, op = hit
         w, b = params
         found = self._scalar_operand(op, w.dtype)
         if found is None:
@@ -275,10 +285,12 @@ class _Rewriter:
 
     def _swap_mul_add(self, j: int, add: Node, side: int, c: float) -> bool:
         """Mul(x, a) -> Add(., c) becomes Add(x, c / a) -> Mul(., a), so that the Mul folds into the Conv after."""
-        k, mul = self.made_by(add.inputs[side], "Mul")
-        if mul is None or not self.only_user(add.inputs[side], j):
+        hit = self.made_by(add.inputs[side], "Mul")
+        other = self.const(add.inputs[1 - side])
+        if hit is None or other is None or not self.only_user(add.inputs[side], j):
             return False
-        dtype = self.const(add.inputs[1 - side]).dtype
+        k, mul = hit
+        dtype = other.dtype
         found = self._scalar_operand(mul, dtype)
         if found is None or found[1] == 0:
             return False
@@ -303,17 +315,20 @@ class _Rewriter:
     def _hard_swish_at(self, i: int, div: Node) -> tuple[str, list[int]] | None:
         if len(div.inputs) != 2 or not _is_scalar(self.const(div.inputs[1]), 6.0):
             return None
-        m, mul = self.made_by(div.inputs[0], "Mul")
-        if mul is None or len(mul.inputs) != 2 or not self.only_user(div.inputs[0], i):
+        hit = self.made_by(div.inputs[0], "Mul")
+        if hit is None or len(hit[1].inputs) != 2 or not self.only_user(div.inputs[0], i):
             return None
+        m, mul = hit
         for side in (0, 1):
             x, clipped = mul.inputs[side], mul.inputs[1 - side]
-            c, clip = self.made_by(clipped, "Clip")
-            if clip is None or not self.only_user(clipped, m) or not self._clips_to(clip, 0.0, 6.0):
+            clip_hit = self.made_by(clipped, "Clip")
+            if clip_hit is None or not self.only_user(clipped, m) or not self._clips_to(clip_hit[1], 0.0, 6.0):
                 continue
-            a, add = self.made_by(clip.inputs[0], "Add")
-            if add is None or not self.only_user(clip.inputs[0], c) or len(add.inputs) != 2:
+            c, clip = clip_hit
+            add_hit = self.made_by(clip.inputs[0], "Add")
+            if add_hit is None or not self.only_user(clip.inputs[0], c) or len(add_hit[1].inputs) != 2:
                 continue
+            a, add = add_hit
             if (add.inputs[0] == x and _is_scalar(self.const(add.inputs[1]), 3.0)) or \
                     (add.inputs[1] == x and _is_scalar(self.const(add.inputs[0]), 3.0)):
                 return x, [m, c, a]
@@ -330,9 +345,10 @@ class _Rewriter:
             return None
         for side in (0, 1):
             x, gate = mul.inputs[side], mul.inputs[1 - side]
-            h, hs = self.made_by(gate, "HardSigmoid")
-            if hs is None or hs.inputs[0] != x or not self.only_user(gate, i):
+            hit = self.made_by(gate, "HardSigmoid")
+            if hit is None or hit[1].inputs[0] != x or not self.only_user(gate, i):
                 continue
+            h, hs = hit
             if abs(float(hs.attrs.get("alpha", 0.2)) - 1 / 6) <= 1e-7 and float(hs.attrs.get("beta", 0.5)) == 0.5:
                 return x, [h]
         return None
@@ -344,13 +360,18 @@ class _Rewriter:
                 continue
             for side in (0, 1):
                 x, gate = mul.inputs[side], mul.inputs[1 - side]
-                s, sig = self.made_by(gate, "Sigmoid")
-                if sig is None or not self.only_user(gate, i):
+                hit = self.made_by(gate, "Sigmoid")
+                if hit is None or not self.only_user(gate, i):
                     continue
-                removed, attrs = [s], {}
+                s, sig = hit
+                removed: list[int] = [s]
+                attrs: dict[str, Any] = {}
                 if sig.inputs[0] != x:
-                    k, scale = self.made_by(sig.inputs[0], "Mul")
-                    found = None if scale is None else self._scalar_operand(scale, None)
+                    scale_hit = self.made_by(sig.inputs[0], "Mul")
+                    if scale_hit is None:
+                        continue
+                    k, scale = scale_hit
+                    found = self._scalar_operand(scale, None)
                     if found is None or scale.inputs[found[0]] != x or not self.only_user(sig.inputs[0], s):
                         continue
                     removed.append(k)
@@ -369,47 +390,55 @@ class _Rewriter:
             if match is not None:
                 last, x, removed = match
                 node = self.nodes[last]
+                assert node is not None  # _gelu_from found it there
                 self.set({**{k: None for k in removed},
                           last: _replace(node, op_type="Gelu", inputs=(x,), attrs={},
                                          opset=max(node.opset, SINCE["Gelu"]))})
 
     def _gelu_from(self, e: int, erf: Node) -> tuple[int, str, list[int]] | None:
         """(index of the pattern's last node, x, the other nodes) for the GELU pattern around an Erf."""
-        d, div = self.made_by(erf.inputs[0], "Div", "Mul")
-        if div is None or not self.only_user(erf.inputs[0], e):
+        div_hit = self.made_by(erf.inputs[0], "Div", "Mul")
+        if div_hit is None or not self.only_user(erf.inputs[0], e):
             return None
+        d, div = div_hit
         found = self._scalar_operand(div, None)
         want = math.sqrt(2) if div.op_type == "Div" else 1 / math.sqrt(2)
         if found is None or (div.op_type == "Div" and found[0] != 0) or not math.isclose(found[1], want, rel_tol=1e-6):
             return None
         x = div.inputs[found[0]]
-        a, add = self._only_reader(erf.outputs[0], e, "Add")
-        if add is None or (f := self._scalar_operand(add, None)) is None or f[1] != 1.0:
+        add_hit = self._only_reader(erf.outputs[0], e, "Add")
+        if add_hit is None or (f := self._scalar_operand(add_hit[1], None)) is None or f[1] != 1.0:
             return None
-        m, mul = self._only_reader(add.outputs[0], a, "Mul")
-        if mul is None:
+        a, add = add_hit
+        mul_hit = self._only_reader(add.outputs[0], a, "Mul")
+        if mul_hit is None:
             return None
+        m, mul = mul_hit
         other = mul.inputs[1 - mul.inputs.index(add.outputs[0])]
         if other == x:  # (x * (1 + erf)) * 0.5
-            h, half = self._only_reader(mul.outputs[0], m, "Mul")
-            g = None if half is None else self._scalar_operand(half, None)
-            if g is None or g[1] != 0.5:
+            half_hit = self._only_reader(mul.outputs[0], m, "Mul")
+            g = None if half_hit is None else self._scalar_operand(half_hit[1], None)
+            if half_hit is None or g is None or g[1] != 0.5:
                 return None
-            return h, x, [d, e, a, m]
-        h, half = self.made_by(other, "Mul")  # (x * 0.5) * (1 + erf)
-        g = None if half is None else self._scalar_operand(half, None)
+            return half_hit[0], x, [d, e, a, m]
+        half_hit = self.made_by(other, "Mul")  # (x * 0.5) * (1 + erf)
+        if half_hit is None:
+            return None
+        h, half = half_hit
+        g = self._scalar_operand(half, None)
         if g is None or g[1] != 0.5 or half.inputs[g[0]] != x or not self.only_user(other, m):
             return None
         return m, x, [d, e, a, h]
 
-    def _only_reader(self, name: str, producer: int, op_type: str) -> tuple[int, Node] | tuple[None, None]:
-        """The one node that reads a value (of this op type, with two inputs), when it is no graph output."""
+    def _only_reader(self, name: str, producer: int, op_type: str) -> tuple[int, Node] | None:
+        """(index, node) of the one node that reads a value (of this op type, with two inputs), when it is no
+        graph output; else None."""
         users = self.users.get(name, [])
         if len(users) != 1 or name in self.outputs:
-            return None, None
+            return None
         n = self.nodes[users[0]]
         if n is None or n.domain or n.op_type != op_type or len(n.inputs) != 2 or users[0] < producer:
-            return None, None
+            return None
         return users[0], n
 
     def drop_identities(self) -> None:
@@ -421,7 +450,7 @@ class _Rewriter:
             x = node.inputs[0]
             j = self.producer.get(x)
             prod = None if j is None else self.nodes[j]
-            if prod is None or not self.only_user(x, i):
+            if j is None or prod is None or not self.only_user(x, i):
                 continue
             outputs = type(prod.outputs)(node.outputs[0] if o == x else o for o in prod.outputs)
             self.set({i: None, j: _replace(prod, outputs=outputs)})
@@ -432,8 +461,11 @@ class _Rewriter:
             if act is None or act.op_type not in FUSABLE_ACTIVATIONS or act.domain or not act.inputs:
                 continue
             x = act.inputs[0]
-            j, prod = self.made_by(x, *FUSABLE_INTO)
-            if prod is None or not self.only_user(x, i) or "_activation" in prod.attrs or len(prod.outputs) != 1:
+            hit = self.made_by(x, *FUSABLE_INTO)
+            if hit is None or not self.only_user(x, i):
+                continue
+            j, prod = hit
+            if "_activation" in prod.attrs or len(prod.outputs) != 1:
                 continue
             attrs = dict(act.attrs)
             if act.op_type == "Clip" and act.opset >= 11:

@@ -75,6 +75,11 @@ class Plan:
 KEPT_PLANS = 4
 KEPT_BYTES = 1 << 30
 
+#: A plan's key: its input shapes, sorted by input name.
+ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
+#: A node still to run after encode, with its input tensors (None where the model leaves one out) and outputs.
+Op = tuple[Node, list["Tensor | None"], list[Tensor]]
+
 
 class Pipeline:
     """The plan for the current input shapes, and those of shapes seen before (an LRU, KEPT_PLANS and
@@ -87,7 +92,7 @@ class Pipeline:
         self.main = main
         self.backup = backup
         self._spawn = spawn
-        self._kept: OrderedDict[tuple, Plan] = OrderedDict()  # by input shapes, least recently used first
+        self._kept: OrderedDict[ShapeKey, Plan] = OrderedDict()  # by input shapes, least recently used first
         self.tensors: dict[str, Tensor] = {}
         self.segments: list[Segment] = []
         self.consts: dict[str, Any] = {}  # the constants a run hands over (see alloc)
@@ -174,13 +179,13 @@ class Pipeline:
             for i, name in enumerate(node.outputs):
                 if not name:
                     continue
-                if outs is None or i >= len(outs):
+                out = outs[i] if outs is not None and i < len(outs) else None
+                if out is None:
                     tensors[name] = Tensor(name, kind="unknown")
-                elif isinstance(outs[i], Tensor):
-                    t = outs[i]
-                    tensors[name] = Tensor(name, t.dtype, tuple(t.shape), t.const)
+                elif isinstance(out, Tensor):
+                    tensors[name] = Tensor(name, out.dtype, None if out.shape is None else tuple(out.shape), out.const)
                 else:
-                    dtype, shape = outs[i]
+                    dtype, shape = out
                     tensors[name] = Tensor(name, np.dtype(dtype) if dtype is not None else None,
                                            tuple(int(d) for d in shape))
         self.tensors = tensors
@@ -217,7 +222,7 @@ class Pipeline:
             raise ModelError(f"{node}: failed while computing it from constants: {type(exc).__name__}: {exc}") from None
 
     # alloc ------------------------------------------------------------------
-    def ops(self):
+    def ops(self) -> Iterator[Op]:
         """The nodes left to run after encode, each with its input and output tensors."""
         for node in self.graph.nodes:
             if all(not o or self.tensors[o].is_const for o in node.outputs):
@@ -226,11 +231,11 @@ class Pipeline:
             outs = [self.tensors[o] if o else Tensor("") for o in node.outputs]
             yield node, ins, outs
 
-    def measure(self, max_ops: int) -> list[tuple[Node, list, list]]:
+    def measure(self, max_ops: int) -> list[Op]:
         """Up to max_ops ops that the main backend's runtime must tune before they run well (MNN's onMeasure)."""
         if self.main is self.backup:
             return []
-        found = []
+        found: list[Op] = []
         for node, ins, outs in self.ops():
             if len(found) >= max_ops:
                 break
@@ -351,19 +356,19 @@ class Pipeline:
                     await fence.wait()
                 except BaseException:
                     fence.cancel()  # a no-op once the work has ended
-                    if run is not None:
+                    if profile is not None and run is not None:
                         profile.drop_run(run)
                     raise
                 if run is not None:
                     seg.backend.profile_segment(seg, began, time.perf_counter_ns())
             except Exception as exc:
-                if run is not None:
+                if profile is not None and run is not None:
                     profile.drop_run(run)
                 error = backend_failure(seg.backend, "the run", exc)
                 if error is exc:
                     raise
                 raise error from exc
-        if run is not None:
+        if profile is not None and run is not None:
             profile.end_run(run)
         return {name: values[name] for name in self.graph.output_names}
 
@@ -373,7 +378,7 @@ def backends_of(main: Backend, backup: Backend) -> list[Backend]:
     return [main] if main is backup else [main, backup]
 
 
-def _key(input_shapes: dict[str, tuple[int, ...]]) -> tuple:
+def _key(input_shapes: dict[str, tuple[int, ...]]) -> ShapeKey:
     return tuple(sorted((name, tuple(shape)) for name, shape in input_shapes.items()))
 
 

@@ -18,7 +18,8 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from types import ModuleType
+from typing import Any, Callable, Iterable, TypeAlias
 
 from .backend import Backend
 from .config import AUTO_ORDER, BackendConfig, ForwardType, ScheduleConfig
@@ -26,6 +27,9 @@ from .errors import AiomnnError, BackendError, ClosedError, ForkError
 from .graph import Node
 
 log = logging.getLogger("aiomnn")
+
+#: What `own` returns: a finalizer of any object.
+Finalizer: TypeAlias = "weakref.finalize[..., Any]"
 
 #: Where each backend lives; imported on first use.
 BACKEND_MODULES: dict[ForwardType, str] = {
@@ -62,17 +66,18 @@ class Runtime:
         self.cache_file: str | None = None
         self.closed = False
         self.fork_error: ForkError | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._finalizer: Finalizer | None = None
         _LIVE[next(_ORDER)] = self
 
     def new_backend(self, config: BackendConfig) -> Backend:
         raise NotImplementedError
 
-    def measure(self, node: Node, inputs: list, outputs: list) -> bool:
+    def measure(self, node: Node, inputs: list[Any], outputs: list[Any]) -> bool:
         """Does this op need a long initialisation (tuning) before it runs well?"""
         return False
 
-    def set_cache_file(self, path: str | os.PathLike) -> None:
+    def set_cache_file(self, path: str | os.PathLike[str]) -> None:
+        """Where this runtime loads and saves what it tunes and compiles; a backend with a cache overrides it."""
         self.cache_file = os.fspath(path)
 
     def add_tuning_callback(self, cb: Callable[[Any], Any]) -> None:
@@ -113,7 +118,7 @@ class Runtime:
                 f"create the runtime (and its sessions) in the child")
 
 
-def own(obj: Any, release: Callable[..., Any], *args: Any, warn: str | None = None) -> weakref.finalize:
+def own(obj: Any, release: Callable[..., Any], *args: Any, warn: str | None = None) -> Finalizer:
     """A finalizer that calls release(*args) once obj is collected, with a ResourceWarning `warn` if given.
 
     The release runs on the reaper thread, never inside the garbage collector: a collection may happen on
@@ -126,7 +131,7 @@ def own(obj: Any, release: Callable[..., Any], *args: Any, warn: str | None = No
     return f
 
 
-def release_now(f: weakref.finalize) -> None:
+def release_now(f: Finalizer) -> None:
     """Run a finalizer's release now, on this thread, once (and without its warning)."""
     got = f.detach()
     if got is not None:
@@ -134,13 +139,14 @@ def release_now(f: weakref.finalize) -> None:
         release(*args)
 
 
-def _collected(warn: str | None, release: Callable[..., Any], args: tuple) -> None:
+def _collected(warn: str | None, release: Callable[..., Any], args: tuple[Any, ...]) -> None:
     _REAP.put((release, args))  # SimpleQueue.put is safe inside a weakref callback
     if warn is not None:  # after: under a filter that makes warnings errors, the release still happens
         warnings.warn(warn, ResourceWarning, stacklevel=2)
 
 
-_REAP: "queue.SimpleQueue[tuple[Callable[..., Any], tuple] | None]" = queue.SimpleQueue()
+_Release: TypeAlias = "tuple[Callable[..., Any], tuple[Any, ...]]"
+_REAP: "queue.SimpleQueue[_Release | None]" = queue.SimpleQueue()
 _reaper: tuple[int, threading.Thread] | None = None  # (pid, thread)
 _reaper_lock = threading.Lock()
 
@@ -157,13 +163,13 @@ def _start_reaper() -> None:
             _reaper = (os.getpid(), t)
 
 
-def _reap(q: "queue.SimpleQueue") -> None:
+def _reap(q: "queue.SimpleQueue[_Release | None]") -> None:
     while (item := q.get()) is not None:
         _release_one(item)
         item = None
 
 
-def _release_one(item: tuple[Callable[..., Any], tuple]) -> None:
+def _release_one(item: _Release) -> None:
     release, args = item
     try:
         release(*args)
@@ -241,7 +247,7 @@ _probe_cache: dict[ForwardType, list[Device]] = {}
 _probe_lock = threading.Lock()
 
 
-def _module(t: ForwardType):
+def _module(t: ForwardType) -> ModuleType:
     return importlib.import_module(BACKEND_MODULES[t])
 
 
@@ -309,6 +315,7 @@ class RuntimeInfo:
     """
 
     def __init__(self, runtimes: dict[ForwardType, Runtime], cpu: Runtime, num_threads: int):
+        """Made by create_runtime: the runtimes by type, the CPU one among them, and the worker threads."""
         self.runtimes = runtimes
         self.cpu = cpu
         self.num_threads = num_threads
@@ -323,6 +330,7 @@ class RuntimeInfo:
         return self.cpu.executor  # type: ignore[attr-defined]
 
     def check_usable(self) -> None:
+        """Raise ClosedError once this RuntimeInfo is closed."""
         if self.closed:
             raise ClosedError("the runtime is closed; create a new one with aiomnn.create_runtime()")
 
@@ -345,7 +353,7 @@ class RuntimeInfo:
         for cb in self._callbacks:
             rt.add_tuning_callback(cb)
 
-    def set_cache_file(self, path: str | os.PathLike) -> None:
+    def set_cache_file(self, path: str | os.PathLike[str]) -> None:
         """Load tuning results (and compiled programs where the driver allows) from path, and save there.
 
         Applies to every runtime, those made later by runtime_for included."""
@@ -354,7 +362,7 @@ class RuntimeInfo:
         for rt in self.runtimes.values():
             rt.set_cache_file(path)
 
-    def add_tuning_callback(self, cb) -> None:
+    def add_tuning_callback(self, cb: Callable[[Any], Any]) -> None:
         """cb(progress) is called from the tuning thread after each tuned kernel, for every GPU runtime
         (those made later by runtime_for included)."""
         self.check_usable()
@@ -363,6 +371,7 @@ class RuntimeInfo:
             rt.add_tuning_callback(cb)
 
     def retain(self) -> None:
+        """One more owner (a session that made this RuntimeInfo for itself, or its clone); see release."""
         self._owners += 1
 
     def release(self) -> None:
@@ -380,6 +389,7 @@ class RuntimeInfo:
             rt.close()
 
     def __enter__(self) -> "RuntimeInfo":
+        """`with create_runtime(...) as rt:` closes the runtimes at the block's end (`async with` too)."""
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -395,7 +405,7 @@ class RuntimeInfo:
 def create_one(t: ForwardType, config: ScheduleConfig) -> Runtime:
     device = pick_device(t, config.backend_config)
     try:
-        rt = _module(t).Runtime(config, device)
+        rt: Runtime = _module(t).Runtime(config, device)
     except AiomnnError:
         raise
     except Exception as exc:

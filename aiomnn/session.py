@@ -25,6 +25,7 @@ from .feeds import check_feeds, check_shape
 from .fence import offload
 from .graph import Graph, ValueInfo
 from .memory import HandedOver
+from .metadata import Outputs, TensorInfo
 from .pipeline import Pipeline
 from .profile import Profile
 from .run_lock import RunLock
@@ -39,12 +40,26 @@ log = logging.getLogger("aiomnn")
 
 
 class Session:
-    """Close a session (`await session.close()` or `async with`) when done with it. One that is dropped
-    open releases what it holds when it is collected, with a ResourceWarning, as an open file does."""
+    """A model ready to run on a backend: `await session.run(feeds)`.
 
-    def __init__(self, graph: Graph, config: ScheduleConfig, runtime: RuntimeInfo, owns_runtime: bool):
+    Made by `Interpreter.create_session`. Runs on one session are served one at a time, in the order they
+    arrive, because the activations are the session's; runs on different sessions (`clone()` makes one
+    that shares the weights) proceed together. A run at new input shapes plans for them first (`resize`).
+
+    Close a session (`await session.close()` or `async with`) when done with it. One that is dropped
+    open releases what it holds when it is collected, with a ResourceWarning, as an open file does.
+
+    `config` and `runtime_info` are what the session was made with. `pipeline` is internal (the plans and
+    the backends they run on, read by tests and benchmarks); it may change without notice.
+    """
+
+    def __init__(self, graph: Graph, config: ScheduleConfig, runtime: RuntimeInfo, owns_runtime: bool,
+                 outputs: Outputs | None = None):
+        """Made by Interpreter.create_session and clone(): `graph` is the one to run, `outputs` what the
+        interpreter says of its outputs."""
         runtime.check_usable()
-        self.graph = graph
+        self._graph = graph
+        self._outputs = outputs if outputs is not None else Outputs(graph.outputs)
         self.config = config
         self.runtime_info = runtime
         self._owns_runtime = owns_runtime
@@ -52,8 +67,8 @@ class Session:
         self._closed = False
         self._shapes: dict[str, tuple[int, ...]] | None = None
         main_rt: Runtime = runtime.runtime_for(config)
-        self.main_runtime = main_rt
-        backup_rt = runtime.runtimes.get(config.backup_type, runtime.cpu)
+        self._main_runtime = main_rt
+        backup_rt = runtime.runtimes.get(ForwardType.of(config.backup_type), runtime.cpu)
         self._backup_runtime = backup_rt
         self._profile = Profile(config.profile_runs) if config.profile else None
         # A plan per input shape seen (Pipeline.recall), each on backends of its own. Made by a function that
@@ -87,9 +102,30 @@ class Session:
 
     @property
     def input_shapes(self) -> dict[str, tuple[int, ...]] | None:
+        """The input shapes of the current plan, by input name; None before the first plan."""
         return dict(self._shapes) if self._shapes is not None else None
 
+    @property
+    def outputs(self) -> dict[str, TensorInfo]:
+        """Each output's name, shape and dtype, by name, for the input shapes last planned (by `resize` or a
+        run): concrete shapes, all ints. Before any plan, and for an output whose shape only a run tells (a
+        NonZero's, say), what the interpreter says (Interpreter.outputs), symbolic dimensions and all."""
+        declared = self._outputs.get()
+        if self._shapes is None:
+            return declared
+        tensors = self.pipeline.tensors
+        planned = {}
+        for name, info in declared.items():
+            t = tensors.get(name)
+            if t is None or t.shape is None or t.kind != "tensor":
+                planned[name] = info
+            else:
+                planned[name] = TensorInfo(name, tuple(int(d) for d in t.shape), t.dtype or info.dtype)
+        return planned
+
     def memory_report(self) -> dict[str, int]:
+        """Planned activation bytes of the current plan: `peak_bytes` (the memory it holds) and `sum_bytes`
+        (what every activation would take without reuse)."""
         return self.pipeline.memory_report()
 
     @property
@@ -118,6 +154,10 @@ class Session:
                 await self._resize_locked(self._shapes)
 
     async def resize(self, shapes: Mapping[str, Any]) -> None:
+        """Plan for these input shapes (input name -> sequence of ints; every input needs one) ahead of the
+        runs that use them: infer every tensor's shape, choose each op's kernel, plan the memory and, on a GPU,
+        record the work. A run at new shapes does this by itself; a plan made before is taken back, not made
+        again. The output shapes it gives are in `outputs`."""
         self._check_open()
         full = self._complete_shapes(shapes)
         async with self._lock:
@@ -161,7 +201,8 @@ class Session:
         constant tensors) and the runtime's threads and caches; its activations are its own, so
         it runs concurrently with this one."""
         self._check_open()
-        twin = Session(self.graph, self.config, self.runtime_info, owns_runtime=self._owns_runtime)
+        twin = Session(self._graph, self.config, self.runtime_info, owns_runtime=self._owns_runtime,
+                       outputs=self._outputs)
         if self._shapes is not None:
             try:
                 await twin.resize(self._shapes)
@@ -194,9 +235,11 @@ class Session:
             self._parts.release(wait=False)
 
     async def __aenter__(self) -> "Session":
+        """`async with await net.create_session() as session:` closes the session at the block's end."""
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        """Close the session (see close)."""
         await self.close()
 
     # Internals ----------------------------------------------------------------
@@ -204,10 +247,10 @@ class Session:
         if self._closed:
             raise ClosedError("the session is closed; create a new one (Interpreter.create_session)")
         info = self.runtime_info
-        if info.closed or self.main_runtime.closed or self._backup_runtime.closed:
+        if info.closed or self._main_runtime.closed or self._backup_runtime.closed:
             raise ClosedError("the session's runtime is closed; close the session, and create a new runtime "
                               "and session")
-        for rt in (self.main_runtime, self._backup_runtime):
+        for rt in (self._main_runtime, self._backup_runtime):
             if rt.fork_error is not None:
                 raise rt.fork_error
 
@@ -292,8 +335,11 @@ def _own_outputs(outputs: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[
     def own(v: Any) -> Any:
         if isinstance(v, list):
             return [own(x) for x in v]
-        if isinstance(v, np.ndarray) and (v.base is not None and type(v.base) is not HandedOver
-                                           or not v.flags.writeable or any(v is f for f in feeds.values())):
+        if not isinstance(v, np.ndarray):
+            return v
+        base: object = v.base  # numpy's stubs say an ndarray; it may be any object that exports the memory
+        if base is not None and type(base) is not HandedOver or not v.flags.writeable \
+                or any(v is f for f in feeds.values()):
             return v.copy()
         return v
 

@@ -187,7 +187,7 @@ def _prepare(tuner: Tuner, tasks: list[TuneTask], level: Level, cancelled: threa
     """Every task's slow setup, such as compiling its candidates, side by side, done before the first is timed. The
     timing then runs back to back, instead of idling the device through each task's compiles: its clocks would
     fall (see Clocks). A failure here is met again, and skipped, when the task is timed."""
-    pending: list[Future] = []
+    pending: list[Future[Any]] = []
     for task in tasks:
         prepare = getattr(task, "prepare", None)
         if prepare is not None and task.key not in tuner.cache:
@@ -340,7 +340,7 @@ class TunableRuntime(Protocol):
 
     tuner: Tuner
 
-    def tuning_tasks(self, backend: Any, node: Any, inputs: list, outputs: list) -> list[TuneTask]: ...
+    def tuning_tasks(self, backend: Any, node: Any, inputs: list[Any], outputs: list[Any]) -> list[TuneTask]: ...
 
 
 class SessionTuning:

@@ -3,7 +3,7 @@ and explicit begin/end pads, auto_pad resolved and checked."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from .errors import ModelError
 from .graph import Node
@@ -14,7 +14,8 @@ def window_span(outputs: int, kernel: int, stride: int, dilation: int) -> int:
     return (outputs - 1) * stride + (kernel - 1) * dilation + 1
 
 
-def same_pads(spatial, kernel, strides, dils, upper: bool) -> list[int]:
+def same_pads(spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int], dils: Sequence[int],
+              upper: bool) -> list[int]:
     """Begin/end pads for auto_pad SAME_UPPER (the odd one at the end) or SAME_LOWER: output = ceil(in / stride)."""
     n = len(spatial)
     pads = [0] * (2 * n)
@@ -26,8 +27,8 @@ def same_pads(spatial, kernel, strides, dils, upper: bool) -> list[int]:
     return pads
 
 
-def window_pads(spatial: tuple[int, ...], kernel: list[int], strides: list[int], dils: list[int],
-                pads: list[int] | None, auto_pad: str, where: Any = None) -> list[int]:
+def window_pads(spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int], dils: Sequence[int],
+                pads: Sequence[int] | None, auto_pad: str, where: Any = None) -> list[int]:
     """Explicit begin/end pads of a conv or pooling window, auto_pad resolved; a ModelError (naming `where`)
     for an unknown auto_pad, or pads that do not fit the spatial axes or are negative."""
     n = len(spatial)
@@ -46,7 +47,8 @@ def window_pads(spatial: tuple[int, ...], kernel: list[int], strides: list[int],
     return pads
 
 
-def window_params(node: Node, x_shape: tuple[int, ...], kernel: list[int] | None = None):
+def window_params(node: Node, x_shape: tuple[int, ...], kernel: Sequence[int] | None = None
+                  ) -> tuple[list[int], list[int], list[int], list[int]]:
     """(kernel, strides, dilations, pads) of a conv or pooling node on an input of x_shape."""
     n = len(x_shape) - 2
     kernel = list(kernel if kernel is not None else node.attrs.get("kernel_shape", []))
@@ -59,7 +61,8 @@ def window_params(node: Node, x_shape: tuple[int, ...], kernel: list[int] | None
     return kernel, strides, dils, pads
 
 
-def pool_geometry(spatial, kernel, strides, dils, pads, auto_pad, ceil_mode):
+def pool_geometry(spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int], dils: Sequence[int],
+                  pads: Sequence[int] | None, auto_pad: str, ceil_mode: int) -> tuple[list[int], list[int]]:
     """(pads, output sizes) of a pooling window, resolving auto_pad and ceil_mode."""
     n = len(spatial)
     pads = window_pads(spatial, kernel, strides, dils, pads, auto_pad)

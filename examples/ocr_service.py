@@ -21,7 +21,6 @@ import time
 from contextlib import asynccontextmanager
 
 import numpy as np
-import onnx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -67,10 +66,8 @@ class OCR:
     @classmethod
     async def open(cls, runtime: aiomnn.RuntimeInfo) -> "OCR":
         det_net = aiomnn.Interpreter.from_file(models.path("det"))
-        rec_path = models.path("rec")
-        rec_net = aiomnn.Interpreter.from_file(rec_path)
-        meta = {p.key: p.value for p in onnx.load(str(rec_path), load_external_data=False).metadata_props}
-        charset = ["<blank>"] + meta.get("character", "").splitlines() + [" "]
+        rec_net = aiomnn.Interpreter.from_file(models.path("rec"))
+        charset = ["<blank>"] + rec_net.metadata.metadata_props.get("character", "").splitlines() + [" "]
         config = aiomnn.ScheduleConfig(type="auto")
         det = await det_net.create_session(config, runtime)
         rec = await rec_net.create_session(config, runtime)

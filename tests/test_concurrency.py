@@ -181,7 +181,7 @@ async def test_batching_needs_a_dynamic_batch_dimension():
 async def test_clone_shares_weights_and_runs_on_its_own(net):
     s = await net.create_session(aiomnn.ScheduleConfig(type="cpu"))
     twin = await s.clone()
-    assert twin.graph is s.graph  # the same constant tensors, not copies
+    assert twin._graph is s._graph  # the same constant tensors, not copies
     assert twin.pipeline is not s.pipeline  # its own activations
     a, b = feed(4, 11), feed(4, 12)
     want_a, want_b = (await s.run(a))["y"], (await s.run(b))["y"]
