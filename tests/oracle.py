@@ -71,3 +71,15 @@ def conv_batch_matches_single_images(xs: tuple, ws: tuple, attrs: dict, bias: bo
         np.testing.assert_array_equal(batched[i:i + 1], run_aiomnn(single, {"x": x[i:i + 1]})[0])
     np.testing.assert_allclose(batched, run_ort(one_input_model(nodes, xs, consts), {"x": x})[0], rtol=1e-4,
                                atol=atol)
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """`aiomnn ARGV...` in this process: (exit status, stdout, stderr), capsys being pytest's fixture."""
+    from aiomnn import cli
+
+    try:
+        rc = cli.main(list(argv))
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return rc, out, err

@@ -15,6 +15,7 @@ from aiomnn import cli
 from aiomnn.errors import InputError, ModelError
 
 from .conftest import model_path
+from .oracle import run_cli
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -209,15 +210,6 @@ async def test_none_input_says_so():
 
 
 # Item 8: the command line --------------------------------------------------------------------------------------
-def _cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = cli.main(list(argv))
-    except SystemExit as exc:
-        rc = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 @pytest.fixture
 def model_file(tmp_path):
     p = tmp_path / "relu.onnx"
@@ -231,7 +223,7 @@ def model_file(tmp_path):
     ["--shape", "image=1x3"], ["--shape", "x=2x3", "--shape", "y=1"], ["--backend", "gpu"],
 ], ids=lambda a: " ".join(a))
 def test_bad_run_arguments_are_one_line_errors(capsys, model_file, argv):
-    rc, out, err = _cli(capsys, "run", model_file, *argv)
+    rc, out, err = run_cli(capsys, "run", model_file, *argv)
     assert rc == 2, (out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("aiomnn run: error: "), err
@@ -239,24 +231,24 @@ def test_bad_run_arguments_are_one_line_errors(capsys, model_file, argv):
 
 
 def test_unknown_shape_name_names_the_inputs(capsys, model_file):
-    rc, _, err = _cli(capsys, "run", model_file, "--shape", "image=1x3")
+    rc, _, err = run_cli(capsys, "run", model_file, "--shape", "image=1x3")
     assert rc == 2 and "'image'" in err and "its inputs are 'x'" in err
 
 
 def test_dynamic_input_without_shape_is_a_usage_error(capsys, model_file):
-    rc, _, err = _cli(capsys, "run", model_file)
+    rc, _, err = run_cli(capsys, "run", model_file)
     assert rc == 2 and "--shape x=" in err and len(err.strip().splitlines()) == 1
 
 
 def test_run_with_shape_works(capsys, model_file):
-    rc, out, err = _cli(capsys, "run", model_file, "--shape", "x=2x3", "--backend", "cpu", "--requests", "2")
+    rc, out, err = run_cli(capsys, "run", model_file, "--shape", "x=2x3", "--backend", "cpu", "--requests", "2")
     assert rc == 0, err
     assert "output y: shape (2, 3)" in out
 
 
 @pytest.mark.parametrize("argv", [["demo", "--requests", "0"], ["demo", "--concurrency", "-1"], ["nonsense"]])
 def test_bad_demo_and_command_arguments(capsys, argv):
-    rc, _, err = _cli(capsys, *argv)
+    rc, _, err = run_cli(capsys, *argv)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and ": error: " in err
 
 
@@ -267,7 +259,7 @@ def test_backend_choices_are_the_forward_types():
 def test_version(capsys):
     from importlib.metadata import version
 
-    rc, out, err = _cli(capsys, "--version")
+    rc, out, err = run_cli(capsys, "--version")
     assert rc == 0 and out.strip() == f"aiomnn {version('aiomnn')}"
 
 
@@ -277,7 +269,7 @@ def test_corrupt_model_error_names_the_file(tmp_path, capsys):
     p.write_bytes(RELU[: len(RELU) // 2])
     with pytest.raises(ModelError, match="broken.onnx"):
         aiomnn.Interpreter.from_file(p)
-    rc, _, err = _cli(capsys, "run", str(p))
+    rc, _, err = run_cli(capsys, "run", str(p))
     assert rc == 1 and err.startswith("error: ") and str(p) in err and "Traceback" not in err
 
 

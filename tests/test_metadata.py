@@ -11,9 +11,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
-from aiomnn import cli, models
+from aiomnn import models
 
 from .conftest import model_path
+from .oracle import run_cli
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -207,19 +208,10 @@ async def test_planned_output_shapes_of_rec_match_onnxruntimes_run():
 
 
 # The command line ----------------------------------------------------------------------------------------------
-def _cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        rc = cli.main(list(argv))
-    except SystemExit as exc:
-        rc = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def test_info_prints_a_built_model(tmp_path, capsys):
     p = tmp_path / "built.onnx"
     p.write_bytes(BUILT)
-    rc, out, err = _cli(capsys, "info", str(p))
+    rc, out, err = run_cli(capsys, "info", str(p))
     assert rc == 0, err
     assert out.splitlines() == [
         f"model: {p}",
@@ -242,7 +234,7 @@ def test_info_prints_a_built_model(tmp_path, capsys):
 @pytest.mark.models
 def test_info_prints_a_public_model(capsys):
     path = str(model_path("yolov8n"))
-    rc, out, err = _cli(capsys, "info", path)
+    rc, out, err = run_cli(capsys, "info", path)
     assert rc == 0, err
     lines = out.splitlines()
     assert lines[:2] == [f"model: {path}", "producer: pytorch 2.3.1"]
@@ -255,11 +247,11 @@ def test_info_prints_a_public_model(capsys):
 
 def test_info_on_a_missing_file_is_a_one_line_error(tmp_path, capsys):
     missing = tmp_path / "nowhere.onnx"
-    rc, out, err = _cli(capsys, "info", str(missing))
+    rc, out, err = run_cli(capsys, "info", str(missing))
     # The same as `aiomnn run` on it (tests/test_inputs_cli.py): a ModelError, one line, status 1.
     assert (rc, out) == (1, "")
     assert err.startswith("error: cannot read model") and str(missing) in err and len(err.strip().splitlines()) == 1
-    assert _cli(capsys, "run", str(missing))[::2] == (rc, err)
+    assert run_cli(capsys, "run", str(missing))[::2] == (rc, err)
 
 
 # Types ---------------------------------------------------------------------------------------------------------

@@ -51,12 +51,19 @@ def conv(mr: int, nr: int) -> str:
     lines += ["    else:"]
     lines += [f"        s{i}_{j} = t[at + U({i * nr + j})]" for i in range(mr) for j in range(nr)]
     lines += ["    for k in range(k0, k1):", "        q = offs[k] + q0"]
-    lines += [f"        x{j} = x[q + U({j})]" for j in range(nr)]
-    for i in range(mr):
-        lines += [f"        a = w[b, k, U({i})]"]
-        lines += [f"        s{i}_{j} += a * x{j}" for j in range(nr)]
+    lines += _step(mr, nr, "x{j} = x[q + U({j})]", "w[b, k, U({i})]", "x")
     lines += [f"    t[at + U({i * nr + j})] = s{i}_{j}" for i in range(mr) for j in range(nr)]
     return "\n".join(lines) + "\n"
+
+
+def _step(mr: int, nr: int, load: str, row_value: str, name: str) -> list[str]:
+    """One step of a block of sums: the nr values of the vectorized side loaded (`load`, formatted with j, into
+    {name}{j}), then each row's value (`row_value`, formatted with i) times them, added into row i's sums."""
+    lines = ["        " + load.format(j=j) for j in range(nr)]
+    for i in range(mr):
+        lines += [f"        a = {row_value.format(i=i)}"]
+        lines += [f"        s{i}_{j} += a * {name}{j}" for j in range(nr)]
+    return lines
 
 
 #: How far ahead of its reads the dense tile loop asks for its weights, in floats (8 KB: 2 KB and 16 KB streamed
@@ -78,10 +85,7 @@ def dense(mr: int, nr: int) -> str:
     lines += [f"        s{i}_{j} = np.float32(0)" for i in range(mr) for j in range(nr)]
     lines += ["    for k in range(U(0), kk):"]
     lines += [f"        prefetch(flat, at + k * U({nr}) + U({AHEAD + line}))" for line in range(0, nr, 16)]
-    lines += [f"        w{j} = wp[p, k, U({j})]" for j in range(nr)]
-    for i in range(mr):
-        lines += [f"        a = x[r{i}, k]"]
-        lines += [f"        s{i}_{j} += a * w{j}" for j in range(nr)]
+    lines += _step(mr, nr, "w{j} = wp[p, k, U({j})]", "x[r{i}, k]", "w")
     lines += [f"    t[U({i * nr + j})] = s{i}_{j}" for i in range(mr) for j in range(nr)]
     return "\n".join(lines) + "\n"
 
