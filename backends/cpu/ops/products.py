@@ -25,11 +25,14 @@ def product(w: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray | None
         act(y)
 
 
-#: A piece of a compiled product holds at least this many multiply-adds. numba's threads spin a while between
-#: loops, so a piece can be smaller than the helper threads' (PIECE_MACS in matmul.py); at few rows a product's
-#: time goes in reading its weights, which more pieces read side by side (benchmarks/RESULTS.md, "A compiled
-#: product on BLAS").
-GEMM_PIECE = 1 << 18
+#: A piece of a compiled product holds at least this many multiply-adds (tens of microseconds of BLAS). numba's
+#: threads spin a while between loops, so a piece can be smaller than the helper threads' (PIECE_MACS in
+#: matmul.py), but on cls's small convs, pieces of a quarter of this ran slower on 2 threads than one piece
+#: (benchmarks/RESULTS.md).
+GEMM_PIECE = 1 << 20
+#: The same for the dense tile loop, smaller: at few rows a product's time goes in reading its weights from
+#: memory, which more pieces read side by side (benchmarks/RESULTS.md, "A compiled product on BLAS").
+DENSE_PIECE = 1 << 18
 #: Columns of b a piece takes at least, where the pieces split its columns.
 GEMM_COLUMNS = 64
 
@@ -84,7 +87,7 @@ def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: n
     if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrays) or not x.shape[0]:
         return False
     (m, k), n = x.shape, out.shape[1]
-    pieces = max(1, min(threads(), m * n * k // GEMM_PIECE))
+    pieces = max(1, min(threads(), m * n * k // DENSE_PIECE))
     fn = jit.for_pieces("dense", pieces)
     if fn is None:
         return False
