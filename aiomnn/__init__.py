@@ -10,6 +10,7 @@ from .interpreter import InputInfo, Interpreter
 from .metadata import ModelMetadata, TensorInfo
 from .runtime import RuntimeInfo, available_backends, create_runtime
 from .session import Session
+from .stats import BatchingStats, Durations, SessionStats, TuningEvent
 
 __version__ = "0.1.0"
 
@@ -18,7 +19,9 @@ __all__ = [
     "BackendConfig",
     "BackendError",
     "BatchingSession",
+    "BatchingStats",
     "ClosedError",
+    "Durations",
     "ForkError",
     "ForwardType",
     "InputError",
@@ -29,7 +32,9 @@ __all__ = [
     "RuntimeInfo",
     "ScheduleConfig",
     "Session",
+    "SessionStats",
     "TensorInfo",
+    "TuningEvent",
     "UnsupportedOpError",
     "available_backends",
     "create_runtime",

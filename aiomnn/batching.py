@@ -16,6 +16,7 @@ next one gathers and runs beside it, so a batch no longer waits for the last.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -25,12 +26,14 @@ import numpy as np
 from .errors import AiomnnError, InputError
 from .feeds import check_feeds
 from .session import Session
+from .stats import BatchCounts, BatchingStats
 
 
 @dataclass(eq=False)
 class _Request:
     feeds: dict[str, np.ndarray]
     size: int
+    queued: float = field(default_factory=time.perf_counter)
     done: anyio.Event = field(default_factory=anyio.Event)
     result: dict[str, np.ndarray] | None = None
     error: BaseException | None = None
@@ -62,7 +65,7 @@ class BatchingSession:
         self.max_batch = max_batch
         self.max_delay = max_delay_ms / 1000
         self.workers = workers
-        self.batches = 0  # how many batched runs were made
+        self._counts = BatchCounts()
         self._send, self._receive = anyio.create_memory_object_stream[_Request](math.inf)
         self._tasks: anyio.abc.TaskGroup | None = None
         self._clones: list[Session] = []
@@ -88,15 +91,31 @@ class BatchingSession:
             for clone in self._clones:
                 await clone.close()
 
+    @property
+    def batches(self) -> int:
+        """How many batched runs were made (stats().batches)."""
+        return self._counts.batches
+
+    def stats(self) -> BatchingStats:
+        """A snapshot of the requests so far: how many were answered, failed or rejected; the batches made and
+        their sizes; each request's wait for its batch; and each worker session's own stats (see
+        aiomnn.BatchingStats). Cheap, safe from any thread, and still answers after the `async with` block."""
+        sessions = tuple(s.stats() for s in [self.session] + self._clones)
+        return self._counts.snapshot(self._send.statistics().current_buffer_used, sessions)
+
     async def run(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run one request in the next batch; its outputs, split from the batch's (views the caller owns)."""
         if self._tasks is None:
             raise AiomnnError("use BatchingSession inside `async with`")
-        arrays = check_feeds(self._inputs, feeds)  # what Session.run takes, this takes
-        sizes = {int(a.shape[0]) if isinstance(a, np.ndarray) and a.ndim else None for a in arrays.values()}
-        size = next(iter(sizes)) if len(sizes) == 1 else None
-        if size is None:
-            raise InputError(f"every input needs the same batch size along axis 0, got {sizes}")
+        try:
+            arrays = check_feeds(self._inputs, feeds)  # what Session.run takes, this takes
+            sizes = {int(a.shape[0]) if isinstance(a, np.ndarray) and a.ndim else None for a in arrays.values()}
+            size = next(iter(sizes)) if len(sizes) == 1 else None
+            if size is None:
+                raise InputError(f"every input needs the same batch size along axis 0, got {sizes}")
+        except InputError:
+            self._counts.rejected()
+            raise
         req = _Request(arrays, size)
         await self._send.send(req)
         try:
@@ -129,6 +148,7 @@ class BatchingSession:
                 key = tuple(sorted((k, a.shape[1:], a.dtype.str) for k, a in r.feeds.items()))
                 groups.setdefault(key, []).append(r)
         for reqs in groups.values():
+            self._counts.started([r.queued for r in reqs])
             try:
                 if len(reqs) == 1:
                     outs = await session.run(reqs[0].feeds)
@@ -137,8 +157,9 @@ class BatchingSession:
                     feeds = {k: _stack(buffers, k, [r.feeds[k] for r in reqs]) for k in reqs[0].feeds}
                     outs = await session.run(feeds)
                     self._split(reqs, outs)
-                self.batches += 1
+                self._counts.answered(sum(r.size for r in reqs), len(reqs))
             except Exception as exc:
+                self._counts.failed(len(reqs))
                 for r in reqs:
                     r.error = exc
             for r in reqs:

@@ -32,6 +32,10 @@ class RunLock:
     def locked(self) -> bool:
         return self._held
 
+    def waiting(self) -> int:
+        """How many tasks wait for the lock now."""
+        return len(self._waiters)
+
     async def __aenter__(self) -> None:
         if not self._held:
             self._held = True

@@ -23,7 +23,7 @@ from .config import ForwardType, ScheduleConfig
 from .errors import AiomnnError, BackendError, ClosedError, InputError
 from .feeds import check_feeds, check_shape
 from .fence import offload
-from .graph import Graph, ValueInfo
+from .graph import Graph
 from .memory import HandedOver
 from .metadata import Outputs, TensorInfo
 from .pipeline import Pipeline
@@ -31,6 +31,7 @@ from .profile import Profile
 from .run_lock import RunLock
 from . import runtime as _runtime
 from .runtime import RuntimeInfo
+from .stats import RunCounts, SessionStats
 from .tuning import SessionTuning
 
 if TYPE_CHECKING:
@@ -66,8 +67,10 @@ class Session:
         self._lock = RunLock()  # runs in arrival order; a free lock costs no trip through the loop
         self._closed = False
         self._shapes: dict[str, tuple[int, ...]] | None = None
+        self._counts = RunCounts()
         main_rt: Runtime = runtime.runtime_for(config)
         self._main_runtime = main_rt
+        self._run_type = main_rt.type  # the backend a run counts under in stats(): set with each plan
         backup_rt = runtime.runtimes.get(ForwardType.of(config.backup_type), runtime.cpu)
         self._backup_runtime = backup_rt
         self._profile = Profile(config.profile_runs) if config.profile else None
@@ -140,6 +143,13 @@ class Session:
             raise AiomnnError("profiling is off for this session: create it with ScheduleConfig(profile=True)")
         return self._profile.write(path)
 
+    def stats(self) -> SessionStats:
+        """A snapshot of the session's runs so far: how many completed, failed, were cancelled or rejected; their
+        queue wait and compute time; runs by backend; fallbacks; GPU tuning and its latest events (see
+        aiomnn.SessionStats). Cheap, safe from any thread, and still answers after close() (the final counts)."""
+        return self._counts.snapshot(self._lock.waiting(), self.fallback_error, self._tuning.busy,
+                                     self._tuning.events.snapshot())
+
     def has_async_work(self) -> bool:
         """True while GPU tuning for this session runs in the background (the session runs on the CPU meanwhile)."""
         return self._tuning.busy
@@ -176,25 +186,46 @@ class Session:
         DLPack). Other backends return numpy arrays, which speak DLPack too.
         """
         self._check_open()
-        arrays = check_feeds(self._inputs, feeds)
+        try:
+            arrays = check_feeds(self._inputs, feeds)
+        except InputError:
+            self._counts.rejected()
+            raise
         shapes = {name: a.shape for name, a in arrays.items() if isinstance(a, np.ndarray)}
-        async with self._lock:
-            self._check_open()
-            try:
-                if shapes != self._shapes or self._tuning.handoff_due:
-                    await self._resize_locked(shapes)
-                try:
-                    outputs = await self.pipeline.execute(arrays, device_outputs)
-                except BackendError as exc:
-                    self._closed_error(exc)
-                    if not self._falls_back(exc):
-                        raise
-                    await self._resize_locked(shapes, again=True)
-                    outputs = await self.pipeline.execute(arrays, device_outputs)
-            except Exception as exc:
-                self._closed_error(exc)
-                raise
+        called = time.perf_counter()
+        try:
+            async with self._lock:
+                taken = time.perf_counter()
+                outputs = await self._run_locked(arrays, shapes, device_outputs)
+                ready = time.perf_counter()
+        except Exception:
+            self._counts.failed()
+            raise
+        except BaseException:
+            self._counts.cancelled()
+            raise
+        self._counts.completed(self._run_type, taken - called, ready - taken)
         return _own_outputs(outputs, arrays)
+
+    async def _run_locked(self, arrays: dict[str, Any], shapes: dict[str, tuple[int, ...]],
+                          device_outputs: bool) -> dict[str, Any]:
+        """The run itself, the session's lock held: plan for new shapes, execute, and on a device error rerun
+        on the backup where the session falls back."""
+        self._check_open()
+        try:
+            if shapes != self._shapes or self._tuning.handoff_due:
+                await self._resize_locked(shapes)
+            try:
+                return await self.pipeline.execute(arrays, device_outputs)
+            except BackendError as exc:
+                self._closed_error(exc)
+                if not self._falls_back(exc):
+                    raise
+                await self._resize_locked(shapes, again=True)
+                return await self.pipeline.execute(arrays, device_outputs)
+        except Exception as exc:
+            self._closed_error(exc)
+            raise
 
     async def clone(self) -> "Session":
         """A session on the same model, config and runtime. It shares the weights (the graph's
@@ -273,7 +304,7 @@ class Session:
             # memory may wait for the device: off the event loop, as trim below.
             await self._offload(p.forget)
         elif p.recall(shapes):
-            self._shapes = shapes
+            self._planned(shapes)
             return
         self._shapes = None
         try:  # planning folds constants and builds kernels: worker-thread work, off the event loop
@@ -288,8 +319,13 @@ class Session:
         except BaseException:
             p.segments = []
             raise
-        self._shapes = shapes
+        self._planned(shapes)
         await self._offload(p.trim)
+
+    def _planned(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        """The plan for these shapes is current: runs now go where it runs (once per plan, not per run)."""
+        self._shapes = shapes
+        self._run_type = self.backend_types[0]
 
     def _falls_back(self, exc: BackendError) -> bool:
         """With fallback_on_error, a failure of the main backend moves the session onto the backup for good."""
@@ -298,6 +334,7 @@ class Session:
                 or self.fallback_error is not None:
             return False
         self.fallback_error = exc
+        self._counts.fell_back()
         self._tuning.close()
         p.forget()
         log.warning("%s; the session runs on %s from now on", exc, p.backup.type)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Proto
 
 from .clocks import Clocks
 from .fence import Fence, offload
+from .stats import TuningEvents
 from .tuning_cache import TuningCache
 
 if TYPE_CHECKING:
@@ -241,7 +242,7 @@ class TuningJob:
         self._queue: list[TuneTask] = []
         self._closing = False  # the thread found the queue empty and is ending
         self._done = False
-        self._waiters: list[Fence] = []
+        self._on_end: list[Callable[[TuningJob], Any]] = []
         self._thread = threading.Thread(target=self._main, name=f"aiomnn-{tuner.name}-tuning", daemon=True)
         self.started = time.monotonic()
 
@@ -294,14 +295,18 @@ class TuningJob:
             log.info("%s tuning cancelled: no session waits for it any more", self.tuner.name)
             self.cancel()
 
+    def on_end(self, fn: Callable[["TuningJob"], Any]) -> bool:
+        """Have fn(job) called on the job's thread once it has ended; False, and no call, if it has ended."""
+        with self._lock:
+            if self._done:
+                return False
+            self._on_end.append(fn)
+            return True
+
     def waiter(self) -> Fence | None:
         """A fence, on the calling event loop, that completes when the job ends; None if it has ended."""
         fence = Fence()
-        with self._lock:
-            if self._done:
-                return None
-            self._waiters.append(fence)
-        return fence
+        return fence if self.on_end(lambda job: fence.signal()) else None
 
     def _main(self) -> None:
         tuner = self.tuner
@@ -323,9 +328,12 @@ class TuningJob:
                 with self._lock:
                     self._closing = True
                     self._done = True
-                    waiters, self._waiters = self._waiters, []
-                for fence in waiters:
-                    fence.signal()
+                    on_end, self._on_end = self._on_end, []
+                for fn in on_end:
+                    try:
+                        fn(self)
+                    except Exception:
+                        log.exception("a tuning job's end callback failed")
 
 
 # A session's side -------------------------------------------------------------------------------
@@ -361,12 +369,14 @@ class SessionTuning:
         #: while they are tuned, instead of sending the session back to the CPU.
         self.on_gpu = False
         self._closed = False
+        #: What the session's stats() show of its tuning.
+        self.events = TuningEvents()
 
     @property
     def busy(self) -> bool:
-        """Tuning for this session is in flight (has_async_work)."""
-        self._settle()
-        return self.job is not None and not self.job.done
+        """Tuning for this session is in flight (has_async_work). Reads, changes nothing: safe from any thread."""
+        job = self.job
+        return job is not None and not job.done
 
     @property
     def handoff_due(self) -> bool:
@@ -377,9 +387,18 @@ class SessionTuning:
     def _settle(self) -> None:
         job = self.job
         if job is not None and job.done and not job.succeeded:
+            self._note_end(job)
             self.job = None
             if job.error is not None:
                 self.failed = job.error
+
+    def _note_end(self, job: TuningJob) -> None:
+        """Note how the job the session waits for ended; "cancelled" where the session leaves it first. Called
+        on the job's thread as it ends, and by the session where it sees the end first (events.ended notes once)."""
+        if job.done and job.error is not None:
+            self.events.ended(job, "failed", f"{type(job.error).__name__}: {job.error}")
+        else:
+            self.events.ended(job, "finished" if job.succeeded else "cancelled")
 
     async def prepare(self, pipeline: "Pipeline") -> bool:
         """Called between encode and alloc; True when this plan must run on the CPU backup.
@@ -404,8 +423,10 @@ class SessionTuning:
                     self._start(tasks)
                 return not self.on_gpu
             job, self.job = self.job, None
+            self._note_end(job)  # "finished" before "handoff", should the job's thread not have noted it yet
             job.release()
             self.on_gpu = True
+            self.events.note("handoff")
             return False  # tuning has ended: this is the hand-off onto the GPU
         tasks = self._tasks(pipeline)
         if not tasks:
@@ -421,20 +442,33 @@ class SessionTuning:
                      len({t.label for t in tasks}), pipeline.main.type)
             return True
         cancelled = threading.Event()
+        self.events.note("started")
         fence = offload(self.executor, self.tuner.run_now, tasks, self.level, cancelled)
         try:
             await fence.wait()
-        except BaseException:
+        except BaseException as exc:
             cancelled.set()
             fence.cancel()
+            if isinstance(exc, Exception):
+                self.events.note("failed", f"{type(exc).__name__}: {exc}")
+            else:
+                self.events.note("cancelled")
             raise
+        self.events.note("finished")
         return False
 
     def _start(self, tasks: list[TuneTask]) -> None:
         assert self.tuner is not None
-        if self.job is not None:
-            self.job.release()
-        self.job = self.tuner.start(tasks, self.level)
+        previous, self.job = self.job, None
+        if previous is not None:  # it ended as these tasks came: the session follows the job that takes them
+            self.events.follow(None)
+            previous.release()
+        job = self.job = self.tuner.start(tasks, self.level)
+        if previous is None:
+            self.events.note("started")
+        self.events.follow(job)
+        if not job.on_end(self._note_end):
+            self._note_end(job)
 
     def _tasks(self, pipeline: "Pipeline") -> list[TuneTask]:
         """The tasks of the max_tuning_number ops that need tuning and cost the most (each op as its costliest
@@ -478,4 +512,5 @@ class SessionTuning:
         self._closed = True
         job, self.job = self.job, None
         if job is not None:
+            self._note_end(job)
             job.release()
