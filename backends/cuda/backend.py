@@ -60,9 +60,8 @@ F16 = np.dtype(np.float16)
 #:     run is expected to finish, polls its event, falls back to cudaEventSynchronize on a
 #:     blocking-sync event, then signals the Fence;
 #: "hostfunc": cudaLaunchHostFunc after the run's copies signals the Fence from a driver thread.
-#: On an H100 the waiter thread woke the awaiting task 20-50 us sooner than a host
-#: function (median await 58 against 93 us under uvloop, 87 against 142 us under asyncio),
-#: and it does not hold the stream while a driver thread waits for the GIL.
+#: The waiter thread woke the awaiting task sooner than a host function, under uvloop and
+#: asyncio alike, and it does not hold the stream while a driver thread waits for the GIL.
 WAIT_MODES = ("thread", "hostfunc")
 
 @dataclass(eq=False)

@@ -6,9 +6,8 @@ inline (a depthwise conv, a pool window, a resize sample, a col2im sum).
 Shapes, strides and scalars are written into the source as constants, so each
 layer compiles to its own kernel, with divisions by constant dims and loops of
 known length. They used to be read from an int32 table in device memory, one
-kernel per form of tree: on an H200, constants took YOLOv8n's CUDA graph at
-batch 1 from 807-812 to 706-712 us in fp32 and from 593-596 to 562-566 in fp16,
-for about 2 s of compiling its kernels on a cold cache (cupy keeps them on disk).
+kernel per form of tree: constants make the runs faster, for more compiling on
+a cold cache (cupy keeps the kernels on disk).
 """
 
 from __future__ import annotations

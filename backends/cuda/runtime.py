@@ -23,7 +23,8 @@ from . import kernels
 
 BLOCK = 256
 #: Generated kernels compile on this many threads at once (NVRTC lets the GIL go). Each layer has its own
-#: kernels (fused.py): on an H200 host, 120 of them took 5.2 s one after another and 1.7 s on 8 threads.
+#: kernels (fused.py), so a model's first launch waits for many compilations, which side by side take a
+#: fraction of the time.
 COMPILE_THREADS = min(8, os.cpu_count() or 1)
 
 

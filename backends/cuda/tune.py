@@ -27,7 +27,7 @@ from aiomnn.graph import Graph, Node, ValueInfo
 from . import runs
 from .ops.conv import conv_choices
 
-#: Launches of the conv per timed graph, so the graph's own start is shared out (a few us on an H100).
+#: Launches of the conv per timed graph, so the graph's own start, not small beside a small conv, is shared out.
 REPEATS = 10
 
 

@@ -6,11 +6,11 @@ late: the driver sleeps until an interrupt arrives. So the waiter sleeps
 finish, then polls the event for at most POLL_S, then blocks in the driver.
 Each run's Timing remembers how long its last run took from its launch (or from
 the previous completion, when it was queued behind other work) to its
-completion. A sleep overruns what it asked for (timer slack: some 55-70 us on
-an H200 host), so the waiter learns by how much and asks for that much less. A
-poll asks the driver (cuEventQuery through ctypes, which leaves the GIL free
-during the call; cupy's query holds it) and then sleeps POLL_STEP_S (0: polls
-again at once: a sleep there lasts 55 us or more).
+completion. A sleep overruns what it asked for (the kernel's timer slack), so
+the waiter learns by how much and asks for that much less. A poll asks the
+driver (cuEventQuery through ctypes, which leaves the GIL free during the call;
+cupy's query holds it) and then sleeps POLL_STEP_S (0: polls again at once: a
+sleep there would last at least the timer slack).
 
 A run that turned out to finish while the waiter slept is found late once; its
 expectation then shrinks, by POLL_LEAD_S and then doubling for each further
@@ -141,8 +141,8 @@ class Waiter:
                 return
 
     def _sleep_until(self, t: float) -> None:
-        """Sleep until about t: a sleep overruns (by the timer's slack, some 50-70 us), so it asks for that
-        much less, as learned from the sleeps before."""
+        """Sleep until about t: a sleep overruns (by the timer's slack), so it asks for that much less, as
+        learned from the sleeps before."""
         want = t - time.perf_counter() - self.oversleep
         if want <= 0:
             return

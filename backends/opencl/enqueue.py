@@ -1,11 +1,11 @@
 """Enqueueing recorded kernels cheaply: clEnqueueNDRangeKernel through ctypes.
 
-pyopencl creates an Event for every launch; on a profiling queue that costs the
-driver about as much again as the launch (NVIDIA: 15 us against 7.5 us). A run
-needs no per-kernel events, only the marker at its end, so the hot path calls
-the OpenCL library pyopencl itself loaded through ctypes, with event=NULL and
-the size arrays built once at resize. ctypes also releases the GIL around the
-call. Where that library cannot be found, pyopencl's call is used.
+pyopencl creates an Event for every launch; on a profiling queue each one adds
+to the driver's cost of the launch. A run needs no per-kernel events, only the
+marker at its end, so the hot path calls the OpenCL library pyopencl itself
+loaded through ctypes, with event=NULL and the size arrays built once at
+resize. ctypes also releases the GIL around the call. Where that library cannot
+be found, pyopencl's call is used.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ class OpenclRuntime(Runtime):
         self.align = max(64, int(d.mem_base_addr_align) // 8)
         #: fp16 storage (precision="low") where the device has cl_khr_fp16. The storage path itself
         #: (vload_half/vstore_half) is core OpenCL, but on NVIDIA, which lacks the extension, it
-        #: measured 1.5x to 4x slower than fp32, so such devices stay in fp32.
+        #: measured slower than fp32, so such devices stay in fp32.
         self.half_ok = "cl_khr_fp16" in d.extensions
         self.pool = BufferPool(self.context)
         #: One thread enqueues every submission, in order, so the event loop never waits on the driver.

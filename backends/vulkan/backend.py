@@ -62,21 +62,15 @@ ffi, lib = vk.ffi, vk.lib
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
 
-#: Inputs of at least this many bytes are copied on the submit thread (about 0.2 ms of memcpy into mapped
-#: memory on an H100 host); smaller ones on the caller's, which saves the hand-off: there YOLOv8n at batch 1
-#: (1.2 MB in) ran 1.58-1.61 ms offloaded and 1.48-1.52 copied in place, det (4.9 MB) 2.01-2.10 and 1.90-2.00.
+#: Inputs of at least this many bytes are copied on the submit thread, so that the event loop does not wait
+#: for a large memcpy; smaller ones on the caller's, which saves the hand-off and made runs quicker.
 OFFLOAD_BYTES = 2 << 20
 
 #: Activation memory reuses the range freed longest ago (Arena's `oldest`), not the smallest that fits: a block
-#: in a range a dispatch has just read must wait for it, one wave more (record.waves). Waves (arena MB) on
-#: lavapipe, fp32, best fit -> oldest: det 640x640 b1 73 (42) -> 62 (47), b8 78 (334) -> 64 (376); yolov8n 320
-#: b1 82 (5.7) -> 77 (6.2), b8 121 (23) -> 114 (29); rec 48x320 b1/b8 86/87 -> 82/83 (3.4/28 MB either way),
-#: its data's own count. GPU time of the recorded command on an H100 (timestamps around it), best fit ->
-#: oldest: det b1 1174 -> 1161 us, b8 4388 -> 4235; rec b1 686 -> 674, b8 1422 -> 1409; yolov8n b8 2204 ->
-#: 2087-2206, but b1 1066 -> 1095 (the same 83 waves there: the layout alone). A barrier itself costs little
-#: there (1-2 us); what a wave costs is its slowest dispatch. Taking fresh memory instead of reusing any
-#: (256 MiB a session) cut det's and yolov8n's waves further but made rec b1 844 us: its activations no
-#: longer stayed in the L2 cache. memory="low" or a memory_limit keep plain best fit, the smallest arena.
+#: in a range a dispatch has just read must wait for it, one wave more (record.waves). The real models get fewer
+#: waves for a slightly larger arena; on a GPU a barrier itself costs little, what a wave costs is its slowest
+#: dispatch. Taking fresh memory instead of reusing any cuts waves further but pushes activations out of the L2
+#: cache. memory="low" or a memory_limit keep plain best fit, the smallest arena.
 
 
 class VulkanBackend(Backend):

@@ -319,8 +319,8 @@ class Context:
         self.host_flags = host_coherent
         # Resizable BAR: a discrete GPU whose host-visible device memory lies in the heap of its plain device
         # memory, so the host can map all of it (a BAR of a few hundred MB is a heap of its own). The host
-        # writes inputs straight into device memory there: on an H200 host, 4.9 MB took 370 us that way,
-        # against 428 into host memory and then 160 of copying on the device.
+        # writes inputs straight into device memory there, sooner than into host memory and then a copy on the
+        # device.
         heap = [int(mp.memoryTypes[i].heapIndex) for i in range(mp.memoryTypeCount)]
         plain = min(device_local, key=lambda i: (bin(self.memory_flags[i]).count("1"), i), default=None)
         self.rebar = (not self.unified and plain is not None and not os.environ.get("AIOMNN_VULKAN_NO_REBAR")
@@ -339,9 +339,8 @@ class Context:
         self._modules: dict[str, Any] = {}
         self._kernels: dict[tuple, Kernel] = {}
         self._kernel_lock = threading.Lock()
-        # Specialized kernels make a pipeline per layer, about 0.1 s each on an H200: compiled one after the
-        # other, YOLOv8n's 51 pipelines put its first run 5.4 s after the session's start (1.0 s with the
-        # shared pipelines before), side by side 1.0 s.
+        # Specialized kernels make a pipeline per layer, each a compile in the driver: side by side, a model's
+        # first run comes about as soon as it did with one shared pipeline per kernel.
         self.compiler = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
                                            thread_name_prefix="aiomnn-vk-compile")
 

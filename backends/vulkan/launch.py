@@ -175,8 +175,8 @@ class Launch:
             if not self.ctx.info.is_gpu:
                 return ["direct", 8]
             # A product of a few 64 x 64 tiles takes matmul_small, its sum split 16 ways: each tile would walk the
-            # whole sum alone, a barrier every step. (What a launch runs that tuning leaves at its default: on an
-            # H100, cls's final 1 x 200 x 2 product with its bias took 16.7 us in a 64 x 64 tile, 5.5 us so.)
+            # whole sum alone, a barrier every step. (What a launch runs that tuning leaves at its default, such
+            # as cls's final 1 x 200 x 2 product with its bias.)
             few = few_tiles(w.m, w.n, w.batch)
             return ["small", 16, 16] if few and self.valid(["small", 16, 16]) else "tiled"
         if isinstance(w, Convolution):

@@ -11,10 +11,10 @@ short and must not block (they read outputs and signal an aiomnn Fence, which
 only schedules work on the event loop).
 
 How the waiter waits: blocked in the driver (vkWaitSemaphores, outside the
-GIL) it woke late on NVIDIA: on an H200, cls ran 0.6 ms a run with polling and
-0.8 ms without. So it sleeps (time.sleep) until shortly before the submission
-is expected to finish (each Submission remembers how long its last run took)
-and then polls the progress, for at most POLL_S, before it blocks in the driver.
+GIL) it woke late on NVIDIA, late enough to slow a small model's runs. So it
+sleeps (time.sleep) until shortly before the submission is expected to finish
+(each Submission remembers how long its last run took) and then polls the
+progress, for at most POLL_S, before it blocks in the driver.
 
 It does not sleep in the driver on the way: a run that ends before the sleep
 does would be noticed at the driver's late wake-up, and that late time, learned
@@ -22,11 +22,10 @@ as the run's length, would delay the next runs as well. A run found finished
 at the first look shrinks the expectation by a fifth (EARLY_SHRINK), so a
 length learned from a late wake-up is unlearned in a few runs.
 
-Runs after an idle spell are slower for a reason outside the waiter: on the
-H200, after 3 s with no work the SM clock stood at 345-480 MHz (1980 at work),
-and YOLOv8n took 4.7-6 ms a run until the clock came back, 40 runs later. CUDA
-runs of the same model, next in the same process, found 1980 MHz after the same
-pauses.
+Runs after an idle spell are slower for a reason outside the waiter: the GPU
+lowers its clock when idle, and runs stay slow until it comes back up. CUDA
+runs of the same model, next in the same process, found the full clock after
+the same pauses.
 """
 
 from __future__ import annotations

@@ -22,12 +22,11 @@ from .record import COMPUTE, SHADER_RW, TRANSFER, barrier, bind
 
 ffi, lib = vk.ffi, vk.lib
 
-#: A launch whose buffers add up to COLD_ABOVE bytes is timed with cold caches on a GPU: FLUSH_BYTES are written
-#: before each timed dispatch (an H100's L2 holds 50 MB). In a model, a small op finds its inputs in the cache,
-#: where the op before wrote them; a large one does not find them all. Timed warm, det's 96 -> 24 channel 3x3 conv
-#: ran 78 us in conv_narrow and 80 in conv_gemm's register-blocked tiles; cold, 101 and 80; in the model, 97 and
-#: 84. The model's GPU time per run on an H100, tuned with every launch timed warm / cold / cold above 8 MB: det
-#: b1 1070 / 1016 / 1011 us, YOLOv8n b1 943 / 1127 / 954, rec b1 601 / 647 / 603.
+#: A launch whose buffers add up to COLD_ABOVE bytes is timed with cold caches on a GPU: FLUSH_BYTES, more than a
+#: large GPU's L2 cache holds (an H100's holds 50 MB), are written before each timed dispatch. In a model, a small
+#: op finds its inputs in the cache, where the op before wrote them; a large one does not find them all, and timed
+#: warm it can rank the wrong candidate first (det's 96 -> 24 channel 3x3 conv did). Timing every launch cold
+#: chose worse for the small ones (YOLOv8n).
 COLD_ABOVE = 8 << 20
 FLUSH_BYTES = 128 << 20
 
@@ -71,7 +70,7 @@ class LaunchTuneTask:
 
     def prepare(self, limit: int) -> list[Future]:
         """The candidates' pipelines start compiling on the context's threads (a specialized kernel has one per
-        layer and candidate, about 0.1 s each on an H200)."""
+        layer and candidate, each a compile in the driver)."""
         launch = self.launch
         return [self.runtime.ctx.kernel(name, launch.fp16, local, launch.consts, launch.push).compiled
                 for name, local, _ in map(launch.resolve, self.candidates(limit))]

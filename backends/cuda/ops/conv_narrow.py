@@ -14,17 +14,16 @@ from aiomnn.window import window_span
 if TYPE_CHECKING:
     from .conv import Conv
 
-#: The narrow algorithm's block: output rows, output columns and pixels of a row per thread. On an H200,
-#: det's 96 -> 24 3x3 conv at 8x160x160 took 318 us so (16 x 16, 2 per thread, 16 input channels a
-#: step), against 355 us with 8 x 16 and 407-446 us with 1 pixel per thread; 4 pixels per thread held
-#: 96 accumulators and took 478-513 us, the implicit GEMM 592 us.
+#: The narrow algorithm's block: output rows, output columns and pixels of a row per thread. On det's
+#: 96 -> 24 3x3 convs, 16 x 16 with 2 pixels a thread beat 8 x 16 blocks, 1 pixel a thread and 4 (which
+#: hold 96 accumulators a thread), and all of them beat the implicit GEMM.
 NARROW = (16, 16, 2)
 #: Blocks of the narrow algorithm each SM holds at once (nvcc caps the registers to match: 128).
 NARROW_BLOCKS = 4
 #: The most shared memory (bytes) the narrow algorithm stages per block.
 NARROW_SMEM = 40 << 10
-#: Convs with at least this many output pixels (batch included) start as "narrow" before tuning. On an
-#: H200, 96 -> 24 3x3: 8x40x40 took 75 us narrow and 52 us "igemm32x128"; 1x160x160 took 76 us and 90 us.
+#: Convs with at least this many output pixels (batch included) start as "narrow" before tuning: on det's
+#: 96 -> 24 3x3 convs "igemm32x128" won at 8x40x40 output pixels and "narrow" at 1x160x160.
 NARROW_PIXELS = 1 << 14
 
 

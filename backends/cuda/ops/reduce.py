@@ -20,8 +20,8 @@ def prod(xs) -> int:
 def rows_launch(exe: CudaOp, name: str, rows: int, R: int, args: tuple):
     """A reduce/softmax launch: a block per row when rows are long, else a warp per row.
 
-    A warp per long row leaves too few loads in flight: det b8's GlobalAveragePool over 768 rows of
-    160x160 took 301 us that way (260 GB/s) on an H200."""
+    A warp per long row leaves too few loads in flight to use the memory's bandwidth (det b8's
+    GlobalAveragePool over 768 rows of 160x160)."""
     be = exe.be
     if name == "reduce" and R >= 2048:
         return be.launcher(be.static("reduce_block"), rows * 256, args, block=256, grid=rows)
@@ -35,8 +35,8 @@ SLICE = 512
 
 def reduce_slices(be, rows: int, R: int) -> int:
     """How many slices each row is reduced in: enough that rows x slices blocks fill twice the SMs.
-    det's GlobalAveragePools at batch 1 (24 or 96 rows of 160x160) took 21-22 us as a block per row on an
-    H200, most SMs idle."""
+    With a block per row, det's GlobalAveragePools at batch 1 (24 or 96 rows of 160x160) left most SMs
+    idle."""
     want = 2 * be.rt.sm_count
     if rows >= want:
         return 1

@@ -28,8 +28,8 @@ def conv_inputs(backend, node, inputs, more_attrs: set[str]):
     return x, w, b
 
 
-#: The implicit GEMM (conv_gemm) takes convolutions with sums this deep (on an H100 it beat the direct kernel
-#: from 3 x 3 x 3 up) and this many output channels per group; depthwise ones stay on the direct kernel.
+#: The implicit GEMM (conv_gemm) takes convolutions with sums this deep (from 3 x 3 x 3 up it beat the direct
+#: kernel) and this many output channels per group; depthwise ones stay on the direct kernel.
 CONV_GEMM_MIN_K = 27
 CONV_GEMM_MIN_M = 8
 #: Bytes of float32 partial sums a convolution may use to split its sums (where its grid is small).

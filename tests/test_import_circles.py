@@ -1,0 +1,62 @@
+"""No import circles in the OpenCL and Vulkan backends (issue 26, item 3), as tools/import_circles.py finds them:
+neither among the imports that run at import time nor with the imports inside functions counted too (a circle that
+only a function-level import closes is still one). Imports under `if TYPE_CHECKING:` are type-only and allowed."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("import_circles", ROOT / "tools" / "import_circles.py")
+import_circles = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(import_circles)
+
+CHECKED = ("aiomnn.backends.opencl", "aiomnn.backends.vulkan")
+VIEWS = {"import time": {}, "with imports inside functions": {"deferred": True}}
+
+
+def _inside(circle: list[str], package: str) -> bool:
+    return all(m == package or m.startswith(package + ".") for m in circle)
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_no_circle_inside_opencl_or_vulkan(view):
+    found = import_circles.circles(**VIEWS[view])
+    bad = [c for c in found if any(_inside(c, p) for p in CHECKED)]
+    others = [c for c in found if c not in bad]
+    assert not bad, f"import circles in the OpenCL/Vulkan backends ({view}): {bad}; elsewhere, for later: {others}"
+
+
+# For a later session: the circles left in the core (aiomnn/) and the CUDA backend. Reported, not failed on: the
+# test is an expected failure while they remain (strict=False, so it passes once they are gone; then drop the
+# mark). Imports inside functions count, so this view holds every circle the import-time view has.
+@pytest.mark.xfail(strict=False, reason="circles in aiomnn/ and backends/cuda/ are for a later session (issue 26)")
+def test_no_circle_elsewhere_later():
+    found = [c for c in import_circles.circles(deferred=True) if not any(_inside(c, p) for p in CHECKED)]
+    assert not found, f"import circles left in aiomnn/ and backends/cuda/ (with imports inside functions): {found}"
+
+
+def test_the_script_finds_circles(tmp_path):
+    """On a small tree: a circle at import time, one closed only inside a function, one only for type checkers."""
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools]\npackage-dir = { "pkg" = "src", "pkg.sub" = "sub" }\n')
+    files = {
+        "src/__init__.py": "",
+        "src/a.py": "from . import b\n",
+        "src/b.py": "import pkg.a\n",
+        "src/c.py": "def f():\n    from .d import g\n",
+        "src/d.py": "from pkg import c\n",
+        "sub/__init__.py": "",
+        "sub/e.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .f import F\n",
+        "sub/f.py": "from ..sub.e import E\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    assert import_circles.circles(tmp_path) == [["pkg.a", "pkg.b"]]
+    assert import_circles.circles(tmp_path, deferred=True) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
+    assert import_circles.circles(tmp_path, deferred=True, type_only=True) == [
+        ["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"], ["pkg.sub.e", "pkg.sub.f"]]
