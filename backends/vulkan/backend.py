@@ -17,7 +17,7 @@ to the device as soon as it is filled), one vkQueueSubmit, and
 return an aiomnn Fence. The queue's waiter thread sees the completion, puts the
 outputs into the values dict and signals the fence. Where outputs are staged
 through host memory the device imported, the arrays are that memory, handed to
-the caller (memory.HandedOver); elsewhere they are copied. Inputs of a MiB or more
+the caller (memory.HandedOver); elsewhere they are copied. Inputs of OFFLOAD_BYTES or more
 are copied and submitted on the runtime's submit thread instead, so the event loop
 never spends milliseconds in memcpy.
 
