@@ -58,6 +58,11 @@ def all_empty(outputs: list[Tensor]) -> bool:
                                for t in named)
 
 
+class Decline(Exception):
+    """A GPU backend does not take this node (its attributes, dtypes or shapes), raised while it plans: the
+    session's backup runs the node instead. The message says why."""
+
+
 class Execution:
     """One node, ready to run on one backend."""
 

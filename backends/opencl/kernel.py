@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from aiomnn.backend import Execution, OpRegistry, Tensor
+from aiomnn.backend import Decline, Execution, OpRegistry, Tensor
 from aiomnn.graph import Node
 
 OPS: OpRegistry[Any] = OpRegistry("opencl")
@@ -40,10 +40,6 @@ CL_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float16): "half", np.dtyp
 RAW_TYPES = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 
 F32 = np.dtype(np.float32)
-
-
-class Decline(Exception):
-    """This node or these shapes are not handled by the OpenCL backend."""
 
 
 def op(op_type: str, since: int = 1, domain: str = ""):

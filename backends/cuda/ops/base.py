@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from aiomnn.backend import Execution, OpRegistry, Tensor
+from aiomnn.backend import Decline, Execution, OpRegistry, Tensor
 from aiomnn.graph import Node
 
 if TYPE_CHECKING:
@@ -30,10 +30,6 @@ OPS: OpRegistry[Any] = OpRegistry("cuda")
 
 F32 = np.dtype(np.float32)
 MAX_ELEMENTS = (1 << 31) - 1
-
-
-class Decline(Exception):
-    """This node (its attributes, dtypes or shapes) is not handled here; the backup runs it."""
 
 
 def op(op_type: str, since: int = 1):

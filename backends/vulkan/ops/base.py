@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from aiomnn.backend import Execution, Tensor
+from aiomnn.backend import Decline, Execution, Tensor
 from aiomnn.errors import BackendError
 from aiomnn.graph import Node
 
@@ -32,10 +32,6 @@ log = logging.getLogger("aiomnn.vulkan")
 F32 = np.dtype(np.float32)
 MAX_RANK = 6
 INT_MAX = 2**31 - 1
-
-
-class Decline(Exception):
-    """This node stays on the CPU."""
 
 
 class f32(float):
