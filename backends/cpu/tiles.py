@@ -17,6 +17,8 @@ all of x's columns. The tile shapes follow the vector width (vectors.py). Indice
 signed ones for wrap-around, which keeps LLVM from vectorizing. The blocks of sums (tile_sums.py) are written
 by tools/make_tiles.py and inlined here by numba. numba's disk cache checks only this file for changes: SUMS
 is the SHA-256 of tile_sums.py, which make_tiles.py writes here with it, so that new sums make new loops.
+The loops work on borrowed views of their arrays (scalars.borrow): numba counted references at every call and view
+inside them, atomic operations that took a third of a small conv's time.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np  # noqa: E402
 from numba import prange  # noqa: E402
 
 from . import tile_sums  # noqa: E402
-from .scalars import activate  # noqa: E402
+from .scalars import activate, alive, borrow  # noqa: E402
 
 U = np.uint64
 F = np.float32
@@ -44,6 +46,7 @@ KC = U(128)
 
 
 def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks, groups):
+    x, offs, w, bias, y = borrow(x), borrow(offs), borrow(w), borrow(bias), borrow(y)  # see scalars.borrow
     kk = U(offs.shape[0])
     mb = U(w.shape[0])
     m = U(y.shape[1])  # channels
@@ -55,8 +58,8 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
         # chunk c: run c // groups of the tiles, for group c % groups of the blocks of channels
         r, q = U(c) // U(groups), U(c) % U(groups)
         b0, b1 = q * mb // U(groups), (q + U(1)) * mb // U(groups)
-        t = np.empty(mb * U(MR * NR), np.float32)  # flat, and no views of it or of y, w: see the module's notes
-        seg = np.empty((NR, 3), np.uint64)
+        store, runs_of = np.empty(mb * U(MR * NR), np.float32), np.empty((NR, 3), np.uint64)
+        t, seg = borrow(store), borrow(runs_of)  # the tile's sums, flat, and its output runs; kept below
         for g in range(r * total // runs, (r + U(1)) * total // runs):
             n = first + g // per
             base = n * xs
@@ -105,6 +108,7 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
                     j0, d, length = seg[k, 0], seg[k, 1], seg[k, 2]
                     for j in range(length):
                         y[n, i, d + j] = t[row + j0 + j]
+        alive(store, runs_of)
 
 
 def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
@@ -121,11 +125,12 @@ def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
     blocks = (m + U(DR - 1)) // U(DR)
     biased = bias.shape[0] > 0
     runs = U(chunks) // U(cols)
+    x, wp, bias, y = borrow(x), borrow(wp), borrow(bias), borrow(y)  # see scalars.borrow
     flat = wp.reshape(-1)
     for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
         pc, rc = U(c) % U(cols), U(c) // U(cols)
-        t = np.empty(DR * DC, np.float32)
-        rs = np.empty(DR, np.uint64)
+        store, rows = np.empty(DR * DC, np.float32), np.empty(DR, np.uint64)
+        t, rs = borrow(store), borrow(rows)  # kept below
         for p in range(pc * panels // U(cols), (pc + U(1)) * panels // U(cols)):
             lo = p * U(DC)  # the first column this panel writes
             n0 = min(lo, n - U(DC))  # the first it computes
@@ -142,3 +147,4 @@ def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
                         activate(t, row, row + U(DC), act, alpha, beta)
                         for j in range(lo - n0, U(DC)):
                             y[r, n0 + j] = t[row + j]
+        alive(store, rows)
