@@ -78,13 +78,6 @@ def test_cuda_request_falls_back_without_gpu():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_collapse_merges_contiguous_dims():
-    dims, st = fused.collapse([2, 3, 4, 5], [[60, 20, 5, 1], [0, 1, 0, 0]])
-    assert dims == [2, 3, 20] and st == [[60, 20, 1], [0, 1, 0]]
-    dims, st = fused.collapse([1, 8, 1, 1], [[0, 1, 0, 0]])
-    assert dims == [8] and st == [[1]]
-
-
 def test_generated_source_holds_the_layer_constants():
     """Shapes and scalars are written into the source as constants, not read from a table."""
     a = fused.Expr("Add", (fused.Val("x", (4, 7)), fused.Lit(3.0)))

@@ -161,25 +161,6 @@ class LeafPlan:
     at: int = 0  # where an inline leaf's meta starts in the table
 
 
-def collapse(dims: list[int], strides: list[list[int]]) -> tuple[list[int], list[list[int]]]:
-    """Drop size-1 dims and merge neighbours that are contiguous for every operand."""
-    keep = [i for i, d in enumerate(dims) if d != 1]
-    dims = [dims[i] for i in keep]
-    strides = [[s[i] for i in keep] for s in strides]
-    i = len(dims) - 2
-    while i >= 0:
-        if all(s[i] == s[i + 1] * dims[i + 1] for s in strides):
-            dims[i] *= dims[i + 1]
-            for s in strides:
-                s[i] = s[i + 1]
-                del s[i + 1]
-            del dims[i + 1]
-        i -= 1
-    if not dims:
-        dims, strides = [1], [[0] for _ in strides]
-    return dims, strides
-
-
 def contiguous(dims: list[int]) -> list[int]:
     out, acc = [], 1
     for d in reversed(dims):

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from aiomnn.errors import BackendError
+from aiomnn.strides import collapse
 
 from . import fused
-from .fused import Inline, LeafPlan, Lit, Raw, Val, collapse, contiguous, leaves, vals
+from .fused import Inline, LeafPlan, Lit, Raw, Val, contiguous, leaves, vals
 
 if TYPE_CHECKING:
     from .backend import CudaBackend, Step
@@ -110,7 +111,7 @@ def launch(be: "CudaBackend", step: "Step", root) -> Callable[[], None]:
             raise BackendError(f"{exe.node}: inline leaves need a 4-D output")
         sts = [p.strides for p in strided]
     else:
-        dims, sts = collapse(list(dims), [p.strides for p in strided])
+        dims, sts = collapse(list(dims), *[p.strides for p in strided])
     cont = contiguous(dims)
     for p, st in zip(strided, sts):
         p.strides = st

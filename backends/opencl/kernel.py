@@ -177,21 +177,6 @@ def f32(*values: float) -> list[np.float32]:
     return [np.float32(v) for v in values]
 
 
-def collapse(dims: list[int], *per: list[int]) -> tuple[list[int], list[list[int]]]:
-    """Drop size-1 dims and merge neighbours that stay contiguous in every stride list."""
-    keep = [d for d in range(len(dims)) if dims[d] != 1] or ([len(dims) - 1] if dims else [])
-    dims = [dims[d] for d in keep] or [1]
-    per_l = [[p[d] for d in keep] or [0] for p in per]
-    d = len(dims) - 1
-    while d > 0:
-        if all(p[d - 1] == p[d] * dims[d] for p in per_l):
-            for p in per_l:
-                del p[d - 1]
-            dims[d - 1 : d + 1] = [dims[d - 1] * dims[d]]
-        d -= 1
-    return dims, per_l
-
-
 def act_options(code: int) -> tuple[str, ...]:
     """Build options for a kernel that applies activation `code` (kernels/common.cl)."""
     return (f"-DACT={code}",) if code else ()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from aiomnn.graph import dtype_of
+from aiomnn.strides import collapse
 
-from ..fused import collapse
 from ..kernels import CTYPES, MAX_COPY_RANK, cast_source
 from .base import F32, CudaOp, Decline, check_tensors, op
 from .elementwise import Copy
@@ -25,7 +25,7 @@ def copy_launch(exe: CudaOp, src, dst, dims, sstr, dstr, sbase: int = 0, dbase: 
     total = int(np.prod(dims, dtype=np.int64)) if dims else 1
     if total == 0:
         return None
-    dims2, (ss, ds) = collapse(list(dims) or [1], [list(sstr) or [0], list(dstr) or [0]])
+    dims2, (ss, ds) = collapse(list(dims) or [1], list(sstr) or [0], list(dstr) or [0])
     e = src.dtype.itemsize
     if ss == ds == [1] and src.data.ptr + sbase * e == dst.data.ptr + dbase * e:
         return None  # already in place: the backend planned the piece into the whole (Concat, Split)

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from aiomnn.backend import Tensor
+from aiomnn.strides import collapse
 
-from ..kernel import (Decline, In, Launch, OpContext, Out, act_options, collapse, const_value, f32, i32, meta, op,
+from ..kernel import (Decline, In, Launch, OpContext, Out, act_options, const_value, f32, i32, meta, op,
                       require_float)
 
 #: Unary op codes, as in kernels/common.cl.

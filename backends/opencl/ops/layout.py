@@ -8,8 +8,9 @@ import math
 import numpy as np
 
 from aiomnn.backend import Tensor
+from aiomnn.strides import collapse
 
-from ..kernel import (CL_TYPES, RAW_TYPES, Alias, Const, Decline, In, Launch, OpContext, Out, collapse, const_value,
+from ..kernel import (CL_TYPES, RAW_TYPES, Alias, Const, Decline, In, Launch, OpContext, Out, const_value,
                       i32, meta, op, strides)
 
 

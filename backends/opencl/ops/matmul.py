@@ -6,7 +6,9 @@ import math
 
 import numpy as np
 
-from ..kernel import Const, Decline, In, Launch, Out, act_options, collapse, f32, i32, meta, op, require_float, strides
+from aiomnn.strides import collapse
+
+from ..kernel import Const, Decline, In, Launch, Out, act_options, f32, i32, meta, op, require_float, strides
 from .elementwise import activation
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from aiomnn.backend import Decline, Execution, Tensor
 from aiomnn.errors import BackendError
 from aiomnn.graph import Node
+from aiomnn.strides import collapse
 
 from ..launch import Grid, Launch, Work
 from ..memory import Loc
@@ -83,24 +84,9 @@ def broadcast_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> list[int]
     return res
 
 
-def coalesce(shape: list[int], *strides: list[int]) -> tuple[list[int], list[list[int]]]:
-    """Drop unit axes and merge neighbours that are contiguous in every operand."""
-    dims = [(d, [s[i] for s in strides]) for i, d in enumerate(shape) if d != 1]
-    if not dims:
-        return [1], [[0] for _ in strides]
-    merged = [dims[0]]
-    for d, st in dims[1:]:
-        pd, pst = merged[-1]
-        if all(ps == s * d for ps, s in zip(pst, st)):
-            merged[-1] = (pd * d, st)
-        else:
-            merged.append((d, st))
-    return [d for d, _ in merged], [[st[k] for _, st in merged] for k in range(len(strides))]
-
-
 def fits(shape, *strides: list[int]) -> None:
     """Decline (at creation, while the CPU can still take the node) an index space the shaders cannot walk."""
-    dims, _ = coalesce(list(shape), *[list(st) for st in strides])
+    dims, _ = collapse(list(shape), *[list(st) for st in strides])
     if len(dims) > MAX_RANK:
         raise Decline(f"{len(dims)} dimensions after merging, the shaders take {MAX_RANK}")
 
@@ -174,7 +160,7 @@ class VkOp(Execution):
         n = numel(shape)
         if n == 0:
             return
-        dims, (ss, ds) = coalesce(list(shape), list(src_strides), list(dst_strides))
+        dims, (ss, ds) = collapse(list(shape), list(src_strides), list(dst_strides))
         self.dispatch("copy", [dst, src], pack(n, src_base, dst_base, pad(dims), pad(ss), pad(ds)),
                       Grid(n), consts=(len(dims),))
 

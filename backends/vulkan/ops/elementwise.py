@@ -8,9 +8,11 @@ import math
 
 import numpy as np
 
+from aiomnn.strides import collapse
+
 from ..launch import Grid
 from ..memory import Loc
-from .base import (F32, UNARY, Decline, VkOp, activation, broadcast_strides, coalesce, const_value, contiguous,
+from .base import (F32, UNARY, Decline, VkOp, activation, broadcast_strides, const_value, contiguous,
                    data_input, fits, fused, numel, pack, pad, register, to_f32)
 
 FLT_MAX = 3.4028234663852886e38
@@ -131,7 +133,7 @@ def binary_view(exe: VkOp, op: int, out: Loc, a: Loc, sa: list[int], b: Loc, sb:
     """Dispatch, on exe, out = act(a op b) over a dense output of `shape`, a and b read through per-axis
     strides sa and sb (0 on the axes an input is broadcast along)."""
     n = numel(shape)
-    dims, (sa, sb) = coalesce(list(shape), list(sa), list(sb))
+    dims, (sa, sb) = collapse(list(shape), list(sa), list(sb))
     code, x, y = act
     vec = vec4_binary(exe, out, a, b, dims, sa, sb)
     exe.dispatch("binary", [out, a, b], pack(n, to_f32(x), to_f32(y), pad(dims), pad(sa), pad(sb)),

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from aiomnn.strides import collapse
+
 from ..launch import Matmul
-from .base import Decline, VkOp, broadcast_strides, coalesce, data_input, fused, numel, pack, pad, register, to_f32
+from .base import Decline, VkOp, broadcast_strides, data_input, fused, numel, pack, pad, register, to_f32
 
 
 @register("MatMul")
@@ -29,7 +31,7 @@ class MatMul(VkOp):
         # Strides counted in matrices: scale to elements.
         bsa = [s * m * k for s in bsa]
         bsb = [s * k * nn for s in bsb]
-        dims, (bsa, bsb) = coalesce(list(batch), bsa, bsb) if batch else ([1], [[0], [0]])
+        dims, (bsa, bsb) = collapse(list(batch), bsa, bsb) if batch else ([1], [[0], [0]])
         if len(dims) > 3 or numel(batch) > 65535:
             raise Decline("batch")
         want = list(batch) + ([m] if len(sa) > 1 else []) + ([nn] if len(sb) > 1 else [])
