@@ -16,9 +16,9 @@ in arithmetic.
   while that compiles, a few heads a piece on the helper threads): its scores stay in its cache, are scaled,
   masked and normalized in one pass without the GIL, and no [b, h, s, s] tensor is ever written.
 
-* Dense layers: MatMul by a 2-D weight -> Add of a bias row -> GELU (optional) as one product
-  (products.compiled: numba's threads share its pieces, each a BLAS call whose bias and GELU are applied
-  while it is in cache).
+* Dense layers: MatMul by a 2-D weight -> Add of a bias row -> GELU (optional) as one product: with a constant
+  weight, the dense tile loop over the weight packed once (products.dense); else products.compiled, each piece
+  a BLAS call whose bias and GELU are applied while it is in cache. numba's threads share the pieces.
 * Residual and LayerNormalization: Add -> LayerNormalization over the last axis as one compiled pass.
 
 A fused step takes the place of the chain's steps only where the values between them are read by the
@@ -287,16 +287,15 @@ class Dense(Fused):
             return self._unfused(values)
         out = self._output(self.last.out[0], x.shape[:-1] + w.shape[1:], (x,))
         rows = math.prod(x.shape[:-1])  # not -1: an empty x has no size to infer it from
-        x2, out2 = x.reshape(rows, x.shape[-1]), out.reshape(rows, w.shape[1])
-        if w is self.w_const and self._dense(x2, w, out2, bias.reshape(-1)):
+        x2, out2, b = x.reshape(rows, x.shape[-1]), out.reshape(rows, w.shape[1]), bias.reshape(-1)
+        if w is self.w_const and self._dense(x2, w, out2, b):
             return out
-        if compiled(x2, w[None], out2[None], bias.reshape(-1), False, self.activation):
+        if compiled(x2, w[None], out2[None], b, False, self.activation):
             return out
-        gemm(x2, w, out2, bias.reshape(-1))
+        gemm(x2, w, out2, b)
         if self.gelu and not jit.elementwise("gelu", out):
             gelu_(out)
         return out
-
 
     def _dense(self, x: np.ndarray, w: np.ndarray, out: np.ndarray, bias: np.ndarray) -> bool:
         if self.panels is None:

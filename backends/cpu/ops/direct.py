@@ -5,8 +5,8 @@ padding. The input is laid out once a run so that each kernel tap reads a contig
 (loops.conv_input: zero padding around each channel, then its s x s stride phases); a 1x1 conv of stride 1
 without padding reads its input as it is. Output positions run along the padded rows, so a tap at kernel
 row ky and column kx is one offset into that layout, and the tile loop's sums for a tile of channels x
-positions (vectors.conv_tile) stay in registers over all the taps. Bias and the fused activation are applied as a tile leaves the
-registers, and the padding columns are dropped there.
+positions (vectors.conv_tile) stay in registers over all the taps. Bias and the fused activation are applied
+as a tile leaves the registers, and the padding columns are dropped there.
 
 The loop holds no GIL, so a conv's pieces run at once: on numba's threads (the loop's parallel build), else on
 the runtime's helper threads (see run). While the loop compiles (jit.py), Conv's numpy paths serve.
