@@ -32,7 +32,7 @@ from .run_lock import RunLock
 from . import runtime as _runtime
 from .runtime import RuntimeInfo
 from .stats import RunCounts, SessionStats
-from .tuning import SessionTuning
+from .handoff import SessionTuning
 
 if TYPE_CHECKING:
     from .runtime import Runtime
