@@ -1,108 +1,26 @@
 """Shape and dtype inference for the pipeline's encode step.
 
-Each function takes the node and its input Tensors (shapes known) and returns
+Each op's rule takes the node and its inputs (shapes known) and returns
 (dtype, shape) per output, or a Tensor with `const` set where the value itself
-follows from shapes alone (Shape, Size). Ops without a function here get an
-unknown shape: the CPU backend runs them anyway, and GPU backends decline them.
+follows from shapes alone (Shape, Size). Ops without a rule get an unknown
+shape: the CPU backend runs them anyway, and GPU backends decline them. The
+rules of computing ops are here; those of the ops that only move data are in
+layout_shapes.py; what a rule reads, and the registry, in shape_args.py.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence, overload
+from typing import Any, Sequence
 
 import numpy as np
 
+from . import layout_shapes  # noqa: F401  (registers the rules of the ops that move data)
 from .backend import Tensor
 from .errors import ModelError
 from .graph import Node
+from .shape_args import SHAPES, BOOL, INT64, Args, Out, Unknown, axes_of, broadcast, shape_fn
 from .window import pool_geometry, window_params
-
-#: An output's (dtype, shape), or a Tensor where its value follows from shapes alone.
-Out = tuple[np.dtype[Any] | None, tuple[int, ...]] | Tensor
-
-
-@dataclass(frozen=True)
-class Arg:
-    """A node's input as a shape function reads it: its shape is known."""
-
-    dtype: np.dtype[Any] | None
-    shape: tuple[int, ...]
-    const: Any
-
-
-class Args:
-    """A node's inputs for its shape function. `args[i]` is an input the op requires (a ValueError where the
-    model leaves it out, which encode reports as a ModelError); `args.get(i)` one it may leave out (None)."""
-
-    def __init__(self, tensors: Sequence[Tensor | None]):
-        self.tensors = tensors
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-    def __getitem__(self, i: int) -> Arg:
-        arg = self.get(i)
-        if arg is None:
-            raise ValueError(f"input {i} is missing")
-        return arg
-
-    def get(self, i: int) -> Arg | None:
-        t = self.tensors[i] if -len(self.tensors) <= i < len(self.tensors) else None
-        if t is None:
-            return None
-        if t.shape is None:  # infer passes only inputs of known shapes
-            raise _Unknown
-        return Arg(t.dtype, t.shape, t.const)
-
-    def present(self) -> list[Arg]:
-        """The inputs the model gives, in order."""
-        return [a for a in (self.get(i) for i in range(len(self))) if a is not None]
-
-
-ShapeFn = Callable[[Node, Args], list[Out]]
-SHAPES: dict[str, ShapeFn] = {}
-
-INT64 = np.dtype(np.int64)
-BOOL = np.dtype(bool)
-
-
-def shape_fn(*ops: str) -> Callable[[ShapeFn], ShapeFn]:
-    def add(fn: ShapeFn) -> ShapeFn:
-        for op in ops:
-            SHAPES[op] = fn
-        return fn
-
-    return add
-
-
-def broadcast(*shapes: tuple[int, ...], node: Node | None = None) -> tuple[int, ...]:
-    try:
-        return tuple(np.broadcast_shapes(*shapes))
-    except ValueError:
-        raise ModelError(f"{node}: shapes {' and '.join(map(str, shapes))} do not broadcast") from None
-
-
-@overload
-def const_ints(t: Tensor | Arg, node: Node, what: str) -> list[int]: ...
-
-
-@overload
-def const_ints(t: Tensor | Arg | None, node: Node, what: str) -> list[int] | None: ...
-
-
-def const_ints(t: Tensor | Arg | None, node: Node, what: str) -> list[int] | None:
-    """The integers of a value known now (None for an input left out); _Unknown where only a run knows it."""
-    if t is None:
-        return None
-    if t.const is None:
-        raise _Unknown
-    return [int(v) for v in np.asarray(t.const).reshape(-1)]
-
-
-class _Unknown(Exception):
-    """The output shape depends on a value only known at run time."""
 
 
 def infer(node: Node, inputs: list[Tensor | None]) -> list[Out] | None:
@@ -112,9 +30,8 @@ def infer(node: Node, inputs: list[Tensor | None]) -> list[Out] | None:
         return None
     try:
         return fn(node, Args(inputs))
-    except _Unknown:
+    except Unknown:
         return None
-
 
 UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu", "Sqrt", "Exp",
          "Log", "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sin", "Cos", "Elu", "Selu", "Softplus",
@@ -142,7 +59,7 @@ def _unary(node: Node, ins: Args) -> list[Out]:
     if node.op_type == "Dropout" and len(node.outputs) > 1:
         outs.append((BOOL if node.opset >= 10 else x.dtype, x.shape))
     if node.op_type == "BatchNormalization" and len(node.outputs) > 1:
-        raise _Unknown
+        raise Unknown
     return outs
 
 
@@ -275,154 +192,9 @@ def _gemm(node: Node, ins: Args) -> list[Out]:
     n = b[0] if node.attrs.get("transB", 0) else b[1]
     return [(ins[0].dtype, (m, n))]
 
-
-@shape_fn("Reshape")
-def _reshape(node: Node, ins: Args) -> list[Out]:
-    x = ins[0]
-    target = const_ints(ins[1], node, "shape") if node.opset >= 5 else [int(d) for d in node.attrs["shape"]]
-    allowzero = node.attrs.get("allowzero", 0)
-    out: list[int] = []
-    for i, d in enumerate(target):
-        if d == 0 and not allowzero:
-            if i >= len(x.shape):
-                raise ModelError(f"{node}: shape {target} copies dimension {i}, but the input has rank {len(x.shape)}")
-            d = x.shape[i]
-        out.append(d)
-    total = math.prod(x.shape)
-    if out.count(-1) > 1:
-        raise ModelError(f"{node}: shape {target} has more than one -1")
-    if -1 in out:
-        rest = math.prod(d for d in out if d != -1)
-        if rest == 0 or total % rest:
-            raise ModelError(f"{node}: cannot reshape {x.shape} to {target}")
-        out[out.index(-1)] = total // rest
-    if math.prod(out) != total or any(d < 0 for d in out):
-        raise ModelError(f"{node}: cannot reshape {x.shape} to {target}")
-    return [(x.dtype, tuple(out))]
-
-
-@shape_fn("Flatten")
-def _flatten(node: Node, ins: Args) -> list[Out]:
-    s = ins[0].shape
-    axis = node.attrs.get("axis", 1)
-    axis = axis + len(s) if axis < 0 else axis
-    return [(ins[0].dtype, (math.prod(s[:axis]), math.prod(s[axis:])))]
-
-
-def _axes(node: Node, ins: Sequence[Tensor | None], input_index: int, since: int) -> list[int] | None:
-    if node.opset >= since:
-        return const_ints(ins[input_index] if len(ins) > input_index else None, node, "axes")
-    return node.attrs.get("axes")
-
-
-@shape_fn("Squeeze")
-def _squeeze(node: Node, ins: Args) -> list[Out]:
-    s = ins[0].shape
-    axes = _axes(node, ins.tensors, 1, 13)
-    if axes is None:
-        return [(ins[0].dtype, tuple(d for d in s if d != 1))]
-    dropped = {a % len(s) for a in axes}
-    return [(ins[0].dtype, tuple(d for i, d in enumerate(s) if i not in dropped))]
-
-
-@shape_fn("Unsqueeze")
-def _unsqueeze(node: Node, ins: Args) -> list[Out]:
-    s = list(ins[0].shape)
-    axes = _axes(node, ins.tensors, 1, 13)
-    if axes is None:
-        raise ValueError("Unsqueeze needs axes")
-    rank = len(s) + len(axes)
-    for a in sorted(a % rank for a in axes):
-        s.insert(a, 1)
-    return [(ins[0].dtype, tuple(s))]
-
-
-@shape_fn("Transpose")
-def _transpose(node: Node, ins: Args) -> list[Out]:
-    s = ins[0].shape
-    perm = node.attrs.get("perm", list(range(len(s)))[::-1])
-    return [(ins[0].dtype, tuple(s[p] for p in perm))]
-
-
-@shape_fn("Concat")
-def _concat(node: Node, ins: Args) -> list[Out]:
-    ts = ins.present()
-    axis = node.attrs["axis"] % len(ts[0].shape)
-    out = list(ts[0].shape)
-    out[axis] = sum(t.shape[axis] for t in ts)
-    return [(ts[0].dtype, tuple(out))]
-
-
-@shape_fn("Split")
-def _split(node: Node, ins: Args) -> list[Out]:
-    s = ins[0].shape
-    axis = node.attrs.get("axis", 0) % len(s)
-    n = len(node.outputs)
-    if node.opset >= 13:
-        split = const_ints(ins.get(1), node, "split")
-    else:
-        split = node.attrs.get("split")
-    if split is None:
-        num = node.attrs.get("num_outputs", n)
-        size = -(-s[axis] // num)
-        split = [min(size, s[axis] - i * size) for i in range(num)]
-    outs: list[Out] = []
-    for d in split:
-        o = list(s)
-        o[axis] = d
-        outs.append((ins[0].dtype, tuple(o)))
-    return outs
-
-
-@shape_fn("Slice")
-def _slice(node: Node, ins: Args) -> list[Out]:
-    s = ins[0].shape
-    if node.opset >= 10:
-        starts = const_ints(ins[1], node, "starts")
-        ends = const_ints(ins[2], node, "ends")
-        axes = const_ints(ins.get(3), node, "axes")
-        steps = const_ints(ins.get(4), node, "steps")
-    else:
-        starts, ends, axes, steps = node.attrs["starts"], node.attrs["ends"], node.attrs.get("axes"), None
-    axes = axes if axes is not None else list(range(len(starts)))
-    steps = steps if steps is not None else [1] * len(starts)
-    out = list(s)
-    for st, en, ax, sp in zip(starts, ends, axes, steps):
-        ax %= len(s)
-        out[ax] = len(range(*slice(st, en, sp).indices(s[ax])))
-    return [(ins[0].dtype, tuple(out))]
-
-
-@shape_fn("Gather")
-def _gather(node: Node, ins: Args) -> list[Out]:
-    s = ins[0].shape
-    axis = node.attrs.get("axis", 0) % len(s)
-    return [(ins[0].dtype, s[:axis] + ins[1].shape + s[axis + 1:])]
-
-
-@shape_fn("ConstantOfShape")
-def _constant_of_shape(node: Node, ins: Args) -> list[Out]:
-    shape = tuple(const_ints(ins[0], node, "shape"))
-    value = node.attrs.get("value")
-    dtype = np.dtype(np.float32) if value is None else value.dtype
-    return [(dtype, shape)]
-
-
-@shape_fn("Expand")
-def _expand(node: Node, ins: Args) -> list[Out]:
-    shape = tuple(const_ints(ins[1], node, "shape"))
-    return [(ins[0].dtype, broadcast(ins[0].shape, shape, node=node))]
-
-
-@shape_fn("Tile")
-def _tile(node: Node, ins: Args) -> list[Out]:
-    reps = const_ints(ins[1], node, "repeats")
-    return [(ins[0].dtype, tuple(d * r for d, r in zip(ins[0].shape, reps)))]
-
-
 def reduce_axes(node: Node, ins: Sequence[Tensor | None], rank: int) -> list[int]:
     since = 13 if node.op_type == "ReduceSum" else 18
-    axes = _axes(node, ins, 1, since)
+    axes = axes_of(node, ins, 1, since)
     if not axes:
         if node.attrs.get("noop_with_empty_axes", 0):
             return []
@@ -442,76 +214,3 @@ def _reduce(node: Node, ins: Args) -> list[Out]:
     keep = node.attrs.get("keepdims", 1)
     out = tuple((1 if i in axes else d) for i, d in enumerate(s) if keep or i not in axes)
     return [(dtype, out)]
-
-
-@shape_fn("Resize", "Upsample")
-def _resize(node: Node, ins: Args) -> list[Out]:
-    x = ins[0]
-    if node.op_type == "Upsample" or node.opset < 11:
-        scales = node.attrs.get("scales") if node.opset < 9 else None
-        if node.opset < 7 and node.op_type == "Upsample":
-            scales = [1.0, 1.0, node.attrs.get("height_scale", 1.0), node.attrs.get("width_scale", 1.0)]
-        if scales is None:
-            scales = np.asarray(_const(ins[1]), dtype=np.float64).tolist()
-        return [(x.dtype, tuple(int(math.floor(d * s)) for d, s in zip(x.shape, scales)))]
-    sizes = _const(ins.get(3))
-    scales = _const(ins.get(2))
-    axes = node.attrs.get("axes")
-    rank = len(x.shape)
-    axes = [a % rank for a in axes] if axes else list(range(rank))
-    out = list(x.shape)
-    if sizes is not None and np.asarray(sizes).size:
-        sizes = [int(v) for v in np.asarray(sizes).reshape(-1)]
-        policy = node.attrs.get("keep_aspect_ratio_policy", "stretch")
-        if policy != "stretch":
-            ratios = [sizes[i] / x.shape[a] for i, a in enumerate(axes)]
-            r = min(ratios) if policy == "not_larger" else max(ratios)
-            sizes = [int(round(r * x.shape[a])) for a in axes]
-        for i, a in enumerate(axes):
-            out[a] = sizes[i]
-    elif scales is not None and np.asarray(scales).size:
-        for i, a in enumerate(axes):
-            out[a] = int(math.floor(x.shape[a] * float(np.asarray(scales).reshape(-1)[i])))
-    else:
-        raise ModelError(f"{node}: Resize needs scales or sizes")
-    return [(x.dtype, tuple(out))]
-
-
-def _const(t: Arg | None) -> Any:
-    if t is None:
-        return None
-    if t.const is None:
-        raise _Unknown
-    return t.const
-
-
-@shape_fn("Pad")
-def _pad(node: Node, ins: Args) -> list[Out]:
-    s = ins[0].shape
-    if node.opset >= 11:
-        pads = const_ints(ins[1], node, "pads")
-        axes = const_ints(ins.get(3), node, "axes")
-    else:
-        pads, axes = node.attrs.get("pads", node.attrs.get("paddings")), None
-    axes = [a % len(s) for a in axes] if axes is not None else list(range(len(s)))
-    out = list(s)
-    n = len(axes)
-    for i, a in enumerate(axes):
-        out[a] += pads[i] + pads[i + n]
-    return [(ins[0].dtype, tuple(out))]
-
-
-@shape_fn("Range")
-def _range(node: Node, ins: Args) -> list[Out]:
-    start, limit, delta = (_const(ins[i]) for i in range(3))
-    n = max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
-    return [(ins[0].dtype, (n,))]
-
-
-@shape_fn("DepthToSpace", "SpaceToDepth")
-def _depth_space(node: Node, ins: Args) -> list[Out]:
-    n, c, h, w = ins[0].shape
-    b = node.attrs["blocksize"]
-    if node.op_type == "DepthToSpace":
-        return [(ins[0].dtype, (n, c // (b * b), h * b, w * b))]
-    return [(ins[0].dtype, (n, c * b * b, h // b, w // b))]
