@@ -92,6 +92,10 @@ def attention(q, k, v, scale, mask, out):
             _softmax_row(scores[r], scale, mr, masked)
         _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, s, e, t, F(1), np.int64(scores.ctypes.data), t,
                np.int64(v[i, j].ctypes.data), e, F(0), np.int64(out[i, j].ctypes.data), e)
+        # A use of scores by name after BLAS has read it through its address: numba frees an array after its
+        # last use by name, which would otherwise come before that product (another thread could take the
+        # memory meanwhile, or a large array go back to the system).
+        scores[0, 0] = F(0)
 
 
 def layer_norm(x, residual, gamma, beta, eps, y):

@@ -128,7 +128,3 @@ def borrow(typingctx, array):
 
     return array(array), codegen
 
-
-@numba.njit(inline="always")
-def alive(a, b):
-    """Nothing, done with a and b: a use that keeps them alive to here, for borrowed views of them."""

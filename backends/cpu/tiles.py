@@ -18,7 +18,10 @@ signed ones for wrap-around, which keeps LLVM from vectorizing. The blocks of su
 by tools/make_tiles.py and inlined here by numba. numba's disk cache checks only this file for changes: SUMS
 is the SHA-256 of tile_sums.py, which make_tiles.py writes here with it, so that new sums make new loops.
 The loops work on borrowed views of their arrays (scalars.borrow): numba counted references at every call and view
-inside them, atomic operations that took a third of a small conv's time.
+inside them, atomic operations that took a third of a small conv's time. Their scratch arrays, one per piece,
+are made before the parallel loop, never inside it: a borrowed view holds no reference, and numba freed an
+array made inside a parallel loop right after its last use by name (the borrow), so the loop wrote freed memory
+that other threads' allocations could take (a use after free, seen as rare wrong results under load).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import numpy as np  # noqa: E402
 from numba import prange  # noqa: E402
 
 from . import tile_sums  # noqa: E402
-from .scalars import activate, alive, borrow  # noqa: E402
+from .scalars import activate, borrow  # noqa: E402
 
 U = np.uint64
 F = np.float32
@@ -54,12 +57,12 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
     per = (p_last - p_first + U(NR - 1)) // U(NR)  # tiles an image
     total = (last - first) * per
     runs = U(chunks) // U(groups)
+    sums, spans = np.empty((chunks, mb * U(MR * NR)), np.float32), np.empty((chunks, NR, 3), np.uint64)
     for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
         # chunk c: run c // groups of the tiles, for group c % groups of the blocks of channels
         r, q = U(c) // U(groups), U(c) % U(groups)
         b0, b1 = q * mb // U(groups), (q + U(1)) * mb // U(groups)
-        store, runs_of = np.empty(mb * U(MR * NR), np.float32), np.empty((NR, 3), np.uint64)
-        t, seg = borrow(store), borrow(runs_of)  # the tile's sums, flat, and its output runs; kept below
+        t, seg = borrow(sums[c]), borrow(spans[c])  # the tile's sums, flat, and its output runs
         for g in range(r * total // runs, (r + U(1)) * total // runs):
             n = first + g // per
             base = n * xs
@@ -108,7 +111,6 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
                     j0, d, length = seg[k, 0], seg[k, 1], seg[k, 2]
                     for j in range(length):
                         y[n, i, d + j] = t[row + j0 + j]
-        alive(store, runs_of)
 
 
 def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
@@ -127,10 +129,10 @@ def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
     runs = U(chunks) // U(cols)
     x, wp, bias, y = borrow(x), borrow(wp), borrow(bias), borrow(y)  # see scalars.borrow
     flat = wp.reshape(-1)
+    sums, picks = np.empty((chunks, DR * DC), np.float32), np.empty((chunks, DR), np.uint64)
     for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
         pc, rc = U(c) % U(cols), U(c) // U(cols)
-        store, rows = np.empty(DR * DC, np.float32), np.empty(DR, np.uint64)
-        t, rs = borrow(store), borrow(rows)  # kept below
+        t, rs = borrow(sums[c]), borrow(picks[c])  # the tile's sums and the rows it reads
         for p in range(pc * panels // U(cols), (pc + U(1)) * panels // U(cols)):
             lo = p * U(DC)  # the first column this panel writes
             n0 = min(lo, n - U(DC))  # the first it computes
@@ -147,4 +149,3 @@ def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
                         activate(t, row, row + U(DC), act, alpha, beta)
                         for j in range(lo - n0, U(DC)):
                             y[r, n0 + j] = t[row + j]
-        alive(store, rows)
