@@ -1,8 +1,9 @@
 """An async OCR service: PP-OCRv4 detection and recognition behind Starlette.
 
-Both sessions share one runtime (its worker threads and devices). Every request
-runs detection, then recognises all found text lines concurrently; different
-requests run concurrently too, and the event loop keeps serving throughout.
+The pipeline is ocr.py's. Both sessions share one runtime (its worker threads and
+devices). Every request runs detection, then recognises all found text lines
+concurrently; different requests run concurrently too, and the event loop keeps
+serving throughout.
 
     python -m pip install -e ".[examples]" && aiomnn models fetch
     python examples/ocr_service.py --port 8000
@@ -22,7 +23,6 @@ runs, queue wait and compute seconds, queue depth, tuning state and fallbacks.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import io
 import time
 from contextlib import asynccontextmanager
@@ -37,75 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import aiomnn
-from aiomnn import models
-
-MEAN, STD = 0.5, 0.5
-
-
-def resize_nearest(img: np.ndarray, h: int, w: int) -> np.ndarray:
-    rows = (np.arange(h) * img.shape[0] / h).astype(np.int64)
-    cols = (np.arange(w) * img.shape[1] / w).astype(np.int64)
-    return img[rows][:, cols]
-
-
-def to_input(img: np.ndarray) -> np.ndarray:
-    x = (img.astype(np.float32) / 255 - MEAN) / STD
-    return np.ascontiguousarray(x.transpose(2, 0, 1)[None])
-
-
-def text_lines(prob: np.ndarray, threshold: float = 0.3, min_height: int = 3) -> list[tuple[int, int, int, int]]:
-    """Boxes (top, bottom, left, right) of text lines in a detection map, by row then column projection."""
-    mask = prob > threshold
-    rows = np.flatnonzero(mask.any(axis=1))
-    boxes = []
-    if rows.size == 0:
-        return boxes
-    breaks = np.flatnonzero(np.diff(rows) > 1)
-    for top, bottom in zip(np.r_[rows[0], rows[breaks + 1]], np.r_[rows[breaks], rows[-1]]):
-        if bottom - top + 1 < min_height:
-            continue
-        cols = np.flatnonzero(mask[top:bottom + 1].any(axis=0))
-        boxes.append((int(top), int(bottom) + 1, int(cols[0]), int(cols[-1]) + 1))
-    return boxes
-
-
-class OCR:
-    def __init__(self, det: aiomnn.Session, rec: aiomnn.Session, charset: list[str]):
-        self.det, self.rec, self.charset = det, rec, charset
-
-    @classmethod
-    async def open(cls, runtime: aiomnn.RuntimeInfo) -> "OCR":
-        det_net = aiomnn.Interpreter.from_file(models.path("det"))
-        rec_net = aiomnn.Interpreter.from_file(models.path("rec"))
-        charset = ["<blank>"] + rec_net.metadata.metadata_props.get("character", "").splitlines() + [" "]
-        config = aiomnn.ScheduleConfig(type="auto")
-        det = await det_net.create_session(config, runtime)
-        rec = await rec_net.create_session(config, runtime)
-        return cls(det, rec, charset)
-
-    async def close(self) -> None:
-        await self.det.close()
-        await self.rec.close()
-
-    async def read(self, img: np.ndarray) -> list[dict]:
-        h, w = img.shape[:2]
-        scale = min(1.0, 640 / max(h, w))
-        dh, dw = max(32, int(round(h * scale / 32)) * 32), max(32, int(round(w * scale / 32)) * 32)
-        prob = (await self.det.run({"x": to_input(resize_nearest(img, dh, dw))}))["sigmoid_0.tmp_0"][0, 0]
-        boxes = []
-        for t, b, l, r in text_lines(prob):
-            pad = int(0.6 * (b - t)) + 1  # the detector marks a shrunk core of each line: grow it back
-            t, b, l, r = max(t - pad, 0), min(b + pad, dh), max(l - pad, 0), min(r + pad, dw)
-            boxes.append((int(t * h / dh), int(np.ceil(b * h / dh)), int(l * w / dw), int(np.ceil(r * w / dw))))
-        texts = await asyncio.gather(*(self.recognise(img[t:b, l:r]) for t, b, l, r in boxes))
-        return [{"box": [t, b, l, r], "text": text} for (t, b, l, r), text in zip(boxes, texts)]
-
-    async def recognise(self, crop: np.ndarray) -> str:
-        width = int(np.clip(round(48 * crop.shape[1] / max(crop.shape[0], 1) / 8) * 8, 16, 320))
-        probs = (await self.rec.run({"x": to_input(resize_nearest(crop, 48, width))}))["softmax_11.tmp_0"][0]
-        best = probs.argmax(axis=1)
-        keep = (best != 0) & np.r_[True, best[1:] != best[:-1]]  # CTC: drop blanks and repeats
-        return "".join(self.charset[i] if i < len(self.charset) else "?" for i in best[keep])
+from ocr import OCR
 
 
 class SessionMetrics:
