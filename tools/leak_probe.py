@@ -2,7 +2,10 @@
 sessions that each own a runtime, one run each, dropped, and prints RSS, threads and the object types whose
 counts grew the most between the 10th and the last session.
 
-    python tools/leak_probe.py KIND COUNT
+    python tools/leak_probe.py KIND COUNT [CLASS ...]
+
+SETTLE (seconds, default 40) is how long it watches threads and RSS after the last session; each CLASS named
+prints who holds its oldest live object.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import gc
+import os
 import sys
 import threading
 import warnings
@@ -21,7 +25,7 @@ from aiomnn.cli import demo_model
 
 warnings.simplefilter("ignore", ResourceWarning)
 #: Seconds to watch threads and RSS after the last session.
-SETTLE = 40
+SETTLE = int(os.environ.get("SETTLE", "40"))
 
 
 def rss() -> float:

@@ -9,5 +9,10 @@ mkdir -p /tmp/icd "$OUT" && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd && 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .cache/lc/whl/*.whl && export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "install failed"
 aiomnn info
-for k in cuda opencl vulkan; do timeout "${LEAK_SECONDS:-60}" python3 tools/dropped_sessions.py $k "${SESSIONS:-100}" 2>&1 | tail -7; echo "exit $?"; done | tee "$OUT/leak.txt"
+# KIND:COUNT:SECONDS for each backend: sessions dropped without close (tools/leak_probe.py).
+for spec in ${LEAKS:-cuda:1000:300 opencl:300:120 vulkan:300:120}; do
+  IFS=: read -r k n t <<<"$spec"
+  SETTLE="${SETTLE:-20}" timeout "$t" python3 tools/leak_probe.py "$k" "$n" 2>&1 | head -40; echo "exit ${PIPESTATUS[0]}"
+done | tee "$OUT/leak.txt"
+[ "${TEST_SECONDS:-200}" -gt 0 ] || exit 0
 timeout "${TEST_SECONDS:-200}" python3 -m pytest -q -p no:cacheprovider tests/test_lifecycle.py 2>&1 | tail -40 | tee "$OUT/lifecycle.txt"
