@@ -8,6 +8,8 @@ BatchingSession, or a stand-in for another engine (the tests run it on onnxrunti
 from __future__ import annotations
 
 import asyncio
+import io
+import time
 from typing import Any, Mapping, Protocol
 
 import numpy as np
@@ -98,3 +100,20 @@ class OCR:
         best = probs.argmax(axis=1)
         keep = (best != 0) & np.r_[True, best[1:] != best[:-1]]  # CTC: drop blanks and repeats
         return "".join(self.charset[i] if i < len(self.charset) else "?" for i in best[keep])
+
+
+async def answer(ocr: OCR, body: bytes) -> tuple[dict, int]:
+    """An HTTP request's answer, as both services give it: (JSON, status) for a body holding an HxWx3 uint8
+    image saved with np.save (read with allow_pickle=False)."""
+    try:
+        img = np.load(io.BytesIO(body), allow_pickle=False)
+    except Exception as exc:
+        return {"error": f"body is not a .npy array: {exc}"}, 400
+    if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or min(img.shape[:2]) < 8:
+        return {"error": f"want an HxWx3 uint8 image, got {img.dtype} {img.shape}"}, 400
+    t = time.perf_counter()
+    try:
+        lines = await ocr.read(img)
+    except aiomnn.AiomnnError as exc:
+        return {"error": str(exc)}, 422
+    return {"lines": lines, "ms": round((time.perf_counter() - t) * 1e3, 2)}, 200

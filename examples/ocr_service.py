@@ -23,12 +23,9 @@ runs, queue wait and compute seconds, queue depth, tuning state and fallbacks.
 from __future__ import annotations
 
 import argparse
-import io
-import time
 from contextlib import asynccontextmanager
 from typing import Callable, Iterator
 
-import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from starlette.applications import Starlette
@@ -37,7 +34,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import aiomnn
-from ocr import OCR
+from ocr import OCR, answer
 
 
 class SessionMetrics:
@@ -88,22 +85,8 @@ def create_app() -> Starlette:
 
     async def ocr(request: Request) -> JSONResponse:
         with latency.time(), in_progress.track_inprogress():  # prometheus' decorators would not await the handler
-            return await answer(request)
-
-    async def answer(request: Request) -> JSONResponse:
-        body = await request.body()
-        try:
-            img = np.load(io.BytesIO(body), allow_pickle=False)
-        except Exception as exc:
-            return JSONResponse({"error": f"body is not a .npy array: {exc}"}, status_code=400)
-        if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or min(img.shape[:2]) < 8:
-            return JSONResponse({"error": f"want an HxWx3 uint8 image, got {img.dtype} {img.shape}"}, status_code=400)
-        t = time.perf_counter()
-        try:
-            lines = await request.app.state.ocr.read(img)
-        except aiomnn.AiomnnError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=422)
-        return JSONResponse({"lines": lines, "ms": round((time.perf_counter() - t) * 1e3, 2)})
+            payload, status = await answer(request.app.state.ocr, await request.body())
+            return JSONResponse(payload, status_code=status)
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"ok": True, "backends": [str(t) for t in request.app.state.ocr.det.backend_types]})

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import os
-import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -37,7 +35,7 @@ from starlette.responses import JSONResponse
 
 import aiomnn
 from aiomnn import models
-from ocr import OCR, charset
+from ocr import OCR, answer, charset
 
 
 class Replica:
@@ -93,18 +91,9 @@ class Replica:
 
     async def __call__(self, request: Request) -> JSONResponse:
         """HTTP: a .npy image in the body, its lines as JSON (ocr_service.py's /ocr)."""
-        try:
-            img = np.load(io.BytesIO(await request.body()), allow_pickle=False)
-        except Exception as exc:
-            return JSONResponse({"error": f"body is not a .npy array: {exc}"}, status_code=400)
-        if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3 or min(img.shape[:2]) < 8:
-            return JSONResponse({"error": f"want an HxWx3 uint8 image, got {img.dtype} {img.shape}"}, status_code=400)
-        t = time.perf_counter()
-        try:
-            lines = await self.read(img)
-        except aiomnn.AiomnnError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=422)
-        return JSONResponse({"lines": lines, "ms": round((time.perf_counter() - t) * 1e3, 2)})
+        assert self.ocr is not None
+        payload, status = await answer(self.ocr, await request.body())
+        return JSONResponse(payload, status_code=status)
 
     async def __del__(self) -> None:
         """Serve's shutdown: the batches queued run, then the sessions and the runtime close."""

@@ -70,6 +70,10 @@ def test_two_replicas_answer_concurrent_requests_as_onnxruntime_does(local_ray):
     assert all(len(w) == 2 and all(line["text"] for line in w) for w in want)  # two lines read on each page
     for m, w in zip(maps, want_maps):
         assert m.shape == w.shape and np.abs(m - w).max() <= 1e-4
-    pids = {s["pid"] for s in stats}
-    assert len(pids) == 2, stats  # two replica processes answered
-    assert sum(s["det"] for s in {s["pid"]: s for s in stats}.values()) >= 28  # every det run went through batching
+    replicas = serve.status().applications["ocr"].deployments["ocr"].replica_states
+    assert replicas.get("RUNNING") == 2, replicas
+    # Both answered: the 28 detections (24 reads, 4 maps) went through the replicas' batching, and those that
+    # the stats calls reached (Serve may send them all to one) did not make all of them.
+    seen = {s["pid"]: s for s in stats}
+    assert len(seen) == 2 and sum(s["det"] for s in seen.values()) == 28 or 0 < sum(
+        s["det"] for s in seen.values()) < 28, stats
