@@ -248,36 +248,38 @@ def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1):
     zero = F(0)
     plane = U(hq * wq)
     width = U(wq)
-    for n in range(first, last):
+    for job in prange((last - first) * c):  # one channel of one image a job: their planes do not overlap
+        n, ch = first + job // c, job % c
         xn, pn = x[n], xp[n]
-        for ch in range(c):
-            for a in range(s):
-                for b in range(s):
-                    dst0 = U(((ch * s + a) * s + b)) * plane
-                    # columns qx whose input column qx * s + b - pl lies in [0, w)
-                    lo = min(wq, max(0, (pl - b + s - 1) // s))
-                    hi = max(lo, min(wq, (w - 1 + pl - b) // s + 1))
-                    ulo, uhi = U(lo), U(hi)
-                    for qy in range(row0, row1):
-                        d = dst0 + U(qy) * width
-                        iy = qy * s + a - pt
-                        if iy < 0 or iy >= h:
-                            for qx in range(width):
-                                pn[d + qx] = zero
-                            continue
-                        src = U(ch * h * w + iy * w + lo * s + b - pl)
-                        for qx in range(ulo):
+        for a in range(s):
+            for b in range(s):
+                dst0 = U(((ch * s + a) * s + b)) * plane
+                # columns qx whose input column qx * s + b - pl lies in [0, w)
+                lo = min(wq, max(0, (pl - b + s - 1) // s))
+                hi = max(lo, min(wq, (w - 1 + pl - b) // s + 1))
+                ulo, uhi = U(lo), U(hi)
+                for qy in range(row0, row1):
+                    d = dst0 + U(qy) * width
+                    iy = qy * s + a - pt
+                    if iy < 0 or iy >= h:
+                        for qx in range(width):
                             pn[d + qx] = zero
-                        if s == 1:
-                            for qx in range(uhi - ulo):
-                                pn[d + ulo + qx] = xn[src + qx]
-                        else:
-                            us = U(s)
-                            for qx in range(uhi - ulo):
-                                pn[d + ulo + qx] = xn[src + qx * us]
-                        for qx in range(uhi, width):
-                            pn[d + qx] = zero
-        if row1 == hq:
+                        continue
+                    src = U(ch * h * w + iy * w + lo * s + b - pl)
+                    for qx in range(ulo):
+                        pn[d + qx] = zero
+                    if s == 1:
+                        for qx in range(uhi - ulo):
+                            pn[d + ulo + qx] = xn[src + qx]
+                    else:
+                        us = U(s)
+                        for qx in range(uhi - ulo):
+                            pn[d + ulo + qx] = xn[src + qx * us]
+                    for qx in range(uhi, width):
+                        pn[d + qx] = zero
+    if row1 == hq:
+        for n in range(first, last):
+            pn = xp[n]
             for i in range(U(c * s * s) * plane, U(pn.shape[0])):
                 pn[i] = zero
 
@@ -309,7 +311,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
 SLP = {"conv_tiles", "dense"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
 #: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
-PARALLEL = {"conv_tiles", "dense", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm", "attention"}
+PARALLEL = {"conv_tiles", "conv_input", "dense", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm", "attention"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)
