@@ -118,6 +118,26 @@ def test_dense_steps_match_onnxruntime(loop, rows, k, n, gelu, threads, calls):
     assert calls["dense"] >= 1
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_dense_repeats_its_bound_call_on_new_values(loop, threads, calls):
+    """A Dense step whose x is a planned buffer repeats its bound call on later runs (the same arrays): new input
+    values still give new, right results, and so does an input of another shape in between."""
+    consts = {"w": (RNG.standard_normal((64, 96)) / 8).astype(np.float32), "b": RNG.standard_normal(96).astype(np.float32)}
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["y"])]
+    data = one_input_model(nodes, ["n", 16, 64], consts, opset=20)
+    xs = [RNG.standard_normal(shape).astype(np.float32) for shape in [(1, 16, 64)] * 3 + [(2, 16, 64), (1, 16, 64)]]
+
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as s:
+            return [(await s.run({"x": x}))["y"].copy() for x in xs]
+
+    for x, got in zip(xs, asyncio.run(go())):
+        np.testing.assert_allclose(got, run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    assert 2 <= calls["dense"] <= 3  # bound once a shape (again on coming back to one), else repeated
+
+
 _OTHER_WIDTH = """
 import asyncio, sys
 import numpy as np

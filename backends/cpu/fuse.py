@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -277,8 +277,17 @@ class Dense(Fused):
         self.activation = jit.loop_activation(("Gelu", {}) if self.gelu else None)  # the compiled loops'
         self.w_const = chain[0][0].b_const
         self.panels: Any = None  # w_const packed for the dense tile loop, on the first run that can use it
+        self._at = [names.index(n) for n in (self.x, self.w, self.bias)]
+        #: (x, w, bias, out, call): the dense tile loop's last call, bound to its arrays. A run that brings the
+        #: same arrays (a planned buffer, the constants) repeats it without the checks and lookups, which took
+        #: a third of a Dense step's time at 16 rows.
+        self._repeat: tuple | None = None
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        repeat = self._repeat
+        if repeat is not None and all(inputs[i] is a for i, a in zip(self._at, repeat)):
+            repeat[4]()
+            return repeat[3]
         values = dict(zip(self.names, inputs))
         x, w, bias = values[self.x], values[self.w], values[self.bias]
         if (not isinstance(bias, np.ndarray) or any(a.dtype != F32 for a in (x, w, bias)) or w.ndim != 2
@@ -288,8 +297,11 @@ class Dense(Fused):
         out = self._output(self.last.out[0], x.shape[:-1] + w.shape[1:], (x,))
         rows = math.prod(x.shape[:-1])  # not -1: an empty x has no size to infer it from
         x2, out2, b = x.reshape(rows, x.shape[-1]), out.reshape(rows, w.shape[1]), bias.reshape(-1)
-        if w is self.w_const and self._dense(x2, w, out2, b):
-            return out
+        if w is self.w_const:
+            call = self._dense(x2, w, out2, b)
+            if call is not None:
+                self._repeat = (x, w, bias, out, call)
+                return out
         if compiled(x2, w[None], out2[None], b, False, self.activation):
             return out
         gemm(x2, w, out2, b)
@@ -297,13 +309,14 @@ class Dense(Fused):
             gelu_(out)
         return out
 
-    def _dense(self, x: np.ndarray, w: np.ndarray, out: np.ndarray, bias: np.ndarray) -> bool:
+    def _dense(self, x: np.ndarray, w: np.ndarray, out: np.ndarray, bias: np.ndarray) -> Callable[[], None] | None:
+        """The dense tile loop, run: its bound call (products.dense), None where it cannot serve."""
         if self.panels is None:
             # Asks for both builds at once; packing waits until they can serve.
             if jit.jitted("dense") is None or (threads() > 1 and jit.threaded("dense", threads()) is None):
-                return False
+                return None
             self.panels = panels(w) or False
-        return bool(self.panels) and dense(x, self.panels, bias, out, self.activation)
+        return dense(x, self.panels, bias, out, self.activation) if self.panels else None
 
 
 def _add_norm(plan: list[Step], i: int) -> list[Step] | None:

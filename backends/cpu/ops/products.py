@@ -78,23 +78,30 @@ def panels(w: np.ndarray) -> packing.Packed | None:
 
 
 def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: np.ndarray,
-          activation: tuple[int, float, float]) -> bool:
+          activation: tuple[int, float, float]) -> Callable[[], None] | None:
     """out = act(x @ w + bias) for float32 x (M, K), w's panels (panels) and out (M, N), by the dense tile loop:
-    numba's threads share its panels, then its rows. False (nothing done) where it cannot serve: other dtypes
-    or layouts, no parallel build for pieces to share, or while it compiles."""
+    numba's threads share its panels, then its rows. Runs it, and returns the same call with its arguments bound
+    (a caller that gets the same arrays again may repeat it alone); None (nothing done) where it cannot serve:
+    other dtypes or layouts, no parallel build for pieces to share, or while it compiles."""
     wp = packed["panels"]
     arrays = (x, out) if bias is None else (x, out, bias)
     if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrays) or not x.shape[0]:
-        return False
+        return None
     (m, k), n = x.shape, out.shape[1]
     pieces = max(1, min(threads(), m * n * k // DENSE_PIECE))
     fn = jit.for_pieces("dense", pieces)
     if fn is None:
-        return False
+        return None
     cols = min(pieces, wp.shape[0])
     runs = max(1, min(pieces // cols, -(-m // vectors.dense_tile()[0])))
-    fn(x, wp, _NO_BIAS if bias is None else bias, out, *activation, cols * runs, cols)
-    return True
+    args = (x, wp, _NO_BIAS if bias is None else bias, out, *activation, cols * runs, cols)
+
+    def call() -> None:
+        jit.for_pieces("dense", pieces)  # numba's thread count, set once per thread
+        fn(*args)
+
+    fn(*args)
+    return call
 
 
 def negated(packed: dict[str, Any], key: str) -> np.ndarray:
