@@ -78,7 +78,9 @@ def ort_profile(name: str, feeds: dict, threads: int, runs: int) -> tuple[dict[s
     nodes: dict[str, float] = collections.defaultdict(float)
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            nodes[e["name"].removesuffix("_kernel_time")] += e["dur"] / 1e3
+            # onnxruntime names a node it made in its NCHWc layout after the output: back to the node's name
+            node = e["name"].removesuffix("_kernel_time").removesuffix("_nchwc").removesuffix("_output_0")
+            nodes[node] += e["dur"] / 1e3
     scale = 1 / (runs + 5)  # every run was profiled, the warm-up ones too
     return {k: v * scale for k, v in nodes.items()}, wall
 
