@@ -65,10 +65,10 @@ def _encoder_layer(gelu_order: str = "torch") -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _feeds(b: int = B, s: int = S) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(b * 100 + s)
+def _feeds(b: int = B, s: int = S, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(b * 100 + s + 7 * seed)
     mask = np.ones((b, s), np.int64)
-    mask[0, s - s // 3:] = 0  # padding on the first row
+    mask[0, s - s // (3 + seed):] = 0  # padding on the first row
     return {"x": rng.standard_normal((b, s, W)).astype(np.float32), "mask": mask}
 
 
@@ -92,7 +92,8 @@ def test_encoder_layer_matches_onnxruntime(monkeypatch, numba, order):
     if numba == "pool":
         monkeypatch.setattr(jit, "threaded", lambda name, n: None)
     model = _encoder_layer(order)
-    feeds = [_feeds(), _feeds(1, 5), _feeds(3, 16)]
+    # New values and masks at a shape run before (the fused steps repeat their bound calls there), and shapes.
+    feeds = [_feeds(), _feeds(seed=1), _feeds(1, 5), _feeds(3, 16), _feeds(seed=2)]
     outs, fused = asyncio.run(_run(model, feeds))
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     for f, got in zip(feeds, outs):

@@ -125,6 +125,22 @@ class Fused(Execution):
         self.names = names
         self.chain = [(s[0], s[1], s[2]) for s in chain]
         self._spare: np.ndarray | None = None
+        self._bound: tuple[list[Any], Any, Callable[[], Any]] | None = None  # (inputs, output, call): see _repeat
+
+    def _repeat(self, inputs: list[Any]) -> Any:
+        """The output of the bound call (_bind), repeated, where this run brings the very arrays it was bound to
+        (planned buffers, constants): a step at few rows spent a third of its time in the checks and lookups
+        that chose the call. None where the arrays differ (or the call did nothing)."""
+        bound = self._bound
+        if bound is not None and len(inputs) == len(bound[0]) and all(x is y for x, y in zip(inputs, bound[0])) \
+                and bound[2]():
+            return bound[1]
+        return None
+
+    def _bind(self, inputs: list[Any], out: Any, call: Callable[[], Any]) -> None:
+        """Keep call (which computes out from views of these inputs, and returns something true when it did)
+        for _repeat."""
+        self._bound = (list(inputs), out, call)
 
     def _output(self, planned: np.ndarray | None, shape: tuple[int, ...], reads: tuple[np.ndarray, ...]) -> np.ndarray:
         """Where the chain's float32 result goes: the last step's planned buffer, unless it overlaps what the
@@ -201,6 +217,9 @@ class Attention(Fused):
         self.last = chain[-1][0]
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        again = self._repeat(inputs)
+        if again is not None:
+            return again
         values = dict(zip(self.names, inputs))
         q, k, v = values[self.q], values[self.k], values[self.v]
         loop = jit.jitted("softmax")
@@ -228,6 +247,8 @@ class Attention(Fused):
         compiled = jit.for_pieces("attention", pieces)
         if compiled is not None and all(a.flags.c_contiguous and a.size for a in (q, k, v, out)):
             compiled(q, k, v, np.float32(scale), rows, out)  # a head a piece, on numba's threads
+            if not self.masked or np.shares_memory(rows, values[self.mask]):  # rows: the mask's values, not a copy
+                self._bind(inputs, out, functools.partial(self._again, q, k, v, values.get(self.scale), rows, out, pieces))
             return out
         # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).
         per = max(1, min(h, max(-(-h * b // threads()), -(-PIECE_MACS // max(1, 2 * s * t * q.shape[3])))))
@@ -247,6 +268,13 @@ class Attention(Fused):
 
         parallel(b * pieces, piece)
         return out
+
+    def _again(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, c: Any, rows: np.ndarray, out: np.ndarray,
+               pieces: int) -> bool:
+        """The compiled call again, on the same arrays; the scale read again from its input."""
+        scale = 1.0 if c is None else (1 / float(c.reshape(())) if self.divides else float(c.reshape(())))
+        jit.for_pieces("attention", pieces)(q, k, v, np.float32(scale), rows, out)
+        return True
 
 
 def _dense(plan: list[Step], i: int) -> list[Step] | None:
@@ -277,17 +305,11 @@ class Dense(Fused):
         self.activation = jit.loop_activation(("Gelu", {}) if self.gelu else None)  # the compiled loops'
         self.w_const = chain[0][0].b_const
         self.panels: Any = None  # w_const packed for the dense tile loop, on the first run that can use it
-        self._at = [names.index(n) for n in (self.x, self.w, self.bias)]
-        #: (x, w, bias, out, call): the dense tile loop's last call, bound to its arrays. A run that brings the
-        #: same arrays (a planned buffer, the constants) repeats it without the checks and lookups, which took
-        #: a third of a Dense step's time at 16 rows.
-        self._repeat: tuple | None = None
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
-        repeat = self._repeat
-        if repeat is not None and all(inputs[i] is a for i, a in zip(self._at, repeat)):
-            repeat[4]()
-            return repeat[3]
+        again = self._repeat(inputs)
+        if again is not None:
+            return again
         values = dict(zip(self.names, inputs))
         x, w, bias = values[self.x], values[self.w], values[self.bias]
         if (not isinstance(bias, np.ndarray) or any(a.dtype != F32 for a in (x, w, bias)) or w.ndim != 2
@@ -300,7 +322,7 @@ class Dense(Fused):
         if w is self.w_const:
             call = self._dense(x2, w, out2, b)
             if call is not None:
-                self._repeat = (x, w, bias, out, call)
+                self._bind(inputs, out, call)
                 return out
         if compiled(x2, w[None], out2[None], b, False, self.activation):
             return out
@@ -309,7 +331,7 @@ class Dense(Fused):
             gelu_(out)
         return out
 
-    def _dense(self, x: np.ndarray, w: np.ndarray, out: np.ndarray, bias: np.ndarray) -> Callable[[], None] | None:
+    def _dense(self, x: np.ndarray, w: np.ndarray, out: np.ndarray, bias: np.ndarray) -> Callable[[], bool] | None:
         """The dense tile loop, run: its bound call (products.dense), None where it cannot serve."""
         if self.panels is None:
             # Asks for both builds at once; packing waits until they can serve.
@@ -340,12 +362,17 @@ class AddNorm(Fused):
         self.bias = chain[1][1][2] if len(chain[1][1]) > 2 else ""
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        again = self._repeat(inputs)
+        if again is not None:
+            return again
         values = dict(zip(self.names, inputs))
         a, b = values[self.a], values[self.b]
         norm = self.norm
         if a.shape == b.shape and a.ndim and norm.axis in (-1, a.ndim - 1) and a.dtype == F32:
             out = self._output(norm.out[0], a.shape, (a, b))
-            if layer_norm_rows(a, b, values[self.scale], values[self.bias] if self.bias else None, norm.eps, out):
+            call = layer_norm_rows(a, b, values[self.scale], values[self.bias] if self.bias else None, norm.eps, out)
+            if call:
+                self._bind(inputs, out, call)
                 return out
         return self._unfused(values)
 

@@ -16,6 +16,7 @@ The loops themselves are in loops.py, which imports numba and is imported only h
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -153,20 +154,21 @@ def shared(n: int, grain: int, part: Callable[[int, int], None]) -> None:
     parallel(-(-n // step), lambda k: part(k * step, min(n, (k + 1) * step)))
 
 
-def split(name: str, n: int, grain: int, call: Callable[[Callable[..., Any], int, int], None]) -> bool:
+def split(name: str, n: int, grain: int, call: Callable[[Callable[..., Any], int, int], None]) -> Callable[[], Any] | None:
     """call(fn, lo, hi) over [0, n) with loop `name`: its parallel build once over the whole range, where numba's
     threads share its prange, else its serial build in pieces of `grain` items or more on the helper threads
-    (shared); False (nothing done) while it compiles."""
+    (shared). Returns the same split as a call to make again (it chooses the build anew each time), or None
+    (nothing done) while the loop compiles."""
     pieces = max(1, min(n // max(1, grain), threads()))
     par = threaded(name, pieces)
     if par is not None:
         call(par, 0, n)
-        return True
-    fn = jitted(name)
-    if fn is None:
-        return False
-    shared(n, grain, lambda lo, hi: call(fn, lo, hi))
-    return True
+    else:
+        fn = jitted(name)
+        if fn is None:
+            return None
+        shared(n, grain, lambda lo, hi: call(fn, lo, hi))
+    return functools.partial(split, name, n, grain, call)
 
 
 def elementwise(name: str, x: Any, out: Any | None = None) -> bool:

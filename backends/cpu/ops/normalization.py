@@ -9,6 +9,7 @@ flattened at `axis` (default 1); from 13 they work along the one `axis`
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import numpy as np
 
@@ -51,7 +52,7 @@ def softmax_rows(x: np.ndarray, out: np.ndarray) -> bool:
     ys = out.reshape(-1, cols)
     one = np.float32(1)
     return jit.split("softmax", ys.shape[0], max(1, SLICE_ELEMENTS // cols),
-                     lambda fn, lo, hi: fn(ys[lo:hi], one, NO_ROWS, 1, 0))
+                     lambda fn, lo, hi: fn(ys[lo:hi], one, NO_ROWS, 1, 0)) is not None
 
 
 class _SoftmaxBase(Kernel):
@@ -259,9 +260,10 @@ class RMSNormalization(_RowNorm):
 
 
 def layer_norm_rows(x: np.ndarray, residual: np.ndarray | None, scale: np.ndarray, bias: np.ndarray | None,
-                    eps: float, out: np.ndarray) -> bool:
+                    eps: float, out: np.ndarray) -> Callable[[], Any] | None | bool:
     """out = LayerNorm(x (+ residual)) over the last axis by the compiled loop, rows shared among threads
-    (jit.split); False (nothing done) where it cannot serve (see jit.elementwise)."""
+    (jit.split, whose call to make again it returns); False or None (nothing done) where it cannot serve (see
+    jit.elementwise)."""
     cols = x.shape[-1] if x.ndim else 0
     arrays = (x, out) if residual is None else (x, out, residual)
     if out is x or out is residual:

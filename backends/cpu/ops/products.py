@@ -78,10 +78,10 @@ def panels(w: np.ndarray) -> packing.Packed | None:
 
 
 def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: np.ndarray,
-          activation: tuple[int, float, float]) -> Callable[[], None] | None:
+          activation: tuple[int, float, float]) -> Callable[[], bool] | None:
     """out = act(x @ w + bias) for float32 x (M, K), w's panels (panels) and out (M, N), by the dense tile loop:
     numba's threads share its panels, then its rows. Runs it, and returns the same call with its arguments bound
-    (a caller that gets the same arrays again may repeat it alone); None (nothing done) where it cannot serve:
+    (a caller that gets the same arrays again may repeat it alone; it returns True); None (nothing done) where it cannot serve:
     other dtypes or layouts, no parallel build for pieces to share, or while it compiles."""
     wp = packed["panels"]
     arrays = (x, out) if bias is None else (x, out, bias)
@@ -96,9 +96,10 @@ def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: n
     runs = max(1, min(pieces // cols, -(-m // vectors.dense_tile()[0])))
     args = (x, wp, _NO_BIAS if bias is None else bias, out, *activation, cols * runs, cols)
 
-    def call() -> None:
+    def call() -> bool:
         jit.for_pieces("dense", pieces)  # numba's thread count, set once per thread
         fn(*args)
+        return True
 
     fn(*args)
     return call
