@@ -106,6 +106,25 @@ def test_direct_matches_onnxruntime(xs, ws, attrs, threads, calls, sharing):
     assert calls["direct"] >= 1
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bound_call_takes_new_values(threads, sharing):
+    """A conv whose input is a planned buffer binds its tile loop call on the first run and repeats it after:
+    each new input still gives its own right result."""
+    xs, ws = (1, 8, 20, 20), (16, 8, 3, 3)
+    consts = {"w": (RNG.standard_normal(ws) / 8).astype(np.float32), "b": RNG.standard_normal(16).astype(np.float32)}
+    data = one_input_model([helper.make_node("Relu", ["x"], ["r"]),
+                            helper.make_node("Conv", ["r", "w", "b"], ["y"], pads=[1, 1, 1, 1])], xs, consts)
+    feeds = [{"x": RNG.standard_normal(xs).astype(np.float32)} for _ in range(3)]
+
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as s:
+            return [(await s.run(f))["y"].copy() for f in feeds]
+
+    for f, got in zip(feeds, asyncio.run(go())):
+        np.testing.assert_allclose(got, run_ort(data, f)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_big_convs_take_numba_threads(sharing, request):
     if request.node.callspec.params["sharing"] != "numba":
         pytest.skip("about the parallel build")
