@@ -118,6 +118,12 @@ class Backend:
         if block.storage is StorageType.DYNAMIC:
             self.arena.release(block)
 
+    def views_input(self, node: Node) -> bool:
+        """Whether this backend's step for node may hand over its output as a view of its first input's
+        memory (a reshape). The plan then keeps that input's memory until the view's last reader, and the
+        backend need not copy the view out of it."""
+        return False
+
     def clear_buffers(self) -> None:
         """Forget every dynamic block; the next resize plans afresh."""
         self.arena = Arena()

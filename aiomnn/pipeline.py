@@ -42,6 +42,9 @@ class Step:
     execution: Execution
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    #: Its outputs may be views of its first input, whose memory the plan keeps while they are read
+    #: (Backend.views_input).
+    views: bool = False
 
 
 @dataclass(eq=False)
@@ -80,6 +83,22 @@ ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
 #: A node still to run after encode, with its input tensors (None where the model leaves one out) and outputs.
 Op = tuple[Node, list["Tensor | None"], list[Tensor]]
 
+
+
+def _keep_viewed(steps: list[Step], last_use: dict[str, int], keep: set[str]) -> None:
+    """Marks the steps whose outputs may be views of their first input (Backend.views_input, outputs that are
+    not the model's: those are handed to the caller), and makes that input's last use, and its own input's in a
+    chain of views, the last use of every view of it: its memory is not given to another value meanwhile."""
+    root: dict[str, str] = {}
+    for s in steps:
+        x = s.inputs[0] if s.inputs else ""
+        if x and s.outputs and all(o and o not in keep for o in s.outputs) and s.backend.views_input(s.node):
+            s.views = True
+            for o in s.outputs:
+                root[o] = root.get(x, x)
+    for view, base in root.items():
+        if view in last_use:
+            last_use[base] = max(last_use.get(base, -1), last_use[view])
 
 class Pipeline:
     """The plan for the current input shapes, and those of shapes seen before (an LRU, KEPT_PLANS and
@@ -268,6 +287,7 @@ class Pipeline:
                 if x:
                     last_use[x] = i
         keep = set(self.graph.output_names)
+        _keep_viewed(steps, last_use, keep)
 
         active = list(dict.fromkeys(s.backend for s in steps))  # a backend left unused is left alone
         for b in self.backends:

@@ -1,0 +1,89 @@
+"""Views handed over by the CPU's reshape-like steps (CpuBackend.VIEWS): the plan keeps the memory they view
+while they are read, instead of each view being copied out of it on every run."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import aiomnn
+
+from .oracle import one_input_model, run_ort
+
+RNG = np.random.default_rng(11)
+
+
+def _views_then_new_values() -> bytes:
+    """A view of a planned buffer (Relu's output, through Reshape and Unsqueeze), read only after later steps
+    have made values of the same size: the plan may not give them the viewed memory."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Reshape", ["r", "flat"], ["v"]),
+             helper.make_node("Unsqueeze", ["v", "zero"], ["u"]),
+             helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Neg", ["e"], ["n"]),
+             helper.make_node("Sigmoid", ["n"], ["s"]), helper.make_node("Reshape", ["s", "flat"], ["sv"]),
+             helper.make_node("Unsqueeze", ["sv", "zero"], ["su"]),
+             helper.make_node("Add", ["u", "su"], ["y"])]
+    consts = {"flat": np.array([-1], np.int64), "zero": np.array([0], np.int64)}
+    return one_input_model(nodes, (4, 8, 16), consts, opset=13)
+
+
+def _run(data: bytes, feeds: list[dict]) -> tuple[list[np.ndarray], list[bool]]:
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as s:
+            outs = [(await s.run(f))["y"].copy() for f in feeds]
+            views = [st.views for seg in s.pipeline.segments for st in seg.steps]
+        return outs, views
+
+    return asyncio.run(go())
+
+
+def test_viewed_memory_outlives_the_view():
+    data = _views_then_new_values()
+    feeds = [{"x": RNG.standard_normal((4, 8, 16)).astype(np.float32)} for _ in range(3)]
+    outs, views = _run(data, feeds)
+    for f, got in zip(feeds, outs):
+        np.testing.assert_allclose(got, run_ort(data, f)[0], rtol=1e-6, atol=1e-6)
+    assert sum(views) == 4  # the two Reshapes and Unsqueezes hand over views
+
+
+def test_a_model_output_that_is_a_view_is_the_callers_own():
+    """A reshape that makes a model output is copied out of the plan's memory: the next run cannot change it."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "flat"], ["y"])]
+    data = one_input_model(nodes, (4, 8), {"flat": np.array([-1], np.int64)}, opset=13)
+
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as s:
+            first = (await s.run({"x": np.ones((4, 8), np.float32)}))["y"]
+            await s.run({"x": np.full((4, 8), 3, np.float32)})
+            return first
+
+    np.testing.assert_array_equal(asyncio.run(go()), np.ones(32, np.float32))
+
+
+@pytest.mark.parametrize("model", ["minilm"])
+def test_public_model_with_views_matches_across_runs(model):
+    """minilm reshapes its activations 24 times a run: three runs of new values, each against onnxruntime."""
+    from aiomnn.models import MODELS, sample_feeds
+
+    from .conftest import model_path
+
+    path = model_path(model)
+    feeds = sample_feeds(model, MODELS[model].shapes[1])
+    other = {k: (v[:, ::-1].copy() if v.dtype == np.int64 and k != "attention_mask" else v) for k, v in feeds.items()}
+    import onnxruntime as ort
+
+    oracle = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+    async def go():
+        net = aiomnn.Interpreter.from_file(path)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as s:
+            return [{k: v.copy() for k, v in (await s.run(f)).items()} for f in (feeds, other, feeds)]
+
+    for f, got in zip((feeds, other, feeds), asyncio.run(go())):
+        for name, want in zip([o.name for o in oracle.get_outputs()], oracle.run(None, f)):
+            assert np.abs(got[name] - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
