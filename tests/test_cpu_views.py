@@ -65,6 +65,37 @@ def test_a_model_output_that_is_a_view_is_the_callers_own():
     np.testing.assert_array_equal(asyncio.run(go()), np.ones(32, np.float32))
 
 
+def test_split_hands_over_views_where_contiguous():
+    """Split's halves along the channels of a batch of one are views of its input, the same objects each run
+    (so a conv after them repeats its bound call); at batch 2 they are not contiguous, and are copied. Either
+    way each run's values are right, and a half that is a model output stays the caller's."""
+    ws = {"w": (RNG.standard_normal((6, 4, 3, 3)) / 6).astype(np.float32)}
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Split", ["r"], ["a", "b"], axis=1, num_outputs=2),
+             helper.make_node("Exp", ["b"], ["e"]),  # values of b's size, made while a is still to be read
+             helper.make_node("Conv", ["a", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["c", "e"], ["y"], axis=1)]
+    for batch in (1, 2):
+        data = one_input_model(nodes, (batch, 8, 12, 12), ws, opset=18)
+        feeds = [{"x": RNG.standard_normal((batch, 8, 12, 12)).astype(np.float32)} for _ in range(3)]
+        outs, views = _run(data, feeds)
+        for f, got in zip(feeds, outs):
+            np.testing.assert_allclose(got, run_ort(data, f)[0], rtol=1e-5, atol=1e-5)
+        assert sum(views) == 1
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Split", ["r"], ["y", "z"], axis=0, num_outputs=2)]
+    data = one_input_model(nodes, (4, 8), None, opset=18)
+
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as s:
+            first = (await s.run({"x": np.ones((4, 8), np.float32)}))["y"]
+            await s.run({"x": np.full((4, 8), 3, np.float32)})
+            return first
+
+    np.testing.assert_array_equal(asyncio.run(go()), np.ones((2, 8), np.float32))
+
+
 @pytest.mark.parametrize("model", ["minilm"])
 def test_public_model_with_views_matches_across_runs(model):
     """minilm reshapes its activations 24 times a run: three runs of new values, each against onnxruntime."""

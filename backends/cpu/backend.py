@@ -38,7 +38,7 @@ _sched_yield = getattr(os, "sched_yield", None)  # it also lets go of the GIL, w
 #: Ops whose kernels return a view of their first input where numpy can: the plan keeps that input's memory
 #: while the view is read (Backend.views_input), where each view was copied out of it on every run before (a
 #: reshape of minilm's 8 x 128 activations, 1.5 MB, 24 times a run).
-VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Split"}
 
 
 class CpuBackend(Backend):
@@ -144,6 +144,9 @@ class CpuBackend(Backend):
         steps fused (fuse.py)."""
         plan = self._plans.get(segment)
         if plan is None:
+            for s in segment.steps:
+                if s.views and isinstance(s.execution, Kernel):
+                    s.execution.views = True
             plan = self._plans[segment] = fuse([
                 (s.execution, s.inputs, [(i, o) for i, o in enumerate(s.outputs) if o], frees,
                  self.memory is not None and not getattr(s.execution, "writes_outputs", False) and not s.views,

@@ -47,6 +47,9 @@ class Kernel(Execution):
 
     #: True when run() writes into self.out[i] where that is not None.
     writes_outputs = False
+    #: Set where the plan keeps the first input's memory while views of it are read (Step.views): run() may
+    #: then hand over views of that input instead of copies.
+    views = False
 
     def __init__(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor], **attrs: Any):
         self.node = node
