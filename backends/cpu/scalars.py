@@ -2,8 +2,8 @@
 
 No call reaches the C library: numba calls its scalar exp and erf, which keep LLVM from vectorizing the loop
 around them. erf is a rational function of x^2 fitted for this file
-(max error 3.5e-7 over the line, in float32); exp a polynomial raised to the 32nd power (relative error about
-1e-6 over the range the loops use).
+(max error 3.5e-7 over the line, in float32); exp_neg (softmax's) a polynomial raised to the 32nd power
+(relative error about 1e-6 over the range the loops use); exp (the sigmoid's) by range reduction.
 """
 
 from __future__ import annotations
@@ -50,11 +50,36 @@ def exp_neg(x):
     return e * e
 
 
+@intrinsic
+def _pow2(typingctx, n):
+    """2^n as a float32, for an int32 n in [-126, 128] (128 gives inf): n + 127 in the exponent's bits."""
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        bits = builder.shl(builder.add(args[0], ir.Constant(i32, 127)), ir.Constant(i32, 23))
+        return builder.bitcast(bits, ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+LOG2E, LN2_HI, LN2_LO = F(1.4426950408889634), F(0.693359375), F(-2.12194440e-4)
+
+
+@numba.njit(inline="always", fastmath=FAST, error_model="numpy")
+def exp(v):
+    """exp(v): v = n ln 2 + r with |r| <= ln 2 / 2, e^r by its Taylor polynomial of degree 7, 2^n in the bits
+    (relative error about 5e-7). Below -87.3 it gives e^-87.3, above 88.4 inf."""
+    x = min(max(v, F(-87.3)), F(89))
+    n = np.floor(x * LOG2E + F(0.5))
+    r = x - n * LN2_HI - n * LN2_LO
+    p = ((((((E7 * r + E6) * r + E5) * r + E4) * r + E3) * r + E2) * r + F(1)) * r + F(1)
+    return p * _pow2(np.int32(n))
+
+
 @numba.njit(inline="always", fastmath=FAST, error_model="numpy")
 def sigmoid(v):
-    e = exp_neg(-abs(v))
-    s = F(1) / (F(1) + e)
-    return s if v >= F(0) else e * s  # a select, not a branch: the loop around it still vectorizes
+    s = F(1) / (F(1) + exp(-v))  # one division, no select on the sign: 1.3x as fast over SiLU as before
+    return s if v == v else v  # NaN stays NaN (the clamp in exp would lose it)
 
 
 @numba.njit(inline="always", fastmath=FAST, error_model="numpy")

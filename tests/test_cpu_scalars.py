@@ -1,0 +1,39 @@
+"""The compiled loops' scalar functions (backends/cpu/scalars.py) against float64 references, the special
+values included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+numba = pytest.importorskip("numba")
+
+from aiomnn.backends.cpu import jit  # noqa: E402
+from aiomnn.backends.cpu.scalars import FAST, activate  # noqa: E402
+
+SPECIAL = np.array([-np.inf, -100, -89, -88.5, -50, -1, -0.0, 0, 1e-30, 1, 50, 88.5, 89, 100, np.inf, np.nan],
+                   np.float32)
+
+
+@numba.njit(fastmath=FAST, error_model="numpy")
+def _activate(y, act, alpha, beta):
+    activate(y, 0, y.size, act, alpha, beta)
+
+
+def _reference(name: str, x: np.ndarray) -> np.ndarray:
+    v = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        s = 1 / (1 + np.exp(-v))
+        return v * s if name == "Swish" else s
+
+
+@pytest.mark.parametrize("name", ["Swish", "Sigmoid"])
+def test_sigmoid_and_swish(name):
+    code, alpha, beta = jit.loop_activation((name, {}) if name != "Swish" else ("Swish", {"alpha": 1.0}))
+    x = np.concatenate([SPECIAL, (np.random.default_rng(3).standard_normal(4096) * 8).astype(np.float32)])
+    y = x.copy()
+    _activate(y, code, alpha, beta)
+    want = _reference(name, x)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(want))  # NaN in, NaN out; -inf * 0 is NaN for Swish
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(y[ok], want[ok], rtol=1e-6, atol=1e-30)
