@@ -34,10 +34,11 @@ def switch(name: str) -> Callable[[bool], None]:
     elif name == "bound-conv":
         run = direct.run
 
-        def unbound(x: Any, y: Any, p: dict, packed: dict) -> bool:
-            if not on["value"]:
-                p.pop("tile_call", None)
-            return run(x, y, p, packed)
+        def unbound(x: Any, y: Any, p: dict, packed: dict) -> Any:
+            call = run(x, y, p, packed)
+            if not call or on["value"]:
+                return call
+            return lambda: unbound(x, y, p, packed)  # off: every run looks everything up again
 
         conv.direct.run = unbound
     elif name == "pointwise-tiles":

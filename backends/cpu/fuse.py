@@ -132,8 +132,7 @@ class Fused(Execution):
         (planned buffers, constants): a step at few rows spent a third of its time in the checks and lookups
         that chose the call. None where the arrays differ (or the call did nothing)."""
         bound = self._bound
-        if bound is not None and len(inputs) == len(bound[0]) and all(x is y for x, y in zip(inputs, bound[0])) \
-                and bound[2]():
+        if bound is not None and all(x is y for x, y in zip(inputs, bound[0])) and bound[2]():
             return bound[1]
         return None
 
@@ -235,19 +234,19 @@ class Attention(Fused):
             return self._unfused(values)
         b, h, s, _ = q.shape
         t = k.shape[3]
-        rows = NO_ROWS
+        rows, viewed = NO_ROWS, True  # viewed: rows read the mask itself, not a copy of it
         if self.masked:
             m = values[self.mask]
             if not isinstance(m, np.ndarray) or m.dtype != F32 or m.ndim != 4 or m.shape[1:3] != (1, 1) \
                     or m.shape[3] != t or m.shape[0] not in (1, b):
                 return self._unfused(values)
-            rows = np.ascontiguousarray(m.reshape(m.shape[0], t))
+            rows, viewed = np.ascontiguousarray(m.reshape(m.shape[0], t)), m.flags.c_contiguous
         out = self._output(self.last.out[0], (b, h, s, v.shape[3]), (q, k, v))
         pieces = min(threads(), b * h)
         compiled = jit.for_pieces("attention", pieces)
         if compiled is not None and all(a.flags.c_contiguous and a.size for a in (q, k, v, out)):
             compiled(q, k, v, np.float32(scale), rows, out)  # a head a piece, on numba's threads
-            if not self.masked or np.shares_memory(rows, values[self.mask]):  # rows: the mask's values, not a copy
+            if viewed:  # a copy would keep this run's mask
                 self._bind(inputs, out, functools.partial(self._again, q, k, v, values.get(self.scale), rows, out, pieces))
             return out
         # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).

@@ -14,7 +14,8 @@ the runtime's helper threads (see run). While the loop compiles (jit.py), Conv's
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import numpy as np
 
@@ -81,8 +82,9 @@ def pack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     return found
 
 
-def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> bool:
-    """y = act(conv(x)) by the tile loop for a plan it serves; False (nothing done) while it compiles.
+def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> Callable[[], Any] | None:
+    """y = act(conv(x)) by the tile loop for a plan it serves. Returns the same work as a call to make again on
+    the same x and y (it returns something true where it did), None (nothing done) while the loop compiles.
 
     With the loop's parallel build, numba's threads each take an equal run of tiles (of every image) for a
     group of the channels (groups where there are fewer tiles than threads), and they spin a while between
@@ -90,15 +92,12 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     channel a piece. Without it (compiling, no TBB, a forked child), pieces go to the runtime's helper threads:
     whole images, or bands of output rows that lay out the input rows they read (rows that neighbours read too
     are written by both, with the same values)."""
-    bound = p.get("tile_call")
-    if bound is not None and bound[0] is x and bound[1] is y:  # the arrays of the last call: repeat it
-        return bound[2]()
     d = p["direct"]
     layout = d["layout"]
     serial = jit.jitted("conv_tiles")
     lay = jit.jitted("conv_input") if layout is not None else None
     if serial is None or (layout is not None and lay is None) or not x.flags.c_contiguous:
-        return False
+        return None
     w, bias = pack(packed)
     N = p["N"]
     xf = x.reshape(N, -1)
@@ -115,8 +114,8 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     last = d["last"]
     pieces = max(1, min(threads(), d["macs"] * N // PIECE_MACS))
     if pieces == 1 or jit.threaded("conv_tiles", pieces) is not None:
-        # One call of the loop, on numba's threads or on this one, bound to its arguments: a run that brings the
-        # same x and y (planned buffers) repeats it without the lookups above. The layout's scratch is fetched
+        # One call of the loop, on numba's threads or on this one, bound to its arguments: the caller may repeat
+        # it for the same x and y (planned buffers) without the lookups above. The layout's scratch is fetched
         # again each time (it belongs to the calling thread).
         runs = min(pieces, N * -(-last // vectors.conv_tile()[1]))
         groups = max(d["groups"], min(w.shape[0], pieces // runs))
@@ -130,13 +129,14 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
             if layout is not None:
                 src = shared_scratch("direct", shape, F32)[0]
                 # On numba's threads too, a channel a piece: laid out on this thread instead, the layout ran
-                # while they spun after the last loop, and took 2.5x as long (a 16 -> 32 channel conv of stride 2).
+                # while they spun after the last loop, far slower (benchmarks/RESULTS.md, session 20).
                 (jit.threaded("conv_input", pieces) or lay)(xf, src, *layout, 0, N, 0, d["hq"])
             loop(src.reshape(-1), xs, offs, far, w, bias, ys, *tail)
             return True
 
-        p["tile_call"] = (x, y, call)
-        return call()
+        call()
+        return call
+    again = functools.partial(run, x, y, p, packed)  # on the helpers: the whole choice again, next time
     groups = d["groups"]
     if pieces == 1 or N >= pieces:
         per = -(-N // pieces)
@@ -148,7 +148,7 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
             tiles(serial, lo, hi, 0, last, groups, groups)
 
         parallel(-(-N // per), images)
-        return True
+        return again
     Ho, rw = p["outs"][0], d["rw"]
     rows = -(-Ho // pieces)
 
@@ -159,7 +159,7 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
         tiles(serial, 0, N, r0 * rw, min(last, r1 * rw), groups, groups)
 
     parallel(-(-Ho // rows), band)
-    return True
+    return again
 
 
 def _groups(blocks: int, taps: int, threads: int) -> int:
