@@ -19,7 +19,7 @@ import sys
 _PREFER_WIDE = "-prefer-256-bit"
 #: A tile's rows and columns of sums by vector width: (conv tile loop, dense tile loop). Narrow: 6 x 16 sums in
 #: 12 AVX registers. Wide: 8 x 32 in 16 AVX-512 registers; 8 rows divide most layers' channel counts, where a
-#: 12 x 16 tile left an eighth of a 64-channel conv's rows empty and ran it 10-15% slower (benchmarks/RESULTS.md).
+#: 12 x 16 tile left an eighth of a 64-channel conv's rows empty and ran it slower (benchmarks/RESULTS.md).
 SHAPES = {False: ((6, 16), (6, 16)), True: ((8, 32), (8, 32))}
 
 

@@ -148,8 +148,8 @@ op("Concat", 1)(Concat)
 class Split(Kernel):
     #: The pieces are views of x where the plan keeps x's memory for them (Kernel.views) and they are
     #: contiguous (along the first axis of a batch of one), the same view objects while x is the same array (the
-    #: steps after them find the arrays they bound); else copies into the planned buffers. yolov8n's 9 Splits
-    #: of 100-400 KB halves took 0.7 ms a run copied.
+    #: steps after them find the arrays they bound); else copies into the planned buffers, which cost yolov8n's
+    #: Splits most of their time (benchmarks/RESULTS.md, "Split as views").
     writes_outputs = True
 
     def __init__(self, node, inputs, outputs, axis=0, split=None, num_outputs=None):
