@@ -168,13 +168,15 @@ def test_the_packing_matches_the_loop():
     assert (tiles.DR, tiles.DC) == vectors.dense_tile()
 
 
-def test_the_sums_stamp_matches_their_file():
-    """tiles.SUMS is tile_sums.py's SHA-256 (tools/make_tiles.py writes both): numba's disk cache checks only
-    tiles.py, so sums changed without it would leave a stale loop in the cache."""
+def test_the_sums_stamp_matches_their_files():
+    """tiles.SUMS is the SHA-256 of conv_sums.py then dense_sums.py (tools/make_tiles.py writes all three): numba's
+    disk cache checks only tiles.py, so sums changed without it would leave a stale loop in the cache."""
     import hashlib
     from pathlib import Path
 
-    assert tiles.SUMS == hashlib.sha256((Path(tiles.__file__).parent / "tile_sums.py").read_bytes()).hexdigest()
+    folder = Path(tiles.__file__).parent
+    texts = b"".join((folder / name).read_bytes() for name in ("conv_sums.py", "dense_sums.py"))
+    assert tiles.SUMS == hashlib.sha256(texts).hexdigest()
 
 
 def test_activation_codes():

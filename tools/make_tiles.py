@@ -1,5 +1,6 @@
-"""Write backends/cpu/tile_sums.py, the blocks of sums that the compiled tile loops (backends/cpu/tiles.py)
-inline, and stamp its SHA-256 into tiles.py (numba's disk cache checks only tiles.py for changes).
+"""Write backends/cpu/conv_sums.py and dense_sums.py, the blocks of sums that the compiled tile loops
+(backends/cpu/tiles.py) inline, one file a loop, and stamp their SHA-256 into tiles.py (numba's disk cache checks
+only tiles.py for changes).
 
     python tools/make_tiles.py
 
@@ -22,15 +23,16 @@ import re
 #: for a row of inputs and 1 for a broadcast weight: enough sums in flight to cover the multiply-add latency;
 #: 4 x 16 and 8 x 8 ran slower, benchmarks/RESULTS.md); a wide one 8 x 32 in 16 AVX-512 registers.
 TILES = (("conv", 6, 16), ("conv", 8, 32), ("dense", 6, 16), ("dense", 8, 32))
-HEADER = '''"""The blocks of sums of the tile loops (tiles.py), written by tools/make_tiles.py: edit that, not this (tiles.py
-holds this file's SHA-256, so that numba's disk cache compiles the loops again when it changes)."""
+HEADER = '''"""The blocks of sums of the {loop} tile loop (tiles.py), one a tile shape, written by tools/make_tiles.py: edit
+that, not this (tiles.py holds the SHA-256 of the sums, so that numba's disk cache compiles the loops again when they
+change)."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from .scalars import FAST, prefetch
+from .scalars import {imports}
 
 U = np.uint64
 '''
@@ -90,14 +92,23 @@ def dense(mr: int, nr: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The file of each loop's sums, in the order their texts make the stamp (tiles.SUMS), and what it imports.
+FILES = {"conv": ("conv_sums.py", "FAST"), "dense": ("dense_sums.py", "FAST, prefetch")}
+
+
 def main() -> None:
     folder = pathlib.Path(__file__).resolve().parent.parent / "backends" / "cpu"
-    text = HEADER + "".join("\n\n" + {"conv": conv, "dense": dense}[loop](mr, nr) for loop, mr, nr in TILES)
-    (folder / "tile_sums.py").write_text(text)
+    write = {"conv": conv, "dense": dense}
+    texts = b""
+    for loop, (name, imports) in FILES.items():
+        blocks = "".join("\n\n" + write[loop](mr, nr) for kind, mr, nr in TILES if kind == loop)
+        text = HEADER.format(loop=loop, imports=imports) + blocks
+        (folder / name).write_text(text)
+        texts += text.encode()
     tiles = folder / "tiles.py"
-    stamp = hashlib.sha256(text.encode()).hexdigest()
+    stamp = hashlib.sha256(texts).hexdigest()
     tiles.write_text(re.sub(r'^SUMS = ".*"$', f'SUMS = "{stamp}"', tiles.read_text(), count=1, flags=re.M))
-    print(f"wrote {folder / 'tile_sums.py'} and its stamp in {tiles}")
+    print(f"wrote {', '.join(name for name, _ in FILES.values())} in {folder}, and their stamp in {tiles}")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ vectorizes along the positions, over the taps in blocks of KC (so a block's inpu
 channel's tile uses them); w is packed as [channel block, tap, MR]. dense(...) is the same idea for x @ w with
 w packed once in panels of DC columns: a tile is DR rows of x by one panel, vectorized along the columns, over
 all of x's columns. The tile shapes follow the vector width (vectors.py). Indices are unsigned: numba tests
-signed ones for wrap-around, which keeps LLVM from vectorizing. The blocks of sums (tile_sums.py) are written
-by tools/make_tiles.py and inlined here by numba. numba's disk cache checks only this file for changes: SUMS
-is the SHA-256 of tile_sums.py, which make_tiles.py writes here with it, so that new sums make new loops.
+signed ones for wrap-around, which keeps LLVM from vectorizing. The blocks of sums (conv_sums.py, dense_sums.py)
+are written by tools/make_tiles.py and inlined here by numba. numba's disk cache checks only this file for changes:
+SUMS is the SHA-256 of those files, which make_tiles.py writes here with them, so that new sums make new loops.
 The loops work on borrowed views of their arrays (scalars.borrow): numba counted references at every call and view
 inside them, atomic operations that took a third of a small conv's time. Their scratch arrays, one per piece,
 are made before the parallel loop, never inside it: a borrowed view holds no reference, and numba freed an
@@ -33,17 +33,17 @@ vectors.wide()  # before numba loads: it fixes the vector width numba compiles f
 import numpy as np  # noqa: E402
 from numba import prange  # noqa: E402
 
-from . import tile_sums  # noqa: E402
+from . import conv_sums, dense_sums  # noqa: E402
 from .scalars import activate, borrow  # noqa: E402
 
 U = np.uint64
 F = np.float32
 MR, NR = vectors.conv_tile()
 DR, DC = vectors.dense_tile()
-_sums = getattr(tile_sums, f"conv_{MR}x{NR}")
-_dense_sums = getattr(tile_sums, f"dense_{DR}x{DC}")
-#: The SHA-256 of tile_sums.py (tools/make_tiles.py writes both).
-SUMS = "1191beffd62a088c2d3e401a28e7315fd58e2d01b476fabe8ea8df5c010fa0ac"
+_sums = getattr(conv_sums, f"conv_{MR}x{NR}")
+_dense_sums = getattr(dense_sums, f"dense_{DR}x{DC}")
+#: The SHA-256 of conv_sums.py and dense_sums.py, one after the other (tools/make_tiles.py writes all three).
+SUMS = "6e64bbdb778d2431b58aa77958e9c8cc74f0414508dd8cae49e11662acafd3fe"
 #: Taps a block: a block's inputs (16 positions a tap) and weights stay in L1.
 KC = U(128)
 
