@@ -84,7 +84,6 @@ ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
 Op = tuple[Node, list["Tensor | None"], list[Tensor]]
 
 
-
 def _keep_viewed(steps: list[Step], last_use: dict[str, int], keep: set[str]) -> None:
     """Marks the steps whose outputs may be views of their first input (Backend.views_input, outputs that are
     not the model's: those are handed to the caller), and makes that input's last use, and its own input's in a
@@ -99,6 +98,7 @@ def _keep_viewed(steps: list[Step], last_use: dict[str, int], keep: set[str]) ->
     for view, base in root.items():
         if view in last_use:
             last_use[base] = max(last_use.get(base, -1), last_use[view])
+
 
 class Pipeline:
     """The plan for the current input shapes, and those of shapes seen before (an LRU, KEPT_PLANS and

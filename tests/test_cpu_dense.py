@@ -122,7 +122,8 @@ def test_dense_steps_match_onnxruntime(loop, rows, k, n, gelu, threads, calls):
 def test_dense_repeats_its_bound_call_on_new_values(loop, threads, calls):
     """A Dense step whose x is a planned buffer repeats its bound call on later runs (the same arrays): new input
     values still give new, right results, and so does an input of another shape in between."""
-    consts = {"w": (RNG.standard_normal((64, 96)) / 8).astype(np.float32), "b": RNG.standard_normal(96).astype(np.float32)}
+    consts = {"w": (RNG.standard_normal((64, 96)) / 8).astype(np.float32),
+              "b": RNG.standard_normal(96).astype(np.float32)}
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["m"]),
              helper.make_node("Add", ["m", "b"], ["y"])]
     data = one_input_model(nodes, ["n", 16, 64], consts, opset=20)

@@ -41,7 +41,8 @@ def _problems(fn) -> list[str]:
         made = _made_arrays(loop.body)
         statements = loop.body
         for name in made:
-            uses = [i for i, st in enumerate(statements) for n in ast.walk(st) if isinstance(n, ast.Name) and n.id == name]
+            uses = [i for i, st in enumerate(statements) for n in ast.walk(st)
+                    if isinstance(n, ast.Name) and n.id == name]
             addressed = [i for i, st in enumerate(statements) for n in ast.walk(st)
                          if isinstance(n, ast.Attribute) and n.attr == "ctypes"
                          and isinstance(n.value, ast.Name) and n.value.id == name]

@@ -247,7 +247,8 @@ class Attention(Fused):
         if compiled is not None and all(a.flags.c_contiguous and a.size for a in (q, k, v, out)):
             compiled(q, k, v, np.float32(scale), rows, out)  # a head a piece, on numba's threads
             if viewed:  # a copy would keep this run's mask
-                self._bind(inputs, out, functools.partial(self._again, q, k, v, values.get(self.scale), rows, out, pieces))
+                again = functools.partial(self._again, q, k, v, values.get(self.scale), rows, out, pieces)
+                self._bind(inputs, out, again)
             return out
         # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).
         per = max(1, min(h, max(-(-h * b // threads()), -(-PIECE_MACS // max(1, 2 * s * t * q.shape[3])))))

@@ -154,7 +154,8 @@ def shared(n: int, grain: int, part: Callable[[int, int], None]) -> None:
     parallel(-(-n // step), lambda k: part(k * step, min(n, (k + 1) * step)))
 
 
-def split(name: str, n: int, grain: int, call: Callable[[Callable[..., Any], int, int], None]) -> Callable[[], Any] | None:
+def split(name: str, n: int, grain: int,
+          call: Callable[[Callable[..., Any], int, int], None]) -> Callable[[], Any] | None:
     """call(fn, lo, hi) over [0, n) with loop `name`: its parallel build once over the whole range, where numba's
     threads share its prange, else its serial build in pieces of `grain` items or more on the helper threads
     (shared). Returns the same split as a call to make again (it chooses the build anew each time), or None

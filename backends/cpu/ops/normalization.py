@@ -260,19 +260,19 @@ class RMSNormalization(_RowNorm):
 
 
 def layer_norm_rows(x: np.ndarray, residual: np.ndarray | None, scale: np.ndarray, bias: np.ndarray | None,
-                    eps: float, out: np.ndarray) -> Callable[[], Any] | None | bool:
+                    eps: float, out: np.ndarray) -> Callable[[], Any] | None:
     """out = LayerNorm(x (+ residual)) over the last axis by the compiled loop, rows shared among threads
-    (jit.split, whose call to make again it returns); False or None (nothing done) where it cannot serve (see
+    (jit.split, whose call to make again it returns); None (nothing done) where it cannot serve (see
     jit.elementwise)."""
     cols = x.shape[-1] if x.ndim else 0
     arrays = (x, out) if residual is None else (x, out, residual)
     if out is x or out is residual:
-        return False
+        return None
     if not cols or any(a.dtype != F32 or not a.flags.c_contiguous or a.shape != x.shape for a in arrays) \
             or scale.dtype != F32 or scale.shape != (cols,) or (bias is not None and (bias.dtype != F32 or bias.shape != (cols,))):
-        return False
+        return None
     if jit.jitted("layer_norm") is None:
-        return False
+        return None
     xs, ys = x.reshape(-1, cols), out.reshape(-1, cols)
     rs = NO_ROWS if residual is None else residual.reshape(-1, cols)
     g = np.ascontiguousarray(scale)

@@ -81,8 +81,8 @@ def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: n
           activation: tuple[int, float, float]) -> Callable[[], bool] | None:
     """out = act(x @ w + bias) for float32 x (M, K), w's panels (panels) and out (M, N), by the dense tile loop:
     numba's threads share its panels, then its rows. Runs it, and returns the same call with its arguments bound
-    (a caller that gets the same arrays again may repeat it alone; it returns True); None (nothing done) where it cannot serve:
-    other dtypes or layouts, no parallel build for pieces to share, or while it compiles."""
+    (a caller that gets the same arrays again may repeat it alone; it returns True); None (nothing done) where
+    it cannot serve: other dtypes or layouts, no parallel build for pieces to share, or while it compiles."""
     wp = packed["panels"]
     arrays = (x, out) if bias is None else (x, out, bias)
     if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrays) or not x.shape[0]:
