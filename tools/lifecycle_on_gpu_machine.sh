@@ -9,10 +9,13 @@ mkdir -p /tmp/icd "$OUT" && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd && 
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .cache/lc/whl/*.whl && export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "install failed"
 aiomnn info
-# KIND:COUNT:SECONDS for each backend: sessions dropped without close (tools/leak_probe.py).
-for spec in ${LEAKS:-cuda:1000:300 opencl:300:120 vulkan:300:120}; do
+# KIND:COUNT:SECONDS for each backend, where a leak is being hunted: sessions dropped without close, with the
+# object types that grew (tools/leak_probe.py), e.g. LEAKS="cuda:1000:300 vulkan:300:120".
+for spec in ${LEAKS:-}; do
   IFS=: read -r k n t <<<"$spec"
   SETTLE="${SETTLE:-20}" timeout "$t" python3 tools/leak_probe.py "$k" "$n" 2>&1 | head -40; echo "exit ${PIPESTATUS[0]}"
 done | tee "$OUT/leak.txt"
-[ "${TEST_SECONDS:-200}" -gt 0 ] || exit 0
-timeout "${TEST_SECONDS:-200}" python3 -m pytest -q -p no:cacheprovider tests/test_lifecycle.py 2>&1 | tail -40 | tee "$OUT/lifecycle.txt"
+[ "${TEST_SECONDS:-400}" -gt 0 ] || exit 0
+# The lifecycle tests, DROPS sessions dropped a backend (the issue asks for 1000); -s keeps each backend's line.
+AIOMNN_DROPS="${DROPS:-1000}" timeout "${TEST_SECONDS:-400}" python3 -m pytest -q -s -p no:cacheprovider \
+  tests/test_lifecycle.py 2>&1 | tee "$OUT/lifecycle.txt"
