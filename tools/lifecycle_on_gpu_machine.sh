@@ -4,7 +4,12 @@
 # platformdirs, siphash24, sniffio, typing_extensions), fetched as the device tool's README says.
 set -u
 for f in .cache/lc/gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json OUT="${OUT:-/tmp/out}" PYTHONUNBUFFERED=1
+# The NVIDIA Vulkan driver's manifest: the H200 machines keep a working one in /usr/share (the copy under
+# /usr/local/nvidia gave VkErrorIncompatibleDriver there).
+for f in /usr/share/vulkan/icd.d/nvidia_icd.json /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; do
+  [ -e "$f" ] && export VK_DRIVER_FILES="$f" && break
+done
+export OUT="${OUT:-/tmp/out}" PYTHONUNBUFFERED=1
 mkdir -p /tmp/icd "$OUT" && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .cache/lc/whl/*.whl && export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "install failed"
@@ -18,4 +23,4 @@ done | tee "$OUT/leak.txt"
 [ "${TEST_SECONDS:-400}" -gt 0 ] || exit 0
 # The lifecycle tests, DROPS sessions dropped a backend (the issue asks for 1000); -s keeps each backend's line.
 AIOMNN_DROPS="${DROPS:-1000}" timeout "${TEST_SECONDS:-400}" python3 -m pytest -q -s -p no:cacheprovider \
-  tests/test_lifecycle.py 2>&1 | tee "$OUT/lifecycle.txt"
+  tests/test_lifecycle.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/lifecycle.txt"
