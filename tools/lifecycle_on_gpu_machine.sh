@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 25's lifecycle proofs on the lent GPU machine, through the device tool. Carry .cache/lc: gl/ holds the
-# Vulkan loader debs and whl/ the cp312 wheels the image lacks (pyopencl, vulkan, cffi, pycparser, pytools,
+# loader debs (libvulkan1, ocl-icd-libopencl1, and libglvnd0 libegl1 libopengl0 libgl1 libglx0 libgles2, which
+# the NVIDIA Vulkan driver needs: without them VkErrorIncompatibleDriver on the H200) and whl/ the cp312 wheels the image lacks (pyopencl, vulkan, cffi, pycparser, pytools,
 # platformdirs, siphash24, sniffio, typing_extensions), fetched as the device tool's README says.
 set -u
 for f in .cache/lc/gl/*.deb; do dpkg -x "$f" /; done; ldconfig
