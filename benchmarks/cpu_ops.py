@@ -1,7 +1,7 @@
 """Where a CPU run's time goes, by op type, with aiomnn's own profile (ScheduleConfig(profile=True)), and
 with --ort beside onnxruntime's (SessionOptions.enable_profiling), node by node.
 
-    python benchmarks/cpu_ops.py MODEL [--shape 1x128] [--threads 2] [--runs 20] [--ort] [--top 25]
+    python benchmarks/cpu_ops.py MODEL [--shape 1x128] [--threads 2] [--runs 20] [--ort] [--top 25] [--nodes 20]
 
 Prints each op type's milliseconds per run, its calls per run and its share of the run, costliest first;
 a fused group counts under its type (e.g. Attention, Dense, AddNorm, SqueezeExcite). With --ort, also the
@@ -21,7 +21,8 @@ from aiomnn import models
 from aiomnn.backends.cpu import jit
 
 
-async def profile(name: str, shape: tuple[int, ...], threads: int, runs: int, ort_too: bool, top: int) -> None:
+async def profile(name: str, shape: tuple[int, ...], threads: int, runs: int, ort_too: bool, top: int,
+                  nodes: int) -> None:
     feeds = models.sample_feeds(name, shape)
     net = aiomnn.Interpreter.from_file(models.path(name))
     config = aiomnn.ScheduleConfig(type="cpu", num_threads=threads, profile=True, profile_runs=runs)
@@ -36,6 +37,8 @@ async def profile(name: str, shape: tuple[int, ...], threads: int, runs: int, or
         wall = sum(r.dur_ns for r in s.profile.runs) / runs / 1e6
         by_type: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
         by_node: dict[str, float] = collections.defaultdict(float)
+        shapes = {op.name: op.args for op in s.profile.runs[-1].ops}
+        costliest = s.profile.summary(nodes)
         for stat in s.profile.summary():
             by_type[stat.op_type][0] += stat.total_ms / runs
             by_type[stat.op_type][1] += stat.calls / runs
@@ -43,6 +46,11 @@ async def profile(name: str, shape: tuple[int, ...], threads: int, runs: int, or
     print(f"{name} {'x'.join(map(str, shape))}, {threads} threads: {wall:.2f} ms a run")
     for op_type, (ms, calls) in sorted(by_type.items(), key=lambda kv: -kv[1][0])[:15]:
         print(f"  {op_type:40s} {ms:8.3f} ms {calls:6.0f} calls {100 * ms / wall:5.1f}%")
+    if nodes:
+        print(f"the {nodes} costliest nodes (ms a run, input and output shapes):")
+    for stat in costliest:
+        args = shapes.get(stat.name, {})
+        print(f"  {stat.total_ms / runs:7.3f} {stat.op_type[:36]:36s} {args.get('inputs')} -> {args.get('outputs')}")
     if ort_too:
         theirs, their_wall = ort_profile(name, feeds, threads, runs)
         print(f"onnxruntime: {their_wall:.2f} ms a run; nodes by aiomnn's time beyond onnxruntime's (ms a run):")
@@ -93,10 +101,11 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--ort", action="store_true", help="onnxruntime's profile beside, node by node")
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--nodes", type=int, default=0, help="also the costliest nodes, with their shapes")
     args = p.parse_args()
     spec = models.MODELS[args.model]
     shape = tuple(int(d) for d in args.shape.split("x")) if args.shape else spec.shapes[0]
-    asyncio.run(profile(args.model, shape, args.threads, args.runs, args.ort, args.top))
+    asyncio.run(profile(args.model, shape, args.threads, args.runs, args.ort, args.top, args.nodes))
 
 
 if __name__ == "__main__":

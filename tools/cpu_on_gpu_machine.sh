@@ -3,6 +3,7 @@
 # four CNNs and .whl with sniffio; minilm is made there from random weights by tools/stand_in_models.py):
 #   THREADS=1,2,4,8,16 BATCHES=1 MODELS=det,rec,cls,yolov8n,minilm PROFILE="minilm:8x128 yolov8n:1x3x320x320" \
 #     bash tools/cpu_on_gpu_machine.sh
+# PROFILE_THREADS="1 16" profiles at each; NODES=15 adds the costliest nodes; MODELS=none skips the comparison.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 AIOMNN_MODELS="$PWD/.models" OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
@@ -29,9 +30,12 @@ f = loops.compile('conv_tiles'); loops.compile('conv_tiles_parallel')
 asm = next(iter(f.inspect_asm().values()))
 print('cpu', ll.get_host_cpu_name(), 'threading layer', numba.threading_layer(), 'tile loop: zmm', asm.count('zmm'), 'ymm', asm.count('ymm'))"
 for p in ${PROFILE:-}; do
-  python3 benchmarks/cpu_ops.py "${p%%:*}" --shape "${p#*:}" --threads "${PROFILE_THREADS:-16}" --runs 10 2>&1 | tee -a "$OUT/ops.txt"
+  for t in ${PROFILE_THREADS:-16}; do
+    python3 benchmarks/cpu_ops.py "${p%%:*}" --shape "${p#*:}" --threads "$t" --runs 10 --nodes "${NODES:-0}" 2>&1 \
+      | tee -a "$OUT/ops.txt"
+  done
 done
-python3 benchmarks/cpu_vs_ort.py --threads "${THREADS:-1,2,4,8,16}" --batches "${BATCHES:-1}" --runs "${RUNS:-20}" \
+[ "${MODELS:-}" = none ] || python3 benchmarks/cpu_vs_ort.py --threads "${THREADS:-1,2,4,8,16}" --batches "${BATCHES:-1}" --runs "${RUNS:-20}" \
   --models "${MODELS:-det,rec,cls,yolov8n,minilm}" 2>&1 | tee "$OUT/cpu_vs_ort.md"
 # Any further command, in the same environment (e.g. EXTRA="python3 tools/ab_dense.py 1,4,16").
 if [ -n "${EXTRA:-}" ]; then
