@@ -70,22 +70,30 @@ def test_shared_upscale_matches_onnxruntime(xs, scales, threads, monkeypatch):
     np.testing.assert_array_equal(_run(data, x, threads), run_ort(data, {"x": x})[0])
 
 
+@pytest.mark.parametrize("numba", ["0", "wait"])
 @pytest.mark.parametrize("threads", [1, 3, 16])
 @pytest.mark.parametrize("xs,ws,attrs", [
     ((1, 8, 10, 12), (8, 7, 2, 2), {"strides": [2, 2]}),  # det's upscaling: stride == kernel, every tap copied
+    ((2, 5, 4, 7), (5, 3, 3, 3), {"strides": [3, 3]}),
     ((2, 6, 5, 6), (6, 5, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
     ((3, 4, 5, 6), (4, 9, 3, 3), {"strides": [2, 2], "output_shape": [10, 12]}),  # not the full result
     ((2, 4, 5, 6), (4, 3, 3, 3), {"strides": [2, 2], "group": 2}),  # groups keep one piece an image
 ])
-def test_shared_conv_transpose_matches_onnxruntime(xs, ws, attrs, threads, monkeypatch):
-    """ConvTranspose in pieces of output channels of each image, each with its bias and activation
-    (conv_variants.py)."""
+def test_shared_conv_transpose_matches_onnxruntime(xs, ws, attrs, threads, numba, monkeypatch):
+    """ConvTranspose in pieces of output channels of each image, each with its bias and activation; where its
+    stride is its kernel, by the compiled product and the taps' scatter (conv_variants.py)."""
     from aiomnn.backends.cpu.ops import conv_variants
 
+    monkeypatch.setenv("AIOMNN_NUMBA", numba)
     monkeypatch.setattr(conv_variants, "SHARED_MACS", 1)
+    monkeypatch.setattr(conv_variants, "SCATTER_PIECE", 1)
+    served = []
+    compiled = conv_variants.ConvTranspose._compiled
+    monkeypatch.setattr(conv_variants.ConvTranspose, "_compiled", lambda *a: served.append(compiled(*a)) or served[-1])
     consts = {"w": RNG.standard_normal(ws).astype(np.float32),
               "b": RNG.standard_normal(ws[1] * attrs.get("group", 1)).astype(np.float32)}
     nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["y"])]
     data = one_input_model(nodes, xs, consts)
     x = RNG.standard_normal(xs).astype(np.float32)
     np.testing.assert_allclose(_run(data, x, threads), run_ort(data, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    assert any(served) == (numba == "wait" and attrs["strides"] == list(ws[2:]) and "group" not in attrs)

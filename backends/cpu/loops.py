@@ -284,6 +284,27 @@ def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1):
                 pn[i] = zero
 
 
+def scatter_taps(cols, y, kh, kw):
+    """y[p, h * kh + a, w * kw + b] = cols[p, a * kw + b, h, w] for cols (P, kh * kw, H, W) and y (P, H * kh,
+    W * kw): the taps of a ConvTranspose whose stride is its kernel put in place (each output element comes from
+    one tap), a row of the input a piece."""
+    P, _, H, W = cols.shape
+    for i in prange(P * H):
+        p, h = i // H, i % H
+        for a in range(kh):
+            row = y[p, h * kh + a]
+            if kw == 2:  # det's upsampling: two taps a row, interleaved
+                c0, c1 = cols[p, 2 * a, h], cols[p, 2 * a + 1, h]
+                for w in range(W):
+                    row[2 * w] = c0[w]
+                    row[2 * w + 1] = c1[w]
+            else:
+                for b in range(kw):
+                    c = cols[p, a * kw + b, h]
+                    for w in range(W):
+                        row[w * kw + b] = c[w]
+
+
 _IN = types.Array(types.float32, 1, "C", readonly=True)  # read-only inputs take writable arrays too
 _OUT = types.Array(types.float32, 1, "C")
 _IN2 = types.Array(types.float32, 2, "C", readonly=True)
@@ -301,6 +322,8 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "gemm": (gemm, types.void(_IN2, _IN3, _IN, _OUT3, types.boolean, types.int64, types.float32, types.float32,
                               types.int64, types.int64)),
     "conv_input": (conv_input, types.void(_IN2, _OUT2, *[types.int64] * 12)),
+    "scatter_taps": (scatter_taps, types.void(types.Array(types.float32, 4, "C", readonly=True), _OUT3, types.int64,
+                                              types.int64)),
     "conv_tiles": (tiles.conv, types.void(_IN, types.uint64, types.Array(types.uint64, 1, "C", readonly=True),
                                           types.uint64, _IN3, _IN, _OUT3, *[types.uint64] * 6, types.int64,
                                           types.float32, types.float32, types.int64, types.int64)),
@@ -311,7 +334,8 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
 SLP = {"conv_tiles", "dense"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
 #: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
-PARALLEL = {"conv_tiles", "conv_input", "dense", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm", "attention"}
+PARALLEL = {"conv_tiles", "conv_input", "dense", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm", "attention",
+            "scatter_taps"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)

@@ -11,10 +11,12 @@ import math
 
 import numpy as np
 
+from .. import jit
 from ..kernel import Kernel, Unsupported, op, parallel, shared_scratch, threads
 from .activations import activation_fn
 from .conv import _const
 from .dtypes import float_compute_dtype, out_buffer
+from .products import compiled
 from .window import conv_geometry, ints
 
 
@@ -31,6 +33,7 @@ class ConvTranspose(Kernel):
         self.dilations, self.group, self.kernel_shape = dilations, int(group), kernel_shape
         self.output_padding, self.output_shape, self.pads, self.strides = output_padding, output_shape, pads, strides
         self.activation = activation_fn(_activation)
+        self.loop_activation = jit.loop_activation(_activation)
         self.w_const = _const(inputs[1]) if len(inputs) > 1 else None
         self.b_const = _const(inputs[2]) if len(inputs) > 2 else None
         self.has_bias = len(inputs) > 2 and inputs[2] is not None
@@ -53,7 +56,9 @@ class ConvTranspose(Kernel):
         bias = None if b is None else np.ascontiguousarray(b.reshape(-1), dtype=cdt)
         if bias is not None and bias.shape[0] != cog * g:
             raise Unsupported(f"bias of {bias.shape[0]} values for {cog * g} output channels")
-        return {"wt": wt, "b": bias}
+        # The bias of each row of the product (an output channel's taps), for the compiled path.
+        taps = None if bias is None else np.ascontiguousarray(np.repeat(bias, kk))
+        return {"wt": wt, "b": bias, "b_taps": taps}
 
     def on_resize(self, inputs, outputs):
         x, w = inputs[0], inputs[1]
@@ -128,6 +133,8 @@ class ConvTranspose(Kernel):
         xc = x if native else x.astype(cdt)
         y = out_buffer(self.out[0], p["out_shape"], cdt) if native else np.empty(p["out_shape"], cdt)
         g, N, co = self.group, p["N"], p["co"]
+        if native and self._compiled(xc, y, packed, p):
+            return y
         # Pieces of output channels of each image, shared with the runtime's threads (one group only: a group's
         # channels need its own slice of the input). det upscales its maps by ConvTranspose twice.
         pieces = 1 if g > 1 else max(1, min(threads(), co, N * p["ci"] * co * p["L"] * math.prod(p["kernel"])
@@ -150,6 +157,25 @@ class ConvTranspose(Kernel):
             return out
         return y
 
+
+    def _compiled(self, x: np.ndarray, y: np.ndarray, packed: dict, p: dict) -> bool:
+        """A 2-D float32 ConvTranspose whose stride is its kernel (det's upsampling), by compiled loops: one
+        product for every tap of every channel with the bias and activation (products.compiled), then the taps
+        put in place; numba's threads share both. False (nothing done) where they cannot serve."""
+        if not (p["tiles"] and p["exact"] and p["n"] == 2 and self.group == 1 and p["cdt"] == np.float32
+                and self.loop_activation is not None and x.flags.c_contiguous and y.flags.c_contiguous):
+            return False
+        (N, ci, H, W), (kh, kw), co = x.shape, p["kernel"], p["co"]
+        pieces = max(1, min(threads(), y.size // SCATTER_PIECE))
+        scatter = jit.for_pieces("scatter_taps", pieces)
+        if scatter is None:
+            return False
+        cols, _ = shared_scratch("convt.cols", (N, co * kh * kw, H * W), np.float32)
+        if not compiled(packed["wt"][0], x.reshape(N, ci, H * W), cols, packed["b_taps"], True,
+                        self.loop_activation):
+            return False
+        scatter(cols.reshape(N * co, kh * kw, H, W), y.reshape(N * co, H * kh, W * kw), kh, kw)
+        return True
 
     def _part(self, x: np.ndarray, y: np.ndarray, packed: dict, p: dict, c0: int, c1: int) -> None:
         """Output channels [c0, c1) of one image: their GEMM rows, the taps added (or copied) into place, then
@@ -190,6 +216,8 @@ class ConvTranspose(Kernel):
 
 #: A ConvTranspose of this many multiply-adds or more shares pieces of its output channels with the helper threads.
 SHARED_MACS = 1 << 22
+#: Output elements a piece of the taps' scatter takes at least (a copy: tens of microseconds).
+SCATTER_PIECE = 1 << 16
 
 
 @op("DeformConv", 19)
