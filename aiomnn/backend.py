@@ -81,6 +81,9 @@ class Backend:
     #: Whether its segments read the constants their steps use from the run's values (the CPU backend).
     #: A GPU backend holds them on the device from planning on, so a run need not hand them over.
     reads_consts = True
+    #: Whether its segments take inputs in CUDA device memory (cupy arrays) and copy them on the device; for a
+    #: backend that does not, the pipeline copies such inputs to the host first.
+    reads_device_arrays = False
 
     def __init__(self, runtime: "Runtime", config: BackendConfig):
         self.runtime = runtime

@@ -24,7 +24,7 @@ import anyio
 import numpy as np
 
 from .errors import AiomnnError, InputError
-from .feeds import check_feeds
+from .feeds import check_feeds, is_device_array, to_host
 from .session import Session
 from .stats import BatchCounts, BatchingStats
 
@@ -109,6 +109,8 @@ class BatchingSession:
             raise AiomnnError("use BatchingSession inside `async with`")
         try:
             arrays = check_feeds(self._inputs, feeds)  # what Session.run takes, this takes
+            # Batches are stacked on the host: device feeds come there first.
+            arrays = {name: to_host(a) if is_device_array(a) else a for name, a in arrays.items()}
             sizes = {int(a.shape[0]) if isinstance(a, np.ndarray) and a.ndim else None for a in arrays.values()}
             size = next(iter(sizes)) if len(sizes) == 1 else None
             if size is None:

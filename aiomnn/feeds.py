@@ -4,6 +4,11 @@ Session.run and BatchingSession.run take the same things, through check_feeds: n
 scalars, anything numpy can convert (nested lists), and any object that speaks DLPack (through
 np.from_dlpack, without a copy where the memory is the host's). Everything else is an InputError
 that names the input.
+
+Arrays in CUDA device memory (cupy arrays, torch CUDA tensors, anything with __cuda_array_interface__
+or a DLPack device of CUDA) become cupy arrays, without a copy (cupy is imported then, and only then).
+A backend that reads device memory (Backend.reads_device_arrays: CUDA) copies them on the device;
+for any other, the pipeline copies them to the host (to_host).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ def as_array(v: ValueInfo, value: Any) -> Any:
             raise InputError(f"input {v.name!r} is None; it needs an array")
         if isinstance(value, np.generic):
             value = np.asarray(value)
+        elif _in_device_memory(value):
+            return _device_array(v, value)
         elif hasattr(value, "__dlpack__"):
             try:
                 value = np.from_dlpack(value)
@@ -64,6 +71,49 @@ def as_array(v: ValueInfo, value: Any) -> Any:
         except MemoryError:
             raise InputError(f"input {v.name!r} of shape {value.shape} does not fit in memory") from None
     return value
+
+
+#: DLPack's device types for memory that CUDA kernels read: kDLCUDA and kDLCUDAManaged.
+_CUDA_DEVICES = (2, 13)
+
+
+def _in_device_memory(value: Any) -> bool:
+    if hasattr(value, "__cuda_array_interface__"):
+        return True
+    try:
+        return hasattr(value, "__dlpack_device__") and int(value.__dlpack_device__()[0]) in _CUDA_DEVICES
+    except Exception:  # a broken or exotic object: numpy's conversion below names the problem
+        return False
+
+
+def _device_array(v: ValueInfo, value: Any) -> Any:
+    """A device input as a C-contiguous cupy array of the input's dtype, sharing the caller's memory where it
+    has that layout. DLPack hands it over ordered after the producer's pending work on the default stream
+    (the CUDA backend then orders its own stream after that one)."""
+    try:
+        import cupy
+    except ImportError:
+        raise InputError(f"input {v.name!r} is in CUDA device memory ({type(value).__name__}); reading it needs "
+                         f"cupy (pip install 'aiomnn[cuda]'), or pass a host array") from None
+    try:
+        array = cupy.from_dlpack(value) if hasattr(value, "__dlpack__") else cupy.asarray(value)
+    except Exception as exc:
+        raise InputError(f"input {v.name!r}: cannot read {type(value).__name__} from device memory: {exc}") from None
+    if v.dtype is not None and np.dtype(array.dtype) != v.dtype:
+        raise InputError(f"input {v.name!r} must have dtype {v.dtype}, not {np.dtype(array.dtype)}")
+    check_shape(v, tuple(array.shape))
+    return array if array.flags.c_contiguous else cupy.ascontiguousarray(array)
+
+
+def is_device_array(value: Any) -> bool:
+    """Whether a checked feed lives in device memory (a cupy array, from _device_array)."""
+    return hasattr(value, "__cuda_array_interface__") and not isinstance(value, np.ndarray)
+
+
+def to_host(value: Any) -> np.ndarray:
+    """A device feed copied to the host, for a backend that reads host memory."""
+    host: np.ndarray = value.get()
+    return host
 
 
 def check_shape(v: ValueInfo, shape: tuple[int, ...]) -> None:

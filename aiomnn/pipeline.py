@@ -23,6 +23,7 @@ import numpy as np
 from . import shapes
 from .backend import Backend, Execution, Tensor
 from .errors import AiomnnError, BackendError, InputError, ModelError, UnsupportedOpError
+from .feeds import is_device_array, to_host
 from .fence import Fence
 from .graph import Graph, Node, subgraphs
 from .memory import Block
@@ -364,6 +365,8 @@ class Pipeline:
             await self.pending.settle()  # a cancelled run still owns the buffers
         values: dict[str, Any] = dict(self.consts)
         values.update(feeds)
+        for name in self._read_on_host(feeds):
+            values[name] = to_host(values[name])
         profile = self.profile
         run = profile.begin_run() if profile is not None else None
         for seg in self.segments:
@@ -391,6 +394,17 @@ class Pipeline:
         if profile is not None and run is not None:
             profile.end_run(run)
         return {name: values[name] for name in self.graph.output_names}
+
+
+    def _read_on_host(self, feeds: dict[str, Any]) -> list[str]:
+        """The feeds in device memory that a segment of a backend reading host memory needs (or that are
+        graph outputs themselves)."""
+        device = [name for name, value in feeds.items() if is_device_array(value)]
+        if not device:
+            return []
+        host = {n for seg in self.segments if not seg.backend.reads_device_arrays for n in seg.needs}
+        host.update(self.graph.output_names)
+        return [name for name in device if name in host]
 
 
 def backends_of(main: Backend, backup: Backend) -> list[Backend]:

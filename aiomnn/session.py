@@ -21,7 +21,7 @@ import numpy as np
 
 from .config import ForwardType, ScheduleConfig
 from .errors import AiomnnError, BackendError, ClosedError, InputError
-from .feeds import check_feeds, check_shape
+from .feeds import check_feeds, check_shape, is_device_array
 from .fence import offload
 from .graph import Graph
 from .memory import HandedOver
@@ -181,6 +181,10 @@ class Session:
     async def run(self, feeds: Mapping[str, Any], *, device_outputs: bool = False) -> dict[str, Any]:
         """Run the model on feeds (name -> array). Outputs are numpy arrays the caller owns.
 
+        Feeds may be arrays in CUDA device memory (cupy arrays, torch CUDA tensors, anything with
+        __cuda_array_interface__ or CUDA DLPack): a CUDA session copies them on the device, with no
+        host round trip; other backends copy them to the host.
+
         device_outputs=True leaves outputs made on a CUDA GPU there, as cupy arrays (each one a
         fresh device copy, never a host round trip; hand them to torch and others through
         DLPack). Other backends return numpy arrays, which speak DLPack too.
@@ -191,7 +195,8 @@ class Session:
         except InputError:
             self._counts.rejected()
             raise
-        shapes = {name: a.shape for name, a in arrays.items() if isinstance(a, np.ndarray)}
+        shapes = {name: tuple(a.shape) for name, a in arrays.items()
+                  if isinstance(a, np.ndarray) or is_device_array(a)}
         called = time.perf_counter()
         try:
             async with self._lock:

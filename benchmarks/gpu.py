@@ -7,6 +7,7 @@ over CUDA's (and CUDA's over torch's):
   tuning cache, and the seconds its background tuning took are reported with the
   relative error against onnxruntime and how many steps ran on the device; the
   sessions of a model and batch are open together and timed in turns;
+- on CUDA also with the input already on the GPU and the outputs left there (cupy in and out: device);
 - torch eager and torch.compile with CUDA graphs, numpy in and out, and with the
   input already on the GPU (device).
 The torch models come from a small interpreter of the ONNX graph written here
@@ -304,8 +305,14 @@ async def open_aiomnn(stack, name, shape, backend, precision, tuning, cache_dir)
         await s.run(feeds)
     steps = [st for seg in s.pipeline.segments for st in seg.steps]
     on_device = sum(st.backend is s.pipeline.main for st in steps)
-    return {"run": lambda: s.run(feeds), "resize_s": t_resize, "tune_s": tune_s, "out": out,
-            "summary": dict(getattr(s.pipeline.main, "summary", {})), "on_device": f"{on_device}/{len(steps)}"}
+    opened = {"run": lambda: s.run(feeds), "resize_s": t_resize, "tune_s": tune_s, "out": out,
+              "summary": dict(getattr(s.pipeline.main, "summary", {})), "on_device": f"{on_device}/{len(steps)}"}
+    if backend == "cuda":  # also with the input on the device and the outputs left there (cupy in and out)
+        import cupy
+
+        dev_feeds = {k: cupy.asarray(v) for k, v in feeds.items()}
+        opened["run_dev"] = lambda: s.run(dev_feeds, device_outputs=True)
+    return opened
 
 
 async def time_in_turns(runs: dict, n: int) -> dict:
@@ -582,7 +589,9 @@ async def main(argv=None):
                         r[f"{backend}_{tag}_on_device"] = m["on_device"]
                         if backend == "cuda" and tag == "fp32":
                             r.update(kernels=m["summary"].get("launches"), graphs=m["summary"].get("graphs"))
-                r.update(await time_in_turns({k: m["run"] for k, m in opened.items()}, args.n))
+                contenders = {k: m["run"] for k, m in opened.items()}
+                contenders.update({f"{k}_dev": m["run_dev"] for k, m in opened.items() if "run_dev" in m})
+                r.update(await time_in_turns(contenders, args.n))
             if "cuda" in backends and not args.no_torch:
                 try:
                     tr, ref = bench_torch(name, shape, args.n, not args.no_compile)
@@ -614,6 +623,7 @@ def report(rows: list[tuple[str, dict]], backends: list[str]) -> str:
         return r[a] / r[b] if r.get(a) and r.get(b) else None
 
     cols = [(f"{b} {t}", f"{b}_{t}") for b in backends for t in ("fp32", "fp16")]
+    cols += [(f"cuda {t} (device)", f"cuda_{t}_dev") for t in ("fp32", "fp16") if "cuda" in backends]
     head = [c for c, _ in cols] + ["torch eager", "eager (device)", "torch.compile", "compile (device)"]
     lines = ["ms per run (numpy in and out unless marked device)", "",
              "| model | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
@@ -625,15 +635,17 @@ def report(rows: list[tuple[str, dict]], backends: list[str]) -> str:
                  for t in ("fp32", "fp16")]
         pairs += [(f"cuda fp32 / {name}", "cuda_fp32", key) for name, key in (("torch eager", "eager"),
                                                                              ("torch.compile", "compile"))]
+        pairs += [(f"cuda {t} (device) / compile (device)", f"cuda_{t}_dev", "compile_dev") for t in ("fp32", "fp16")]
         lines += ["", "time over the peer's, in the same process (below 1: aiomnn's backend is faster)", "",
                   "| model | " + " | ".join(c for c, _, _ in pairs) + " |", "|---" * (len(pairs) + 1) + "|"]
         for label, r in rows:
             lines.append(f"| {label} | " + " | ".join(f(ratio(r, a, b), ".2f") for _, a, b in pairs) + " |")
+    sessions = [(c, k) for c, k in cols if not k.endswith("_dev")]
     lines += ["", "relative error against onnxruntime, steps on the device, and tuning seconds (cold cache)", "",
-              "| model | " + " | ".join(head[: len(cols)]) + " |", "|---" * (len(cols) + 1) + "|"]
+              "| model | " + " | ".join(c for c, _ in sessions) + " |", "|---" * (len(sessions) + 1) + "|"]
     for label, r in rows:
         vals = [f"{f(r.get(k + '_err'), '.1e')}, {r.get(k + '_on_device', '-')}, {f(r.get(k + '_tune_s'), '.1f')} s"
-                for _, k in cols]
+                for _, k in sessions]
         lines.append(f"| {label} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
 

@@ -717,6 +717,96 @@ async def test_device_outputs_stay_on_the_gpu_and_are_not_overwritten(mode, prec
         np.testing.assert_array_equal((await s.run(feeds))["y"], want["y"])
 
 
+def device_copy(x: np.ndarray, source: str):
+    """x in device memory: a cupy array, a strided cupy view, or a torch CUDA tensor."""
+    import cupy
+
+    if source == "cupy":
+        return cupy.asarray(x)
+    if source == "strided":
+        return cupy.asarray(np.ascontiguousarray(np.swapaxes(x, -1, -2))).swapaxes(-1, -2)
+    torch = pytest.importorskip("torch")
+    return torch.from_numpy(x).cuda()
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.parametrize("precision", ["normal", "low"])
+@pytest.mark.parametrize("source", ["cupy", "strided", "torch"])
+async def test_device_inputs_stay_on_the_device(source, precision, monkeypatch):
+    """A device input gives the host input's results; with device outputs too, a run of a model wholly on the
+    GPU copies nothing between host and device (every copy it queues is device to device, and nothing goes
+    through the pipeline's to_host)."""
+    import cupy
+
+    from aiomnn import pipeline
+    from aiomnn.backends.cuda import runs
+
+    data, feeds = conv_case(r(2, 8, 17, 19), r(16, 8, 3, 3), r(16), pads=[1, 1, 1, 1])
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(precision=precision, tuning="none"))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(cfg) as s:
+        want = await s.run(feeds)
+        dev = device_copy(feeds["x"], source)
+        kinds = []
+        memcpy = cupy.cuda.runtime.memcpyAsync
+        monkeypatch.setattr(cupy.cuda.runtime, "memcpyAsync", lambda *a: kinds.append(a[3]) or memcpy(*a))
+        monkeypatch.setattr(pipeline, "to_host", lambda value: pytest.fail("a device input went to the host"))
+        for _ in range(2):
+            kinds.clear()
+            got = await s.run({"x": dev}, device_outputs=True)
+            assert isinstance(got["y"], cupy.ndarray)
+            assert kinds and set(kinds) <= {runs.D2D, runs.DEFAULT}, kinds
+            np.testing.assert_array_equal(cupy.asnumpy(got["y"]), want["y"])
+        got = await s.run({"x": dev})  # host outputs: the input still goes device to device
+        assert runs.H2D not in kinds
+        np.testing.assert_array_equal(got["y"], want["y"])
+
+
+@needs_gpu
+@pytest.mark.anyio
+async def test_device_inputs_reach_every_backend_that_reads_them(monkeypatch):
+    """A device input that the CPU backup reads (the first op is one the CUDA backend declines), a CPU session's
+    device input and a BatchingSession's come to the host; the results are the host input's."""
+    import cupy
+
+    from aiomnn import pipeline
+
+    nodes = [helper.make_node("Where", ["cond", "x", "nx"], ["w"]), helper.make_node("Relu", ["w"], ["y"])]
+    data, feeds = make_model("Neg", {"x": r(3, 4)}, ["nx"], extra_nodes=nodes)
+    model = onnx.load_from_string(data)
+    model.graph.output[0].name = "y"
+    model.graph.initializer.append(numpy_helper.from_array(rng.random((3, 4)) > 0.5, "cond"))
+    data = model.SerializeToString()
+    hosted = []
+    to_host = pipeline.to_host
+    monkeypatch.setattr(pipeline, "to_host", lambda value: hosted.append(value) or to_host(value))
+    dev = cupy.asarray(feeds["x"])
+    for kind in ("cuda", "cpu"):
+        cfg = aiomnn.ScheduleConfig(type=kind, backend_config=aiomnn.BackendConfig(tuning="none"))
+        async with await aiomnn.Interpreter.from_bytes(data).create_session(cfg) as s:
+            want = await s.run(feeds)
+            hosted.clear()
+            np.testing.assert_array_equal((await s.run({"x": dev}))["y"], want["y"])
+            assert len(hosted) == 1
+            async with aiomnn.BatchingSession(s, max_batch=4) as b:
+                np.testing.assert_array_equal((await b.run({"x": dev}))["y"], want["y"])
+
+
+@needs_gpu
+@pytest.mark.anyio
+async def test_a_device_input_of_the_wrong_dtype_or_shape_is_an_input_error():
+    import cupy
+
+    data, feeds = conv_case(r(1, 8, 5, 5), r(4, 8, 3, 3), r(4), pads=[1, 1, 1, 1])
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(tuning="none"))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(cfg) as s:
+        with pytest.raises(aiomnn.InputError, match="dtype"):
+            await s.run({"x": cupy.asarray(feeds["x"], dtype=cupy.float64)})
+        with pytest.raises(aiomnn.InputError, match="rank"):
+            await s.run({"x": cupy.zeros((8, 5, 5), cupy.float32)})
+        np.testing.assert_array_equal((await s.run({"x": cupy.asarray(feeds["x"])}))["y"], (await s.run(feeds))["y"])
+
+
 @needs_gpu
 @pytest.mark.anyio
 async def test_a_plan_bigger_than_the_gpu_is_a_backend_error_or_a_move_to_the_cpu():

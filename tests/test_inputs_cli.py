@@ -202,6 +202,29 @@ async def test_session_reads_dlpack_objects():
     np.testing.assert_array_equal(got["y"], np.maximum(x, 0))
 
 
+class OnCudaDevice:
+    """What a CUDA array looks like from outside: DLPack's device type 2 (kDLCUDA)."""
+
+    def __dlpack__(self, **kwargs):
+        raise BufferError("device memory")
+
+    def __dlpack_device__(self):
+        return 2, 0
+
+
+@pytest.mark.anyio
+async def test_a_device_input_without_cupy_says_what_it_needs():
+    """Device memory is read through cupy (tests/test_cuda.py runs it on a GPU); without cupy, the error names
+    the input and says so, rather than numpy's failure to read device memory."""
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("cupy is installed here: device inputs are tested in tests/test_cuda.py")
+    except ImportError:
+        pass
+    with pytest.raises(InputError, match=r"input 'x' is in CUDA device memory .*needs cupy"):
+        await _run(RELU, {"x": OnCudaDevice()}, threads=1)
+
+
 @pytest.mark.anyio
 async def test_none_input_says_so():
     with pytest.raises(InputError, match=r"input 'x' is None") as info:

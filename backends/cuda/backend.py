@@ -76,6 +76,7 @@ class Step:
 class CudaBackend(Backend):
     type = ForwardType.CUDA
     reads_consts = False
+    reads_device_arrays = True
 
     def __init__(self, runtime: CudaRuntime, config):
         super().__init__(runtime, config)
@@ -435,6 +436,13 @@ class CudaBackend(Backend):
                 runs.copy_in(self, host, values[name], dst)
             values.update(runs.launch(self, run, fence, device))
         return fence
+
+    def after_default_stream(self) -> None:
+        """Order the stream after the work queued so far on the default stream: where torch and cupy make
+        arrays by default, and where DLPack hands a device input over (aiomnn.feeds)."""
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(cupy.cuda.Stream.null)
+        self.stream.wait_event(event)
 
     def profile_segment(self, segment: "Segment", began_ns: int, ended_ns: int) -> None:
         """One event per step that launched kernels: their device time between its pair of CUDA events

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aiomnn")
 
-H2D, D2H, D2D = 1, 2, 3  # cudaMemcpyKind
+H2D, D2H, D2D, DEFAULT = 1, 2, 3, 4  # cudaMemcpyKind (DEFAULT: from the pointers, across devices too)
 #: How often a segment's graph capture is tried before its launches run one by one.
 CAPTURE_TRIES = 3
 #: cudaStreamCaptureModeThreadLocal: unsafe calls invalidate a capture only from the capturing thread.
@@ -290,8 +290,12 @@ def copy_in(be: Backend, host: np.ndarray, src: Any, dst: int) -> None:
     YOLOv8n's inputs). An array of another layout or dtype goes through the pinned buffer."""
     if not host.size:
         return
-    src = np.asarray(src)
     stream = be.stream.ptr
+    if isinstance(src, cupy.ndarray):  # a device input (aiomnn.feeds): copied on the device, after what made it
+        be.after_default_stream()
+        cupy.cuda.runtime.memcpyAsync(dst, src.data.ptr, host.nbytes, DEFAULT, stream)
+        return
+    src = np.asarray(src)
     if not copies.large(host.nbytes) and src.dtype == host.dtype and src.shape == host.shape \
             and src.flags.c_contiguous:
         cupy.cuda.runtime.memcpyAsync(dst, src.ctypes.data, host.nbytes, H2D, stream)
