@@ -111,66 +111,40 @@ def test_substitute_shares_a_value_used_twice():
     assert src.count("fmaxf(l0, 0.f)") == 1  # the producer is computed once
 
 
-def test_waiter_polls_near_the_expected_finish(monkeypatch):
-    """The CUDA waiter learns how long a run takes, sleeps until shortly before that and polls: it notices
-    the finish at once, not a driver wake-up later; a run that got shorter is found late once or twice,
-    then caught; one slow run costs a few late wake-ups, not one per run for ever. (On a virtual clock:
-    sleeps overshoot by 30 us, the driver's blocking wait wakes 150 us late, a poll costs 2 us.)"""
+def test_waiter_follows_the_shared_schedule(monkeypatch):
+    """The CUDA waiter waits as aiomnn.poll says (tests/test_poll.py): on a virtual clock it sleeps until
+    shortly before a run it has learned, polls its event, and catches the finish, not the driver's wake-up."""
     from types import SimpleNamespace
 
+    from aiomnn import poll
     from aiomnn.backends.cuda import waiter as cw
 
     clock = SimpleNamespace(t=0.0)
-    monkeypatch.setattr(cw, "time", SimpleNamespace(perf_counter=lambda: clock.t))
-    monkeypatch.setattr(cw, "POLL_STEP_S", 0.0)
+    monkeypatch.setattr(poll, "time", SimpleNamespace(perf_counter=lambda: clock.t))
 
     class W(cw.Waiter):
         def __init__(self):
-            self.finish, self.last_completion, self._query, self.blocks, self.polls = 0.0, 0.0, True, 0, 0
-            self.oversleep = 0.0
-
-        def _sleep(self, seconds: float) -> None:
-            clock.t += seconds + 30e-6
+            self.finish, self.last_completion, self._query, self.blocks = 0.0, 0.0, True, 0
+            self.poller = poll.Poller()
+            self.poller.sleep = lambda seconds: setattr(clock, "t", clock.t + seconds + 30e-6)
 
         def _done(self, event) -> bool:
             clock.t += 2e-6
-            self.polls += 1
             return clock.t >= self.finish
 
-        def _block(self, event) -> None:
+        def _block(self, event) -> bool:
             self.blocks += 1
             clock.t = max(clock.t, self.finish + 150e-6)
+            return True
 
-    w, timing = W(), cw.Timing()
-
-    def runs(n: int, run_s: float) -> list[float]:
-        delays = []
-        for _ in range(n):
-            clock.t += 1e-3  # the host's part of a run
-            sent_at = clock.t
-            w.finish = sent_at + run_s
-            w._wait(None, timing, sent_at)
-            delays.append(clock.t - w.finish)
-            w.last_completion = clock.t
-        return delays
-
-    delays = runs(8, 800e-6)
-    assert 790e-6 < timing.expect < 820e-6, timing.expect
-    assert delays[0] > 100e-6 and w.blocks == 1  # the first run: nothing learned yet, the driver's wake-up
-    assert max(delays[2:]) < 10e-6, delays  # then caught by the poll, not 150 us late
-    polls = w.polls
-    runs(1, 800e-6)
-    assert w.polls - polls < 70, w.polls - polls  # it slept until shortly before the finish
-    assert 15e-6 < w.oversleep < 35e-6, w.oversleep  # and learned how much a sleep overruns
-    delays = runs(8, 300e-6)  # the run got shorter
-    assert max(delays[3:]) < 10e-6, delays
-    assert 290e-6 < timing.expect < 320e-6, timing.expect
-    runs(1, 20e-3)  # one run 60 times slower (a busy GPU) ...
-    delays = runs(10, 300e-6)  # ... then the usual ones again
-    assert delays[0] > 15e-3  # found late once, by the slow run's length
-    assert max(delays[5:]) < 10e-6, delays
-    assert sum(delays[1:]) < 10e-3, delays
-    assert w.blocks <= 2, w.blocks
+    w, timing, delays = W(), poll.Timing(), []
+    for _ in range(8):
+        clock.t += 1e-3
+        w.finish = clock.t + 800e-6
+        w._wait(None, timing, clock.t)
+        delays.append(clock.t - w.finish)
+        w.last_completion = clock.t
+    assert w.blocks == 1 and max(delays[2:]) < 10e-6, delays
 
 
 def test_waiter_reports_errors_and_goes_on():
@@ -180,6 +154,7 @@ def test_waiter_reports_errors_and_goes_on():
 
     from aiomnn.backends.cuda import waiter as cw
     from aiomnn.errors import BackendError
+    from aiomnn.poll import Timing
 
     class Failing(cw.Waiter):
         def _done(self, event) -> bool:
@@ -198,8 +173,8 @@ def test_waiter_reports_errors_and_goes_on():
     w = Failing()
     returned: list = []
     bad, good = FakeFence(), FakeFence()
-    w.put("bad", bad, cw.Timing(), time.perf_counter(), returned.append)
-    w.put("good", good, cw.Timing(), time.perf_counter(), returned.append)
+    w.put("bad", bad, Timing(), time.perf_counter(), returned.append)
+    w.put("good", good, Timing(), time.perf_counter(), returned.append)
     assert bad.done.wait(5) and good.done.wait(5)
     assert isinstance(bad.error, BackendError) and "IllegalAddress" in str(bad.error)
     assert good.error is None

@@ -833,19 +833,19 @@ def _virtual_waiter(monkeypatch, wake_s: float):
 
     import vulkan as vk
 
+    from aiomnn import poll
     from aiomnn.backends.vulkan import queue as vq
 
     clock = SimpleNamespace(t=0.0)
-    monkeypatch.setattr(vq, "time", SimpleNamespace(perf_counter=lambda: clock.t, monotonic=lambda: clock.t))
+    monkeypatch.setattr(poll, "time", SimpleNamespace(perf_counter=lambda: clock.t))
 
     class SlowWakeQueue(vq.Queue):
         """Work that finishes at `finish`, which the driver's wait notices `wake_s` late."""
 
         def __init__(self):
             self.timeline, self.finish, self.last_completion = False, 0.0, 0.0
-
-        def _sleep(self, seconds: float) -> None:
-            clock.t += seconds
+            self.poller = poll.Poller()
+            self.poller.sleep = lambda seconds: setattr(clock, "t", clock.t + seconds)
 
         def _done(self, value, sub) -> bool:
             clock.t += 2e-6
@@ -856,7 +856,7 @@ def _virtual_waiter(monkeypatch, wake_s: float):
             clock.t = max(clock.t, min(wake, until))
             return vk.VK_SUCCESS if wake <= until else vk.VK_TIMEOUT
 
-    q, sub = SlowWakeQueue(), SimpleNamespace(sent_at=0.0, expect=0.0)
+    q, sub = SlowWakeQueue(), SimpleNamespace(sent_at=0.0, timing=poll.Timing())
 
     def runs(n: int, run_s: float) -> list[float]:
         delays = []
@@ -875,16 +875,16 @@ def _virtual_waiter(monkeypatch, wake_s: float):
 def test_waiter_polls_near_the_expected_finish(monkeypatch):
     """The waiter learns how long a submission runs, sleeps until shortly before that and polls: it notices
     the finish at once, not a driver wake-up later; a run that got shorter is found late once, then caught."""
-    from aiomnn.backends.vulkan import queue as vq
+    from aiomnn import poll
 
-    monkeypatch.setattr(vq, "POLL_LEAD_S", 0.004)
-    monkeypatch.setattr(vq, "POLL_S", 0.02)
+    monkeypatch.setattr(poll, "POLL_LEAD_S", 0.004)
+    monkeypatch.setattr(poll, "POLL_S", 0.02)
     runs, sub = _virtual_waiter(monkeypatch, wake_s=0.01)
     delays = runs(6, 0.015)
-    assert 0.012 < sub.expect < 0.025, sub.expect
+    assert 0.012 < sub.timing.expect < 0.025, sub.timing.expect
     assert sorted(delays)[3] < 0.003, delays  # caught, not 10 ms late
     delays = runs(6, 0.005)
-    assert 0.003 < sub.expect < 0.012, sub.expect
+    assert 0.003 < sub.timing.expect < 0.012, sub.timing.expect
     assert sorted(delays)[3] < 0.003, delays
 
 
@@ -896,7 +896,7 @@ def test_waiter_unlearns_a_late_wake_up(monkeypatch):
     runs, sub = _virtual_waiter(monkeypatch, wake_s=0.004)
     assert max(runs(10, 0.0015)[-3:]) < 1e-4  # the first ends in the driver's wait too: learned the same way
     runs(1, 0.004)
-    assert sub.expect > 0.007, sub.expect
+    assert sub.timing.expect > 0.007, sub.timing.expect
     delays = runs(10, 0.0015)
     assert max(delays[-3:]) < 1e-4, delays
     assert sum(delays) < 0.02, delays

@@ -24,10 +24,10 @@ import numpy as np
 from aiomnn import copies
 from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
+from aiomnn.poll import Timing
 
 from . import grouping, kernels
 from .fused import Raw
-from .waiter import Timing
 
 if TYPE_CHECKING:
     from .backend import CudaBackend as Backend, Step

@@ -10,17 +10,11 @@ the waiter waits on that. Callbacks run on the waiter thread: they must be
 short and must not block (they read outputs and signal an aiomnn Fence, which
 only schedules work on the event loop).
 
-How the waiter waits: blocked in the driver (vkWaitSemaphores, outside the
-GIL) it woke late on NVIDIA, late enough to slow a small model's runs. So it
-sleeps (time.sleep) until shortly before the submission is expected to finish
-(each Submission remembers how long its last run took) and then polls the
-progress, for at most POLL_S, before it blocks in the driver.
-
-It does not sleep in the driver on the way: a run that ends before the sleep
-does would be noticed at the driver's late wake-up, and that late time, learned
-as the run's length, would delay the next runs as well. A run found finished
-at the first look shrinks the expectation by a fifth (EARLY_SHRINK), so a
-length learned from a late wake-up is unlearned in a few runs.
+How the waiter waits: it follows the schedule shared with CUDA's waiter
+(aiomnn.poll): sleep until shortly before the submission is expected to finish
+(each Submission keeps its Timing), poll the progress, then block in the driver,
+which on NVIDIA wakes late enough to slow a small model's runs. The driver's wait
+gives up every _WAIT_NS, to notice a close.
 
 Runs after an idle spell are slower for a reason outside the waiter: the GPU
 lowers its clock when idle, and runs stay slow until it comes back up. CUDA
@@ -38,15 +32,12 @@ from typing import Any, Callable
 
 import vulkan as vk
 
+from aiomnn.poll import Poller, Timing
+
 log = logging.getLogger("aiomnn.vulkan")
 ffi, lib = vk.ffi, vk.lib
 
 _WAIT_NS = 100_000_000  # the waiter wakes this often to notice a close
-#: The waiter starts polling this long before a submission is expected to finish, and polls at most POLL_S.
-POLL_LEAD_S = 100e-6
-POLL_S = 400e-6
-#: A submission found finished at the first look expects this fraction of what it took at most, next time.
-EARLY_SHRINK = 0.8
 
 
 def _error(result: int, what: str) -> Exception:
@@ -59,7 +50,7 @@ class Submission:
     untracked one signals nothing: Queue.send submits it and nothing waits for it."""
 
     __slots__ = ("queue", "cmd", "_cmds", "_values", "_sems", "_tinfo", "info", "fence", "_fences", "value",
-                 "sent_at", "expect")
+                 "sent_at", "timing")
 
     def __init__(self, queue: "Queue", cmd: Any, tracked: bool = True):
         self.queue = queue
@@ -67,7 +58,7 @@ class Submission:
         self._cmds = ffi.new("VkCommandBuffer[1]", [cmd])
         self.value = 0  # the queue value of its latest submission; done once queue.completed reaches it
         self.sent_at = 0.0  # perf_counter() at its latest submission
-        self.expect = 0.0  # seconds its runs take on the queue, as the waiter saw them (when to poll)
+        self.timing = Timing()  # how long its runs take on the queue, as the waiter saw them (when to poll)
         if queue.timeline and tracked:
             self._values = ffi.new("uint64_t[1]")
             self._sems = ffi.new("VkSemaphore[1]", [queue.semaphore])
@@ -129,6 +120,7 @@ class Queue:
             self._counter = ffi.new("uint64_t*")
         #: perf_counter() when the waiter last saw work complete (for measuring wake-up lag).
         self.last_completion = 0.0
+        self.poller = Poller()
         self._thread = threading.Thread(target=self._wait_loop, name="aiomnn-vulkan-waiter", daemon=True)
         self._thread.start()
 
@@ -226,31 +218,19 @@ class Queue:
             del ready  # what the callbacks hold (a run's outputs) must not wait here for the next completion
 
     def _wait(self, value: int, sub: Submission) -> int:
-        """Wait until `value` (sub's submission) completes, for at most about _WAIT_NS: sleep, poll from
-        shortly before it is expected to finish, then block in the driver. Learns sub.expect."""
+        """Wait until `value` (sub's submission) completes, for at most about _WAIT_NS (aiomnn.poll's schedule);
+        the VkResult: success, a timeout, or the device's error."""
+        result = [vk.VK_SUCCESS]
+
+        def block() -> bool:
+            result[0] = self._block(value, sub, _WAIT_NS)
+            return result[0] == vk.VK_SUCCESS
+
         began = max(sub.sent_at, self.last_completion)  # it runs after what was queued before it
-        now = time.perf_counter()
-        poll_from = began + sub.expect - POLL_LEAD_S
-        if now < poll_from:
-            self._sleep(poll_from - now)
-        if self._done(value, sub):  # finished while the waiter slept (or before it looked)
-            elapsed = time.perf_counter() - began
-            sub.expect = max(0.0, min(sub.expect, elapsed) * EARLY_SHRINK)
-            return vk.VK_SUCCESS
-        end = time.perf_counter() + POLL_S
-        while not self._done(value, sub):
-            if time.perf_counter() > end:
-                r = self._block(value, sub, _WAIT_NS)
-                if r == vk.VK_SUCCESS:  # late by the driver's wake-up: early finds shrink that back
-                    sub.expect = time.perf_counter() - began
-                return r
-        sub.expect = time.perf_counter() - began  # the poll caught the finish
-        return vk.VK_SUCCESS
+        self.poller.wait(sub.timing, began, lambda: self._done(value, sub), block)
+        return result[0]
 
-    # What the waiter asks of the world (a test replaces them) ---------------------------------
-    def _sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
+    # What the waiter asks of the device (a test replaces them) --------------------------------
     def _done(self, value: int, sub: Submission) -> bool:
         if self.timeline:
             ok = lib.vkGetSemaphoreCounterValue(self.device, self.semaphore, self._counter) == vk.VK_SUCCESS
