@@ -179,6 +179,18 @@ def test_the_sums_stamp_matches_their_files():
     assert tiles.SUMS == hashlib.sha256(texts).hexdigest()
 
 
+def test_the_scalars_stamp_matches_their_file():
+    """The loops inline scalars.py's functions: loops.py and tiles.py each hold its SHA-256 (tools/make_tiles.py
+    writes them), so that a change there changes them and numba's cache compiles the loops again."""
+    import hashlib
+    from pathlib import Path
+
+    from aiomnn.backends.cpu import loops
+
+    stamp = hashlib.sha256((Path(tiles.__file__).parent / "scalars.py").read_bytes()).hexdigest()
+    assert tiles.SCALARS == stamp and loops.SCALARS == stamp, "run tools/make_tiles.py"
+
+
 def test_activation_codes():
     assert jit.loop_activation(None) == (0, 0.0, 0.0)
     assert jit.loop_activation(("Relu", {})) == (1, 0.0, 0.0)

@@ -20,6 +20,8 @@ in arithmetic.
   weight, the dense tile loop over the weight packed once (products.dense); else products.compiled, each piece
   a BLAS call whose bias and GELU are applied while it is in cache. numba's threads share the pieces.
 * Residual and LayerNormalization: Add -> LayerNormalization over the last axis as one compiled pass.
+* A scale and shift by scalars after a conv (PP-OCRv4): Conv -> Mul -> Add (or one of the two), applied with the
+  conv's activation to its output while that is in cache (conv_affine.py).
 
 A fused step takes the place of the chain's steps only where the values between them are read by the
 next step alone (each is freed there), so no other step can miss them. If it meets inputs other than
@@ -34,9 +36,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from aiomnn.backend import Execution
-
-from . import jit
+from . import conv_affine, jit
+from .fused import Fused, Step, feeds, reads
 from .kernel import SLICE_ELEMENTS, parallel, parallel_slices, shared_scratch, threads
 from .ops import direct
 from .ops.conv import Conv
@@ -48,10 +49,6 @@ from .ops.normalization import NO_ROWS, LayerNormalization, _SoftmaxBase, layer_
 from .ops.pool import GlobalAveragePool
 from .ops.products import bias_tile, compiled, dense, panels, product
 
-#: run_segment's view of one step: (execution, input names, [(output index, name)], names freed after it,
-#: whether to copy outputs that view planned memory, node).
-Step = tuple
-
 
 def fuse(plan: list[Step]) -> list[Step]:
     """The plan with each fusable chain of steps replaced by one step."""
@@ -59,7 +56,7 @@ def fuse(plan: list[Step]) -> list[Step]:
     i = 0
     while i < len(plan):
         for find, kind in ((_squeeze_excite, SqueezeExcite), (_attention, Attention), (_dense, Dense),
-                           (_add_norm, AddNorm)):
+                           (_add_norm, AddNorm), (conv_affine.find, conv_affine.ConvAffine)):
             chain = find(plan, i)
             if chain is not None:
                 out.append(_step(kind, chain))
@@ -80,12 +77,6 @@ def _step(kind: type, chain: list[Step]) -> Step:
     return kind(chain, names), names, chain[-1][2], freed, chain[-1][4], chain[-1][5]
 
 
-def _feeds(a: Step, b: Step) -> bool:
-    """Whether step a's one output is b's first input, read by b alone (freed there, read nowhere else in b)."""
-    outs, ins, frees = a[2], b[1], b[3]
-    return len(outs) == 1 and bool(ins) and outs[0][1] == ins[0] and ins[0] in frees and ins.count(ins[0]) == 1
-
-
 def _small_pointwise(conv: Any, pixels: int = 1) -> bool:
     """Whether a kernel is a 1x1 Conv with constant weights, planned as one direct product for float input
     of this many pixels."""
@@ -101,8 +92,8 @@ def _squeeze_excite(plan: list[Step], i: int) -> list[Step] | None:
         return None
     pool, conv1, conv2, mul = (s[0] for s in chain)
     if (type(pool) is not GlobalAveragePool or type(mul) is not Mul or mul.legacy or mul.activation is not None
-            or not _small_pointwise(conv1) or not _small_pointwise(conv2) or not _feeds(chain[0], chain[1])
-            or not _feeds(chain[1], chain[2])):
+            or not _small_pointwise(conv1) or not _small_pointwise(conv2) or not feeds(chain[0], chain[1])
+            or not feeds(chain[1], chain[2])):
         return None
     x, scale = chain[0][1][0], chain[2][2][0][1]
     shape, dtype = mul.out_tensors[0].shape, mul.out_tensors[0].dtype
@@ -112,58 +103,9 @@ def _squeeze_excite(plan: list[Step], i: int) -> list[Step] | None:
         return None
     nxt = plan[i + 4] if i + 4 < len(plan) else None
     if (nxt is not None and _small_pointwise(nxt[0], math.prod(shape[2:])) and nxt[0]._plan_key[0] == tuple(shape)
-            and _feeds(chain[3], nxt)):
+            and feeds(chain[3], nxt)):
         chain.append(nxt)
     return chain
-
-
-class Fused(Execution):
-    """A fused chain of steps: its inputs come in the order of `names`; where what arrives is not what the
-    fusion was made for, the chain's own kernels run one by one."""
-
-    def __init__(self, chain: list[Step], names: list[str]):
-        self.names = names
-        self.chain = [(s[0], s[1], s[2]) for s in chain]
-        self._spare: np.ndarray | None = None
-        self._bound: tuple[list[Any], Any, Callable[[], Any]] | None = None  # (inputs, output, call): see _repeat
-
-    def _repeat(self, inputs: list[Any]) -> Any:
-        """The output of the bound call (_bind), repeated, where this run brings the very arrays it was bound to
-        (planned buffers, constants): a step at few rows spent a third of its time in the checks and lookups
-        that chose the call. None where the arrays differ (or the call did nothing)."""
-        bound = self._bound
-        if bound is not None and all(x is y for x, y in zip(inputs, bound[0])) and bound[2]():
-            return bound[1]
-        return None
-
-    def _bind(self, inputs: list[Any], out: Any, call: Callable[[], Any]) -> None:
-        """Keep call (which computes out from views of these inputs, and returns something true when it did)
-        for _repeat."""
-        self._bound = (list(inputs), out, call)
-
-    def _output(self, planned: np.ndarray | None, shape: tuple[int, ...], reads: tuple[np.ndarray, ...]) -> np.ndarray:
-        """Where the chain's float32 result goes: the last step's planned buffer, unless it overlaps what the
-        chain reads (the plan let it reuse the memory of a value that an earlier step of the chain read last),
-        then a buffer of the fused step's own."""
-        out = out_buffer(planned, shape, F32)
-        if not any(np.may_share_memory(out, a) for a in reads):
-            return out
-        if self._spare is None or self._spare.shape != shape:
-            self._spare = np.empty(shape, F32)
-        return self._spare
-
-    def _unfused(self, values: dict[str, Any]) -> Any:
-        for execution, ins, outs in self.chain:
-            result = execution.on_execute([values[n] if n else None for n in ins], [])
-            for i, name in outs:
-                values[name] = result[i] if type(result) is tuple else result
-        return result
-
-
-def _reads(a: Step, b: Step) -> bool:
-    """Whether step a's one output is read by b alone, once, as either of its inputs (freed there)."""
-    outs, ins, frees = a[2], b[1], b[3]
-    return len(outs) == 1 and outs[0][1] in frees and ins.count(outs[0][1]) == 1
 
 
 def _attention(plan: list[Step], i: int) -> list[Step] | None:
@@ -174,13 +116,13 @@ def _attention(plan: list[Step], i: int) -> list[Step] | None:
     chain = [plan[i]]
     j = i + 1
     for kinds in ((Div, Mul), (Add,)):
-        if j < len(plan) and type(plan[j][0]) in kinds and _reads(plan[j - 1], plan[j]):
+        if j < len(plan) and type(plan[j][0]) in kinds and reads(plan[j - 1], plan[j]):
             chain.append(plan[j])
             j += 1
     if j + 1 >= len(plan) or not isinstance(plan[j][0], _SoftmaxBase) or type(plan[j + 1][0]) is not MatMul:
         return None
     chain += [plan[j], plan[j + 1]]
-    if not all(_reads(a, b) for a, b in zip(chain, chain[1:])) or chain[-1][1][0] != chain[-2][2][0][1]:
+    if not all(reads(a, b) for a, b in zip(chain, chain[1:])) or chain[-1][1][0] != chain[-2][2][0][1]:
         return None
     if any(s[0].legacy or s[0].activation is not None for s in chain[1:-2]):
         return None
@@ -282,12 +224,12 @@ def _dense(plan: list[Step], i: int) -> list[Step] | None:
     if type(plan[i][0]) is not MatMul or i + 1 >= len(plan):
         return None
     add = plan[i + 1]
-    if type(add[0]) is not Add or add[0].legacy or add[0].activation is not None or not _reads(plan[i], add):
+    if type(add[0]) is not Add or add[0].legacy or add[0].activation is not None or not reads(plan[i], add):
         return None
     chain = [plan[i], add]
     nxt = plan[i + 2] if i + 2 < len(plan) else None
     if nxt is not None and type(nxt[0]).__name__ == "Gelu" and nxt[0].attrs.get("approximate") == "none" \
-            and _reads(add, nxt):
+            and reads(add, nxt):
         chain.append(nxt)
     return chain
 
@@ -346,7 +288,7 @@ def _add_norm(plan: list[Step], i: int) -> list[Step] | None:
     if i + 1 >= len(plan) or type(plan[i][0]) is not Add or type(plan[i + 1][0]) is not LayerNormalization:
         return None
     add, norm = plan[i], plan[i + 1]
-    if add[0].legacy or add[0].activation is not None or not _feeds(add, norm) or norm[0].n_out != 1:
+    if add[0].legacy or add[0].activation is not None or not feeds(add, norm) or norm[0].n_out != 1:
         return None
     return [add, norm]
 

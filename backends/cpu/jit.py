@@ -185,8 +185,7 @@ def elementwise(name: str, x: Any, out: Any | None = None) -> bool:
     return split(name, xs.size, SLICE_ELEMENTS, lambda fn, lo, hi: fn(xs[lo:hi], ys[lo:hi]))
 
 
-#: Fused activations that the compiled loops apply themselves (scalars.activate), by their code; the tile
-#: loop takes them all, the depthwise loop codes 0-2.
+#: Fused activations that the compiled loops apply themselves (scalars.activate), by their code.
 _CODES = {"Relu": 1, "HardSwish": 2, "Swish": 3, "Sigmoid": 4, "LeakyRelu": 5, "Clip": 6, "HardSigmoid": 7,
           "Gelu": 8}
 #: Each activation's two parameters, from its attributes (ONNX's defaults where absent).
@@ -194,17 +193,26 @@ _PARAMS = {"Swish": lambda a: (a.get("alpha", 1.0), 0.0), "LeakyRelu": lambda a:
            "Clip": lambda a: (-np.inf if a.get("min") is None else a["min"],
                               np.inf if a.get("max") is None else a["max"]),
            "HardSigmoid": lambda a: (a.get("alpha", 0.2), a.get("beta", 0.5))}
+#: The code of an activation (by its code) followed by y * alpha + beta: a Mul and an Add by scalars fused after
+#: it (PP-OCR's convs end in HardSwish, then a learnable scale and shift). alpha and beta carry the scalars, so
+#: an activation with parameters cannot have one.
+_AFFINE = {0: 9, 2: 10}
 
 
-def loop_activation(activation: tuple[str, dict[str, Any]] | None) -> tuple[int, float, float] | None:
-    """A fused activation (op type, attributes) as (code, alpha, beta) for the compiled loops; (0, 0, 0) for
-    none, None for one they do not apply."""
+def loop_activation(activation: tuple[str, dict[str, Any]] | None,
+                    affine: tuple[float, float] | None = None) -> tuple[int, float, float] | None:
+    """A fused activation (op type, attributes), then y * scale + shift where affine is (scale, shift), as (code,
+    alpha, beta) for the compiled loops; (0, 0, 0) for none, None for one they do not apply."""
     if activation is None:
-        return 0, 0.0, 0.0
-    name, attrs = activation
-    code = _CODES.get(name)
-    if code is None or (attrs and name not in _PARAMS):
-        return None
-    alpha, beta = _PARAMS[name](attrs) if name in _PARAMS else (0.0, 0.0)
+        code, alpha, beta = 0, 0.0, 0.0
+    else:
+        name, attrs = activation
+        code = _CODES.get(name)
+        if code is None or (attrs and name not in _PARAMS):
+            return None
+        alpha, beta = _PARAMS[name](attrs) if name in _PARAMS else (0.0, 0.0)
+    if affine is not None:
+        if code not in _AFFINE:
+            return None
+        code, (alpha, beta) = _AFFINE[code], affine
     return code, float(alpha), float(beta)
-

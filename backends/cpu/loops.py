@@ -27,6 +27,9 @@ from . import scalars, tiles  # noqa: E402
 from .scalars import FAST, NEG_INF, exp_neg
 
 F = np.float32
+#: The SHA-256 of scalars.py, whose functions these loops inline: numba's disk cache checks only this file for
+#: changes, so a change there comes with a new stamp here (tools/make_tiles.py writes it, in tiles.py too).
+SCALARS = "902653d4138d67e076f6deba016da5075f34ee0095fe226b1c7c88bef3b11a7d"
 
 
 def erf(x, y):
@@ -128,11 +131,11 @@ def layer_norm(x, residual, gamma, beta, eps, y):
             yr[c] = (yr[c] - mean) * inv * gamma[c] + beta[c]
 
 
-def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last, chunks):
+def depthwise(x, w, bias, y, sh, sw, pt, pl, act, alpha, beta, first, last, chunks):
     """A depthwise 2-D conv over planes [first, last) of x (N*C planes of H x W): plane p of y (Ho x Wo) is
     the conv of plane p with w[p % C] (kh x kw; stride sh x sw, padding pt above and pl left, dilation 1)
-    plus bias[p % C], then act (scalars.activate, codes 0-2); the planes in `chunks` runs, which the
-    parallel build's threads share.
+    plus bias[p % C], then the activation (scalars.activate: act, alpha, beta) on each row as it is made; the
+    planes in `chunks` runs, which the parallel build's threads share.
 
     Each plane is first copied between zero columns (its left and right padding), so a kernel tap adds to a
     whole output row with no test in the inner loop, whose indices LLVM can then prove non-negative (numba
@@ -185,13 +188,7 @@ def depthwise(x, w, bias, y, sh, sw, pt, pl, act, first, last, chunks):
                             else:
                                 for ow in range(Wo):
                                     row[ow] += wv * xrow[ow * sw + j]
-                if act == 1:
-                    for ow in range(Wo):
-                        row[ow] = max(row[ow], F(0))
-                elif act == 2:
-                    for ow in range(Wo):
-                        v = row[ow]
-                        row[ow] = v * min(max(v * F(1 / 6) + F(0.5), F(0)), F(1))
+                scalars.activate(row, 0, Wo, act, alpha, beta)
 
 
 #: numpy's cblas_sgemm, whose address compile() gives LLVM under this name before it compiles or loads gemm:
@@ -316,7 +313,8 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "gelu": (gelu, types.void(_OUT)),
     "softmax": (softmax, types.void(_OUT2, types.float32, _IN2, types.int64, types.int64)),
     "layer_norm": (layer_norm, types.void(_IN2, _IN2, _IN, _IN, types.float32, _OUT2)),
-    "depthwise": (depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 8)),
+    "depthwise": (depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 5, types.float32, types.float32,
+                                        *[types.int64] * 3)),
     "attention": (attention, types.void(*[types.Array(types.float32, 4, "C", readonly=True)] * 3, types.float32, _IN2,
                                         types.Array(types.float32, 4, "C"))),
     "gemm": (gemm, types.void(_IN2, _IN3, _IN, _OUT3, types.boolean, types.int64, types.float32, types.float32,

@@ -4,6 +4,10 @@ No call reaches the C library: numba calls its scalar exp and erf, which keep LL
 around them. erf is a rational function of x^2 fitted for this file
 (max error 3.5e-7 over the line, in float32); exp_neg (softmax's) a polynomial raised to the 32nd power
 (relative error about 1e-6 over the range the loops use); exp (the sigmoid's) by range reduction.
+
+numba's disk cache checks only the file of each compiled loop for changes, not the files of what it inlines: after
+a change here, tools/make_tiles.py writes this file's new SHA-256 into loops.py and tiles.py (SCALARS; a test checks
+it), or their cached loops would keep the old code.
 """
 
 from __future__ import annotations
@@ -86,7 +90,8 @@ def sigmoid(v):
 def activate(y, lo, hi, act, alpha, beta):
     """A fused activation, in place over y[lo:hi] (indices, not a view: see tiles.py), by its code (jit.loop_activation): 0 none, 1 Relu,
     2 HardSwish, 3 Swish(alpha), 4 Sigmoid, 5 LeakyRelu(alpha), 6 Clip(alpha, beta), 7 HardSigmoid(alpha,
-    beta), 8 Gelu. One loop for each, so that each vectorizes."""
+    beta), 8 Gelu; then codes with a Mul and an Add by scalars fused after them: 9 y * alpha + beta, 10 HardSwish
+    then * alpha + beta. One loop for each, so that each vectorizes."""
     if act == 1:
         for j in range(lo, hi):
             y[j] = max(y[j], F(0))
@@ -115,6 +120,13 @@ def activate(y, lo, hi, act, alpha, beta):
         for j in range(lo, hi):
             v = y[j]
             y[j] = F(0.5) * v * (F(1) + erf(v * F(0.7071067811865476)))
+    elif act == 9:
+        for j in range(lo, hi):
+            y[j] = y[j] * alpha + beta
+    elif act == 10:
+        for j in range(lo, hi):
+            v = y[j]
+            y[j] = v * min(max(v * F(1 / 6) + F(0.5), F(0)), F(1)) * alpha + beta
 
 
 @intrinsic

@@ -1,8 +1,9 @@
 """The tile loops, compiled by numba (loops.py): the conv's and a dense product's. Their blocks of sums are
 written by tools/make_tiles.py.
 
-conv(x, ...) computes y[n, m, oy * wo + ox] = act(bias[m] + sum over k of w[m, k] * x[n * xs + offs[k] + p])
-for the output positions p = oy * rw + ox of images [first, last) and positions [p_first, p_last), in `chunks`
+conv(x, ...) computes y[n, m, oy * wo + ox] = act(bias[m] + sum over k of w[m, k] * x[n * xs + offs[k] + p]),
+act being scalars.activate's (a code with alpha and beta: an activation, then perhaps a scale and shift), for the
+output positions p = oy * rw + ox of images [first, last) and positions [p_first, p_last), in `chunks`
 pieces: runs of tiles, each for one of `groups` groups of channels (the threads of numba's parallel loops share
 them, in the parallel build; groups let a conv of few positions and many channels use many threads): x holds
 each image's input laid out so that every tap k of a kernel reads a contiguous run of positions (ops/direct.py
@@ -44,6 +45,8 @@ _sums = getattr(conv_sums, f"conv_{MR}x{NR}")
 _dense_sums = getattr(dense_sums, f"dense_{DR}x{DC}")
 #: The SHA-256 of conv_sums.py and dense_sums.py, one after the other (tools/make_tiles.py writes all three).
 SUMS = "6e64bbdb778d2431b58aa77958e9c8cc74f0414508dd8cae49e11662acafd3fe"
+#: The SHA-256 of scalars.py, whose functions the loops inline (tools/make_tiles.py writes it, in loops.py too).
+SCALARS = "902653d4138d67e076f6deba016da5075f34ee0095fe226b1c7c88bef3b11a7d"
 #: Taps a block: a block's inputs (16 positions a tap) and weights stay in L1.
 KC = U(128)
 

@@ -38,6 +38,7 @@ compute in float32 and round once at the end.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -167,6 +168,24 @@ class Conv(Kernel):
         self._plan, self._plan_key = plan, (xs, ws, dtype)
         self._fast = None
         return plan
+
+    def then_affine(self, scale: float, shift: float) -> Conv:
+        """This conv followed by y * scale + shift (a Mul and an Add by scalars fused after it: conv_affine.py), as a
+        kernel of its own: each path applies the affine with the activation, while the output is in cache (the
+        compiled loops only after the activations that jit.loop_activation gives an affine code). It shares the
+        packed weights, plans its own runs and writes where write_into says."""
+        activation, affine = self.node.attrs.get("_activation"), (scale, shift)
+        conv = copy.copy(self)
+        conv.activation = activation_fn(activation, affine)
+        conv.loop_act = jit.loop_activation(activation, affine)
+        conv.silu = False  # SiLU's own passes (silu_product) would leave the affine out
+        conv.out, conv._plan, conv._plan_key, conv._fast = [None], None, None, None
+        return conv
+
+    def write_into(self, y: np.ndarray | None) -> None:
+        """Make y the buffer that runs write their output into where it fits (None: a new array each run)."""
+        if self.out[0] is not y:
+            self.out, self._fast = [y], None  # the fast run is bound to the buffer
 
     # Running --------------------------------------------------------------
     def bind(self) -> None:

@@ -79,7 +79,7 @@ def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, An
         kh, kw = p["kernel"]
         w = packed["loop_w"] = np.ascontiguousarray(packed["w"].reshape(-1, kh, kw), np.float32)
         packed["loop_b"] = np.zeros(w.shape[0], np.float32) if packed["b"] is None else packed["b"]
-    code = p["loop_act"][0] if p["loop_act"] is not None and p["loop_act"][0] <= 2 else None
+    loop_act = p["loop_act"] or (0, 0.0, 0.0)  # None: an activation the loop cannot apply, left to numpy after it
     (H, W), (Ho, Wo), (sh, sw) = p["spatial"], p["outs"], p["strides"]
     planes = x.shape[0] * x.shape[1]
     xs, ys = x.reshape(planes, H, W), y.reshape(planes, Ho, Wo)
@@ -88,11 +88,11 @@ def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, An
     pieces = max(1, min(threads(), planes, planes * each // LOOP_PIECE))
     par = jit.threaded("depthwise", pieces)
     if par is not None:  # numba's threads, awake between loops (see direct.py)
-        par(xs, w, b, ys, sh, sw, pt, pl, code or 0, 0, planes, pieces)
+        par(xs, w, b, ys, sh, sw, pt, pl, *loop_act, 0, planes, pieces)
     else:
         jit.shared(planes, max(1, LOOP_PIECE // max(1, each)),
-                   lambda lo, hi: fn(xs, w, b, ys, sh, sw, pt, pl, code or 0, lo, hi, 1))
-    if code is None and act is not None:
+                   lambda lo, hi: fn(xs, w, b, ys, sh, sw, pt, pl, *loop_act, lo, hi, 1))
+    if p["loop_act"] is None and act is not None:
         act(y)
     return True
 
