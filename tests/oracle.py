@@ -45,12 +45,13 @@ def run_ort(data: bytes, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     return onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-def run_aiomnn(data: bytes, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """The model's outputs, in order, from a fresh CPU session."""
+def run_aiomnn(data: bytes, feeds: dict[str, np.ndarray], threads: int | None = None) -> list[np.ndarray]:
+    """The model's outputs, in order, from a fresh CPU session (of `threads` threads, else the default)."""
 
     async def run() -> list[np.ndarray]:
         net = aiomnn.Interpreter.from_bytes(data)
-        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu")) as session:
+        config = aiomnn.ScheduleConfig(type="cpu", **({} if threads is None else {"num_threads": threads}))
+        async with await net.create_session(config) as session:
             out = await session.run(feeds)
         return [out[name] for name in net.output_names]
 

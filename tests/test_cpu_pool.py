@@ -1,4 +1,5 @@
-"""The CPU backend's stride-1 MaxPool over a flat row (backends/cpu/ops/pool.py, _max_flat) against onnxruntime.
+"""The CPU backend's MaxPool against onnxruntime: stride 1 over a flat row (backends/cpu/ops/pool.py, _max_flat), and
+strided windows without padding by the compiled loop (_max_compiled).
 
 1-, 2- and 3-D windows with padding on some sides only, dilations, a kernel of 1 along an axis, ceil_mode,
 batches, float64, and a chain of pools (YOLOv8's SPPF) whose scratch buffers the pools share.
@@ -46,3 +47,30 @@ def test_sppf_chain():
     nodes.append(helper.make_node("Concat", ["x", "p1", "p2", "p3"], ["y"], axis=1))
     data = one_input_model(nodes, shape, opset=13)
     np.testing.assert_array_equal(run_aiomnn(data, {"x": x})[0], run_ort(data, {"x": x})[0])
+
+
+STRIDED = [
+    # (input shape, kernel, strides, extra attributes): windows with no padding, by loops.max_pool where it compiles
+    ((16, 200, 2, 96), [2, 2], [2, 2], {}),  # cls at batch 16
+    ((2, 5, 9, 11), [3, 2], [2, 3], {}),  # the last rows and columns in no window
+    ((1, 4, 8, 8), [3, 3], [1, 2], {}),
+    ((1, 3, 8, 8), [3, 3], [2, 2], {"ceil_mode": 1}),  # a window past the edge: numpy's way
+    ((2, 3, 9, 9), [2, 2], [2, 2], {"dilations": [2, 2]}),  # dilated: numpy's way
+]
+
+
+@pytest.mark.parametrize("numba", ["0", "wait"])
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("shape,kernel,strides,attrs", STRIDED)
+def test_strided_maxpool(shape, kernel, strides, attrs, threads, numba, monkeypatch):
+    from aiomnn.backends.cpu.ops import pool
+
+    monkeypatch.setenv("AIOMNN_NUMBA", numba)
+    served = []
+    compiled = pool._max_compiled
+    monkeypatch.setattr(pool, "_max_compiled", lambda *a: served.append(compiled(*a)) or served[-1])
+    x = RNG.standard_normal(shape).astype(np.float32)
+    data = one_input_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=kernel, strides=strides,
+                                             **attrs)], shape, opset=13)
+    np.testing.assert_array_equal(run_aiomnn(data, {"x": x}, threads=threads)[0], run_ort(data, {"x": x})[0])
+    assert any(s is not None for s in served) == (numba == "wait" and not attrs)

@@ -281,6 +281,25 @@ def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1):
                 pn[i] = zero
 
 
+def max_pool(x, y, kh, kw, sh, sw, first, last):
+    """y[p] = the max over each kh x kw window of x[p], stride sh x sw, no padding, for planes [first, last) of x
+    (P, H, W) into y (P, Ho, Wo), the windows inside each plane; a plane a piece, which the parallel build's
+    threads share. A kernel row's taps go along whole output rows, so that each vectorizes."""
+    Ho, Wo = y.shape[1], y.shape[2]
+    for job in prange(last - first):
+        xp, yp = x[first + job], y[first + job]
+        for oh in range(Ho):
+            row = yp[oh]
+            top = xp[oh * sh]
+            for ow in range(Wo):
+                row[ow] = top[ow * sw]
+            for i in range(kh):
+                xr = xp[oh * sh + i]
+                for j in range(1 if i == 0 else 0, kw):
+                    for ow in range(Wo):
+                        row[ow] = max(row[ow], xr[ow * sw + j])
+
+
 def scatter_taps(cols, y, kh, kw):
     """y[p, h * kh + a, w * kw + b] = cols[p, a * kw + b, h, w] for cols (P, kh * kw, H, W) and y (P, H * kh,
     W * kw): the taps of a ConvTranspose whose stride is its kernel put in place (each output element comes from
@@ -320,6 +339,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "gemm": (gemm, types.void(_IN2, _IN3, _IN, _OUT3, types.boolean, types.int64, types.float32, types.float32,
                               types.int64, types.int64)),
     "conv_input": (conv_input, types.void(_IN2, _OUT2, *[types.int64] * 12)),
+    "max_pool": (max_pool, types.void(_IN3, _OUT3, *[types.int64] * 6)),
     "scatter_taps": (scatter_taps, types.void(types.Array(types.float32, 4, "C", readonly=True), _OUT3, types.int64,
                                               types.int64)),
     "conv_tiles": (tiles.conv, types.void(_IN, types.uint64, types.Array(types.uint64, 1, "C", readonly=True),
@@ -333,7 +353,7 @@ SLP = {"conv_tiles", "dense"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
 #: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
 PARALLEL = {"conv_tiles", "conv_input", "dense", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm", "attention",
-            "scatter_taps"}
+            "scatter_taps", "max_pool"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)

@@ -15,7 +15,8 @@ import numpy as np
 
 from aiomnn.window import pool_geometry, window_span
 
-from ..kernel import Kernel, Unsupported, op, shared_scratch
+from .. import jit
+from ..kernel import SLICE_ELEMENTS, Kernel, Unsupported, op, shared_scratch
 from .dtypes import float_compute_dtype, out_buffer
 from .window import ints
 
@@ -135,6 +136,20 @@ def _max_flat(x: np.ndarray, p: dict, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def _max_compiled(x: np.ndarray, p: dict, planned: np.ndarray | None) -> np.ndarray | None:
+    """2-D float32 max pooling with no padding, no dilation and every window inside the input (cls's 2 x 2 of
+    stride 2), by loops.max_pool, a plane a piece; None (nothing done) where it cannot serve or compiles."""
+    if (p["n"] != 2 or x.dtype != np.float32 or not x.flags.c_contiguous or any(p["pads"]) or any(d != 1 for d in p["dils"])
+            or any((o - 1) * s + k > L for o, s, k, L in zip(p["outs"], p["strides"], p["kernel"], x.shape[2:]))):
+        return None
+    out = out_buffer(planned, p["out_shape"], x.dtype)
+    (H, W), (kh, kw), (sh, sw) = x.shape[2:], p["kernel"], p["strides"]
+    xs, ys = x.reshape(-1, H, W), out.reshape((-1,) + tuple(p["outs"]))
+    done = jit.split("max_pool", xs.shape[0], max(1, SLICE_ELEMENTS // max(1, H * W)),
+                     lambda fn, lo, hi: fn(xs, ys, kh, kw, sh, sw, lo, hi))
+    return out if done is not None else None
+
+
 def _lowest(dtype: np.dtype):
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
@@ -155,6 +170,10 @@ class _WindowPool(_Pool):
             return self._max_with_indices(x, p)
         if self.reduce == "max" and all(s_ == 1 for s_ in strides) and x.dtype.kind == "f" and x.ndim > 2:
             return _max_flat(x, p, out_buffer(self.out[0], p["out_shape"], x.dtype))
+        if self.reduce == "max":
+            out = _max_compiled(x, p, self.out[0])
+            if out is not None:
+                return out
         cdt = x.dtype if self.reduce == "max" else float_compute_dtype(x.dtype)
         a = x if x.dtype == cdt else x.astype(cdt)
         if self.reduce == "lp":
