@@ -378,7 +378,6 @@ class SqueezeExcite(Fused):
         return y
 
 
-
 def _scaled(x: np.ndarray, scale: np.ndarray, planned: np.ndarray | None) -> np.ndarray:
     """x * scale (a value per image and channel) into the planned buffer where it fits, in slices of channels
     shared with the helper threads when it is big (det's excitations scale maps of 1 x 96 x 160 x 160)."""

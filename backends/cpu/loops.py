@@ -352,8 +352,8 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
 SLP = {"conv_tiles", "dense"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
 #: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
-PARALLEL = {"conv_tiles", "conv_input", "dense", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm", "attention",
-            "scatter_taps", "max_pool"}
+PARALLEL = {"conv_tiles", "conv_input", "dense", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm",
+            "attention", "scatter_taps", "max_pool"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)
