@@ -37,6 +37,8 @@ CASES = [
     ((2, 12, 4, 30), (12, 1, 3, 5), {"pads": [2, 4, 2, 4], "dilations": [2, 2]}, "band"),
     ((1, 24, 12, 96), (24, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 1]}, "band"),
     ((1, 8, 24, 96), (8, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 1]}, "tiles"),  # 7.3x the work
+    ((1, 48, 14, 14), (48, 1, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}, "band"),  # det's downsampling
+    ((1, 16, 9, 11), (16, 1, 4, 4), {"pads": [1, 1, 2, 2], "strides": [2, 2]}, "band"),  # any kernel at stride 2
 ]
 
 

@@ -153,9 +153,9 @@ def depthwise(x, w, bias, y, sh, sw, pt, pl, act, alpha, beta, first, last, chun
             c = plane % C
             xp, yp = x[plane], y[plane]
             for r in range(H):
-                src, dst = xp[r], buf[r]
+                src, dst = xp[r], buf[r, pl:]  # a view from pl: indices from 0, which vectorize (see below)
                 for t in range(inner):
-                    dst[pl + t] = src[t]
+                    dst[t] = src[t]
             for oh in range(Ho):
                 row = yp[oh]
                 b = bias[c]
@@ -179,12 +179,20 @@ def depthwise(x, w, bias, y, sh, sw, pt, pl, act, alpha, beta, first, last, chun
                         w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
                         for ow in range(Wo):
                             row[ow] += w0 * xrow[2 * ow] + w1 * xrow[2 * ow + 1] + w2 * xrow[2 * ow + 2]
+                    elif kw == 5 and sw == 2:  # PP-OCRv4's downsampling depthwise convs
+                        w0, w1, w2, w3, w4 = w[c, i, 0], w[c, i, 1], w[c, i, 2], w[c, i, 3], w[c, i, 4]
+                        for ow in range(Wo):
+                            row[ow] += (w0 * xrow[2 * ow] + w1 * xrow[2 * ow + 1] + w2 * xrow[2 * ow + 2]
+                                        + w3 * xrow[2 * ow + 3] + w4 * xrow[2 * ow + 4])
                     else:
                         for j in range(kw):
                             wv = w[c, i, j]
                             if sw == 1:
                                 for ow in range(Wo):
                                     row[ow] += wv * xrow[ow + j]
+                            elif sw == 2:  # a stride known to LLVM: the loads vectorize
+                                for ow in range(Wo):
+                                    row[ow] += wv * xrow[2 * ow + j]
                             else:
                                 for ow in range(Wo):
                                     row[ow] += wv * xrow[ow * sw + j]
