@@ -53,10 +53,12 @@ def _gelu(z: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("images,m,k,n", [(1, 16, 384, 1536), (3, 7, 20, 13), (2, 40, 96, 100), (1, 1, 5, 1)])
 @pytest.mark.parametrize("rows,cols", [(1, 1), (1, 3), (4, 2)])
 @pytest.mark.parametrize("per_row", [False, True])
-def test_pieces_match_numpy(gemm, images, m, k, n, rows, cols, per_row):
+@pytest.mark.parametrize("own", [False, True])
+def test_pieces_match_numpy(gemm, images, m, k, n, rows, cols, per_row, own):
     """Every split of the products gives the same values: pieces of rows, of columns in whole vectors (more
-    pieces asked for than there are columns or rows leave some empty), and a bias per row or per column."""
-    a = RNG.standard_normal((m, k)).astype(np.float32)
+    pieces asked for than there are columns or rows leave some empty), a bias per row or per column, and
+    weights that the images share or each image's own."""
+    a = RNG.standard_normal((images if own else 1, m, k)).astype(np.float32)
     b = RNG.standard_normal((images, k, n)).astype(np.float32)
     bias = RNG.standard_normal(m if per_row else n).astype(np.float32)
     out = np.full((images, m, n), np.nan, np.float32)
@@ -75,7 +77,7 @@ def test_activation_after_the_product(gemm, code, alpha, beta, fn):
     a = RNG.standard_normal((9, 33)).astype(np.float32)
     b = RNG.standard_normal((1, 33, 70)).astype(np.float32)
     out = np.empty((1, 9, 70), np.float32)
-    gemm(a, b, np.empty(0, np.float32), out, False, code, alpha, beta, 2, 2)
+    gemm(a[None], b, np.empty(0, np.float32), out, False, code, alpha, beta, 2, 2)
     np.testing.assert_allclose(out, fn((a @ b).astype(np.float64)), rtol=1e-4, atol=1e-4)
 
 
@@ -85,6 +87,10 @@ def test_other_dtypes_and_layouts_decline(gemm):
     assert not products.compiled(a, np.ones((1, 4, 4), np.float32), out, None, False, (0, 0.0, 0.0))
     b = np.ones((1, 4, 8), np.float32)[:, :, ::2]  # not contiguous
     assert not products.compiled(a.astype(np.float32), b, out, None, False, (0, 0.0, 0.0))
+    # weights for 3 images, where there are 2
+    two = np.ones((2, 4, 4), np.float32)
+    assert not products.compiled(np.ones((3, 4, 4), np.float32), two, np.empty((2, 4, 4), np.float32), None, False,
+                                 (0, 0.0, 0.0))
 
 
 def _run(data: bytes, feeds: dict[str, np.ndarray], threads: int) -> np.ndarray:

@@ -321,7 +321,7 @@ class AddNorm(Fused):
 
 class SqueezeExcite(Fused):
     """Per image, s = act2(conv2(act1(conv1(the mean of x over its pixels)))), then x * s per channel into
-    Mul's buffer, or, with a 1x1 conv after it, that conv of x with its weights scaled by s."""
+    Mul's buffer, or, with a 1x1 conv after it, that conv of x with its weights scaled by s (each image's own)."""
 
     def __init__(self, chain: list[Step], names: list[str]):
         super().__init__(chain, names)
@@ -360,15 +360,10 @@ class SqueezeExcite(Fused):
             # BLAS writes its output while it reads its input: never into memory that x shares (the plan may
             # give the conv's buffer the memory of x, whose last reader is in this chain).
             out = self._output(conv.out[0], self.out_shape, (x,))
-            if n == 1:  # one image: its weights scaled instead of its input
-                w = packed["w"][0] * s[0].T
-                if compiled(w, flat, out.reshape(1, co, -1), packed["b"], True, act):
-                    return out
-            else:
-                scaled = _scaled(x, scale, self.mul.out[0])
-                if not np.may_share_memory(scaled, out) and compiled(
-                        packed["w"][0], scaled.reshape(n, c, -1), out.reshape(n, co, -1), packed["b"], True, act):
-                    return out
+            # Each image's weights scaled instead of its input: co x c products, not a pass over c x pixels.
+            w = packed["w"][0][None] * s.transpose(0, 2, 1)
+            if compiled(w, flat, out.reshape(n, co, -1), packed["b"], True, act):
+                return out
         if self.plan["tiles"]:  # the scaled input through the conv's tile loop, shared among threads
             scaled = _scaled(x, scale, self.mul.out[0])
             if direct.run(scaled, y, self.plan, packed):

@@ -208,12 +208,13 @@ _ROW_MAJOR, _NO_TRANSPOSE = 101, 111
 
 
 def gemm(a, b, bias, out, per_row, act, alpha, beta, row_pieces, col_pieces):
-    """out[i] = act(a @ b[i] + bias) for a (m, k) and each b[i] (k, n) into out[i] (m, n), with bias a column
+    """out[i] = act(a[i % A] @ b[i] + bias) for a (A, m, k), A being 1 (weights that every image shares) or one
+    matrix an image, and each b[i] (k, n) into out[i] (m, n), with bias a column
     (one value a row of the product) when per_row, else a row, or empty; in row_pieces x col_pieces pieces of
     each product, which the parallel build's threads share. Each piece is one call of numpy's BLAS, then
     its bias and activation while it is in cache: pieces of columns read only their own columns of b (a
     layer's weights, at few rows, where its time goes in reading them)."""
-    m, k = a.shape
+    A, m, k = a.shape
     images, _, n = b.shape
     width = ((n + col_pieces - 1) // col_pieces + 15) // 16 * 16  # whole vectors
     cols = (n + width - 1) // width
@@ -227,7 +228,7 @@ def gemm(a, b, bias, out, per_row, act, alpha, beta, row_pieces, col_pieces):
         r0, r1 = r * m // row_pieces, (r + 1) * m // row_pieces
         if r0 == r1:
             continue
-        _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, r1 - r0, c1 - c0, k, F(1), pa + 4 * r0 * k, k,
+        _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, r1 - r0, c1 - c0, k, F(1), pa + 4 * ((i % A) * m + r0) * k, k,
                pb + 4 * (i * k * n + c0), n, F(0), po + 4 * ((i * m + r0) * n + c0), n)
         for row in range(r0, r1):
             y = out[i, row, c0:c1]
@@ -344,7 +345,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
                                         *[types.int64] * 3)),
     "attention": (attention, types.void(*[types.Array(types.float32, 4, "C", readonly=True)] * 3, types.float32, _IN2,
                                         types.Array(types.float32, 4, "C"))),
-    "gemm": (gemm, types.void(_IN2, _IN3, _IN, _OUT3, types.boolean, types.int64, types.float32, types.float32,
+    "gemm": (gemm, types.void(_IN3, _IN3, _IN, _OUT3, types.boolean, types.int64, types.float32, types.float32,
                               types.int64, types.int64)),
     "conv_input": (conv_input, types.void(_IN2, _OUT2, *[types.int64] * 12)),
     "max_pool": (max_pool, types.void(_IN3, _OUT3, *[types.int64] * 6)),

@@ -39,8 +39,9 @@ GEMM_COLUMNS = 64
 
 def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None, per_row: bool,
              activation: tuple[int, float, float]) -> bool:
-    """out[i] = act(a @ b[i] + bias) for float32 a (m, k), b (N, k, n), out (N, m, n), by loops.gemm: the bias
-    a value per row of the product (per_row) or per column, the activation a loop code (jit.loop_activation).
+    """out[i] = act(a @ b[i] + bias) for float32 a (m, k), or a[i] for a (N, m, k) (weights of each image's own),
+    b (N, k, n), out (N, m, n), by loops.gemm: the bias a value per row of the product (per_row) or per column,
+    the activation a loop code (jit.loop_activation).
     Its pieces are shared by numba's threads, whole products where there are images enough, else columns of
     b (of a layer's weights, which each thread then reads alone) and then rows. False (nothing done) where it
     cannot serve: other dtypes or layouts, no parallel build for pieces to share (there the numpy path shares
@@ -48,8 +49,9 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
     arrays = (a, b, out) if bias is None else (a, b, out, bias)
     if any(x.dtype != F32 or not x.flags.c_contiguous for x in arrays):
         return False
-    (m, k), (N, _, n) = a.shape, b.shape
-    if not (m and k and n and N):  # BLAS refuses a leading dimension of 0; numpy has the empty cases
+    a = a if a.ndim == 3 else a[None]
+    (m, k), (N, _, n) = a.shape[1:], b.shape
+    if not (m and k and n and N) or a.shape[0] not in (1, N):  # BLAS refuses a leading dimension of 0
         return False
     pieces = max(1, min(threads(), N * m * n * k // GEMM_PIECE))
     fn = jit.for_pieces("gemm", pieces)
