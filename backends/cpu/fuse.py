@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import conv_affine, jit
+from . import conv_affine, jit, upsample_add
 from .fused import Fused, Step, feeds, reads
 from .kernel import SLICE_ELEMENTS, parallel, parallel_slices, shared_scratch, threads
 from .ops import direct
@@ -56,7 +56,8 @@ def fuse(plan: list[Step]) -> list[Step]:
     i = 0
     while i < len(plan):
         for find, kind in ((_squeeze_excite, SqueezeExcite), (_attention, Attention), (_dense, Dense),
-                           (_add_norm, AddNorm), (conv_affine.find, conv_affine.ConvAffine)):
+                           (_add_norm, AddNorm), (conv_affine.find, conv_affine.ConvAffine),
+                           (upsample_add.find, upsample_add.UpsampleAdd)):
             chain = find(plan, i)
             if chain is not None:
                 out.append(_step(kind, chain))

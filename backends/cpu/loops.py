@@ -309,6 +309,37 @@ def max_pool(x, y, kh, kw, sh, sw, first, last):
                         row[ow] = max(row[ow], xr[ow * sw + j])
 
 
+def upsample(x, z, y, fy, fx, first, last):
+    """y[p, i, j] = x[p, i // fy, j // fx] (+ z[p, i, j] where z has planes: an Add after the upsampling) for
+    planes [first, last) of x (P, H, W) into y (P, H * fy, W * fx): a nearest upscale by whole factors, a row of
+    x a piece, which the parallel build's threads share."""
+    H, W = x.shape[1], x.shape[2]
+    added = z.shape[0] > 0
+    for job in prange((last - first) * H):
+        p, i = first + job // H, job % H
+        xr = x[p, i]
+        for a in range(fy):
+            row = y[p, i * fy + a]
+            if added:
+                zr = z[p, i * fy + a]
+                if fx == 2:
+                    for j in range(W):
+                        row[2 * j] = xr[j] + zr[2 * j]
+                        row[2 * j + 1] = xr[j] + zr[2 * j + 1]
+                else:
+                    for j in range(W):
+                        for b in range(fx):
+                            row[j * fx + b] = xr[j] + zr[j * fx + b]
+            elif fx == 2:
+                for j in range(W):
+                    row[2 * j] = xr[j]
+                    row[2 * j + 1] = xr[j]
+            else:
+                for j in range(W):
+                    for b in range(fx):
+                        row[j * fx + b] = xr[j]
+
+
 def scatter_taps(cols, y, kh, kw):
     """y[p, h * kh + a, w * kw + b] = cols[p, a * kw + b, h, w] for cols (P, kh * kw, H, W) and y (P, H * kh,
     W * kw): the taps of a ConvTranspose whose stride is its kernel put in place (each output element comes from
@@ -348,6 +379,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "gemm": (gemm, types.void(_IN3, _IN3, _IN, _OUT3, types.boolean, types.int64, types.float32, types.float32,
                               types.int64, types.int64)),
     "conv_input": (conv_input, types.void(_IN2, _OUT2, *[types.int64] * 12)),
+    "upsample": (upsample, types.void(_IN3, _IN3, _OUT3, *[types.int64] * 4)),
     "max_pool": (max_pool, types.void(_IN3, _OUT3, *[types.int64] * 6)),
     "scatter_taps": (scatter_taps, types.void(types.Array(types.float32, 4, "C", readonly=True), _OUT3, types.int64,
                                               types.int64)),
@@ -362,7 +394,7 @@ SLP = {"conv_tiles", "dense"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
 #: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
 PARALLEL = {"conv_tiles", "conv_input", "dense", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm",
-            "attention", "scatter_taps", "max_pool"}
+            "attention", "scatter_taps", "max_pool", "upsample"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import jit
 from ..kernel import SLICE_ELEMENTS, Kernel, Unsupported, op, parallel_slices, threads
-from .dtypes import out_buffer
+from .dtypes import F32, out_buffer
 
 _MODES = ("nearest", "linear", "cubic")
 _COORDS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
@@ -242,6 +243,26 @@ def _apply_axis(a: np.ndarray, p: AxisPlan, out: np.ndarray | None) -> np.ndarra
     return out
 
 
+#: Nothing to add (loops.upsample's z).
+_NOTHING = np.empty((0, 0, 0), F32)
+
+
+def upsample(x: np.ndarray, z: np.ndarray | None, out: np.ndarray, reps: dict[int, int]) -> bool:
+    """out = a nearest upscale of x by whole factors (reps: axis -> factor) of its last two axes (+ z, of out's
+    shape), for float32, by loops.upsample, a row of x a piece; False (nothing done) where it cannot serve or
+    compiles."""
+    arrays = (x, out) if z is None else (x, z, out)
+    if x.ndim < 3 or not set(reps) <= {x.ndim - 2, x.ndim - 1} or any(
+            a.dtype != F32 or not a.flags.c_contiguous for a in arrays):
+        return False
+    H, W = x.shape[-2:]
+    xs, ys = x.reshape(-1, H, W), out.reshape(-1, H * reps.get(x.ndim - 2, 1), W * reps.get(x.ndim - 1, 1))
+    zs = _NOTHING if z is None else z.reshape(ys.shape)
+    fy, fx = reps.get(x.ndim - 2, 1), reps.get(x.ndim - 1, 1)
+    return jit.split("upsample", xs.shape[0], max(1, SLICE_ELEMENTS // max(1, ys[0].size)),
+                     lambda fn, lo, hi: fn(xs, zs, ys, fy, fx, lo, hi)) is not None
+
+
 def _repeat(x: np.ndarray, out: np.ndarray, reps: dict[int, int]) -> None:
     """A nearest upscale by whole factors (reps: axis -> factor) as one broadcast copy."""
     vshape, src_idx = [], []
@@ -362,6 +383,8 @@ class _ResizeBase(Kernel):
             return out
         if plan["repeat"]:
             reps = {p.axis: p.repeat for p in plans}
+            if upsample(x, None, out, reps):
+                return out
             # Slices of the first axis longer than one, if it comes before the first resized axis (batch or
             # channels): each slice of out is then contiguous, and reshapes as a view.
             axis = next((a for a, d in enumerate(x.shape) if d > 1), 0)
@@ -395,6 +418,16 @@ class _ResizeBase(Kernel):
         out[...] = a
         return out
 
+    def factors(self, *inputs: Any) -> dict[int, int] | None:
+        """For the inputs of a run: the whole factor of each resized axis (axis -> factor) where the resize is a
+        nearest upscale by whole factors, else None."""
+        x, scales, sizes, roi = self._arguments(*inputs)
+        plan = self._make_plan(tuple(x.shape), scales, sizes, roi)
+        return {p.axis: p.repeat for p in plan["axes"]} if plan["repeat"] else None
+
+    def run(self, *inputs):
+        return self.resize(*self._arguments(*inputs))
+
     def _extrapolate(self, y, plans):
         masks = [p for p in plans if p.extrap is not None]
         if not masks:
@@ -414,7 +447,8 @@ class Resize(_ResizeBase):
         self._setup(mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a, exclude_outside,
                     extrapolation_value, antialias, axes, keep_aspect_ratio_policy)
 
-    def run(self, x, roi=None, scales=None, sizes=None):
+    def _arguments(self, x, roi=None, scales=None, sizes=None):
+        """The input, scales, sizes and roi of a run, as resize takes them."""
         sizes = _flat(sizes)
         scales = None if sizes is not None else _flat(scales)
         if sizes is not None:
@@ -424,7 +458,7 @@ class Resize(_ResizeBase):
         roi = _flat(roi)
         if roi is not None:
             roi = roi.astype(np.float64)
-        return self.resize(x, scales, sizes, roi)
+        return x, scales, sizes, roi
 
 
 class _Asymmetric(_ResizeBase):
@@ -435,11 +469,11 @@ class _Asymmetric(_ResizeBase):
             mode = "linear"
         self._setup(mode, "asymmetric", "simple", -0.75, 0, 0.0, 0, None, "stretch")
 
-    def run(self, x, scales=None):
+    def _arguments(self, x, scales=None):
         s = self.scales if scales is None else _flat(scales)
         if s is None:
             raise ValueError(f"{self.node.op_type} needs scales")
-        return self.resize(x, np.asarray(s, np.float64), None, None)
+        return x, np.asarray(s, np.float64), None, None
 
 
 @op("Resize", 10)
