@@ -117,6 +117,17 @@ class Backend:
         n = tensor.nbytes
         return None if n is None else self.acquire(n)
 
+    def acquire_within(self, tensor: Tensor, execution: Execution, block: Block, offset: int) -> Block | None:
+        """Plan an activation's memory at `offset` in another's block (a Concat's input, written in place by its
+        producer: Backend.concats_in_place); None where this backend does not. The block is never released
+        alone: it goes with the one it lies in."""
+        return None
+
+    def concats_in_place(self, node: Node) -> bool:
+        """Whether this backend's step for node (a Concat) finds inputs that their producers wrote into its output
+        buffer already there (acquire_within), and copies only the others."""
+        return False
+
     def release(self, block: Block) -> None:
         if block.storage is StorageType.DYNAMIC:
             self.arena.release(block)

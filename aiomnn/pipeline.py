@@ -12,6 +12,7 @@ execute runs consecutive steps of one backend as one segment: a CPU segment
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -99,6 +100,43 @@ def _keep_viewed(steps: list[Step], last_use: dict[str, int], keep: set[str]) ->
     for view, base in root.items():
         if view in last_use:
             last_use[base] = max(last_use.get(base, -1), last_use[view])
+
+
+def _concat_slices(steps: list[Step], tensors: dict[str, Tensor], last_use: dict[str, int],
+                   keep: set[str]) -> dict[str, tuple[str, int, int]]:
+    """The values that their producers can write straight into a Concat's output (Backend.concats_in_place):
+    value -> (the Concat's output, byte offset, index of the step that makes the first of its inputs). A value
+    qualifies where the Concat is its last reader, it is read there once, its producer is a step of the same
+    backend that does not view its input, and the Concat's slices are contiguous (every axis before the
+    concatenated one has length 1)."""
+    made = {o: i for i, s in enumerate(steps) for o in s.outputs if o}
+    found: dict[str, tuple[str, int, int]] = {}
+    for i, s in enumerate(steps):
+        out = s.outputs[0] if s.outputs else ""
+        t = tensors.get(out)
+        if not out or out in keep or t is None or t.shape is None or t.nbytes is None \
+                or not s.backend.concats_in_place(s.node):
+            continue
+        axis = int(s.node.attrs.get("axis", 1)) % len(t.shape)
+        if any(d != 1 for d in t.shape[:axis]):
+            continue
+        row = math.prod(t.shape[axis + 1:]) * np.dtype(t.dtype).itemsize
+        slices, at = {}, 0
+        for x in s.inputs:
+            xt = tensors.get(x) if x else None
+            if xt is None or xt.shape is None or len(xt.shape) != len(t.shape):
+                slices = {}
+                break
+            p = made.get(x)
+            if (p is not None and x not in keep and x not in found and s.inputs.count(x) == 1
+                    and last_use.get(x) == i and steps[p].backend is s.backend and not steps[p].views
+                    and xt.dtype == t.dtype):
+                slices[x] = at * row
+            at += xt.shape[axis]
+        if slices:
+            first = min(made[x] for x in slices)
+            found.update({x: (out, offset, first) for x, offset in slices.items()})
+    return found
 
 
 class Pipeline:
@@ -300,9 +338,26 @@ class Pipeline:
             except Exception as exc:
                 log.warning("%s: freeing the buffers of its last plan failed: %s: %s", b.type, type(exc).__name__, exc)
         blocks: dict[str, tuple[Backend, Block]] = {}
+        within = _concat_slices(steps, self.tensors, last_use, keep)
+        concats = {target: next(s for s in steps if s.outputs and s.outputs[0] == target)
+                   for target, _, _ in within.values()}
         for i, s in enumerate(steps):
+            # A Concat whose inputs are written into its output: that output's memory from its first input on.
+            for target, _, first in dict.fromkeys(within.values()):
+                if first == i and target not in blocks:
+                    c = concats[target]
+                    t = self.tensors[target]
+                    t.block = c.backend.acquire_tensor(t, c.execution)
+                    if t.block is not None:
+                        blocks[target] = (c.backend, t.block)
             outs = [self.tensors[o] if o else Tensor("") for o in s.outputs]
             for o, t in zip(s.outputs, outs):
+                if o in blocks:  # a Concat's output, planned with its first input
+                    continue
+                if o in within and within[o][0] in blocks:
+                    target, offset, _ = within[o]
+                    t.block = s.backend.acquire_within(t, s.execution, blocks[target][1], offset)
+                    continue
                 t.block = None if (not o or o in keep) else s.backend.acquire_tensor(t, s.execution)
                 if t.block is not None:
                     blocks[o] = (s.backend, t.block)

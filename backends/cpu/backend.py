@@ -14,7 +14,7 @@ from aiomnn.config import ForwardType
 from aiomnn.errors import AiomnnError, BackendError, ModelError
 from aiomnn.fence import Fence, offload
 from aiomnn.graph import Node
-from aiomnn.memory import Block
+from aiomnn.memory import Block, StorageType
 from aiomnn.profile import OpEvent
 
 from . import ops  # noqa: F401  (registers every op)
@@ -84,6 +84,17 @@ class CpuBackend(Backend):
             return None
         self._planned.append(execution)
         return self.acquire(tensor.nbytes)
+
+    def acquire_within(self, tensor: Tensor, execution: Execution, block: Block, offset: int) -> Block | None:
+        if not getattr(execution, "writes_outputs", False) or tensor.nbytes is None or tensor.nbytes == 0:
+            return None
+        self._planned.append(execution)
+        inner = Block(tensor.nbytes, StorageType.DYNAMIC, block.offset + offset)
+        self.blocks.append(inner)
+        return inner
+
+    def concats_in_place(self, node: Node) -> bool:
+        return node.domain in ("", "ai.onnx") and node.op_type == "Concat"
 
     def on_resize_begin(self) -> None:
         super().on_resize_begin()

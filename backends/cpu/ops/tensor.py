@@ -124,6 +124,7 @@ class Concat(Kernel):
                 raise Unsupported("Concat needs the axis attribute")
             axis = 1
         self.axis = axis
+        self._copies: tuple[np.ndarray, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]] | None = None
 
     def run(self, *xs):
         xs = [x for x in xs if x is not None]
@@ -139,7 +140,26 @@ class Concat(Kernel):
         out = matches(self.out[0], tuple(shape), dt)
         if out is None or dt == object:
             return np.concatenate(xs, axis=axis)
-        return np.concatenate(xs, axis=axis, out=out)
+        rest = shape[:axis] + shape[axis + 1:]
+        if any(d != 1 for d in shape[:axis]) or any(list(x.shape[:axis] + x.shape[axis + 1:]) != rest for x in xs):
+            return np.concatenate(xs, axis=axis, out=out)  # (numpy names the shapes that do not match)
+        # Contiguous slices: an input that its producer wrote into its slice already (the plan put it there:
+        # Backend.concats_in_place) stays; the others are copied in. Which is which is worked out again only for
+        # other arrays than the last run's (planned buffers are the same arrays each run).
+        last = self._copies
+        if (last is None or last[0] is not out or len(last[1]) != len(xs)
+                or any(a is not b for a, b in zip(xs, last[1]))):
+            copies, at = [], 0
+            for x in xs:
+                dst = out[(slice(None),) * axis + (slice(at, at + x.shape[axis]),)]
+                if not (x.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
+                        and x.flags.c_contiguous):
+                    copies.append((dst, x))
+                at += x.shape[axis]
+            last = self._copies = (out, xs, copies)
+        for dst, x in last[2]:
+            np.copyto(dst, x)
+        return out
 
 
 op("Concat", 1)(Concat)
