@@ -121,7 +121,8 @@ def _concat_slices(steps: list[Step], tensors: dict[str, Tensor], last_use: dict
         if any(d != 1 for d in t.shape[:axis]):
             continue
         row = math.prod(t.shape[axis + 1:]) * np.dtype(t.dtype).itemsize
-        slices, at = {}, 0
+        slices: dict[str, int] = {}
+        at = 0
         for x in s.inputs:
             xt = tensors.get(x) if x else None
             if xt is None or xt.shape is None or len(xt.shape) != len(t.shape):
