@@ -53,6 +53,42 @@ def softmax(y, scale, mask, group, first):
         _softmax_row(y[r], scale, mask[(first + r) // group] if masked else mask[0:0].reshape(-1), masked)
 
 
+def softmax_axis(x, y, sums, width, first, last):
+    """y = softmax(x) over axis 1 of x and y (O, N, I), for blocks [first, last) of `width` columns of the last
+    axis (O * ceil(I / width) blocks in all; sums holds a row of `width` for each): the reduction runs along rows
+    of the block, so that every pass vectorizes over its columns. A block a piece, which the parallel build's
+    threads share. y[o, 0] holds the block's maxima until its own exps are taken, last."""
+    O, N, I = x.shape
+    per = (I + width - 1) // width
+    for job in prange(last - first):
+        b = first + job
+        o, c0 = b // per, (b % per) * width
+        n = min(I, c0 + width) - c0
+        xo, yo, s = x[o], y[o], sums[b]
+        top = yo[0, c0:c0 + n]
+        row = xo[0, c0:c0 + n]
+        for c in range(n):
+            top[c] = row[c]
+        for k in range(1, N):
+            row = xo[k, c0:c0 + n]
+            for c in range(n):
+                top[c] = max(top[c], row[c])
+        for c in range(n):
+            s[c] = F(0)
+        for k in range(N - 1, -1, -1):  # row 0 last: it holds the maxima
+            row, out = xo[k, c0:c0 + n], yo[k, c0:c0 + n]
+            for c in range(n):
+                e = exp_neg(row[c] - top[c])
+                out[c] = e
+                s[c] += e
+        for c in range(n):
+            s[c] = F(1) / s[c]
+        for k in range(N):
+            out = yo[k, c0:c0 + n]
+            for c in range(n):
+                out[c] *= s[c]
+
+
 @numba.njit(inline="always", fastmath=FAST, error_model="numpy")
 def _softmax_row(yr, scale, mr, masked):
     cols = yr.shape[0]
@@ -370,6 +406,7 @@ _OUT3 = types.Array(types.float32, 3, "C")
 SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "erf": (erf, types.void(_IN, _OUT)),
     "gelu": (gelu, types.void(_OUT)),
+    "softmax_axis": (softmax_axis, types.void(_IN3, _OUT3, _OUT2, *[types.int64] * 3)),
     "softmax": (softmax, types.void(_OUT2, types.float32, _IN2, types.int64, types.int64)),
     "layer_norm": (layer_norm, types.void(_IN2, _IN2, _IN, _IN, types.float32, _OUT2)),
     "depthwise": (depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 5, types.float32, types.float32,
@@ -394,7 +431,7 @@ SLP = {"conv_tiles", "dense"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
 #: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
 PARALLEL = {"conv_tiles", "conv_input", "dense", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm",
-            "attention", "scatter_taps", "max_pool", "upsample"}
+            "attention", "scatter_taps", "max_pool", "upsample", "softmax_axis"}
 
 
 def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)

@@ -40,6 +40,23 @@ def _axis(axis: int, rank: int, what: str = "axis") -> int:
 NO_ROWS = np.empty((0, 0), np.float32)
 
 
+#: Columns a block of softmax_axis takes: a few rows of them stay in L1 while the block is reduced.
+AXIS_BLOCK = 512
+
+
+def softmax_axis(x: np.ndarray, out: np.ndarray, axis: int) -> bool:
+    """out = softmax(x) over an axis before the last (YOLOv8's box distributions, over axis 1), by the compiled
+    loop, blocks of columns shared among threads; False (nothing done) where it cannot serve."""
+    if x.dtype != F32 or out.dtype != F32 or not x.flags.c_contiguous or not out.flags.c_contiguous or x.size == 0:
+        return False
+    O, N, I = math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])
+    blocks = O * -(-I // AXIS_BLOCK)
+    sums = np.empty((blocks, AXIS_BLOCK), F32)
+    xs, ys = x.reshape(O, N, I), out.reshape(O, N, I)
+    return jit.split("softmax_axis", blocks, max(1, SLICE_ELEMENTS // (N * AXIS_BLOCK)),
+                     lambda fn, lo, hi: fn(xs, ys, sums, AXIS_BLOCK, lo, hi)) is not None
+
+
 def softmax_rows(x: np.ndarray, out: np.ndarray) -> bool:
     """out = softmax(x) over the last axis, by the compiled loop, rows shared among threads (jit.split); False
     (nothing done) where it cannot serve (see jit.elementwise)."""
@@ -87,6 +104,8 @@ class _SoftmaxBase(Kernel):
         native = cdt == x.dtype
         out = out_buffer(self.out[0], x.shape, x.dtype)
         if self.kind == "softmax" and red == xv.ndim - 1 and softmax_rows(xv, out.reshape(xv.shape)):
+            return out
+        if self.kind == "softmax" and red < xv.ndim - 1 and softmax_axis(xv, out.reshape(xv.shape), red):
             return out
         y = out.reshape(xv.shape) if native else np.empty(xv.shape, cdt)
         xc = xv if native else xv.astype(cdt)
