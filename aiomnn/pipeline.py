@@ -108,9 +108,17 @@ def _concat_slices(steps: list[Step], tensors: dict[str, Tensor], last_use: dict
     value -> (the Concat's output, byte offset, index of the step that makes the first of its inputs). A value
     qualifies where the Concat is its last reader, it is read there once, its producer is a step of the same
     backend that does not view its input, and the Concat's slices are contiguous (every axis before the
-    concatenated one has length 1)."""
+    concatenated one has length 1). An input that is a view (a Split's piece, a Reshape) places the value it
+    views instead, where that value's views in the Concat cover it exactly (YOLOv8's C2f blocks concatenate
+    both halves of a Split)."""
     made = {o: i for i, s in enumerate(steps) for o in s.outputs if o}
     found: dict[str, tuple[str, int, int]] = {}
+
+    def placeable(x: str, i: int, backend: Backend, dtype: Any) -> bool:
+        p = made.get(x)
+        return (p is not None and x not in keep and x not in found and last_use.get(x) == i
+                and steps[p].backend is backend and not steps[p].views and tensors[x].dtype == dtype)
+
     for i, s in enumerate(steps):
         out = s.outputs[0] if s.outputs else ""
         t = tensors.get(out)
@@ -122,22 +130,50 @@ def _concat_slices(steps: list[Step], tensors: dict[str, Tensor], last_use: dict
             continue
         row = math.prod(t.shape[axis + 1:]) * np.dtype(t.dtype).itemsize
         slices: dict[str, int] = {}
+        viewed: dict[str, list[tuple[int, int]]] = {}  # a viewed value -> (its start, bytes) for each view
         at = 0
         for x in s.inputs:
             xt = tensors.get(x) if x else None
-            if xt is None or xt.shape is None or len(xt.shape) != len(t.shape):
-                slices = {}
+            if xt is None or xt.shape is None or len(xt.shape) != len(t.shape) or xt.nbytes is None:
+                slices, viewed = {}, {}
                 break
             p = made.get(x)
-            if (p is not None and x not in keep and x not in found and s.inputs.count(x) == 1
-                    and last_use.get(x) == i and steps[p].backend is s.backend and not steps[p].views
-                    and xt.dtype == t.dtype):
+            if p is not None and steps[p].views and s.inputs.count(x) == 1:
+                base, inside = _inside(steps[p], x, tensors, axis)
+                if inside is not None:
+                    viewed.setdefault(base, []).append((at * row - inside, xt.nbytes))
+            elif s.inputs.count(x) == 1 and placeable(x, i, s.backend, t.dtype):
                 slices[x] = at * row
             at += xt.shape[axis]
+        for base, views in viewed.items():
+            start, size = views[0][0], tensors[base].nbytes
+            if (size is not None and all(v[0] == start for v in views) and sum(v[1] for v in views) == size
+                    and 0 <= start and start + size <= t.nbytes and placeable(base, i, s.backend, t.dtype)):
+                slices[base] = start
         if slices:
             first = min(made[x] for x in slices)
             found.update({x: (out, offset, first) for x, offset in slices.items()})
     return found
+
+
+def _inside(step: Step, x: str, tensors: dict[str, Tensor], axis: int) -> tuple[str, int | None]:
+    """For a view x made by step (Backend.views_input): the value it views, and x's byte offset in it; None where
+    that is not known here. A one-output view (a reshape) starts at 0; a Split's pieces along the concatenated
+    axis follow one another (where the axes before it have length 1, as the Concat checked)."""
+    base = step.inputs[0]
+    if len(step.outputs) == 1:
+        return base, 0 if tensors[base].nbytes == tensors[x].nbytes else None
+    if step.node.op_type != "Split" or int(step.node.attrs.get("axis", 0)) % len(tensors[x].shape or ()) != axis:
+        return base, None
+    offset = 0
+    for o in step.outputs:
+        if o == x:
+            return base, offset
+        size = tensors[o].nbytes if o else None
+        if size is None:
+            return base, None
+        offset += size
+    return base, None
 
 
 class Pipeline:

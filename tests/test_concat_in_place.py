@@ -79,3 +79,23 @@ def test_concat_inputs_in_place(batch, extra_reader, out_is_concat, want, monkey
     for a, b in zip(got, run_ort(data, {"x": x})):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     assert placed == want
+
+
+def test_a_split_concatenated_whole_is_placed_with_its_views(monkeypatch):
+    """YOLOv8's C2f: a = Relu(x) split in two halves, one half read by a later op; Concat(half0, half1, m): a is
+    written into the Concat's output, so its halves (views) lie in place, and so does m."""
+    shape = (1, 4, 6, 5)
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("Split", ["a"], ["h0", "h1"], axis=1, num_outputs=2),
+             helper.make_node("Sigmoid", ["h1"], ["m"]),
+             helper.make_node("Concat", ["h0", "h1", "m"], ["y"], axis=1),
+             helper.make_node("Neg", ["y"], ["z"])]
+    graph = helper.make_graph(nodes, "c2f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_empty_tensor_value_info("z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    x = RNG.standard_normal(shape).astype(np.float32)
+    got, placed = _placed(data, x, monkeypatch)
+    np.testing.assert_allclose(got[0], run_ort(data, {"x": x})[0], rtol=1e-6, atol=1e-6)
+    assert placed == [True, True, True]
