@@ -28,6 +28,14 @@ def anyio_backend(request):
     return request.param
 
 
+@pytest.fixture(params=["wait", "0"], ids=["loop", "numpy"])
+def loop_and_numpy(request, monkeypatch):
+    """A test run twice: by the CPU's compiled loops (compiled on first use) and by numpy alone (AIOMNN_NUMBA=0);
+    a module takes it with `pytestmark = pytest.mark.usefixtures("loop_and_numpy")`."""
+    monkeypatch.setenv("AIOMNN_NUMBA", request.param)
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def runtime(request):
     """One runtime for the test module's CONFIG, shared by its tests."""

@@ -22,11 +22,8 @@ pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(11)
 
 
-@pytest.fixture(autouse=True, params=["wait", "0"], ids=["loop", "numpy"])
-def numba(request, monkeypatch):
-    """Each case by the compiled loop (where it serves: one channel per group, dilation 1) and by numpy."""
-    monkeypatch.setenv("AIOMNN_NUMBA", request.param)
-    return request.param
+# Each case by the compiled loop (where it serves) and by numpy.
+pytestmark = pytest.mark.usefixtures("loop_and_numpy")
 
 CASES = [
     # (input, weight, attributes, way)

@@ -18,10 +18,7 @@ pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(23)
 
 
-@pytest.fixture(autouse=True, params=["wait", "0"], ids=["loop", "numpy"])
-def numba(request, monkeypatch):
-    monkeypatch.setenv("AIOMNN_NUMBA", request.param)
-    return request.param
+pytestmark = pytest.mark.usefixtures("loop_and_numpy")
 
 
 def _resize(version: str, shape: tuple, factors: tuple, out: str = "u") -> tuple[list, dict]:
