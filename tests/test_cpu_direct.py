@@ -180,15 +180,15 @@ def test_the_sums_stamp_matches_their_files():
 
 
 def test_the_scalars_stamp_matches_their_file():
-    """The loops inline scalars.py's functions: loops.py and tiles.py each hold its SHA-256 (tools/make_tiles.py
+    """The loops inline scalars.py's functions: loops.py, planes.py and tiles.py each hold its SHA-256 (make_tiles.py
     writes them), so that a change there changes them and numba's cache compiles the loops again."""
     import hashlib
     from pathlib import Path
 
-    from aiomnn.backends.cpu import loops
+    from aiomnn.backends.cpu import loops, planes
 
     stamp = hashlib.sha256((Path(tiles.__file__).parent / "scalars.py").read_bytes()).hexdigest()
-    assert tiles.SCALARS == stamp and loops.SCALARS == stamp, "run tools/make_tiles.py"
+    assert tiles.SCALARS == stamp and loops.SCALARS == stamp and planes.SCALARS == stamp, "run tools/make_tiles.py"
 
 
 def test_activation_codes():

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-from aiomnn.backends.cpu import loops, tiles  # noqa: E402
+from aiomnn.backends.cpu import loops, planes, tiles  # noqa: E402
 
 
 def _made_arrays(body: list[ast.stmt]) -> set[str]:
@@ -56,7 +56,7 @@ def _problems(fn) -> list[str]:
     return found
 
 
-LOOPS = [f for m in (loops, tiles) for _, f in inspect.getmembers(m, inspect.isfunction) if f.__module__ == m.__name__]
+LOOPS = [f for m in (loops, planes, tiles) for _, f in inspect.getmembers(m, inspect.isfunction) if f.__module__ == m.__name__]
 
 
 @pytest.mark.parametrize("fn", LOOPS, ids=[f"{f.__module__.rsplit('.', 1)[1]}.{f.__name__}" for f in LOOPS])

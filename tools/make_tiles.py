@@ -110,9 +110,11 @@ def main() -> None:
     tiles.write_text(re.sub(r'^SUMS = ".*"$', f'SUMS = "{stamp}"', tiles.read_text(), count=1, flags=re.M))
     # The loops inline scalars.py's functions too: its stamp in each file of loops makes a change there new loops.
     scalars = hashlib.sha256((folder / "scalars.py").read_bytes()).hexdigest()
-    for loops in (tiles, folder / "loops.py"):
-        loops.write_text(re.sub(r'^SCALARS = ".*"$', f'SCALARS = "{scalars}"', loops.read_text(), count=1, flags=re.M))
-    print(f"wrote {', '.join(name for name, _ in FILES.values())} in {folder}, and their stamps in tiles.py and loops.py")
+    for loops in (tiles, folder / "loops.py", folder / "planes.py"):
+        text = loops.read_text()
+        loops.write_text(re.sub(r'^SCALARS = ".*"$', f'SCALARS = "{scalars}"', text, count=1, flags=re.M))
+    print(f"wrote {', '.join(name for name, _ in FILES.values())} in {folder}, and the stamps in tiles.py, loops.py and "
+          "planes.py")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,207 @@
+"""The loops numba compiles that go over image planes (loops.py compiles them, as it does its own): the conv tile
+loop's input layout, depthwise convs, max pooling, nearest upscales and ConvTranspose's scatter. Each is a plain
+loop over float32 rows that LLVM vectorizes, as loops.py's docstring says.
+"""
+
+from __future__ import annotations
+
+from . import vectors
+
+vectors.wide()  # before numba loads: it fixes the vector width numba compiles for (vectors.py)
+
+import numpy as np  # noqa: E402
+from numba import prange  # noqa: E402
+
+from . import scalars  # noqa: E402
+
+F = np.float32
+#: The SHA-256 of scalars.py, whose functions these loops inline: numba's disk cache checks only this file for
+#: changes, so a change there comes with a new stamp here (tools/make_tiles.py writes it, in loops.py and tiles.py
+#: too).
+SCALARS = "902653d4138d67e076f6deba016da5075f34ee0095fe226b1c7c88bef3b11a7d"
+
+
+def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1):
+    """The layout tiles.conv reads, rows [row0, row1) of each plane, for images [first, last) of x (N x c*h*w)
+    (pieces of a conv that split its output rows lay out the input rows they read): each channel's input with pt
+    rows and pl columns of zeros before it (and zeros after, to hq * s rows and wq * s columns), split into its
+    s x s stride phases, phase (a, b) holding rows a, a + s, ... and columns b, b + s, ... as an hq x wq plane.
+    Planes follow one another by channel, then a, then b; the rest of each row of xp is zeros. With s = 1 this
+    is the zero-padded input, whose taps are then plain shifts. Indices are unsigned, as in tiles.py."""
+    U = np.uint64
+    zero = F(0)
+    plane = U(hq * wq)
+    width = U(wq)
+    for job in prange((last - first) * c):  # one channel of one image a job: their planes do not overlap
+        n, ch = first + job // c, job % c
+        xn, pn = x[n], xp[n]
+        for a in range(s):
+            for b in range(s):
+                dst0 = U(((ch * s + a) * s + b)) * plane
+                # columns qx whose input column qx * s + b - pl lies in [0, w)
+                lo = min(wq, max(0, (pl - b + s - 1) // s))
+                hi = max(lo, min(wq, (w - 1 + pl - b) // s + 1))
+                ulo, uhi = U(lo), U(hi)
+                for qy in range(row0, row1):
+                    d = dst0 + U(qy) * width
+                    iy = qy * s + a - pt
+                    if iy < 0 or iy >= h:
+                        for qx in range(width):
+                            pn[d + qx] = zero
+                        continue
+                    src = U(ch * h * w + iy * w + lo * s + b - pl)
+                    for qx in range(ulo):
+                        pn[d + qx] = zero
+                    if s == 1:
+                        for qx in range(uhi - ulo):
+                            pn[d + ulo + qx] = xn[src + qx]
+                    else:
+                        us = U(s)
+                        for qx in range(uhi - ulo):
+                            pn[d + ulo + qx] = xn[src + qx * us]
+                    for qx in range(uhi, width):
+                        pn[d + qx] = zero
+    if row1 == hq:
+        for n in range(first, last):
+            pn = xp[n]
+            for i in range(U(c * s * s) * plane, U(pn.shape[0])):
+                pn[i] = zero
+
+
+def depthwise(x, w, bias, y, sh, sw, pt, pl, act, alpha, beta, first, last, chunks):
+    """A depthwise 2-D conv over planes [first, last) of x (N*C planes of H x W): plane p of y (Ho x Wo) is
+    the conv of plane p with w[p % C] (kh x kw; stride sh x sw, padding pt above and pl left, dilation 1)
+    plus bias[p % C], then the activation (scalars.activate: act, alpha, beta) on each row as it is made; the
+    planes in `chunks` runs, which the parallel build's threads share.
+
+    Each plane is first copied between zero columns (its left and right padding), so a kernel tap adds to a
+    whole output row with no test in the inner loop, whose indices LLVM can then prove non-negative (numba
+    tests every possibly negative index for wrap-around, and that keeps LLVM from vectorizing); kernel rows
+    that fall in the top or bottom padding are skipped."""
+    C, kh, kw = w.shape
+    H, W = x.shape[1], x.shape[2]
+    Ho, Wo = y.shape[1], y.shape[2]
+    Wp = (Wo - 1) * sw + kw
+    inner = max(0, min(W, Wp - pl))
+    for chunk in prange(chunks):
+        buf = np.zeros((H, Wp), np.float32)  # its padding columns stay zero
+        lo, hi = first + chunk * (last - first) // chunks, first + (chunk + 1) * (last - first) // chunks
+        for plane in range(lo, hi):
+            c = plane % C
+            xp, yp = x[plane], y[plane]
+            for r in range(H):
+                src, dst = xp[r], buf[r, pl:]  # a view from pl: indices from 0, which vectorize (see below)
+                for t in range(inner):
+                    dst[t] = src[t]
+            for oh in range(Ho):
+                row = yp[oh]
+                b = bias[c]
+                for ow in range(Wo):
+                    row[ow] = b
+                for i in range(kh):
+                    ih = oh * sh - pt + i
+                    if ih < 0 or ih >= H:
+                        continue
+                    xrow = buf[ih]
+                    if kw == 3 and sw == 1:  # a kernel row's taps at once: the output row is read and written once
+                        w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
+                        for ow in range(Wo):
+                            row[ow] += w0 * xrow[ow] + w1 * xrow[ow + 1] + w2 * xrow[ow + 2]
+                    elif kw == 5 and sw == 1:
+                        w0, w1, w2, w3, w4 = w[c, i, 0], w[c, i, 1], w[c, i, 2], w[c, i, 3], w[c, i, 4]
+                        for ow in range(Wo):
+                            row[ow] += (w0 * xrow[ow] + w1 * xrow[ow + 1] + w2 * xrow[ow + 2] + w3 * xrow[ow + 3]
+                                        + w4 * xrow[ow + 4])
+                    elif kw == 3 and sw == 2:
+                        w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
+                        for ow in range(Wo):
+                            row[ow] += w0 * xrow[2 * ow] + w1 * xrow[2 * ow + 1] + w2 * xrow[2 * ow + 2]
+                    elif kw == 5 and sw == 2:  # PP-OCRv4's downsampling depthwise convs
+                        w0, w1, w2, w3, w4 = w[c, i, 0], w[c, i, 1], w[c, i, 2], w[c, i, 3], w[c, i, 4]
+                        for ow in range(Wo):
+                            row[ow] += (w0 * xrow[2 * ow] + w1 * xrow[2 * ow + 1] + w2 * xrow[2 * ow + 2]
+                                        + w3 * xrow[2 * ow + 3] + w4 * xrow[2 * ow + 4])
+                    else:
+                        for j in range(kw):
+                            wv = w[c, i, j]
+                            if sw == 1:
+                                for ow in range(Wo):
+                                    row[ow] += wv * xrow[ow + j]
+                            elif sw == 2:  # a stride known to LLVM: the loads vectorize
+                                for ow in range(Wo):
+                                    row[ow] += wv * xrow[2 * ow + j]
+                            else:
+                                for ow in range(Wo):
+                                    row[ow] += wv * xrow[ow * sw + j]
+                scalars.activate(row, 0, Wo, act, alpha, beta)
+
+
+def max_pool(x, y, kh, kw, sh, sw, first, last):
+    """y[p] = the max over each kh x kw window of x[p], stride sh x sw, no padding, for planes [first, last) of x
+    (P, H, W) into y (P, Ho, Wo), the windows inside each plane; a plane a piece, which the parallel build's
+    threads share. A kernel row's taps go along whole output rows, so that each vectorizes."""
+    Ho, Wo = y.shape[1], y.shape[2]
+    for job in prange(last - first):
+        xp, yp = x[first + job], y[first + job]
+        for oh in range(Ho):
+            row = yp[oh]
+            top = xp[oh * sh]
+            for ow in range(Wo):
+                row[ow] = top[ow * sw]
+            for i in range(kh):
+                xr = xp[oh * sh + i]
+                for j in range(1 if i == 0 else 0, kw):
+                    for ow in range(Wo):
+                        row[ow] = max(row[ow], xr[ow * sw + j])
+
+
+def upsample(x, z, y, fy, fx, first, last):
+    """y[p, i, j] = x[p, i // fy, j // fx] (+ z[p, i, j] where z has planes: an Add after the upsampling) for
+    planes [first, last) of x (P, H, W) into y (P, H * fy, W * fx): a nearest upscale by whole factors, a row of
+    x a piece, which the parallel build's threads share."""
+    H, W = x.shape[1], x.shape[2]
+    added = z.shape[0] > 0
+    for job in prange((last - first) * H):
+        p, i = first + job // H, job % H
+        xr = x[p, i]
+        for a in range(fy):
+            row = y[p, i * fy + a]
+            if added:
+                zr = z[p, i * fy + a]
+                if fx == 2:
+                    for j in range(W):
+                        row[2 * j] = xr[j] + zr[2 * j]
+                        row[2 * j + 1] = xr[j] + zr[2 * j + 1]
+                else:
+                    for j in range(W):
+                        for b in range(fx):
+                            row[j * fx + b] = xr[j] + zr[j * fx + b]
+            elif fx == 2:
+                for j in range(W):
+                    row[2 * j] = xr[j]
+                    row[2 * j + 1] = xr[j]
+            else:
+                for j in range(W):
+                    for b in range(fx):
+                        row[j * fx + b] = xr[j]
+
+
+def scatter_taps(cols, y, kh, kw):
+    """y[p, h * kh + a, w * kw + b] = cols[p, a * kw + b, h, w] for cols (P, kh * kw, H, W) and y (P, H * kh,
+    W * kw): the taps of a ConvTranspose whose stride is its kernel put in place (each output element comes from
+    one tap), a row of the input a piece."""
+    P, _, H, W = cols.shape
+    for i in prange(P * H):
+        p, h = i // H, i % H
+        for a in range(kh):
+            row = y[p, h * kh + a]
+            if kw == 2:  # det's upsampling: two taps a row, interleaved
+                c0, c1 = cols[p, 2 * a, h], cols[p, 2 * a + 1, h]
+                for w in range(W):
+                    row[2 * w] = c0[w]
+                    row[2 * w + 1] = c1[w]
+            else:
+                for b in range(kw):
+                    c = cols[p, a * kw + b, h]
+                    for w in range(W):
+                        row[w * kw + b] = c[w]
