@@ -16,7 +16,6 @@ class Resize(VkOp):
         super().__init__(backend, node, inputs, outputs)
         from aiomnn.backends.cpu.kernel import OPS as CPU_OPS
         from aiomnn.backends.cpu.kernel import create as cpu_create
-        from aiomnn.backends.cpu.ops import resize as cpu_resize
 
         x = data_input(inputs[0], backend)
         shape = tuple(x.shape)
@@ -26,20 +25,12 @@ class Resize(VkOp):
         if impl is None:
             raise Decline("no CPU plan")
         kern = cpu_create(impl, node, inputs, outputs)
-        if isinstance(kern, cpu_resize._Asymmetric):
-            s = kern.scales if kern.scales is not None else const_value(inputs[1])
-            if s is None:
-                raise Decline("scales")
-            plan = kern._make_plan(shape, np.asarray(s, np.float64).reshape(-1), None, None)
-        else:
-            roi, scales, sizes = [const_value(inputs[i]) if len(inputs) > i and inputs[i] is not None else None
-                                  for i in (1, 2, 3)]
-            sizes = cpu_resize._flat(sizes)
-            scales = None if sizes is not None else cpu_resize._flat(scales)
-            roi = cpu_resize._flat(roi)
-            plan = kern._make_plan(shape, None if scales is None else scales.astype(np.float64),
-                                   None if sizes is None else sizes.astype(np.int64),
-                                   None if roi is None else roi.astype(np.float64))
+        consts = [None if t is None else const_value(t) for t in inputs[1:]]  # roi, scales, sizes; or scales
+        try:
+            _, scales, sizes, roi = kern._arguments(None, *consts)  # as the CPU's run reads them
+        except ValueError:
+            raise Decline("scales") from None
+        plan = kern._make_plan(shape, scales, sizes, roi)
         if tuple(plan["out_shape"]) != tuple(outputs[0].shape):
             raise Decline("output shape")
         r = len(shape)
