@@ -8,6 +8,7 @@ is anything else, or the operands are not float32 maps of the output's shape, th
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from .fused import Fused, Step, reads
@@ -42,6 +43,9 @@ class UpsampleAdd(Fused):
         self.shape = tuple(self.add.out_tensors[0].shape)
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        again = self._repeat(inputs)  # the same arrays as the last run: the same call, no checks
+        if again is not None:
+            return again
         values = dict(zip(self.names, inputs))
         args = [values[n] if n else None for n in self.resize_inputs]
         x, z = args[0], values[self.other]
@@ -49,5 +53,6 @@ class UpsampleAdd(Fused):
         if reps is not None and z.shape == self.shape and z.dtype == F32:
             out = self._output(self.add.out[0], self.shape, (x, z))
             if upsample(x, z, out, reps):
+                self._bind(inputs, out, functools.partial(upsample, x, z, out, reps))
                 return out
         return self._unfused(values)

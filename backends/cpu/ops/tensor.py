@@ -128,6 +128,14 @@ class Concat(Kernel):
 
     def run(self, *xs):
         xs = [x for x in xs if x is not None]
+        last = self._copies
+        if (last is not None and last[0] is self.out[0] and len(last[1]) == len(xs)
+                and all(a is b for a, b in zip(xs, last[1]))):
+            # The very arrays of the last run, into the same planned buffer: the inputs its producers did not
+            # write in place (Backend.concats_in_place) are copied in; nothing else is worked out again.
+            for dst, x in last[2]:
+                np.copyto(dst, x)
+            return last[0]
         if not xs:
             raise ValueError("Concat needs at least one input")
         rank = xs[0].ndim
@@ -144,20 +152,16 @@ class Concat(Kernel):
         if any(d != 1 for d in shape[:axis]) or any(list(x.shape[:axis] + x.shape[axis + 1:]) != rest for x in xs):
             return np.concatenate(xs, axis=axis, out=out)  # (numpy names the shapes that do not match)
         # Contiguous slices: an input that its producer wrote into its slice already (the plan put it there:
-        # Backend.concats_in_place) stays; the others are copied in. Which is which is worked out again only for
-        # other arrays than the last run's (planned buffers are the same arrays each run).
-        last = self._copies
-        if (last is None or last[0] is not out or len(last[1]) != len(xs)
-                or any(a is not b for a, b in zip(xs, last[1]))):
-            copies, at = [], 0
-            for x in xs:
-                dst = out[(slice(None),) * axis + (slice(at, at + x.shape[axis]),)]
-                if not (x.__array_interface__["data"][0] == dst.__array_interface__["data"][0]
-                        and x.flags.c_contiguous):
-                    copies.append((dst, x))
-                at += x.shape[axis]
-            last = self._copies = (out, xs, copies)
-        for dst, x in last[2]:
+        # Backend.concats_in_place) stays; the others are copied in. Kept for the next run, which brings the same
+        # arrays where they are planned buffers.
+        copies, at = [], 0
+        for x in xs:
+            dst = out[(slice(None),) * axis + (slice(at, at + x.shape[axis]),)]
+            if not (x.__array_interface__["data"][0] == dst.__array_interface__["data"][0] and x.flags.c_contiguous):
+                copies.append((dst, x))
+            at += x.shape[axis]
+        self._copies = (out, xs, copies)
+        for dst, x in copies:
             np.copyto(dst, x)
         return out
 
