@@ -1,4 +1,4 @@
-"""A Concat's inputs written in place by their producers (pipeline._concat_slices, Backend.acquire_within; the
+"""A Concat's inputs written in place by their producers (placement.concat_slices, Backend.acquire_within; the
 CPU's Concat copies only the others), against onnxruntime: the output's memory is planned from its first input on,
 so that values made between the inputs cannot take it; an input read after the Concat, a graph input, a batch of
 more than one and a Concat that is the model's output keep their own memory."""
