@@ -8,12 +8,14 @@ supported there; the backup backend is asked next. Memory comes from
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 
 import numpy as np
 
 from .config import BackendConfig, ForwardType
+from .errors import AiomnnError, BackendError
 from .graph import Node
 from .memory import Arena, Block, StorageType
 from .profile import OpEvent
@@ -215,3 +217,25 @@ class OpRegistry(Generic[K]):
     def op_types(self) -> list[tuple[str, str]]:
         return sorted(self._ops)
 
+
+def backend_failure(backend: Backend, doing: str, exc: Exception) -> Exception:
+    """What a backend raised (a driver error, out of device memory, a device lost) as the AiomnnError
+    to raise: a BackendError that names the backend and what it was doing."""
+    if isinstance(exc, BackendError) and exc.backend is None:
+        exc.backend = str(backend.type)
+    if isinstance(exc, AiomnnError):
+        return exc
+    what = f"out of memory {doing}" if isinstance(exc, MemoryError) else f"{doing} failed"
+    return BackendError(f"{backend.type}: {what}: {type(exc).__name__}: {exc}", str(backend.type))
+
+
+@contextmanager
+def failures_named(backend: Backend, doing: str) -> Iterator[None]:
+    """backend_failure for a block of planning work."""
+    try:
+        yield
+    except Exception as exc:
+        error = backend_failure(backend, doing, exc)
+        if error is exc:
+            raise
+        raise error from exc

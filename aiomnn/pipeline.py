@@ -14,27 +14,22 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from . import shapes
-from .backend import Backend, Execution, Tensor
-from .errors import AiomnnError, BackendError, InputError, ModelError, UnsupportedOpError
+from .backend import Backend, Execution, Tensor, backend_failure, failures_named
+from .errors import AiomnnError, InputError, ModelError, UnsupportedOpError
 from .feeds import is_device_array, to_host
 from .fence import Fence
-from .graph import Graph, Node, subgraphs
-from .memory import Block
-from .placement import concat_slices, keep_viewed
+from .constants import const_tensor, is_nondeterministic, readonly
+from .graph import Graph, Node
+from .placement import Placer, keep_viewed
 from .profile import Profile
 
 log = logging.getLogger("aiomnn")
-
-#: Ops whose value changes from run to run; never folded.
-NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
-                    "Multinomial"}
 
 
 @dataclass(eq=False)
@@ -284,37 +279,12 @@ class Pipeline:
                 b.clear_buffers()
             except Exception as exc:
                 log.warning("%s: freeing the buffers of its last plan failed: %s: %s", b.type, type(exc).__name__, exc)
-        blocks: dict[str, tuple[Backend, Block]] = {}
-        within = concat_slices(steps, self.tensors, last_use, keep)
-        # A Concat whose inputs are written into its output: that output's memory from its first input on.
-        early: dict[int, list[Step]] = {}
-        for target, _, first in dict.fromkeys(within.values()):
-            early.setdefault(first, []).append(next(s for s in steps if s.outputs and s.outputs[0] == target))
+        memory = Placer(steps, self.tensors, last_use, keep)
         for i, s in enumerate(steps):
-            for c in early.get(i, ()):
-                t = self.tensors[c.outputs[0]]
-                t.block = c.backend.acquire_tensor(t, c.execution)
-                if t.block is not None:
-                    blocks[c.outputs[0]] = (c.backend, t.block)
-            outs = [self.tensors[o] if o else Tensor("") for o in s.outputs]
-            for o, t in zip(s.outputs, outs):
-                if o in blocks:  # a Concat's output, planned with its first input
-                    continue
-                if o in within and within[o][0] in blocks:
-                    target, offset, _ = within[o]
-                    t.block = s.backend.acquire_within(t, s.execution, blocks[target][1], offset)
-                    continue
-                t.block = None if (not o or o in keep) else s.backend.acquire_tensor(t, s.execution)
-                if t.block is not None:
-                    blocks[o] = (s.backend, t.block)
+            outs = memory.outputs(i, s)
             with failures_named(s.backend, f"planning {s.node}"):
                 s.execution.on_resize([self.tensors[x] if x else None for x in s.inputs], outs)
-            dead = [x for x in set(s.inputs) if x and last_use.get(x) == i]
-            dead += [o for o in s.outputs if o and o not in last_use]  # produced but never read
-            for x in dead:
-                if x in blocks:
-                    owner, blk = blocks.pop(x)
-                    owner.release(blk)
+            memory.release(i, s)
         peak = sum(b.arena.size for b in self.backends)
         if self.memory_limit is not None and peak > self.memory_limit:
             for b in self.backends:
@@ -337,7 +307,7 @@ class Pipeline:
         # model, and GPU segments read none.
         read = {x for seg in self.segments if seg.backend.reads_consts for x in seg.needs}
         read.update(self.graph.output_names)
-        consts = {name: _readonly(t.const) for name, t in self.tensors.items() if t.is_const}
+        consts = {name: readonly(t.const) for name, t in self.tensors.items() if t.is_const}
         self.consts = {name: v for name, v in consts.items() if name in read}
 
     @staticmethod
@@ -425,56 +395,3 @@ def _clear(backends: list[Backend], keep: list[Backend]) -> None:
             b.clear_buffers()
         except Exception as exc:  # a lost device: its memory is gone anyway
             log.warning("%s: freeing the buffers of a kept plan failed: %s: %s", b.type, type(exc).__name__, exc)
-
-
-def backend_failure(backend: Backend, doing: str, exc: Exception) -> Exception:
-    """What a backend raised (a driver error, out of device memory, a device lost) as the AiomnnError
-    to raise: a BackendError that names the backend and what it was doing."""
-    if isinstance(exc, BackendError) and exc.backend is None:
-        exc.backend = str(backend.type)
-    if isinstance(exc, AiomnnError):
-        return exc
-    what = f"out of memory {doing}" if isinstance(exc, MemoryError) else f"{doing} failed"
-    return BackendError(f"{backend.type}: {what}: {type(exc).__name__}: {exc}", str(backend.type))
-
-
-@contextmanager
-def failures_named(backend: Backend, doing: str) -> Iterator[None]:
-    """backend_failure for a block of planning work."""
-    try:
-        yield
-    except Exception as exc:
-        error = backend_failure(backend, doing, exc)
-        if error is exc:
-            raise
-        raise error from exc
-
-
-def is_nondeterministic(node: Node) -> bool:
-    """True when the node, or any node of its subgraphs, draws random numbers: never compute it ahead."""
-    if node.op_type in NONDETERMINISTIC:
-        return True
-    for value in node.attrs.values():
-        for sub in subgraphs(value):
-            if any(is_nondeterministic(n) for n in sub.nodes):
-                return True
-    return False
-
-
-def _readonly(value: Any) -> Any:
-    """Constants are shared by every run; kernels and callers must not write them."""
-    if isinstance(value, np.ndarray) and value.flags.writeable:
-        value.flags.writeable = False
-    return value
-
-
-def const_tensor(name: str, value: Any) -> Tensor:
-    if isinstance(value, np.ndarray):
-        return Tensor(name, value.dtype, value.shape, const=value)
-    if isinstance(value, list):
-        return Tensor(name, const=value, kind="sequence")
-    if isinstance(value, np.generic):
-        arr = np.asarray(value)
-        return Tensor(name, arr.dtype, arr.shape, const=arr)
-    return Tensor(name, const=value, kind="unknown")
-

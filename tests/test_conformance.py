@@ -17,7 +17,7 @@ import pytest
 from aiomnn import conformance
 from aiomnn.runtime import probe
 from aiomnn.config import ForwardType
-from aiomnn.pipeline import NONDETERMINISTIC as RANDOM
+from aiomnn.constants import NONDETERMINISTIC as RANDOM
 
 LISTS = Path(__file__).parent / "conformance"
 CASES = conformance.load_cases()

@@ -23,7 +23,7 @@ from aiomnn import shapes
 from aiomnn.backend import Execution, Tensor
 from aiomnn.errors import AiomnnError, BackendError
 from aiomnn.graph import Graph, Node
-from aiomnn.pipeline import is_nondeterministic
+from aiomnn.constants import is_nondeterministic
 
 from .kernel import OPS, Unsupported, create
 
