@@ -14,7 +14,8 @@ from typing import Any
 from .fused import Fused, Step, reads
 from .ops.dtypes import F32
 from .ops.elementwise import Add
-from .ops.resize import _ResizeBase, upsample
+from .ops.resample import upsample
+from .ops.resize import _ResizeBase
 
 
 def find(plan: list[Step], i: int) -> list[Step] | None:
