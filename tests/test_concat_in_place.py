@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import aiomnn
-from aiomnn.backends.cpu.ops import tensor
+from aiomnn.backends.cpu.ops import concat
 from tests.oracle import run_ort
 
 pytest.importorskip("onnxruntime")
@@ -47,14 +47,14 @@ def _chain(batch: int = 1, extra_reader: bool = False, out_is_concat: bool = Fal
 def _placed(data: bytes, x: np.ndarray, monkeypatch) -> tuple[list[np.ndarray], list[bool]]:
     """The outputs of a second run, and for each Concat input whether it lay in the Concat's output."""
     placed: list[bool] = []
-    run = tensor.Concat.run
+    run = concat.Concat.run
 
     def spy(self, *xs):
         out = run(self, *xs)
         placed[:] = [np.shares_memory(a, out) for a in xs]
         return out
 
-    monkeypatch.setattr(tensor.Concat, "run", spy)
+    monkeypatch.setattr(concat.Concat, "run", spy)
 
     async def go():
         net = aiomnn.Interpreter.from_bytes(data)

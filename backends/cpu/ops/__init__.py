@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     attention,
     cast,
+    concat,
     control,
     conv,
     conv_variants,

@@ -1,4 +1,5 @@
-"""Image ops: GridSample (N-D; linear, nearest, cubic), AffineGrid, Col2Im and CenterCropPad.
+"""Image ops: GridSample (N-D; linear, nearest, cubic), AffineGrid, Col2Im, CenterCropPad, DepthToSpace and
+SpaceToDepth.
 
 GridSample follows the convention of torch.nn.functional.grid_sample, which
 ONNX adopted: grid coordinates are normalised to [-1, 1] and listed
@@ -220,3 +221,42 @@ def center_crop_pad(input_data, shape, *, axes=None):
     out = np.zeros(out_shape, input_data.dtype)
     out[tuple(dst)] = input_data[tuple(src)]
     return out
+
+
+# ------------------------------------------------------------- depth & space
+def _check4(x: np.ndarray, what: str) -> None:
+    if x.ndim != 4:
+        raise ValueError(f"{what} takes a 4-D input, got shape {x.shape}")
+
+
+@op("DepthToSpace", 1)
+def depth_to_space(x, blocksize, mode="DCR"):
+    _check4(x, "DepthToSpace")
+    b = blocksize
+    n, c, h, w = x.shape
+    if b <= 0 or c % (b * b):
+        raise ValueError(f"DepthToSpace: channels {c} are not divisible by blocksize^2 = {b * b}")
+    if mode == "DCR":
+        t = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+    elif mode == "CRD":
+        t = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    else:
+        raise ValueError(f"DepthToSpace mode {mode!r} is not DCR or CRD")
+    return t.reshape(n, c // (b * b), h * b, w * b)
+
+
+@op("SpaceToDepth", 1)
+def space_to_depth(x, blocksize, mode="DCR"):
+    _check4(x, "SpaceToDepth")
+    b = blocksize
+    n, c, h, w = x.shape
+    if b <= 0 or h % b or w % b:
+        raise ValueError(f"SpaceToDepth: spatial size {h}x{w} is not divisible by blocksize {b}")
+    t = x.reshape(n, c, h // b, b, w // b, b)
+    if mode == "DCR":
+        t = t.transpose(0, 3, 5, 1, 2, 4)
+    elif mode == "CRD":
+        t = t.transpose(0, 1, 3, 5, 2, 4)
+    else:
+        raise ValueError(f"SpaceToDepth mode {mode!r} is not DCR or CRD")
+    return t.reshape(n, c * b * b, h // b, w // b)
