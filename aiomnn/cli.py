@@ -1,4 +1,8 @@
-"""The `aiomnn` command: demo, run, info, models, conformance."""
+"""The `aiomnn` command: demo, run, info, models, conformance.
+
+Here are the parser and the subcommands; the timed serving that demo and run report is in serving.py, and
+what info prints of a model in describe.py.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,15 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, NoReturn, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, NoReturn
 
 import anyio
 import numpy as np
 
+from .describe import describe
+from .serving import Progress, print_stats, serve
+
 if TYPE_CHECKING:
-    from .interpreter import Interpreter
     from .metadata import TensorInfo
 
 
@@ -56,62 +62,6 @@ def demo_model(channels: int = 16, classes: int = 10) -> bytes:
     return data
 
 
-class Progress:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, total: int, label: str = "", width: int = 30):
-        self.total, self.label, self.width, self.done = total, label, width, 0
-        self.tty = sys.stderr.isatty()
-
-    def step(self) -> None:
-        self.update(self.done + 1, self.total)
-
-    def update(self, done: int, total: int) -> None:
-        self.done, self.total = done, max(total, 1)
-        if self.tty or self.done == self.total or self.done % max(1, self.total // 10) == 0:
-            filled = self.width * self.done // self.total
-            end = "\n" if self.done == self.total else ("\r" if self.tty else "\n")
-            sys.stderr.write(f"  {self.label}[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total}{end}")
-            sys.stderr.flush()
-
-
-async def serve(make_feeds: Callable[[int], dict[str, np.ndarray]],
-                call: Callable[[dict[str, np.ndarray]], Awaitable[Any]], requests: int, concurrency: int
-                ) -> dict[str, float]:
-    """Serve `requests` calls from `concurrency` tasks while a 1 ms ticker measures event-loop lag."""
-    latencies: list[float] = []
-    lags: list[float] = []
-    progress = Progress(requests)
-    next_id = iter(range(requests))
-    stop = asyncio.Event()
-
-    async def ticker() -> None:
-        while not stop.is_set():
-            t = time.perf_counter()
-            await asyncio.sleep(0.001)
-            lags.append(max(0.0, time.perf_counter() - t - 0.001))
-
-    async def worker() -> None:
-        for i in next_id:
-            feeds = make_feeds(i)
-            t = time.perf_counter()
-            await call(feeds)
-            latencies.append(time.perf_counter() - t)
-            progress.step()
-
-    tick = asyncio.create_task(ticker())
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - start
-    stop.set()
-    await tick
-    lat = np.array(latencies) * 1e3
-    lag = np.array(lags or [0.0]) * 1e3
-    return {"throughput": requests / elapsed, "p50": float(np.percentile(lat, 50)),
-            "p99": float(np.percentile(lat, 99)), "lag_p50": float(np.percentile(lag, 50)),
-            "lag_p99": float(np.percentile(lag, 99))}
-
-
 async def _demo(args: argparse.Namespace) -> int:
     import aiomnn
 
@@ -137,14 +87,8 @@ async def _demo(args: argparse.Namespace) -> int:
         stats = await serve(lambda i: {"image": images[i % 16]}, session.run, args.requests, args.concurrency)
         if session.has_async_work():
             print("GPU tuning still running in the background; requests were served on the CPU")
-    _print_stats(stats)
+    print_stats(stats)
     return 0
-
-
-def _print_stats(stats: dict[str, float]) -> None:
-    print(f"throughput: {stats['throughput']:.1f} req/s")
-    print(f"latency: p50 {stats['p50']:.2f} ms, p99 {stats['p99']:.2f} ms")
-    print(f"event-loop lag p99: {stats['lag_p99']:.2f} ms")
 
 
 #: What --backend takes (aiomnn.ForwardType's values; not imported here, so that --help stays quick).
@@ -253,7 +197,7 @@ async def _run(args: argparse.Namespace) -> int:
                       f"backend: {', '.join(str(t) for t in session.backend_types)}")
             if args.requests:
                 stats = await serve(lambda i: feeds, session.run, args.requests, args.concurrency)
-                _print_stats(stats)
+                print_stats(stats)
             profile = session.profile
             if args.profile is not None and profile is not None:
                 from .profile import format_summary
@@ -286,44 +230,6 @@ def _info(args: argparse.Namespace) -> int:
     chosen = aiomnn.runtime.resolve_type(aiomnn.ScheduleConfig())
     print(f"auto -> {chosen.value}")
     return 0
-
-
-def describe(net: Interpreter, where: str) -> list[str]:
-    """What `aiomnn info MODEL` prints of an Interpreter: its metadata, then its inputs and outputs, a line each."""
-    meta = net.metadata
-    opsets = ", ".join(f"{domain or 'ai.onnx'} {version}" for domain, version in meta.opset_imports.items())
-    lines = [f"model: {where}",
-             f"producer: {_text(f'{meta.producer_name} {meta.producer_version}')}",
-             f"domain: {_text(meta.domain)}",
-             f"ir version: {meta.ir_version}",
-             f"model version: {meta.model_version}",
-             f"opset imports: {opsets or '(none)'}",
-             f"graph: {_text(meta.graph_name)}",
-             f"doc string: {_text(meta.doc_string)}"]
-    lines += [f"metadata {_text(key)}: {_text(value)}" for key, value in meta.metadata_props.items()]
-    for kind, infos in (("input", net.inputs), ("output", net.outputs)):
-        lines += [f"{kind} {info.name}: {_tensor_type(info)}" for info in infos.values()]
-    return lines
-
-
-def _text(text: str, limit: int = 100) -> str:
-    """Text on one line (its runs of white space as one space), cut at `limit` characters; '(none)' if empty."""
-    flat = " ".join(text.split())
-    if len(flat) > limit:
-        return f"{flat[:limit]}... ({len(flat)} characters)"
-    return flat or "(none)"
-
-
-def _tensor_type(info: TensorInfo) -> str:
-    """A TensorInfo as `float32 [batch, 3, ?, 224]`: a symbolic dimension by its name, an unknown one as '?'."""
-    dtype = "unknown dtype" if info.dtype is None else str(info.dtype)
-    return f"{dtype} {_dims(info.shape)}"
-
-
-def _dims(shape: Sequence[int | str | None] | None) -> str:
-    if shape is None:
-        return "(rank unknown)"
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
 def _models(args: argparse.Namespace) -> int:
