@@ -1,14 +1,12 @@
 """Parse and check an ONNX model into an immutable graph.
 
 Models are untrusted: nothing here pickles or evaluates, external data is read
-only from inside the model's directory, and every failure is a ModelError
-that names the node, the op and the reason.
+only from inside the model's directory (tensor_data.py reads the tensors), and
+every failure is a ModelError that names the node, the op and the reason.
 """
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -16,12 +14,11 @@ from typing import Any, Mapping
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, TensorProto, helper, numpy_helper
+from onnx import AttributeProto, TensorProto, helper
 
 from .errors import ModelError
+from .tensor_data import KNOWN_TYPES, sparse_to_dense, tensor_to_array
 
-#: Refuse any single initializer larger than this before allocating it.
-MAX_TENSOR_BYTES = 1 << 34
 MAX_SUBGRAPH_DEPTH = 32
 
 Dim = int | str | None
@@ -117,82 +114,10 @@ def graph_of(model: onnx.ModelProto, base_dir: Path | None) -> Graph:
     return _Parser(opsets, base_dir).graph(model.graph, outer=frozenset(), depth=0)
 
 
-def tensor_to_array(t: TensorProto, base_dir: Path | None) -> np.ndarray:
-    """A TensorProto as a numpy array, with size and path checks."""
-    where = f"tensor {t.name!r}" if t.name else "tensor"
-    if t.data_type == TensorProto.UNDEFINED or t.data_type not in _KNOWN_TYPES:
-        raise ModelError(f"{where} has unknown data type {t.data_type}")
-    dims = list(t.dims)
-    if any(d < 0 for d in dims):
-        raise ModelError(f"{where} has a negative dimension {dims}")
-    count = math.prod(dims)
-    itemsize = max(1, helper.tensor_dtype_to_np_dtype(t.data_type).itemsize)
-    if count * itemsize > MAX_TENSOR_BYTES:
-        raise ModelError(f"{where} declares {count} elements ({count * itemsize} bytes), over the limit")
-    if t.data_location == TensorProto.EXTERNAL:
-        t = _inline_external(t, base_dir, where)
-    elif t.HasField("raw_data") and t.data_type != TensorProto.STRING:
-        need = (count * _bits(t.data_type) + 7) // 8
-        if len(t.raw_data) != need:
-            raise ModelError(f"{where}: raw data holds {len(t.raw_data)} bytes, its shape {dims} needs {need}")
-    try:
-        arr = numpy_helper.to_array(t)
-    except Exception as exc:
-        raise ModelError(f"{where} cannot be decoded: {exc}") from None
-    if arr.size != count:
-        raise ModelError(f"{where} holds {arr.size} values, its shape {dims} needs {count}")
-    return arr
-
-
 def dtype_of(elem_type: int, where: str) -> np.dtype:
-    if elem_type not in _KNOWN_TYPES or elem_type == TensorProto.UNDEFINED:
+    if elem_type not in KNOWN_TYPES or elem_type == TensorProto.UNDEFINED:
         raise ModelError(f"{where} has unknown element type {elem_type}")
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
-
-
-_KNOWN_TYPES = set(TensorProto.DataType.values())
-_SUB_BYTE: dict[int, int] = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.FLOAT4E2M1: 4}
-for _name, _bits_ in (("INT2", 2), ("UINT2", 2)):
-    if hasattr(TensorProto, _name):
-        _SUB_BYTE[getattr(TensorProto, _name)] = _bits_
-
-
-def _bits(data_type: int) -> int:
-    return _SUB_BYTE.get(data_type) or 8 * helper.tensor_dtype_to_np_dtype(data_type).itemsize
-
-
-def _inline_external(t: TensorProto, base_dir: Path | None, where: str) -> TensorProto:
-    info = {e.key: e.value for e in t.external_data}
-    location = info.get("location")
-    if not location:
-        raise ModelError(f"{where} uses external data without a location")
-    if base_dir is None:
-        raise ModelError(f"{where} uses external data, which needs a model loaded from a file")
-    root = base_dir.resolve()
-    path = (root / location).resolve()
-    if not path.is_relative_to(root) or os.path.isabs(location):
-        raise ModelError(f"{where}: external data path {location!r} points outside the model's directory")
-    if not path.is_file():
-        raise ModelError(f"{where}: external data file {location!r} does not exist")
-    try:
-        offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else path.stat().st_size - offset
-    except ValueError:
-        raise ModelError(f"{where}: external data offset/length are not integers") from None
-    if offset < 0 or length < 0 or offset + length > path.stat().st_size:
-        raise ModelError(f"{where}: external data range {offset}+{length} exceeds the file {location!r}")
-    with open(path, "rb") as f:
-        f.seek(offset)
-        raw = f.read(length)
-    inline = TensorProto()
-    inline.CopyFrom(t)
-    del inline.external_data[:]
-    inline.data_location = TensorProto.DEFAULT
-    inline.raw_data = raw
-    need = (math.prod(t.dims) * _bits(t.data_type) + 7) // 8
-    if len(raw) != need:
-        raise ModelError(f"{where}: external data holds {len(raw)} bytes, its shape needs {need}")
-    return inline
 
 
 class _Parser:
@@ -210,7 +135,7 @@ class _Parser:
             inits[t.name] = tensor_to_array(t, self.base_dir)
         for st in g.sparse_initializer:
             name = st.values.name
-            inits[name] = self.sparse_to_dense(st, name)
+            inits[name] = sparse_to_dense(st, name, self.base_dir)
         value_info = {v.name: value_info_of(v) for v in list(g.value_info) + list(g.input) + list(g.output)}
         inputs = tuple(value_info_of(v) for v in g.input if v.name not in inits)
         outputs = tuple(value_info_of(v) for v in g.output)
@@ -297,7 +222,7 @@ class _Parser:
         if t == AttributeProto.TENSOR:
             return tensor_to_array(a.t, self.base_dir)
         if t == AttributeProto.SPARSE_TENSOR:
-            return self.sparse_to_dense(a.sparse_tensor, f"attribute {a.name}")
+            return sparse_to_dense(a.sparse_tensor, f"attribute {a.name}", self.base_dir)
         if t == AttributeProto.GRAPH:
             return self.graph(a.g, scope, depth + 1)
         if t == AttributeProto.FLOATS:
@@ -315,22 +240,6 @@ class _Parser:
         if t == AttributeProto.TYPE_PROTOS:
             return list(a.type_protos)
         raise ModelError(f"node {node!r} ({op}): attribute {a.name!r} has unknown type {t}")
-
-    def sparse_to_dense(self, st: onnx.SparseTensorProto, where: str) -> np.ndarray:
-        values = tensor_to_array(st.values, self.base_dir)
-        indices = tensor_to_array(st.indices, self.base_dir).astype(np.int64)
-        dims = tuple(int(d) for d in st.dims)
-        if any(d < 0 for d in dims) or math.prod(dims) * values.itemsize > MAX_TENSOR_BYTES:
-            raise ModelError(f"sparse {where} has invalid dims {dims}")
-        dense = np.zeros(dims, dtype=values.dtype)
-        try:
-            if indices.ndim == 1:
-                dense.reshape(-1)[indices] = values
-            else:
-                dense[tuple(indices.T)] = values
-        except (IndexError, ValueError) as exc:
-            raise ModelError(f"sparse {where} has invalid indices: {exc}") from None
-        return dense
 
     @staticmethod
     def toposort(nodes: list[Node], producers: dict[str, int], defined: set[str], graph: str) -> list[Node]:
