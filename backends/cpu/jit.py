@@ -80,12 +80,20 @@ def threaded(name: str, n: int) -> Callable[..., Any] | None:
     if n < 2:
         return None
     fn = jitted(name + "_parallel")
-    if fn is not None and getattr(_loop_threads, "n", 0) != n:
-        import numba  # loaded already: the function above was compiled by it
+    if fn is not None:
+        use_threads(n)
+    return fn
+
+
+def use_threads(n: int) -> None:
+    """Have the parallel builds called from this thread share their prange among n threads (numba's count is
+    a thread's own): set only where it changes. A bound call of a parallel build (products.dense, split) calls
+    this alone before the build, not the lookups of threaded()."""
+    if getattr(_loop_threads, "n", 0) != n:
+        import numba  # loaded already: a parallel build was compiled by it
 
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
         _loop_threads.n = n
-    return fn
 
 
 def for_pieces(name: str, pieces: int) -> Callable[..., Any] | None:
@@ -164,12 +172,21 @@ def split(name: str, n: int, grain: int,
     par = threaded(name, pieces)
     if par is not None:
         call(par, 0, n)
-    else:
-        fn = jitted(name)
-        if fn is None:
-            return None
-        shared(n, grain, lambda lo, hi: call(fn, lo, hi))
-    return functools.partial(split, name, n, grain, call)
+
+        def again() -> bool:  # the choice is made: a call this size runs on numba's threads from now on
+            use_threads(pieces)
+            call(par, 0, n)
+            return True
+
+        return again
+    fn = jitted(name)
+    if fn is None:
+        return None
+    if pieces == 1:
+        call(fn, 0, n)
+        return lambda: call(fn, 0, n) or True  # one piece: this thread, every time
+    shared(n, grain, lambda lo, hi: call(fn, lo, hi))
+    return functools.partial(split, name, n, grain, call)  # the parallel build may be ready next time
 
 
 def elementwise(name: str, x: Any, out: Any | None = None) -> bool:

@@ -99,7 +99,8 @@ def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: n
     args = (x, wp, _NO_BIAS if bias is None else bias, out, *activation, cols * runs, cols)
 
     def call() -> bool:
-        jit.for_pieces("dense", pieces)  # numba's thread count, set once per thread
+        if pieces > 1:
+            jit.use_threads(pieces)  # numba's thread count is the calling thread's own
         fn(*args)
         return True
 
