@@ -8,28 +8,21 @@ context and queues, memory, worker threads and caches.
 
 from __future__ import annotations
 
-import atexit
 import importlib
-import itertools
 import logging
 import os
-import queue
 import threading
-import warnings
-import weakref
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Iterable, TypeAlias
+from typing import Any, Callable, Iterable
 
 from .backend import Backend
 from .config import AUTO_ORDER, BackendConfig, ForwardType, ScheduleConfig
 from .errors import AiomnnError, BackendError, ClosedError, ForkError
 from .graph import Node
+from .lifetime import Finalizer, exit_hook_last, own, release_now, track
 
 log = logging.getLogger("aiomnn")
-
-#: What `own` returns: a finalizer of any object.
-Finalizer: TypeAlias = "weakref.finalize[..., Any]"
 
 #: Where each backend lives; imported on first use.
 BACKEND_MODULES: dict[ForwardType, str] = {
@@ -50,7 +43,7 @@ class Device:
 class Runtime:
     """What sessions of one forward type share. Subclassed by every backend.
 
-    Lifetime: a backend hands what it must release to `own(release, *args)` (the args must not refer back
+    Lifetime (lifetime.py): a backend hands what it must release to `own(release, *args)` (the args must not refer back
     to the runtime); `release(*args)` then runs once, on close(), when the runtime is collected, or at exit
     (live runtimes close in reverse order of creation, after their sessions). After os.fork() the child's
     copy is unusable (ForkError) and releases nothing, unless the backend overrides `after_fork_in_child`
@@ -67,7 +60,7 @@ class Runtime:
         self.closed = False
         self.fork_error: ForkError | None = None
         self._finalizer: Finalizer | None = None
-        _LIVE[next(_ORDER)] = self
+        track(self)
 
     def new_backend(self, config: BackendConfig) -> Backend:
         raise NotImplementedError
@@ -116,131 +109,6 @@ class Runtime:
             self.fork_error = ForkError(
                 f"the {self.type} runtime was made before os.fork() and cannot be used in the child process; "
                 f"create the runtime (and its sessions) in the child")
-
-
-def own(obj: Any, release: Callable[..., Any], *args: Any, warn: str | None = None) -> Finalizer:
-    """A finalizer that calls release(*args) once obj is collected, with a ResourceWarning `warn` if given.
-
-    The release runs on the reaper thread, never inside the garbage collector: a collection may happen on
-    any thread (a worker, the Vulkan waiter, a tuning thread) while it holds a lock the release needs, or be
-    the very thread that the release would join. Not at exit: the exit hook closes everything in order.
-    """
-    _start_reaper()
-    f = weakref.finalize(obj, _collected, warn, release, args)
-    f.atexit = False
-    return f
-
-
-def release_now(f: Finalizer) -> None:
-    """Run a finalizer's release now, on this thread, once (and without its warning)."""
-    got = f.detach()
-    if got is not None:
-        _, _, (_, release, args), _ = got
-        release(*args)
-
-
-def _collected(warn: str | None, release: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    _REAP.put((release, args))  # SimpleQueue.put is safe inside a weakref callback
-    if warn is not None:  # after: under a filter that makes warnings errors, the release still happens
-        warnings.warn(warn, ResourceWarning, stacklevel=2)
-
-
-_Release: TypeAlias = "tuple[Callable[..., Any], tuple[Any, ...]]"
-_REAP: "queue.SimpleQueue[_Release | None]" = queue.SimpleQueue()
-_reaper: tuple[int, threading.Thread] | None = None  # (pid, thread)
-_reaper_lock = threading.Lock()
-
-
-def _start_reaper() -> None:
-    """Start the thread that releases what was collected (once per process; called from ordinary code only)."""
-    global _reaper
-    if _reaper is not None and _reaper[0] == os.getpid():
-        return
-    with _reaper_lock:
-        if _reaper is None or _reaper[0] != os.getpid():
-            t = threading.Thread(target=_reap, args=(_REAP,), name="aiomnn-reaper", daemon=True)
-            t.start()
-            _reaper = (os.getpid(), t)
-
-
-def _reap(q: "queue.SimpleQueue[_Release | None]") -> None:
-    while (item := q.get()) is not None:
-        _release_one(item)
-        item = None
-
-
-def _release_one(item: _Release) -> None:
-    release, args = item
-    try:
-        release(*args)
-    except Exception as exc:  # noqa: BLE001  (nobody to hand it to)
-        log.warning("releasing a collected aiomnn object failed: %s: %s", type(exc).__name__, exc)
-
-
-def _drain_reaper() -> None:
-    """Stop the reaper after what it holds, then release what is left here."""
-    global _reaper
-    found, _reaper = _reaper, None
-    if found is not None and found[0] == os.getpid():
-        _REAP.put(None)
-        found[1].join(timeout=30)
-    while True:
-        try:
-            item = _REAP.get_nowait()
-        except queue.Empty:
-            return
-        if item is not None:
-            _release_one(item)
-
-
-#: Live runtimes in order of creation, and what closes first at exit (sessions register here).
-_LIVE: "weakref.WeakValueDictionary[int, Runtime]" = weakref.WeakValueDictionary()
-_ORDER = itertools.count()
-_EXIT_FIRST: list[Callable[[], None]] = []
-
-
-def _close_all_at_exit() -> None:
-    """Close what is still open before the interpreter tears down: sessions first, then runtimes, newest first.
-
-    Device libraries' threads (pyopencl callbacks, the Vulkan waiter) must have ended by then: a thread that
-    reaches the interpreter during its teardown is killed, and a C++ one aborts the process.
-    """
-    _drain_reaper()
-    for hook in list(_EXIT_FIRST):
-        try:
-            hook()
-        except Exception as exc:  # noqa: BLE001  (exit must go on)
-            log.debug("closing at exit failed: %s: %s", type(exc).__name__, exc)
-    for key in sorted(_LIVE.keys(), reverse=True):
-        rt = _LIVE.get(key)
-        if rt is None:
-            continue
-        try:
-            rt.close()
-        except Exception as exc:  # noqa: BLE001
-            log.warning("closing the %s runtime at exit failed: %s: %s", rt.type, type(exc).__name__, exc)
-    _drain_reaper()
-
-
-def _exit_hook_last() -> None:
-    """(Re-)register the exit hook so that it runs before the exit hooks of device libraries imported since."""
-    atexit.unregister(_close_all_at_exit)
-    atexit.register(_close_all_at_exit)
-
-
-def _after_fork_in_child() -> None:
-    global _REAP, _reaper, _reaper_lock
-    _REAP, _reaper, _reaper_lock = queue.SimpleQueue(), None, threading.Lock()  # the parent's pending releases are the parent's
-    for rt in list(_LIVE.values()):
-        try:
-            rt.after_fork_in_child()
-        except Exception:  # noqa: BLE001  (never break the child)
-            pass
-
-
-_exit_hook_last()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _probe_cache: dict[ForwardType, list[Device]] = {}
@@ -410,7 +278,7 @@ def create_one(t: ForwardType, config: ScheduleConfig) -> Runtime:
         raise
     except Exception as exc:
         raise BackendError(f"could not create the {t} runtime on {device.name}: {exc}") from exc
-    _exit_hook_last()  # the backend's library may have registered exit hooks of its own: ours run first
+    exit_hook_last()  # the backend's library may have registered exit hooks of its own: ours run first
     return rt
 
 

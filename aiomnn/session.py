@@ -29,7 +29,7 @@ from .metadata import Outputs, TensorInfo
 from .pipeline import Pipeline
 from .profile import Profile
 from .run_lock import RunLock
-from . import runtime as _runtime
+from .lifetime import close_first_at_exit, own, release_now
 from .runtime import RuntimeInfo
 from .stats import RunCounts, SessionStats
 from .handoff import SessionTuning
@@ -89,9 +89,9 @@ class Session:
         # What the session holds, released once: by close(), when it is collected, or at exit. None of it
         # refers back to the session.
         self._parts = _Parts(self.pipeline, self._tuning, runtime if owns_runtime else None)
-        self._finalizer = _runtime.own(self, _release, self._parts,
-                                       warn=f"unclosed aiomnn session on {main_rt.type} "
-                                            f"(call `await session.close()` or use `async with`)")
+        self._finalizer = own(self, _release, self._parts,
+                              warn=f"unclosed aiomnn session on {main_rt.type} "
+                                   f"(call `await session.close()` or use `async with`)")
         self._serial = next(_SERIAL)
         _LIVE[self._serial] = self
 
@@ -436,7 +436,7 @@ def _close_sessions_at_exit() -> None:
         s = _LIVE.get(key)
         if s is not None:
             s._closed = True
-            _runtime.release_now(s._finalizer)
+            release_now(s._finalizer)
 
 
-_runtime._EXIT_FIRST.append(_close_sessions_at_exit)
+close_first_at_exit(_close_sessions_at_exit)
