@@ -1,4 +1,5 @@
-"""Feeds: what a run accepts for the model's inputs, checked and made into arrays of the model's dtypes.
+"""Feeds: what a run accepts for the model's inputs, checked and made into arrays of the model's dtypes
+(and, through check_shapes, the input shapes that resize accepts).
 
 Session.run and BatchingSession.run take the same things, through check_feeds: numpy arrays and
 scalars, anything numpy can convert (nested lists), and any object that speaks DLPack (through
@@ -34,6 +35,24 @@ def check_feeds(inputs: Mapping[str, ValueInfo], feeds: Mapping[str, Any]) -> di
             raise InputError(f"missing input {name!r}")
         arrays[name] = as_array(v, feeds[name])
     return arrays
+
+
+def check_shapes(inputs: Mapping[str, ValueInfo], shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Every input's shape (name -> ValueInfo) from the shapes given to resize (name -> sequence of ints)."""
+    unknown = set(shapes) - set(inputs)
+    if unknown:
+        raise InputError(f"unknown input(s) {sorted(unknown)}; the model's inputs are {list(inputs)}")
+    out = {}
+    for name, v in inputs.items():
+        if name not in shapes:
+            raise InputError(f"missing shape for input {name!r}")
+        try:
+            shape = tuple(int(d) for d in shapes[name])
+        except (TypeError, ValueError):
+            raise InputError(f"input {name!r}: shape {shapes[name]!r} is not a sequence of integers") from None
+        check_shape(v, shape)
+        out[name] = shape
+    return out
 
 
 def as_array(v: ValueInfo, value: Any) -> Any:

@@ -8,11 +8,9 @@ A run whose shapes differ from the current plan resizes first.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import os
 import time
-import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -21,7 +19,7 @@ import numpy as np
 
 from .config import ForwardType, ScheduleConfig
 from .errors import AiomnnError, BackendError, ClosedError, InputError
-from .feeds import check_feeds, check_shape, is_device_array
+from .feeds import check_feeds, check_shapes, is_device_array
 from .fence import offload
 from .graph import Graph
 from .memory import HandedOver
@@ -29,8 +27,9 @@ from .metadata import Outputs, TensorInfo
 from .pipeline import Pipeline
 from .profile import Profile
 from .run_lock import RunLock
-from .lifetime import close_first_at_exit, own, release_now
+from .lifetime import own, release_now
 from .runtime import RuntimeInfo
+from .session_parts import SessionParts, track, untrack
 from .stats import RunCounts, SessionStats
 from .handoff import SessionTuning
 
@@ -88,12 +87,11 @@ class Session:
             runtime.retain()
         # What the session holds, released once: by close(), when it is collected, or at exit. None of it
         # refers back to the session.
-        self._parts = _Parts(self.pipeline, self._tuning, runtime if owns_runtime else None)
-        self._finalizer = own(self, _release, self._parts,
+        self._parts = SessionParts(self.pipeline, self._tuning, runtime if owns_runtime else None)
+        self._finalizer = own(self, SessionParts.release, self._parts,
                               warn=f"unclosed aiomnn session on {main_rt.type} "
                                    f"(call `await session.close()` or use `async with`)")
-        self._serial = next(_SERIAL)
-        _LIVE[self._serial] = self
+        self._serial = track(self)
 
     # Public API ---------------------------------------------------------------
     @property
@@ -169,7 +167,7 @@ class Session:
         record the work. A run at new shapes does this by itself; a plan made before is taken back, not made
         again. The output shapes it gives are in `outputs`."""
         self._check_open()
-        full = self._complete_shapes(shapes)
+        full = check_shapes(self._inputs, shapes)
         async with self._lock:
             self._check_open()
             try:
@@ -259,16 +257,21 @@ class Session:
                 with anyio.CancelScope(shield=True):
                     await pending.settle()
             got = self._finalizer.detach()
-            _LIVE.pop(self._serial, None)
+            untrack(self._serial)
             if got is not None:
                 self._parts.release()
 
     def _discard(self) -> None:
         """Release a session that was never handed out (its creation failed), quietly and without blocking."""
         self._closed = True
-        _LIVE.pop(self._serial, None)
+        untrack(self._serial)
         if self._finalizer.detach() is not None:
             self._parts.release(wait=False)
+
+    def _close_at_exit(self) -> None:
+        """At exit, before the runtimes close (session_parts.py): release, quietly, as exiting is not leaking."""
+        self._closed = True
+        release_now(self._finalizer)
 
     async def __aenter__(self) -> "Session":
         """`async with await net.create_session() as session:` closes the session at the block's end."""
@@ -354,22 +357,6 @@ class Session:
             fence.cancel()
             raise
 
-    def _complete_shapes(self, shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-        unknown = set(shapes) - set(self._inputs)
-        if unknown:
-            raise InputError(f"unknown input(s) {sorted(unknown)}; the model's inputs are {list(self._inputs)}")
-        out = {}
-        for name, v in self._inputs.items():
-            if name not in shapes:
-                raise InputError(f"missing shape for input {name!r}")
-            try:
-                shape = tuple(int(d) for d in shapes[name])
-            except (TypeError, ValueError):
-                raise InputError(f"input {name!r}: shape {shapes[name]!r} is not a sequence of integers") from None
-            check_shape(v, shape)
-            out[name] = shape
-        return out
-
 
 def _own_outputs(outputs: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[str, Any]:
     """Outputs the caller owns: never a view of a feed, a constant or a planned buffer. An array on memory a
@@ -388,30 +375,6 @@ def _own_outputs(outputs: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[
     return {name: own(v) for name, v in outputs.items()}
 
 
-class _Parts:
-    """What a session holds that must be let go: its tuning, its plan's memory, and a runtime it made."""
-
-    def __init__(self, pipeline: Pipeline, tuning: SessionTuning, owned: RuntimeInfo | None):
-        self.pipeline, self.tuning, self.owned = pipeline, tuning, owned
-
-    def release(self, wait: bool = True) -> None:
-        """Let go; with `wait`, first wait (blocking) for a cancelled run that still uses the buffers on a
-        worker or the device, else leave its buffers to the garbage collector."""
-        self.tuning.close()
-        pending = self.pipeline.pending
-        deadline = time.monotonic() + (30 if wait else 0)
-        while pending is not None and not pending.done and time.monotonic() < deadline:
-            time.sleep(0.005)
-        if pending is None or pending.done:
-            for b in self.pipeline.all_backends:
-                try:
-                    b.clear_buffers()
-                except Exception as exc:  # noqa: BLE001  (a closed or lost device: its memory is gone anyway)
-                    log.debug("clearing %s buffers failed: %s", b.type, exc)
-        if self.owned is not None:
-            self.owned.release()
-
-
 def _backends(main_rt: "Runtime", backup_rt: "Runtime", config: Any, profile: Profile | None) -> tuple[Any, Any]:
     """A new plan's (main, backup) backends; one backend where the backup is the main runtime."""
     main = main_rt.new_backend(config)
@@ -419,24 +382,3 @@ def _backends(main_rt: "Runtime", backup_rt: "Runtime", config: Any, profile: Pr
     if profile is not None:
         main.profile = backup.profile = profile
     return main, backup
-
-
-def _release(parts: _Parts) -> None:
-    """A collected session's release, on the reaper thread (or at exit)."""
-    parts.release()
-
-
-#: Live sessions, closed before their runtimes at exit (quietly: exiting is not leaking).
-_LIVE: "weakref.WeakValueDictionary[int, Session]" = weakref.WeakValueDictionary()
-_SERIAL = itertools.count()
-
-
-def _close_sessions_at_exit() -> None:
-    for key in sorted(_LIVE.keys(), reverse=True):
-        s = _LIVE.get(key)
-        if s is not None:
-            s._closed = True
-            release_now(s._finalizer)
-
-
-close_first_at_exit(_close_sessions_at_exit)
