@@ -185,7 +185,7 @@ class Attention(Fused):
                 return self._unfused(values)
             rows, viewed = np.ascontiguousarray(m.reshape(m.shape[0], t)), m.flags.c_contiguous
         out = self._output(self.last.out[0], (b, h, s, v.shape[3]), (q, k, v))
-        pieces = min(threads(), b * h)
+        pieces = min(b * h, jit.product_pieces(2 * b * h * s * t * q.shape[3], 1))  # a head at most a piece
         compiled = jit.for_pieces("attention", pieces)
         if compiled is not None and all(a.flags.c_contiguous and a.size for a in (q, k, v, out)):
             compiled(q, k, v, np.float32(scale), rows, out)  # a head a piece, on numba's threads

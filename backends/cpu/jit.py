@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import threading
 from typing import Any, Callable
@@ -94,6 +95,19 @@ def use_threads(n: int) -> None:
 
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
         _loop_threads.n = n
+
+
+#: Starting a parallel loop costs more the more threads share it: numba's TBB layer took about 4 + 2.3 n
+#: microseconds for n threads on the 16-core machine, however briefly they had been idle (tools/launch_cost.py,
+#: benchmarks/RESULTS.md, session 22), as long as a thread does about this many multiply-adds of a product.
+LAUNCH_MACS = 1 << 17
+
+
+def product_pieces(macs: int, piece: int) -> int:
+    """The threads that share a product of `macs` multiply-adds, each piece holding `piece` at least: no more
+    than the square root of macs / LAUNCH_MACS either, the count past which a thread more costs the loop's start
+    more than it saves (n threads take about macs / n + n LAUNCH_MACS)."""
+    return max(1, min(threads(), macs // piece, math.isqrt(macs // LAUNCH_MACS)))
 
 
 def for_pieces(name: str, pieces: int) -> Callable[..., Any] | None:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import jit, vectors
-from ..kernel import parallel, shared_scratch, threads
+from ..kernel import parallel, shared_scratch
 
 F32 = np.float32
 #: A piece of a conv holds at least this many multiply-adds: each must outlast a helper's late start
@@ -112,7 +112,7 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
            code, alpha, beta, chunks, groups)
 
     last = d["last"]
-    pieces = max(1, min(threads(), d["macs"] * N // PIECE_MACS))
+    pieces = jit.product_pieces(d["macs"] * N, PIECE_MACS)
     if pieces == 1 or jit.threaded("conv_tiles", pieces) is not None:
         # One call of the loop, on numba's threads or on this one, bound to its arguments: the caller may repeat
         # it for the same x and y (planned buffers) without the lookups above. The layout's scratch is fetched

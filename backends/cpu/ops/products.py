@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import jit, packing, vectors
-from ..kernel import parallel, shared_scratch, threads
+from ..kernel import parallel, shared_scratch
 
 F32 = np.dtype(np.float32)
 _NO_BIAS = np.empty(0, F32)
@@ -53,7 +53,7 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
     (m, k), (N, _, n) = a.shape[1:], b.shape
     if not (m and k and n and N) or a.shape[0] not in (1, N):  # BLAS refuses a leading dimension of 0
         return False
-    pieces = max(1, min(threads(), N * m * n * k // GEMM_PIECE))
+    pieces = jit.product_pieces(N * m * n * k, GEMM_PIECE)
     fn = jit.for_pieces("gemm", pieces)
     if fn is None:
         return False
@@ -90,7 +90,7 @@ def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: n
     if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrays) or not x.shape[0]:
         return None
     (m, k), n = x.shape, out.shape[1]
-    pieces = max(1, min(threads(), m * n * k // DENSE_PIECE))
+    pieces = jit.product_pieces(m * n * k, DENSE_PIECE)
     fn = jit.for_pieces("dense", pieces)
     if fn is None:
         return None
