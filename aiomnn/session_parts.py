@@ -32,8 +32,9 @@ class SessionParts:
         self.pipeline, self.tuning, self.owned = pipeline, tuning, owned
 
     def release(self, wait: bool = True) -> None:
-        """Let go (a collected session's parts go on the reaper thread, or at exit); with `wait`, first wait (blocking) for a cancelled run that still uses the buffers on a
-        worker or the device, else leave its buffers to the garbage collector."""
+        """Let go (a collected session's parts go on the reaper thread); with `wait`, first wait (blocking)
+        for a cancelled run that still uses the buffers on a worker or the device, else leave its buffers to
+        the garbage collector."""
         self.tuning.close()
         pending = self.pipeline.pending
         deadline = time.monotonic() + (30 if wait else 0)
