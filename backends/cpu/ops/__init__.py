@@ -29,4 +29,5 @@ from . import (  # noqa: F401
     tensor,
     text,
     training,
+    unary,
 )
