@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -52,6 +52,7 @@ class Segment:
     steps: list[Step]
     needs: list[str]  # values it reads that come from outside the segment
     frees: list[list[str]]  # per step: values whose last use it is (on the host)
+    gives: list[str] = field(default_factory=list)  # values it makes that later segments read or are outputs
 
 
 @dataclass(eq=False)
@@ -322,6 +323,10 @@ class Pipeline:
         for seg in segments:
             made = {o for s in seg.steps for o in s.outputs}
             seg.needs = list(dict.fromkeys(x for s in seg.steps for x in s.inputs if x and x not in made))
+        later = set(keep)
+        for seg in reversed(segments):
+            seg.gives = [o for s in seg.steps for o in s.outputs if o in later]
+            later.update(seg.needs)
         return segments
 
     def memory_report(self) -> dict[str, int]:

@@ -8,6 +8,7 @@ Switches (on: today's path; off: the one it replaced or the one tried instead):
     parallel-layout   the conv tile loop's input layout on numba's threads (off: on the calling thread)
     bound-conv        the conv tile loop's bound call repeated for the same arrays (off: looked up every run)
     pointwise-tiles   pointwise convs on the tile loop (off, today: the compiled BLAS product)
+    heads             attention heads split and merged in place (off: the Transposes copy them, steps of their own)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 import aiomnn
 from aiomnn import models
-from aiomnn.backends.cpu import jit
+from aiomnn.backends.cpu import fuse, heads, jit
 from aiomnn.backends.cpu.ops import conv, direct
 
 
@@ -44,6 +45,18 @@ def switch(name: str) -> Callable[[bool], None]:
     elif name == "pointwise-tiles":
         serves = conv.Conv._compiled_serves
         conv.Conv._compiled_serves = lambda self, p: not (on["value"] and p.get("tiles")) and serves(self, p)
+    elif name == "heads":
+        split_after = heads.split_after
+        heads.split_after = lambda plan, j, gives: split_after(plan, j, gives) if on["value"] else []
+        find = heads._attention
+
+        def attention(plan: list, i: int) -> Any:
+            chain = find(plan, i)
+            if chain and not on["value"] and type(chain[-1][0]) is heads.Transpose:
+                chain = chain[:-1]  # off: the merging Transpose runs on its own
+            return chain
+
+        fuse.heads._attention = attention
     else:
         raise SystemExit(f"unknown switch {name!r}; see the docstring")
     return lambda value: on.__setitem__("value", value)

@@ -162,7 +162,7 @@ class CpuBackend(Backend):
                 (s.execution, s.inputs, [(i, o) for i, o in enumerate(s.outputs) if o], frees,
                  self.memory is not None and not getattr(s.execution, "writes_outputs", False) and not s.views,
                  s.node)
-                for s, frees in zip(segment.steps, segment.frees)])
+                for s, frees in zip(segment.steps, segment.frees)], segment.gives)
         return plan
 
     def _timed_plan(self, segment: Segment) -> list[tuple]:

@@ -10,15 +10,13 @@ in arithmetic.
   products. Where a small 1x1 conv then reads the product, the scale goes into that conv's weights
   (W @ (x * s) = (W * s) @ x) instead of over the input; otherwise the input is scaled in one pass.
 
-* Attention (BERT and other exported transformers): MatMul(q, k^T) -> Div or Mul by a scalar -> Add of a
-  mask -> Softmax over the last axis -> MatMul with v, the scale and the mask Add optional. A piece is one
-  head of one batch item (loops.attention, its products BLAS calls, numba's threads sharing the pieces;
-  while that compiles, a few heads a piece on the helper threads): its scores stay in its cache, are scaled,
-  masked and normalized in one pass without the GIL, and no [b, h, s, s] tensor is ever written.
+* Attention (BERT and other exported transformers): heads.py.
 
 * Dense layers: MatMul by a 2-D weight -> Add of a bias row -> GELU (optional) as one product: with a constant
   weight, the dense tile loop over the weight packed once (products.dense); else products.compiled, each piece
-  a BLAS call whose bias and GELU are applied while it is in cache. numba's threads share the pieces.
+  a BLAS call whose bias and GELU are applied while it is in cache. numba's threads share the pieces. Where a
+  Reshape and a Transpose then split the result into attention heads, it goes straight into the Transpose's
+  buffer (heads.py).
 * Residual and LayerNormalization: Add -> LayerNormalization over the last axis as one compiled pass.
 * A scale and shift by scalars after a conv (PP-OCRv4): Conv -> Mul -> Add (or one of the two), applied with the
   conv's activation to its output while that is in cache (conv_affine.py).
@@ -32,30 +30,33 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import numpy as np
 
-from . import conv_affine, jit, upsample_add
+from . import conv_affine, heads, jit, upsample_add
 from .fused import Fused, Step, feeds, reads
-from .kernel import SLICE_ELEMENTS, parallel, parallel_slices, shared_scratch, threads
+from .kernel import SLICE_ELEMENTS, parallel_slices, threads
 from .ops import direct
 from .ops.conv import Conv
 from .ops.dtypes import F32, matches, out_buffer
-from .ops.elementwise import Add, Div, Mul
+from .ops.elementwise import Add, Mul
 from .ops.activations import gelu_
-from .ops.matmul import PIECE_MACS, MatMul, gemm
-from .ops.normalization import NO_ROWS, LayerNormalization, _SoftmaxBase, layer_norm_rows
+from .ops.matmul import MatMul, gemm
+from .ops.normalization import LayerNormalization, layer_norm_rows
 from .ops.pool import GlobalAveragePool
 from .ops.products import bias_tile, compiled, dense, panels, product
+from .ops.tensor import Transpose
 
 
-def fuse(plan: list[Step]) -> list[Step]:
-    """The plan with each fusable chain of steps replaced by one step."""
+def fuse(plan: list[Step], gives: Collection[str] = ()) -> list[Step]:
+    """The plan with each fusable chain of steps replaced by one step; `gives` are the values that must be
+    there after it (read by later segments, or the model's outputs)."""
     out: list[Step] = []
     i = 0
+    dense_ = functools.partial(_dense, gives=set(gives))
     while i < len(plan):
-        for find, kind in ((_squeeze_excite, SqueezeExcite), (_attention, Attention), (_dense, Dense),
+        for find, kind in ((_squeeze_excite, SqueezeExcite), (heads._attention, heads.Attention), (dense_, Dense),
                            (_add_norm, AddNorm), (conv_affine.find, conv_affine.ConvAffine),
                            (upsample_add.find, upsample_add.UpsampleAdd)):
             chain = find(plan, i)
@@ -109,119 +110,8 @@ def _squeeze_excite(plan: list[Step], i: int) -> list[Step] | None:
     return chain
 
 
-def _attention(plan: list[Step], i: int) -> list[Step] | None:
-    """The steps from i that form scaled dot-product attention, MatMul (Div|Mul)? Add? Softmax MatMul."""
-    first = plan[i][0]
-    if type(first) is not MatMul:
-        return None
-    chain = [plan[i]]
-    j = i + 1
-    for kinds in ((Div, Mul), (Add,)):
-        if j < len(plan) and type(plan[j][0]) in kinds and reads(plan[j - 1], plan[j]):
-            chain.append(plan[j])
-            j += 1
-    if j + 1 >= len(plan) or not isinstance(plan[j][0], _SoftmaxBase) or type(plan[j + 1][0]) is not MatMul:
-        return None
-    chain += [plan[j], plan[j + 1]]
-    if not all(reads(a, b) for a, b in zip(chain, chain[1:])) or chain[-1][1][0] != chain[-2][2][0][1]:
-        return None
-    if any(s[0].legacy or s[0].activation is not None for s in chain[1:-2]):
-        return None
-    softmax = chain[-2][0]
-    scores = first.out_tensors[0]
-    if (softmax.kind != "softmax" or scores.shape is None or len(scores.shape) < 3 or scores.dtype != F32
-            or softmax.axis not in (-1, len(scores.shape) - 1)):
-        return None
-    divides = type(chain[1][0]) is Div
-    if divides and chain[1][1][0] != chain[0][2][0][1]:  # scores / c, not c / scores
-        return None
-    return chain
-
-
-class Attention(Fused):
-    """softmax(q @ k * scale + mask) @ v, a few heads at a time per thread (see the module's docstring).
-
-    Inputs are checked on every run: the scale must be a scalar and the mask must add one row per batch item
-    (shape [b or 1, 1, 1, s]) or be absent; anything else runs the chain's kernels one by one."""
-
-    def __init__(self, chain: list[Step], names: list[str]):
-        super().__init__(chain, names)
-        kinds = [type(s[0]) for s in chain]
-        self.scaled = Div in kinds or Mul in kinds
-        self.divides = Div in kinds
-        self.masked = Add in kinds
-        inner = [s[2][0][1] for s in chain]  # the value each step makes
-        self.q, self.k = chain[0][1][:2]
-        self.scale = next((x for x in chain[1][1] if x != inner[0]), None) if self.scaled else None
-        add = chain[1 + self.scaled] if self.masked else None
-        self.mask = None if add is None else next(x for x in add[1] if x != inner[self.scaled])
-        self.v = chain[-1][1][1]
-        self.last = chain[-1][0]
-
-    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
-        again = self._repeat(inputs)
-        if again is not None:
-            return again
-        values = dict(zip(self.names, inputs))
-        q, k, v = values[self.q], values[self.k], values[self.v]
-        loop = jit.jitted("softmax")
-        scale = 1.0
-        if self.scaled:
-            c = values[self.scale]
-            if not isinstance(c, np.ndarray) or c.size != 1 or c.dtype != F32:
-                return self._unfused(values)
-            scale = 1 / float(c.reshape(())) if self.divides else float(c.reshape(()))
-        if (loop is None or q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or any(a.dtype != F32 for a in (q, k, v))
-                or q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2] or q.shape[3] != k.shape[2]
-                or k.shape[3] != v.shape[2]):
-            return self._unfused(values)
-        b, h, s, _ = q.shape
-        t = k.shape[3]
-        rows, viewed = NO_ROWS, True  # viewed: rows read the mask itself, not a copy of it
-        if self.masked:
-            m = values[self.mask]
-            if not isinstance(m, np.ndarray) or m.dtype != F32 or m.ndim != 4 or m.shape[1:3] != (1, 1) \
-                    or m.shape[3] != t or m.shape[0] not in (1, b):
-                return self._unfused(values)
-            rows, viewed = np.ascontiguousarray(m.reshape(m.shape[0], t)), m.flags.c_contiguous
-        out = self._output(self.last.out[0], (b, h, s, v.shape[3]), (q, k, v))
-        pieces = min(b * h, jit.product_pieces(2 * b * h * s * t * q.shape[3], 1))  # a head at most a piece
-        compiled = jit.for_pieces("attention", pieces)
-        if compiled is not None and all(a.flags.c_contiguous and a.size for a in (q, k, v, out)):
-            compiled(q, k, v, np.float32(scale), rows, out)  # a head a piece, on numba's threads
-            if viewed:  # a copy would keep this run's mask
-                again = functools.partial(self._again, q, k, v, values.get(self.scale), rows, out, pieces)
-                self._bind(inputs, out, again)
-            return out
-        # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).
-        per = max(1, min(h, max(-(-h * b // threads()), -(-PIECE_MACS // max(1, 2 * s * t * q.shape[3])))))
-        pieces = -(-h // per)
-        f_scale = np.float32(scale)
-
-        def piece(n: int) -> None:
-            i, j = divmod(n, pieces)
-            hs = slice(j * per, min(h, (j + 1) * per))
-            count = hs.stop - hs.start
-            scores = shared_scratch("attention.scores", (count, s, t), F32)[0]
-            np.matmul(q[i, hs], k[i, hs], out=scores)
-            flat = scores.reshape(-1, t)
-            # Every score row of batch item i adds the same mask row (none, or one for the whole batch: rows).
-            loop(flat, f_scale, rows[i:i + 1] if rows.shape[0] > 1 else rows, flat.shape[0], 0)
-            np.matmul(scores, v[i, hs], out=out[i, hs])
-
-        parallel(b * pieces, piece)
-        return out
-
-    def _again(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, c: Any, rows: np.ndarray, out: np.ndarray,
-               pieces: int) -> bool:
-        """The compiled call again, on the same arrays; the scale read again from its input."""
-        scale = 1.0 if c is None else (1 / float(c.reshape(())) if self.divides else float(c.reshape(())))
-        jit.for_pieces("attention", pieces)(q, k, v, np.float32(scale), rows, out)
-        return True
-
-
-def _dense(plan: list[Step], i: int) -> list[Step] | None:
-    """MatMul -> Add (-> Gelu) from step i."""
+def _dense(plan: list[Step], i: int, gives: Collection[str] = ()) -> list[Step] | None:
+    """MatMul -> Add (-> Gelu) from step i, and the split into heads after it (heads.split_after)."""
     if type(plan[i][0]) is not MatMul or i + 1 >= len(plan):
         return None
     add = plan[i + 1]
@@ -232,14 +122,18 @@ def _dense(plan: list[Step], i: int) -> list[Step] | None:
     if nxt is not None and type(nxt[0]).__name__ == "Gelu" and nxt[0].attrs.get("approximate") == "none" \
             and reads(add, nxt):
         chain.append(nxt)
-    return chain
+    return chain + heads.split_after(plan, i + len(chain) - 1, gives)
 
 
 class Dense(Fused):
-    """x @ w + bias (then GELU) for a 2-D w and a bias row of its width, written into the last step's buffer."""
+    """x @ w + bias (then GELU) for a 2-D w and a bias row of its width, written into the last step's buffer (a
+    head split's, where the chain ends in one: heads.Split)."""
 
     def __init__(self, chain: list[Step], names: list[str]):
         super().__init__(chain, names)
+        self.split = heads.Split(*chain[-2:]) if type(chain[-1][0]) is Transpose else None
+        if self.split is not None:
+            chain = chain[:-2]
         self.x, self.w = chain[0][1][:2]
         made = chain[0][2][0][1]
         self.bias = next(x for x in chain[1][1] if x != made)
@@ -259,20 +153,28 @@ class Dense(Fused):
                 or x.ndim < 2 or x.shape[-1] != w.shape[0] or bias.shape[-1:] != w.shape[1:] or bias.size != w.shape[1]
                 or not x.flags.c_contiguous):
             return self._unfused(values)
-        out = self._output(self.last.out[0], x.shape[:-1] + w.shape[1:], (x,))
+        split = self.split
+        if split is None:
+            result = out = self._output(self.last.out[0], x.shape[:-1] + w.shape[1:], (x,))
+        else:
+            target = split.target(x.shape[:-1], w.shape[1], values[split.shape])
+            if target is None:
+                return self._unfused(values)
+            out = self._output(split.buffer(target), target, (x,))
+            result = out.transpose(split.perm)
         rows = math.prod(x.shape[:-1])  # not -1: an empty x has no size to infer it from
         x2, out2, b = x.reshape(rows, x.shape[-1]), out.reshape(rows, w.shape[1]), bias.reshape(-1)
         if w is self.w_const:
             call = self._dense(x2, w, out2, b)
             if call is not None:
-                self._bind(inputs, out, call)
-                return out
+                self._bind(inputs, result, call)
+                return result
         if compiled(x2, w[None], out2[None], b, False, self.activation):
-            return out
+            return result
         gemm(x2, w, out2, b)
         if self.gelu and not jit.elementwise("gelu", out):
             gelu_(out)
-        return out
+        return result
 
     def _dense(self, x: np.ndarray, w: np.ndarray, out: np.ndarray, bias: np.ndarray) -> Callable[[], bool] | None:
         """The dense tile loop, run: its bound call (products.dense), None where it cannot serve."""

@@ -114,24 +114,39 @@ def _softmax_row(yr, scale, mr, masked):
         yr[c] *= inv
 
 
-def attention(q, k, v, scale, mask, out):
+def attention(q, k, v, scale, mask, out, heads_in, heads_out):
     """out[i, j] = softmax(q[i, j] @ k[i, j] * scale + mask[i]) @ v[i, j] for q (b, h, s, d), k (b, h, d, t),
     v (b, h, t, e), mask (b or 1, t) or empty; one head of one batch item a piece, which the parallel build's
     threads share: both products are calls of numpy's BLAS, and the head's scores, made, normalized and read
-    in one piece, stay in its cache."""
-    b, h, s, d = q.shape
-    t, e = k.shape[3], v.shape[3]
+    in one piece, stay in its cache. With heads_in, q, k and v come as the [b, s, h, d], [b, t, h, d] and
+    [b, t, h, e] arrays of each head's rows side by side (heads.py), k's read transposed; with heads_out, out
+    is [b, s, h, e] likewise."""
+    if heads_in:
+        b, s, h, d = q.shape
+        t = k.shape[1]
+    else:
+        b, h, s, d = q.shape
+        t = k.shape[3]
+    e = v.shape[3]
     masked = mask.shape[0] > 0
+    # Each head's rows lie their leading dimension apart: all heads' widths in the heads' layout, one's else.
+    lq, lk, lv = (h * d, h * d, h * e) if heads_in else (d, t, e)
+    lo = h * e if heads_out else e
     for piece in prange(b * h):
         i, j = piece // h, piece % h
         scores = np.empty((s, t), np.float32)
-        _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, s, t, d, F(1), np.int64(q[i, j].ctypes.data), d,
-               np.int64(k[i, j].ctypes.data), t, F(0), np.int64(scores.ctypes.data), t)
+        if heads_in:
+            pq, pk, pv = q[i, 0, j].ctypes.data, k[i, 0, j].ctypes.data, v[i, 0, j].ctypes.data
+        else:
+            pq, pk, pv = q[i, j].ctypes.data, k[i, j].ctypes.data, v[i, j].ctypes.data
+        po = out[i, 0, j].ctypes.data if heads_out else out[i, j].ctypes.data
+        _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _TRANSPOSE if heads_in else _NO_TRANSPOSE, s, t, d, F(1), np.int64(pq),
+               lq, np.int64(pk), lk, F(0), np.int64(scores.ctypes.data), t)
         mr = mask[i if mask.shape[0] > 1 else 0] if masked else mask[0:0].reshape(-1)
         for r in range(s):
             _softmax_row(scores[r], scale, mr, masked)
         _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, s, e, t, F(1), np.int64(scores.ctypes.data), t,
-               np.int64(v[i, j].ctypes.data), e, F(0), np.int64(out[i, j].ctypes.data), e)
+               np.int64(pv), lv, F(0), np.int64(po), lo)
         # A use of scores by name after BLAS has read it through its address: numba frees an array after its
         # last use by name, which would otherwise come before that product (another thread could take the
         # memory meanwhile, or a large array go back to the system).
@@ -173,7 +188,7 @@ def layer_norm(x, residual, gamma, beta, eps, y):
 _SGEMM = "aiomnn_cblas_sgemm"
 _I8 = types.int64  # pointers, and the integers, which cblas takes as 64 or 32 bits (blas.sgemm_address)
 _sgemm = types.ExternalFunction(_SGEMM, types.void(*[_I8] * 6, types.float32, *[_I8] * 4, types.float32, _I8, _I8))
-_ROW_MAJOR, _NO_TRANSPOSE = 101, 111
+_ROW_MAJOR, _NO_TRANSPOSE, _TRANSPOSE = 101, 111, 112
 
 
 def gemm(a, b, bias, out, per_row, act, alpha, beta, row_pieces, col_pieces):
@@ -227,7 +242,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
     "depthwise": (planes.depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 5, types.float32,
                                                types.float32, *[types.int64] * 3)),
     "attention": (attention, types.void(*[types.Array(types.float32, 4, "C", readonly=True)] * 3, types.float32, _IN2,
-                                        types.Array(types.float32, 4, "C"))),
+                                        types.Array(types.float32, 4, "C"), types.boolean, types.boolean)),
     "gemm": (gemm, types.void(_IN3, _IN3, _IN, _OUT3, types.boolean, types.int64, types.float32, types.float32,
                               types.int64, types.int64)),
     "conv_input": (planes.conv_input, types.void(_IN2, _OUT2, *[types.int64] * 12)),
