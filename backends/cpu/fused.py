@@ -9,7 +9,7 @@ import numpy as np
 
 from aiomnn.backend import Execution
 
-from .ops.dtypes import F32, out_buffer
+from .ops.dtypes import F32, matches
 
 #: run_segment's view of one step: (execution, input names, [(output index, name)], names freed after it,
 #: whether to copy outputs that view planned memory, node).
@@ -28,6 +28,12 @@ def reads(a: Step, b: Step) -> bool:
     return len(outs) == 1 and outs[0][1] in frees and ins.count(outs[0][1]) == 1
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Whether a and b are arrays over the same memory, alike in shape, strides and dtype."""
+    return (type(a) is np.ndarray and type(b) is np.ndarray and a.shape == b.shape and a.strides == b.strides
+            and a.dtype == b.dtype and a.ctypes.data == b.ctypes.data)
+
+
 class Fused(Execution):
     """A fused chain of steps: its inputs come in the order of `names`; where what arrives is not what the
     fusion was made for, the chain's own kernels run one by one."""
@@ -37,26 +43,32 @@ class Fused(Execution):
         self.chain = [(s[0], s[1], s[2]) for s in chain]
         self._spare: np.ndarray | None = None
         self._bound: tuple[list[Any], Any, Callable[[], Any]] | None = None  # (inputs, output, call): see _repeat
+        self._fresh = False  # the last _output was a new array
 
     def _repeat(self, inputs: list[Any]) -> Any:
-        """The output of the bound call (_bind), repeated, where this run brings the very arrays it was bound to
-        (planned buffers, constants): a step at few rows spent a third of its time in the checks and lookups
-        that chose the call. None where the arrays differ (or the call did nothing)."""
+        """The output of the bound call (_bind), repeated, where this run brings the arrays it was bound to
+        (planned buffers, constants, or the same views of them, which a Reshape before the step makes anew each
+        run): a step at few rows spent a third of its time in the checks and lookups that chose the call. None
+        where the arrays differ (or the call did nothing)."""
         bound = self._bound
-        if bound is not None and all(x is y for x, y in zip(inputs, bound[0])) and bound[2]():
+        if bound is not None and all(x is y or _same(x, y) for x, y in zip(inputs, bound[0])) and bound[2]():
             return bound[1]
         return None
 
     def _bind(self, inputs: list[Any], out: Any, call: Callable[[], Any]) -> None:
         """Keep call (which computes out from views of these inputs, and returns something true when it did)
-        for _repeat."""
-        self._bound = (list(inputs), out, call)
+        for _repeat; not where out is a new array (see _output), which a later run must not write again."""
+        self._bound = None if self._fresh else (list(inputs), out, call)
 
     def _output(self, planned: np.ndarray | None, shape: tuple[int, ...], read: tuple[np.ndarray, ...]) -> np.ndarray:
         """Where the chain's float32 result goes: the last step's planned buffer, unless it overlaps what the
         chain reads (the plan let it reuse the memory of a value that an earlier step of the chain read last),
-        then a buffer of the fused step's own."""
-        out = out_buffer(planned, shape, F32)
+        then a buffer of the fused step's own. Without a planned buffer that fits (a model's output, which the
+        caller then owns), a new array."""
+        out = matches(planned, shape, F32)
+        self._fresh = out is None
+        if out is None:
+            return np.empty(shape, F32)
         if not any(np.may_share_memory(out, a) for a in read):
             return out
         if self._spare is None or self._spare.shape != shape:
