@@ -23,10 +23,9 @@ RNG = np.random.default_rng(23)
 
 @pytest.fixture(autouse=True)
 def compiled(monkeypatch):
-    """The loop compiled on first use, and taking convs of any size (numpy keeps the small ones otherwise),
-    pointwise ones too (the compiled BLAS product takes those first; tests/test_cpu_gemm.py has its tests)."""
+    """The loop compiled on first use, taking pointwise convs too (the compiled BLAS product takes those first;
+    tests/test_cpu_gemm.py has its tests)."""
     monkeypatch.setenv("AIOMNN_NUMBA", "wait")
-    monkeypatch.setattr(direct, "SMALL_MACS", 0)
     monkeypatch.setattr(conv, "compiled", lambda *args: False)
 
 
@@ -197,16 +196,6 @@ def test_activation_codes():
     assert jit.loop_activation(("Clip", {"min": None, "max": 6.0})) == (6, -np.inf, 6.0)
     assert jit.loop_activation(("Swish", {})) == (3, 1.0, 0.0)
     assert jit.loop_activation(("Tanh", {})) is None  # left to numpy after the loop
-
-
-def test_small_convs_keep_numpy(monkeypatch, calls):
-    monkeypatch.setattr(direct, "SMALL_MACS", 1 << 21)
-    xs, ws = (1, 8, 24, 96), (8, 8, 1, 1)  # one of cls's: 150 thousand multiply-adds
-    x = RNG.standard_normal(xs).astype(np.float32)
-    data = one_input_model([helper.make_node("Conv", ["x", "w"], ["y"])], xs,
-                           {"w": RNG.standard_normal(ws).astype(np.float32)})
-    np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
-    assert calls["direct"] == 0
 
 
 def test_depthwise_loop_shares_its_planes(sharing, request):

@@ -26,9 +26,6 @@ F32 = np.float32
 #: A piece of a conv holds at least this many multiply-adds: each must outlast a helper's late start
 #: (benchmarks/RESULTS.md, "Piece sizes").
 PIECE_MACS = 1 << 21
-#: Convs of fewer multiply-adds keep numpy's paths: on cls (a few hundred thousand each, 2-25 rows of 96) the
-#: tile loop's fixed costs outweighed its speed (benchmarks/RESULTS.md).
-SMALL_MACS = 1 << 21
 #: Bytes of packed weights that a group of channels takes at most (L2 is 512 KiB a core on the 2-core VM).
 WEIGHTS_IN_L2 = 1 << 18
 
@@ -52,8 +49,6 @@ def plan(p: dict[str, Any], group: int) -> bool:
         xs = -(-max(C * s * s * hq * wq, int(offs[-1]) + Ho * wq + NR) // NR) * NR
         layout = (C, H, W, pt, pl, s, hq, wq)
     macs = p["co"] * offs.shape[0] * Ho * Wo
-    if macs * p["N"] < SMALL_MACS:
-        return False
     u = np.uint64
     last = (Ho - 1) * rw + Wo
     p["direct"] = dict(
