@@ -1,4 +1,4 @@
-"""Softmax over an axis before the last on the CPU (normalization.softmax_axis, YOLOv8's box distributions over
+"""Softmax over an axis before the last on the CPU (softmax.softmax_axis, YOLOv8's box distributions over
 axis 1) against onnxruntime: by the compiled loop, in blocks of columns, and by numpy."""
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ RNG = np.random.default_rng(29)
 @pytest.mark.parametrize("shape,axis", [((1, 16, 4, 2100), 1), ((2, 5, 3, 7), 1), ((3, 4, 1030), 1),
                                         ((2, 3, 4, 5), -2), ((8, 1, 3), 1)])
 def test_softmax_over_an_inner_axis(shape, axis, threads, numba, monkeypatch):
-    from aiomnn.backends.cpu.ops import normalization
+    from aiomnn.backends.cpu.ops import softmax
 
     monkeypatch.setenv("AIOMNN_NUMBA", numba)
-    monkeypatch.setattr(normalization, "AXIS_BLOCK", 64)  # several blocks, a short last one
+    monkeypatch.setattr(softmax, "AXIS_BLOCK", 64)  # several blocks, a short last one
     served = []
-    compiled = normalization.softmax_axis
-    monkeypatch.setattr(normalization, "softmax_axis", lambda *a: served.append(compiled(*a)) or served[-1])
+    compiled = softmax.softmax_axis
+    monkeypatch.setattr(softmax, "softmax_axis", lambda *a: served.append(compiled(*a)) or served[-1])
     x = (RNG.standard_normal(shape) * 5).astype(np.float32)
     x.flat[::7] = -1e30  # a column may hold values far below its maximum
     data = one_input_model([helper.make_node("Softmax", ["x"], ["y"], axis=axis)], shape, opset=13)

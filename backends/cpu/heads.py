@@ -27,10 +27,10 @@ import numpy as np
 from . import jit
 from .fused import Fused, Step, feeds, reads
 from .kernel import FunctionKernel, parallel, shared_scratch, threads
-from .ops.dtypes import F32
+from .ops.dtypes import F32, NO_ROWS
 from .ops.elementwise import Add, Div, Mul
 from .ops.matmul import PIECE_MACS, MatMul
-from .ops.normalization import NO_ROWS, _SoftmaxBase
+from .ops.softmax import SoftmaxBase
 from .ops.tensor import Transpose
 
 #: The Transposes that split a [b, s, h, d] tensor into heads: q and v to [b, h, s, d], k to [b, h, d, s].
@@ -101,7 +101,7 @@ def _attention(plan: list[Step], i: int) -> list[Step] | None:
         if j < len(plan) and type(plan[j][0]) in kinds and reads(plan[j - 1], plan[j]):
             chain.append(plan[j])
             j += 1
-    if j + 1 >= len(plan) or not isinstance(plan[j][0], _SoftmaxBase) or type(plan[j + 1][0]) is not MatMul:
+    if j + 1 >= len(plan) or not isinstance(plan[j][0], SoftmaxBase) or type(plan[j + 1][0]) is not MatMul:
         return None
     chain += [plan[j], plan[j + 1]]
     if not all(reads(a, b) for a, b in zip(chain, chain[1:])) or chain[-1][1][0] != chain[-2][2][0][1]:

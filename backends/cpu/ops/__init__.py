@@ -28,6 +28,7 @@ from . import (  # noqa: F401
     resize,
     sequence,
     signal,
+    softmax,
     tensor,
     text,
     training,

@@ -59,3 +59,20 @@ def out_buffer(planned: np.ndarray | None, shape: tuple[int, ...], dtype: np.dty
     """The planned output buffer when it fits, else a fresh one."""
     out = matches(planned, tuple(shape), dtype)
     return np.empty(shape, dtype=dtype) if out is None else out
+
+
+def stats_dtype(dtype: np.dtype) -> np.dtype:
+    """Where a normalization computes its statistics: float64 for float64, float32 for float32 and the half types
+    (the ONNX stash type); a TypeError for any other dtype."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float64:
+        return dtype
+    if dtype == np.float32:
+        return dtype
+    if dtype.kind in "fV" or dtype.name == "bfloat16":
+        return np.dtype(np.float32)
+    raise TypeError(f"unsupported dtype {dtype}")
+
+
+#: The compiled loops' "none" for an optional 2-D float32 input (a mask, a residual): no rows.
+NO_ROWS = np.empty((0, 0), np.float32)

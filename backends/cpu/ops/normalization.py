@@ -1,9 +1,7 @@
-"""Softmax family and normalizations.
-
-Softmax, LogSoftmax and Hardmax before opset 13 treat the input as 2-D,
-flattened at `axis` (default 1); from 13 they work along the one `axis`
-(default -1). Statistics are computed in float32 for float16/bfloat16 input
-(the ONNX stash type) and in float64 for float64 input.
+"""Normalizations: BatchNormalization, LayerNormalization and RMSNormalization (with the compiled row pass that
+fuse.AddNorm shares), InstanceNormalization, GroupNormalization, LRN, LpNormalization and
+MeanVarianceNormalization. Statistics are computed in float32 for float16/bfloat16 input (the ONNX stash type)
+and in float64 for float64 input (dtypes.stats_dtype). The softmax family is in softmax.py.
 """
 
 from __future__ import annotations
@@ -15,125 +13,13 @@ import numpy as np
 
 from .. import jit
 from ..kernel import SLICE_ELEMENTS, Kernel, Unsupported, op
-from .dtypes import F32, out_buffer
-
-
-def _cdt(dtype: np.dtype) -> np.dtype:
-    dtype = np.dtype(dtype)
-    if dtype == np.float64:
-        return dtype
-    if dtype == np.float32:
-        return dtype
-    if dtype.kind in "fV" or dtype.name == "bfloat16":
-        return np.dtype(np.float32)
-    raise TypeError(f"unsupported dtype {dtype}")
+from .dtypes import F32, NO_ROWS, out_buffer, stats_dtype
 
 
 def _axis(axis: int, rank: int, what: str = "axis") -> int:
     if not -max(rank, 1) <= axis < max(rank, 1):
         raise ValueError(f"{what} {axis} is out of range for rank {rank}")
     return axis % max(rank, 1)
-
-
-# Softmax family ------------------------------------------------------------------
-
-NO_ROWS = np.empty((0, 0), np.float32)
-
-
-#: Columns a block of softmax_axis takes: a few rows of them stay in L1 while the block is reduced.
-AXIS_BLOCK = 512
-
-
-def softmax_axis(x: np.ndarray, out: np.ndarray, axis: int) -> bool:
-    """out = softmax(x) over an axis before the last (YOLOv8's box distributions, over axis 1), by the compiled
-    loop, blocks of columns shared among threads; False (nothing done) where it cannot serve."""
-    if x.dtype != F32 or out.dtype != F32 or not x.flags.c_contiguous or not out.flags.c_contiguous or x.size == 0:
-        return False
-    O, N, I = math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:])
-    blocks = O * -(-I // AXIS_BLOCK)
-    sums = np.empty((blocks, AXIS_BLOCK), F32)
-    xs, ys = x.reshape(O, N, I), out.reshape(O, N, I)
-    return jit.split("softmax_axis", blocks, max(1, SLICE_ELEMENTS // (N * AXIS_BLOCK)),
-                     lambda fn, lo, hi: fn(xs, ys, sums, AXIS_BLOCK, lo, hi)) is not None
-
-
-def softmax_rows(x: np.ndarray, out: np.ndarray) -> bool:
-    """out = softmax(x) over the last axis, by the compiled loop, rows shared among threads (jit.split); False
-    (nothing done) where it cannot serve (see jit.elementwise)."""
-    if x.dtype != F32 or out.dtype != F32 or x.ndim == 0 or not out.flags.c_contiguous or x.size == 0:
-        return False
-    if jit.jitted("softmax") is None:
-        return False
-    cols = x.shape[-1]
-    np.copyto(out, x)
-    ys = out.reshape(-1, cols)
-    one = np.float32(1)
-    return jit.split("softmax", ys.shape[0], max(1, SLICE_ELEMENTS // cols),
-                     lambda fn, lo, hi: fn(ys[lo:hi], one, NO_ROWS, 1, 0)) is not None
-
-
-class _SoftmaxBase(Kernel):
-    writes_outputs = True
-    kind = "softmax"
-
-    def __init__(self, node, inputs, outputs, axis=None):
-        super().__init__(node, inputs, outputs)
-        self.legacy = node.opset < 13
-        self.axis = (1 if self.legacy else -1) if axis is None else int(axis)
-
-    def run(self, x):
-        if x.ndim == 0:
-            raise ValueError(f"{self.node.op_type} needs an input of rank 1 or more")
-        ax = _axis(self.axis, x.ndim)
-        if self.legacy:
-            lead = math.prod(x.shape[:ax])
-            xv = x.reshape(lead, -1)
-            red = 1
-        else:
-            xv = x
-            red = ax
-        if self.kind == "hardmax":
-            y = np.zeros(xv.shape, x.dtype)
-            if xv.shape[red]:
-                idx = np.expand_dims(np.argmax(xv, axis=red), red)
-                np.put_along_axis(y, idx, 1, axis=red)
-            return y.reshape(x.shape)
-        # float16/bfloat16 compute in their own dtype (with numpy's float accumulation in the sums),
-        # as the ONNX reference does; float32 and float64 natively.
-        cdt = x.dtype if x.dtype.kind == "f" or x.dtype.name == "bfloat16" else _cdt(x.dtype)
-        native = cdt == x.dtype
-        out = out_buffer(self.out[0], x.shape, x.dtype)
-        if self.kind == "softmax" and red == xv.ndim - 1 and softmax_rows(xv, out.reshape(xv.shape)):
-            return out
-        if self.kind == "softmax" and red < xv.ndim - 1 and softmax_axis(xv, out.reshape(xv.shape), red):
-            return out
-        y = out.reshape(xv.shape) if native else np.empty(xv.shape, cdt)
-        xc = xv if native else xv.astype(cdt)
-        # The ufuncs' reduce methods: np.max and np.sum add microseconds of Python per call.
-        m = np.maximum.reduce(xc, axis=red, keepdims=True)
-        np.subtract(xc, m, out=y)
-        if self.kind == "softmax":
-            np.exp(y, out=y)
-            s = np.add.reduce(y, axis=red, keepdims=True)
-            y /= s
-        else:
-            e = np.exp(y)
-            s = np.log(np.sum(e, axis=red, keepdims=True))
-            y -= s
-        if not native:
-            out[...] = y.reshape(x.shape)
-        return out
-
-
-def _softmax_op(name: str, kind: str) -> None:
-    cls = type(name, (_SoftmaxBase,), {"kind": kind})
-    op(name, 1)(cls)
-    op(name, 13)(type(name + "13", (cls,), {}))
-
-
-_softmax_op("Softmax", "softmax")
-_softmax_op("LogSoftmax", "logsoftmax")
-_softmax_op("Hardmax", "hardmax")
 
 
 # BatchNormalization ----------------------------------------------------------------
@@ -184,7 +70,7 @@ class BatchNormalization(Kernel):
         return a, b - mean * a
 
     def run(self, x, scale, b, mean, var):
-        cdt = _cdt(x.dtype)
+        cdt = stats_dtype(x.dtype)
         if self.training:
             return self._train(x, scale, b, mean, var, cdt)
         a, c = self.folded if self.folded is not None else self._fold(scale, b, mean, var)
@@ -241,7 +127,7 @@ class LayerNormalization(_RowNorm):
             out = out_buffer(self.out[0], x.shape, x.dtype)
             if layer_norm_rows(x, None, scale, b, self.eps, out):
                 return out
-        cdt = _cdt(x.dtype)
+        cdt = stats_dtype(x.dtype)
         lead = math.prod(x.shape[:ax])
         xv = x.reshape(lead, -1).astype(cdt, copy=False)
         mean = xv.mean(axis=1, keepdims=True)
@@ -267,7 +153,7 @@ class RMSNormalization(_RowNorm):
 
     def run(self, x, scale):
         ax = _axis(self.axis, x.ndim)
-        cdt = _cdt(x.dtype)
+        cdt = stats_dtype(x.dtype)
         lead = math.prod(x.shape[:ax])
         xv = x.reshape(lead, -1).astype(cdt, copy=False)
         ms = np.einsum("ij,ij->i", xv, xv)[:, None] / max(1, xv.shape[1])
@@ -321,7 +207,7 @@ class InstanceNormalization(Kernel):
         self.eps = float(epsilon)
 
     def run(self, x, scale, b):
-        cdt = _cdt(x.dtype)
+        cdt = stats_dtype(x.dtype)
         C = x.shape[1]
         y = _normalize_groups(x, C, self.eps, cdt)
         bshape = (C,) + (1,) * (x.ndim - 2)
@@ -352,7 +238,7 @@ class GroupNormalization(Kernel):
         G = self.groups
         if G <= 0 or C % G:
             raise ValueError(f"GroupNormalization: {C} channels do not split into {G} groups")
-        cdt = _cdt(x.dtype)
+        cdt = stats_dtype(x.dtype)
         y = _normalize_groups(x, G, self.eps, cdt)
         s, c = scale.astype(cdt).reshape(-1), b.astype(cdt).reshape(-1)
         if self.per_group and s.size == G:
@@ -383,7 +269,7 @@ class LRN(Kernel):
         self.alpha, self.beta, self.bias, self.size = float(alpha), float(beta), float(bias), int(size)
 
     def run(self, x):
-        cdt = _cdt(x.dtype)
+        cdt = stats_dtype(x.dtype)
         xc = x.astype(cdt, copy=False)
         C = x.shape[1]
         before = (self.size - 1) // 2
@@ -409,7 +295,7 @@ class LRN(Kernel):
 def lp_normalization(x, axis=-1, p=2):
     if p not in (1, 2):
         raise ValueError(f"LpNormalization supports p = 1 or 2, not {p}")
-    cdt = _cdt(x.dtype)
+    cdt = stats_dtype(x.dtype)
     xc = x.astype(cdt, copy=False)
     ax = _axis(axis, x.ndim)
     if p == 1:
@@ -423,7 +309,7 @@ def lp_normalization(x, axis=-1, p=2):
 
 @op("MeanVarianceNormalization", 9)
 def mean_variance_normalization(x, axes=(0, 2, 3)):
-    cdt = _cdt(x.dtype)
+    cdt = stats_dtype(x.dtype)
     xc = x.astype(cdt, copy=False)
     ax = tuple(sorted({_axis(a, x.ndim, "axes") for a in axes}))
     mean = xc.mean(axis=ax, keepdims=True)
