@@ -40,9 +40,9 @@ def loop():
 
 @pytest.fixture
 def calls(monkeypatch):
-    from aiomnn.backends.cpu import fuse
+    from aiomnn.backends.cpu import layers
 
-    return counting(monkeypatch, "dense", products.dense, fuse)
+    return counting(monkeypatch, "dense", products.dense, layers)
 
 
 def _pack(w: np.ndarray) -> np.ndarray:

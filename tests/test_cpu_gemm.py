@@ -40,10 +40,10 @@ def gemm():
 def calls(monkeypatch):
     """How many products the compiled loop computed (products.compiled returning True), by the steps that
     call it (each module imported it by name)."""
-    from aiomnn.backends.cpu import fuse
+    from aiomnn.backends.cpu import fuse, layers
     from aiomnn.backends.cpu.ops import conv
 
-    return counting(monkeypatch, "compiled", products.compiled, conv, fuse)
+    return counting(monkeypatch, "compiled", products.compiled, conv, fuse, layers)
 
 
 def _gelu(z: np.ndarray) -> np.ndarray:
@@ -109,9 +109,9 @@ def _run(data: bytes, feeds: dict[str, np.ndarray], threads: int) -> np.ndarray:
 def test_dense_matches_onnxruntime(gemm, rows, k, n, gelu, threads, calls, monkeypatch):
     """MatMul + bias row (+ Gelu) as one Dense step, its product compiled (the dense tile loop, which serves
     it first, declines here: tests/test_cpu_dense.py has that)."""
-    from aiomnn.backends.cpu import fuse
+    from aiomnn.backends.cpu import layers
 
-    monkeypatch.setattr(fuse, "panels", lambda w: None)
+    monkeypatch.setattr(layers, "panels", lambda w: None)
     x = RNG.standard_normal((1, rows, k)).astype(np.float32)
     consts = {"w": (RNG.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32),
               "b": RNG.standard_normal(n).astype(np.float32)}

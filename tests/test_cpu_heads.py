@@ -112,3 +112,21 @@ def test_merge_read_elsewhere_is_kept(monkeypatch):
     outs, steps = asyncio.run(_plan_and_outputs(model, FEEDS[:3], names=("y", "ctx")))
     _check(model, FEEDS[:3], outs)
     assert steps.count("Transpose") == 1, steps
+
+
+@pytest.mark.parametrize("numba", ["wait", "0"], ids=["numba", "numpy"])
+def test_projections_merge_at_few_rows(monkeypatch, numba):
+    """q, k and v as one product at few rows (14 here), as three at more (80), and as three with numpy alone: the
+    same results as onnxruntime each time, the fused step in the plan either way."""
+    from aiomnn.backends.cpu import layers
+
+    monkeypatch.setenv("AIOMNN_NUMBA", numba)
+    merged = []
+    run = layers.Projections._merged
+    monkeypatch.setattr(layers.Projections, "_merged", lambda self, v: merged.append(run(self, v)) or merged[-1])
+    model = _encoder_layer()
+    feeds = [_feeds(), _feeds(5, 16), _feeds(seed=3)]
+    outs, steps = asyncio.run(_plan_and_outputs(model, feeds))
+    _check(model, feeds, outs)
+    assert "Projections" in steps, steps
+    assert [m is not None for m in merged] == [numba == "wait", False, numba == "wait"]

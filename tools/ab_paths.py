@@ -9,6 +9,7 @@ Switches (on: today's path; off: the one it replaced or the one tried instead):
     bound-conv        the conv tile loop's bound call repeated for the same arrays (off: looked up every run)
     pointwise-tiles   pointwise convs on the tile loop (off, today: the compiled BLAS product)
     heads             attention heads split and merged in place (off: the Transposes copy them, steps of their own)
+    projections       an attention's q, k and v products as one at few rows (off: three Dense steps)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 
 import aiomnn
 from aiomnn import models
-from aiomnn.backends.cpu import fuse, heads, jit
+from aiomnn.backends.cpu import fuse, heads, jit, layers
 from aiomnn.backends.cpu.ops import conv, direct
 
 
@@ -57,6 +58,9 @@ def switch(name: str) -> Callable[[bool], None]:
             return chain
 
         fuse.heads._attention = attention
+    elif name == "projections":
+        find = layers.projections
+        layers.projections = lambda plan, i, gives=(): find(plan, i, gives) if on["value"] else None
     else:
         raise SystemExit(f"unknown switch {name!r}; see the docstring")
     return lambda value: on.__setitem__("value", value)

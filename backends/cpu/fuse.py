@@ -1,6 +1,6 @@
 """Fusions the CPU backend makes over a segment's steps, when it first plans the segment's run.
 
-Rewrites that every backend gains from live in aiomnn/optimize.py. These are the CPU's own: a numpy
+Rewrites that every backend gains from are aiomnn/optimize.py's. These are the CPU's own: a numpy
 call costs microseconds whatever its size, and a kernel that runs once per run pays more again for its
 code and data being out of the caches, so a chain of kernels on tiny tensors costs far more in calls than
 in arithmetic.
@@ -12,11 +12,7 @@ in arithmetic.
 
 * Attention (BERT and other exported transformers): heads.py.
 
-* Dense layers: MatMul by a 2-D weight -> Add of a bias row -> GELU (optional) as one product: with a constant
-  weight, the dense tile loop over the weight packed once (products.dense); else products.compiled, each piece
-  a BLAS call whose bias and GELU are applied while it is in cache. numba's threads share the pieces. Where a
-  Reshape and a Transpose then split the result into attention heads, it goes straight into the Transpose's
-  buffer (heads.py).
+* Dense layers, MatMul -> Add (-> GELU) as one product, and an attention's three projections as one: layers.py.
 * Residual and LayerNormalization: Add -> LayerNormalization over the last axis as one compiled pass.
 * A scale and shift by scalars after a conv (PP-OCRv4): Conv -> Mul -> Add (or one of the two), applied with the
   conv's activation to its output while that is in cache (conv_affine.py).
@@ -30,23 +26,20 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Collection
+from typing import Any, Collection
 
 import numpy as np
 
-from . import conv_affine, heads, jit, upsample_add
-from .fused import Fused, Step, feeds, reads
+from . import conv_affine, heads, layers, upsample_add
+from .fused import Fused, Step, feeds
 from .kernel import SLICE_ELEMENTS, parallel_slices, threads
 from .ops import direct
 from .ops.conv import Conv
 from .ops.dtypes import F32, matches, out_buffer
 from .ops.elementwise import Add, Mul
-from .ops.activations import gelu_
-from .ops.matmul import MatMul, gemm
 from .ops.normalization import LayerNormalization, layer_norm_rows
 from .ops.pool import GlobalAveragePool
-from .ops.products import bias_tile, compiled, dense, panels, product
-from .ops.tensor import Transpose
+from .ops.products import bias_tile, compiled, product
 
 
 def fuse(plan: list[Step], gives: Collection[str] = ()) -> list[Step]:
@@ -54,9 +47,11 @@ def fuse(plan: list[Step], gives: Collection[str] = ()) -> list[Step]:
     there after it (read by later segments, or the model's outputs)."""
     out: list[Step] = []
     i = 0
-    dense_ = functools.partial(_dense, gives=set(gives))
+    dense_ = functools.partial(layers.dense_chain, gives=set(gives))
+    projections = functools.partial(layers.projections, gives=set(gives))
     while i < len(plan):
-        for find, kind in ((_squeeze_excite, SqueezeExcite), (heads._attention, heads.Attention), (dense_, Dense),
+        for find, kind in ((_squeeze_excite, SqueezeExcite), (heads._attention, heads.Attention),
+                           (projections, layers.Projections), (dense_, layers.Dense),
                            (_add_norm, AddNorm), (conv_affine.find, conv_affine.ConvAffine),
                            (upsample_add.find, upsample_add.UpsampleAdd)):
             chain = find(plan, i)
@@ -76,7 +71,8 @@ def _step(kind: type, chain: list[Step]) -> Step:
     made = {name for s in chain for _, name in s[2]}
     names = list(dict.fromkeys(n for s in chain for n in s[1] if n and n not in made))
     freed = [n for s in chain for n in s[3] if n not in made]
-    return kind(chain, names), names, chain[-1][2], freed, chain[-1][4], chain[-1][5]
+    outputs = kind.outputs(chain) if hasattr(kind, "outputs") else chain[-1][2]
+    return kind(chain, names), names, outputs, freed, chain[-1][4], chain[-1][5]
 
 
 def _small_pointwise(conv: Any, pixels: int = 1) -> bool:
@@ -108,82 +104,6 @@ def _squeeze_excite(plan: list[Step], i: int) -> list[Step] | None:
             and feeds(chain[3], nxt)):
         chain.append(nxt)
     return chain
-
-
-def _dense(plan: list[Step], i: int, gives: Collection[str] = ()) -> list[Step] | None:
-    """MatMul -> Add (-> Gelu) from step i, and the split into heads after it (heads.split_after)."""
-    if type(plan[i][0]) is not MatMul or i + 1 >= len(plan):
-        return None
-    add = plan[i + 1]
-    if type(add[0]) is not Add or add[0].legacy or add[0].activation is not None or not reads(plan[i], add):
-        return None
-    chain = [plan[i], add]
-    nxt = plan[i + 2] if i + 2 < len(plan) else None
-    if nxt is not None and type(nxt[0]).__name__ == "Gelu" and nxt[0].attrs.get("approximate") == "none" \
-            and reads(add, nxt):
-        chain.append(nxt)
-    return chain + heads.split_after(plan, i + len(chain) - 1, gives)
-
-
-class Dense(Fused):
-    """x @ w + bias (then GELU) for a 2-D w and a bias row of its width, written into the last step's buffer (a
-    head split's, where the chain ends in one: heads.Split)."""
-
-    def __init__(self, chain: list[Step], names: list[str]):
-        super().__init__(chain, names)
-        self.split = heads.Split(*chain[-2:]) if type(chain[-1][0]) is Transpose else None
-        if self.split is not None:
-            chain = chain[:-2]
-        self.x, self.w = chain[0][1][:2]
-        made = chain[0][2][0][1]
-        self.bias = next(x for x in chain[1][1] if x != made)
-        self.gelu = len(chain) == 3
-        self.last = chain[-1][0]
-        self.activation = jit.loop_activation(("Gelu", {}) if self.gelu else None)  # the compiled loops'
-        self.w_const = chain[0][0].b_const
-        self.panels: Any = None  # w_const packed for the dense tile loop, on the first run that can use it
-
-    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
-        again = self._repeat(inputs)
-        if again is not None:
-            return again
-        values = dict(zip(self.names, inputs))
-        x, w, bias = values[self.x], values[self.w], values[self.bias]
-        if (not isinstance(bias, np.ndarray) or any(a.dtype != F32 for a in (x, w, bias)) or w.ndim != 2
-                or x.ndim < 2 or x.shape[-1] != w.shape[0] or bias.shape[-1:] != w.shape[1:] or bias.size != w.shape[1]
-                or not x.flags.c_contiguous):
-            return self._unfused(values)
-        split = self.split
-        if split is None:
-            result = out = self._output(self.last.out[0], x.shape[:-1] + w.shape[1:], (x,))
-        else:
-            target = split.target(x.shape[:-1], w.shape[1], values[split.shape])
-            if target is None:
-                return self._unfused(values)
-            out = self._output(split.buffer(target), target, (x,))
-            result = out.transpose(split.perm)
-        rows = math.prod(x.shape[:-1])  # not -1: an empty x has no size to infer it from
-        x2, out2, b = x.reshape(rows, x.shape[-1]), out.reshape(rows, w.shape[1]), bias.reshape(-1)
-        if w is self.w_const:
-            call = self._dense(x2, w, out2, b)
-            if call is not None:
-                self._bind(inputs, result, call)
-                return result
-        if compiled(x2, w[None], out2[None], b, False, self.activation):
-            return result
-        gemm(x2, w, out2, b)
-        if self.gelu and not jit.elementwise("gelu", out):
-            gelu_(out)
-        return result
-
-    def _dense(self, x: np.ndarray, w: np.ndarray, out: np.ndarray, bias: np.ndarray) -> Callable[[], bool] | None:
-        """The dense tile loop, run: its bound call (products.dense), None where it cannot serve."""
-        if self.panels is None:
-            # Asks for both builds at once; packing waits until they can serve.
-            if jit.jitted("dense") is None or (threads() > 1 and jit.threaded("dense", threads()) is None):
-                return None
-            self.panels = panels(w) or False
-        return dense(x, self.panels, bias, out, self.activation) if self.panels else None
 
 
 def _add_norm(plan: list[Step], i: int) -> list[Step] | None:
