@@ -408,7 +408,7 @@ async def test_conv_narrow(cid, precision, runtime, monkeypatch):
 async def test_layers_take_their_shapes_as_specialization_constants(runtime):
     """Convs of two shapes through conv_gemm: each shape has its own pipeline, with its shapes as specialization
     constants and no push constants, while two layers of one shape share theirs; all match the CPU."""
-    from aiomnn.backends.vulkan.device import SPECIALIZED
+    from aiomnn.backends.vulkan.kernels import SPECIALIZED
 
     assert {"conv", "conv_gemm", "convt", "matmul", "matmul_direct", "matmul_small"} <= SPECIALIZED
     conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])

@@ -12,7 +12,7 @@ so --check needs no compiler: only spirv-val, which it runs when present.
 
 Some sources are also built with extra defines (EXTRA): matmul.comp's register-blocked tiles,
 matmul_<TM>x<TN>.spv (and its _fp16), and conv_gemm.comp's, conv_gemm_<BM>x<BN>.spv, kernels of their
-own (device.REG_TILE_LOCAL, device.CONV_REG_LOCAL).
+own (kernels.REG_TILE_LOCAL, kernels.CONV_REG_LOCAL).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import vulkan as vk
 
-from .device import CONV_REG_LOCAL
+from .kernels import CONV_REG_LOCAL
 from .queue import Submission
 
 if TYPE_CHECKING:
