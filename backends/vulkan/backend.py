@@ -6,7 +6,7 @@ Resize (the pipeline's alloc):
   on_resize     each execution fixes its dispatches: kernel, bindings (Locs), push
                 constants and grid.
   on_resize_end creates the arena, io and aux buffers, one descriptor pool sized to
-                the plan, and writes every descriptor set.
+                the plan, and writes every descriptor set (buffers.py).
   prepare_segments (or the first submit of a segment) records the segment's command
                 buffer (segments.py): input copies, the dispatches in waves with a
                 barrier between waves (record.waves), output copies, and its VkSubmitInfo.
@@ -45,11 +45,11 @@ from aiomnn.fence import Fence, offload
 from aiomnn.graph import Node
 from aiomnn.memory import Arena, Block, HandedOver, Lease, StorageType, handed
 
-from .memory import Loc, align_up, upload
+from .memory import Loc, align_up
 from .profile import Timestamps
 from .queue import Submission
-from . import segments
-from .record import Dispatch, Record, Slot
+from . import buffers, segments
+from .record import Record, Slot
 
 if TYPE_CHECKING:
     from aiomnn.pipeline import Segment
@@ -259,47 +259,10 @@ class VulkanBackend(Backend):
         self._aux.append((loc, raw))
         return loc
 
-    def buffer_of(self, loc: Loc):
-        if loc.region == "arena":
-            return self._arena_buf
-        if loc.region == "io":
-            return self._io_dev
-        if loc.region == "aux":
-            return self._aux_buf
-        return loc.buffer
-
-    def host_view(self, loc: Loc, shape: tuple[int, ...]) -> np.ndarray:
-        buf = {"arena": self._arena_buf, "io": self._io_dev}[loc.region]
-        return buf.view(loc.offset, self.store, shape)
-
     # Lifecycle ----------------------------------------------------------------------
     def clear_buffers(self) -> None:
         """Free everything planned for the current shapes (the weights stay in the runtime's pool)."""
-        if self.rt.closed:  # the device is gone, and everything made on it
-            self._subs, self._cmds, self._records, self._desc_pools = [], [], {}, []
-            self.timestamps.clear(destroy=False)
-            self._arena_buf = self._io_dev = self._io_host = self._aux_buf = None
-            self._extra_bufs = []
-            self._reset_plan()
-            return
-        if self._last_value:
-            self.queue.wait_value(self._last_value)
-        for s in self._subs:
-            s.destroy()
-        self._subs = []
-        self.ctx.free_command_buffers(self._cmds)
-        self._cmds = []
-        self._records = {}
-        self._predicted = {}
-        for pool in self._desc_pools:
-            vk.vkDestroyDescriptorPool(self.ctx.device, pool, None)
-        self._desc_pools = []
-        self.timestamps.clear()
-        for b in (self._arena_buf, self._io_dev, self._io_host, self._aux_buf, *self._extra_bufs):
-            if b is not None:
-                b.destroy()
-        self._arena_buf = self._io_dev = self._io_host = self._aux_buf = None
-        self._extra_bufs = []
+        buffers.free(self)
         self._reset_plan()
 
     def on_resize_begin(self) -> None:
@@ -341,62 +304,11 @@ class VulkanBackend(Backend):
 
     def on_resize_end(self) -> None:
         try:
-            self._allocate()
+            buffers.allocate(self)
+            if not self.dry:
+                segments.predict(self)
         except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory) as exc:
             raise MemoryError(f"Vulkan: {type(exc).__name__}") from None
-
-    def _allocate(self) -> None:
-        ctx = self.ctx
-        if self.arena.size:
-            self._arena_buf = ctx.device_buffer(self.arena.size)
-        if self._io_size:  # device memory the host writes inputs into, or device memory and a staging mirror
-            self._io_host = ctx.input_buffer(self._io_size)
-            self._io_dev = self._io_host if ctx.direct_inputs else ctx.device_buffer(self._io_size)
-        if self._aux:
-            self._aux_buf = ctx.device_buffer(self._aux_size)
-            data = np.zeros(self._aux_size, np.uint8)
-            for loc, raw in self._aux:
-                data[loc.offset: loc.offset + len(raw)] = np.frombuffer(raw, np.uint8)
-            upload(ctx, self.queue, self._aux_buf, 0, data)
-        self._write_descriptors([d for e in self._exes for d in e.dispatches])
-        if not self.dry:
-            segments.predict(self)
-
-    def _write_descriptors(self, dispatches: list[Dispatch]) -> None:
-        """Give each dispatch its descriptor set, from a pool sized for exactly these."""
-        if not dispatches:
-            return
-        dev = self.ctx.device
-        total = sum(d.kernel.nbind for d in dispatches)
-        size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=total)
-        pool = vk.vkCreateDescriptorPool(dev, vk.VkDescriptorPoolCreateInfo(
-            maxSets=len(dispatches), poolSizeCount=1, pPoolSizes=[size]), None)
-        self._desc_pools.append(pool)
-        sets = vk.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
-            descriptorPool=pool, descriptorSetCount=len(dispatches),
-            pSetLayouts=[d.kernel.set_layout for d in dispatches]))
-        # Raw structures: the wrappers cost tens of microseconds per struct.
-        infos = ffi.new("VkDescriptorBufferInfo[]", total)
-        writes = ffi.new("VkWriteDescriptorSet[]", total)
-        k = 0
-        for i, d in enumerate(dispatches):
-            d.set = sets[i]
-            for j, loc in enumerate(d.locs):
-                buf = self.buffer_of(loc)
-                if buf is None:
-                    raise BackendError(f"no device buffer for {loc}")
-                infos[k].buffer = buf.handle
-                infos[k].offset = loc.offset
-                infos[k].range = max(loc.nbytes, 4)
-                w = writes[k]
-                w.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
-                w.dstSet = d.set
-                w.dstBinding = j
-                w.descriptorCount = 1
-                w.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
-                w.pBufferInfo = infos + k
-                k += 1
-        lib.vkUpdateDescriptorSets(dev, total, writes, 0, ffi.NULL)
 
     # Recording ----------------------------------------------------------------------
     def prepare_segments(self, segments: list["Segment"]) -> None:

@@ -23,6 +23,7 @@ import vulkan as vk
 from aiomnn import copies
 from aiomnn.errors import BackendError
 
+from .buffers import buffer_of, host_view, write_descriptors
 from .memory import Loc, align_up
 from .queue import Submission
 from .record import (COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, Record, Slot, barrier,
@@ -120,8 +121,8 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
                         for (_, loc, shape), off in zip(downloads, rb_offsets)]
             readback = None  # the casts fill it: nothing to copy
     else:
-        down_views = [(n, be.host_view(loc, shape)) for n, loc, shape in downloads]
-    be._write_descriptors(cast_in + cast_out)
+        down_views = [(n, host_view(be, loc, shape)) for n, loc, shape in downloads]
+    write_descriptors(be, cast_in + cast_out)
 
     def make() -> Slot:
         rb, views = readback, down_views  # the record's, or with handover this slot's own
@@ -156,7 +157,7 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
             barrier(cmd, COMPUTE, TRANSFER, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_TRANSFER_READ_BIT)
             for (_, loc, _), off in zip(downloads, rb_offsets):
                 region = vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=off, size=max(loc.nbytes, 1))
-                vk.vkCmdCopyBuffer(cmd, be.buffer_of(loc).handle, rb.handle, 1, [region])
+                vk.vkCmdCopyBuffer(cmd, buffer_of(be, loc).handle, rb.handle, 1, [region])
             barrier(cmd, TRANSFER, HOST, vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
         else:
             barrier(cmd, COMPUTE, HOST, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
