@@ -12,7 +12,8 @@ Resize, in the pipeline's order:
                    value a fused kernel reads later lives until that kernel runs.
   on_resize_end    the final fusion (graph outputs are known now), the arena and
                    staging buffers, kernel compilation and binding, one eager
-                   warm-up, then stream capture of each segment into a CUDA graph.
+                   warm-up, then stream capture of each segment into a CUDA graph
+                   (binding.py).
 
 A run (submit): runs.py copies the inputs to the device, launches the graph (every
 kernel), copies each output into a pinned block of cupy's pool that becomes the
@@ -36,10 +37,9 @@ from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.graph import Node
-from aiomnn.profile import OpEvent
 from aiomnn.memory import Block, StorageType
 
-from . import grouping, runs
+from . import binding, grouping, runs
 from .ops import OPS
 from .ops.base import CudaOp, Decline
 from .ops.tensor import Concat, Split
@@ -345,82 +345,7 @@ class CudaBackend(Backend):
 
     def on_resize_end(self) -> None:
         with self.rt.device, cupy.cuda.using_allocator(self.rt.pool.malloc):
-            self._bind()
-
-    def _alive(self, name: str, j: int) -> bool:
-        if name in self._derived or name in self._kept:
-            return True
-        t = self._tensors.get(name)
-        if t is not None and t.is_const:
-            return True
-        if name not in self._block_of:
-            # A separate buffer lives through the run; a value planned as fused that stays
-            # stored after all gets a separate buffer at binding.
-            return True
-        return self._last_use.get(name, -1) >= j or self._extend.get(name, -1) >= j
-
-    def _bind(self) -> None:
-        steps = [s for s in self._steps if s.exe is not None]
-        if not steps or not all(s.exe.resized for s in steps):
-            # Nothing here, or a stale plan: this pass ran every op on the backup
-            # (tuning fallback) or an earlier pass failed before planning.
-            self._steps, self._runs = [], {}
-            return
-        self._roots, self._absorbed = grouping.plan(self, self._kept, self._alive)
-        absorbed_values = {self._steps[i].exe.out_names[0] for i in self._absorbed if self._steps[i].exe.consumer}
-        # The arena.
-        if self.arena.size:
-            self._arena_mem = self.rt.malloc(self.arena.size)
-            self._arena_mem.memset_async(0, self.arena.size, self.stream)
-        for name, blk in self._block_of.items():
-            t = self._tensors[name]
-            memptr = self._arena_mem + blk.offset + self._offset.get(name, 0)
-            self._views[name] = cupy.ndarray(t.shape, dtype=self.dev_dtype(t.dtype), memptr=memptr)
-        # Separate buffers: graph outputs, values from other backends or the graph's inputs,
-        # and values planned as fused that ended up stored.
-        mine = {o for s in steps for o in s.outs if o}
-        for s in steps:
-            for name in s.outs + s.ins:
-                if not name or name in self._views or name in absorbed_values:
-                    continue
-                t = self._tensors.get(name)
-                if t is None or t.is_const or name in self._derived:
-                    continue
-                self._separate_buffer(name, t)
-        need = max(s.exe.workspace_bytes() for s in steps)
-        if need:
-            self._workspace = self.rt.malloc(need)
-            self._keep.append(self._workspace)
-        # Ops.
-        for s in steps:
-            s.exe.bind()
-        # Runs.
-        run_steps: dict[int, list[Step]] = {}
-        for s in steps:
-            run_steps.setdefault(self._run_of[s.index], []).append(s)
-        for rsteps in run_steps.values():
-            run = runs.make(self, rsteps, mine)
-            self._runs[id(rsteps[0].exe)] = run
-        self._keep.append(self._arena_mem)
-        self.rt.device.synchronize()  # weights and metas uploaded on other streams
-        if self.record_at_resize:
-            for run in self._runs.values():
-                runs.record(self, run)
-        declined = [s.node.op_type for s in self._steps if s.exe is None]
-        self.summary = {
-            "steps": len(steps), "declined": {t: declined.count(t) for t in sorted(set(declined))},
-            "fused": len(self._absorbed), "segments": len(self._runs),
-            "launches": sum(len(r.fns) for r in self._runs.values()),
-            "graphs": sum(r.graph is not None for r in self._runs.values()),
-            "arena_bytes": self.arena.size,
-        }
-
-    def _separate_buffer(self, name: str, t: Tensor) -> None:
-        n = self._dev_nbytes(t)
-        mem = self.rt.malloc(n)
-        mem.memset_async(0, max(n, 1), self.stream)
-        self._separate[name] = mem
-        self._views[name] = cupy.ndarray(t.shape, dtype=self.dev_dtype(t.dtype), memptr=mem)
+            binding.bind(self)
 
     def _after_step(self, step: Step, fns: list) -> None:
         """A hook for debugging tools: called as each step's launches are recorded."""
@@ -445,20 +370,8 @@ class CudaBackend(Backend):
         self.stream.wait_event(event)
 
     def profile_segment(self, segment: "Segment", began_ns: int, ended_ns: int) -> None:
-        """One event per step that launched kernels: their device time between its pair of CUDA events
-        (runs.launch_timed), placed from the segment's start on the host."""
-        assert self.profile is not None
-        run = self._runs.get(id(segment.steps[0].execution))
-        timed, run.timed = (run.timed, []) if run is not None else ([], [])
-        if not timed:
-            return
-        first = timed[0][1]
-        for step, start, end, launches in timed:
-            name, op_type, args = self.profile.describe([step.node])
-            at = cupy.cuda.get_elapsed_time(first, start)  # ms
-            dur = cupy.cuda.get_elapsed_time(start, end)
-            self.profile.add(OpEvent(name, op_type, "cuda", began_ns + int(at * 1e6), int(dur * 1e6),
-                                     {**args, "clock": "device", "launches": launches}))
+        """One event per step that launched kernels (runs.profile)."""
+        runs.profile(self, segment, began_ns, ended_ns)
 
     def _wait_thread(self) -> Waiter:
         if self._waiter is None:

@@ -7,6 +7,7 @@ record   one eager warm-up, then stream capture of the launches into a CUDA grap
 launch   copy the inputs in (copy_in), launch the graph, queue each output's copy into a pinned
          block that becomes the caller's array (memory.HandedOver, no host copy after the run), and
          complete the Fence when the stream reaches its end (the backend's WAIT_MODES).
+profile  a profiled run's events, one per step, from the CUDA events launch_timed recorded.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ from aiomnn import copies
 from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
 from aiomnn.poll import Timing
+from aiomnn.profile import OpEvent
 
 from . import grouping, kernels
 from .fused import Raw
 
 if TYPE_CHECKING:
+    from aiomnn.pipeline import Segment
+
     from .backend import CudaBackend as Backend, Step
 
 log = logging.getLogger("aiomnn")
@@ -303,3 +307,20 @@ def copy_in(be: Backend, host: np.ndarray, src: Any, dst: int) -> None:
     base = host.ctypes.data
     for a, b in copies.fill(host, src):
         cupy.cuda.runtime.memcpyAsync(dst + a, base + a, b - a, H2D, stream)
+
+
+def profile(be: Backend, segment: "Segment", began_ns: int, ended_ns: int) -> None:
+    """One event per step that launched kernels: their device time between its pair of CUDA events
+    (launch_timed), placed from the segment's start on the host."""
+    assert be.profile is not None
+    run = be._runs.get(id(segment.steps[0].execution))
+    timed, run.timed = (run.timed, []) if run is not None else ([], [])
+    if not timed:
+        return
+    first = timed[0][1]
+    for step, start, end, launches in timed:
+        name, op_type, args = be.profile.describe([step.node])
+        at = cupy.cuda.get_elapsed_time(first, start)  # ms
+        dur = cupy.cuda.get_elapsed_time(start, end)
+        be.profile.add(OpEvent(name, op_type, "cuda", began_ns + int(at * 1e6), int(dur * 1e6),
+                               {**args, "clock": "device", "launches": launches}))
