@@ -1,4 +1,4 @@
-"""Conv and ConvTranspose.
+"""Conv, and ConvBase, what it shares with ConvTranspose (conv_transpose.py).
 
 Conv algorithms:
 - "gemm": a 1x1 stride-1 unpadded conv is a GEMM of the weights with the input.
@@ -14,10 +14,6 @@ Conv algorithms:
   on large maps; each thread computes every output channel for a few pixels.
 The cuBLAS algorithms write the raw product into the output buffer; bias,
 activation and any elementwise chain that follows run in one fused kernel.
-
-ConvTranspose: a GEMM of the transposed weights with the input into scratch,
-then the fused kernel sums the overlapping taps (col2im), adds the bias and
-applies the activation.
 """
 
 from __future__ import annotations
@@ -78,7 +74,9 @@ def conv_choices(node, x_shape, w_shape, out_shape, half: bool) -> tuple[str, li
     return key, [blas, "igemm32", "igemm", "igemm32x128", "direct"]
 
 
-class _ConvBase(CudaOp):
+class ConvBase(CudaOp):
+    """What Conv and ConvTranspose (conv_transpose.py) share: the checks on their inputs and the epilogue."""
+
     def _common(self, ins, outs):
         check_tensors(ins, outs)
         if not float_inputs(ins):
@@ -101,7 +99,7 @@ class _ConvBase(CudaOp):
 
 
 @op("Conv")
-class Conv(_ConvBase):
+class Conv(ConvBase):
     absorbable = True
 
     def __init__(self, be, node, ins, outs):
@@ -377,82 +375,6 @@ class Conv(_ConvBase):
             if (ix < 0 || ix >= W) continue;
             {v} += LD(xp[iy * W + ix]) * LD(wp[(ci * {kh} + ky) * {kw} + kx]);
           }}
-        }}
-      }}
-    }}"""
-
-
-@op("ConvTranspose")
-class ConvTranspose(_ConvBase):
-    absorbable = False  # its scratch lives only during its own step
-
-    def __init__(self, be, node, ins, outs):
-        super().__init__(be, node, ins, outs)
-        self._common(ins, outs)
-        a = self.attrs
-        if self.group_count != 1:
-            raise Decline("grouped ConvTranspose")
-        if a.get("auto_pad", "NOTSET") != "NOTSET" or "output_shape" in a:
-            raise Decline("ConvTranspose with auto_pad or output_shape")
-        w = ins[1]
-        self.kernel = list(a.get("kernel_shape", w.shape[2:]))
-        self.strides = list(a.get("strides", [1, 1]))
-        self.dils = list(a.get("dilations", [1, 1]))
-        self.pads = list(a.get("pads", [0, 0, 0, 0]))
-        co = w.shape[1]
-        self.group = self.epilogue(Inline(self), co)
-
-    def _m(self):
-        return self.ins[1].shape[1] * self.kernel[0] * self.kernel[1]
-
-    def scratch_bytes(self):
-        n, ci, h, w = self.in_shape(0)
-        return n * self._m() * h * w * self.be.t_dtype.itemsize
-
-    def bind(self):
-        be = self.be
-        n, ci, h, w = self.in_shape(0)
-        m = self._m()
-        hw = h * w
-        self.col = be.scratch(self, be.t_dtype, n * m * hw)
-        if n * m * hw == 0:
-            return
-        x, wt = be.view(self.in_names[0]), be.view(self.in_names[1])
-        self.launches = [gemm_fn(be, True, False, m, hw, ci, wt, m, 0, x, hw, ci * hw, self.col, hw, m * hw, n)]
-
-    def inline_deps(self):
-        return []
-
-    def inline_ptrs(self):
-        return [self.col]
-
-    def inline_meta(self):
-        n, ci, h, w = self.in_shape(0)
-        return [h, w, self._m(), self.pads[0], self.pads[1]]
-
-    def inline_code(self, v: str, ptrs: list[str], at: int) -> str:
-        kh, kw = self.kernel
-        sh, sw = self.strides
-        dh, dw = self.dils
-        (col,) = ptrs
-        return f"""    float {v} = 0.f;
-    {{
-      const int* q = m + {at};
-      const int H = q[0], W = q[1], M = q[2], PH = q[3], PW = q[4];
-      const T* cp = {col} + (size_t)c0 * M * H * W;
-      #pragma unroll
-      for (int ky = 0; ky < {kh}; ++ky) {{
-        const int ty = (int)c2 + PH - ky * {dh};
-        if (ty < 0 || ty % {sh}) continue;
-        const int iy = ty / {sh};
-        if (iy >= H) continue;
-        #pragma unroll
-        for (int kx = 0; kx < {kw}; ++kx) {{
-          const int tx = (int)c3 + PW - kx * {dw};
-          if (tx < 0 || tx % {sw}) continue;
-          const int ix = tx / {sw};
-          if (ix >= W) continue;
-          {v} += LD(cp[(size_t)(((int)c1 * {kh} + ky) * {kw} + kx) * H * W + iy * W + ix]);
         }}
       }}
     }}"""
