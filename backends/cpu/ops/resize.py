@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from aiomnn import sampling
+
 from ..kernel import SLICE_ELEMENTS, Kernel, Unsupported, op, parallel_slices, threads
 from . import resample
 from .dtypes import out_buffer
@@ -105,9 +107,10 @@ class _ResizeBase(Kernel):
                 rois[a] is None or (math.isclose(rois[a][0], 0.0) and math.isclose(rois[a][1], 1.0)))
             if ident or out[a] == 0 or shape[a] == 0:
                 continue
-            plans.append(resample.plan_axis(a, shape[a], out[a], scale[a], mode=self.mode, coord=self.coord,
-                                   nearest=self.nearest, cubic_a=self.cubic_a, exclude_outside=self.exclude_outside,
-                                   antialias=self.antialias, roi=rois[a], sizes_given=sizes_given))
+            plans.append(sampling.plan_axis(a, shape[a], out[a], scale[a], mode=self.mode, coord=self.coord,
+                                            nearest=self.nearest, cubic_a=self.cubic_a,
+                                            exclude_outside=self.exclude_outside, antialias=self.antialias,
+                                            roi=rois[a], sizes_given=sizes_given))
         # Shrinking axes first keeps the intermediates small.
         plans.sort(key=lambda p: p.O / p.L)
         plan = dict(out_shape=tuple(out), axes=plans,

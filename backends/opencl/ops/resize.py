@@ -1,12 +1,14 @@
 """Resize and Upsample of the last two dims, nearest and (bi)linear, in every
 coordinate mode but tf_crop_and_resize. Index and weight tables are made on
-the host, following the ONNX definitions."""
+the host from the core's plans (aiomnn/sampling.py), as the CPU's Resize reads them."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+
+from aiomnn import sampling
 
 from ..kernel import Const, Decline, In, Launch, Out, i32, op, require_float
 
@@ -17,48 +19,17 @@ def _str(v, default: str) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def source_coords(mode: str, out_len: int, in_len: int, scale: float) -> np.ndarray:
-    """Where each output index samples the input, in input coordinates."""
-    o = np.arange(out_len, dtype=np.float64)
-    if mode == "half_pixel":
-        return (o + 0.5) / scale - 0.5
-    if mode == "pytorch_half_pixel":
-        return (o + 0.5) / scale - 0.5 if out_len > 1 else np.zeros(out_len)
-    if mode == "align_corners":
-        return o * (in_len - 1) / (out_len - 1) if out_len > 1 else np.zeros(out_len)
-    if mode == "asymmetric":
-        return o / scale
-    if mode == "tf_half_pixel_for_nn":
-        return (o + 0.5) / scale
-    if mode == "half_pixel_symmetric":
-        adjustment = out_len / (scale * in_len)
-        center = in_len / 2
-        offset = center * (1 - adjustment)
-        return offset + (o + 0.5) / scale - 0.5
-    raise Decline(f"coordinate mode {mode}")
-
-
-def nearest_table(x: np.ndarray, rounding: str, in_len: int) -> np.ndarray:
-    if rounding == "round_prefer_floor":
-        i = np.ceil(x - 0.5)
-    elif rounding == "round_prefer_ceil":
-        i = np.floor(x + 0.5)
-    elif rounding == "floor":
-        i = np.floor(x)
-    elif rounding == "ceil":
-        i = np.ceil(x)
-    else:
-        raise Decline(f"nearest mode {rounding}")
-    return np.clip(i, 0, in_len - 1).astype(np.int32)
-
-
-def linear_table(x: np.ndarray, in_len: int) -> tuple[np.ndarray, np.ndarray]:
-    x = np.clip(x, 0, in_len - 1)
-    i0 = np.floor(x)
-    w = (x - i0).astype(np.float32)
-    i0 = i0.astype(np.int32)
-    i1 = np.minimum(i0 + 1, in_len - 1).astype(np.int32)
-    return np.stack([i0, i1], axis=1).reshape(-1).copy(), w
+def _table(mode: str, coord: str, rounding: str, in_len: int, out_len: int, scale: float) -> tuple[np.ndarray, ...]:
+    """The kernel's tables for one axis, from the core's plan (aiomnn/sampling.py): the input index of each output
+    index (nearest), or the two it reads, flat, and the weight of the second (linear)."""
+    try:
+        p = sampling.plan_axis(0, in_len, out_len, scale, mode=mode, coord=coord, nearest=rounding, cubic_a=-0.75,
+                               exclude_outside=False, antialias=False, roi=None, sizes_given=False)
+    except ValueError as exc:
+        raise Decline(str(exc)) from None
+    if mode == "nearest":
+        return (p.idx[:, 0].astype(np.int32),)
+    return p.idx.astype(np.int32).reshape(-1).copy(), p.w[:, 1].astype(np.float32)
 
 
 def _scales(node, ins, x_shape, y_shape) -> list[float]:
@@ -112,20 +83,16 @@ def _plan(ctx, node, ins, outs):
     oh, ow = (1, y.shape[-1]) if len(y.shape) == 3 else y.shape[-2:]
     sh = 1.0 if len(x.shape) == 3 else scales[-2]
     sw = scales[-1]
-    cy = source_coords(coord, oh, h, sh)
-    cx = source_coords(coord, ow, w, sw)
     key = ("resize", coord, mode, h, w, oh, ow, sh, sw)
     dims = i32(nc, h, w, oh, ow)
     if mode == "nearest":
-        rounding = _str(node.attrs.get("nearest_mode"), "round_prefer_floor")
-        if node.opset < 11:
-            rounding = "floor"
-        ty, tx = nearest_table(cy, rounding, h), nearest_table(cx, rounding, w)
+        rounding = "simple" if node.opset < 11 else _str(node.attrs.get("nearest_mode"), "round_prefer_floor")
+        (ty,), (tx,) = _table(mode, coord, rounding, h, oh, sh), _table(mode, coord, rounding, w, ow, sw)
         args = [In(0), Out(0), Const(key + (rounding, "y"), lambda: ty), Const(key + (rounding, "x"), lambda: tx),
                 *dims]
         return [Launch("resize", "resize_nearest", args, (ow, oh, nc))]
-    ry, wy = linear_table(cy, h)
-    rx, wx = linear_table(cx, w)
+    ry, wy = _table(mode, coord, "", h, oh, sh)
+    rx, wx = _table(mode, coord, "", w, ow, sw)
     args = [In(0), Out(0), Const(key + ("ry",), lambda: ry), Const(key + ("wy",), lambda: wy),
             Const(key + ("rx",), lambda: rx), Const(key + ("wx",), lambda: wx), *dims]
     return [Launch("resize", "resize_linear", args, (ow, oh, nc))]
