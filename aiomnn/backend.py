@@ -22,7 +22,7 @@ from .profile import OpEvent
 
 if TYPE_CHECKING:
     from .fence import Fence
-    from .pipeline import Segment
+    from .segments import Segment
     from .profile import Profile
     from .runtime import Runtime
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from . import shapes
-from .backend import Backend, Execution, Tensor, backend_failure, failures_named
+from .backend import Backend, Tensor, backend_failure, failures_named
 from .errors import AiomnnError, InputError, ModelError, UnsupportedOpError
 from .feeds import is_device_array, to_host
 from .fence import Fence
@@ -28,31 +28,9 @@ from .constants import const_tensor, is_nondeterministic, readonly
 from .graph import Graph, Node
 from .placement import Placer, keep_viewed
 from .profile import Profile
+from .segments import Segment, Step, segments_of
 
 log = logging.getLogger("aiomnn")
-
-
-@dataclass(eq=False)
-class Step:
-    node: Node
-    backend: Backend
-    execution: Execution
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    #: Its outputs may be views of its first input, whose memory the plan keeps while they are read
-    #: (Backend.views_input).
-    views: bool = False
-
-
-@dataclass(eq=False)
-class Segment:
-    """Consecutive steps on one backend, run as one unit."""
-
-    backend: Backend
-    steps: list[Step]
-    needs: list[str]  # values it reads that come from outside the segment
-    frees: list[list[str]]  # per step: values whose last use it is (on the host)
-    gives: list[str] = field(default_factory=list)  # values it makes that later segments read or are outputs
 
 
 @dataclass(eq=False)
@@ -300,7 +278,7 @@ class Pipeline:
             for b in self.backends:
                 b.clear_buffers()
             raise
-        self.segments = self._segments(steps, last_use, keep)
+        self.segments = segments_of(steps, last_use, keep)
         if self.profile is not None:
             self.profile.plan(self.tensors)
         # What a run hands over: the constants a segment reads from the values, or that are outputs. Not all
@@ -310,24 +288,6 @@ class Pipeline:
         read.update(self.graph.output_names)
         consts = {name: readonly(t.const) for name, t in self.tensors.items() if t.is_const}
         self.consts = {name: v for name, v in consts.items() if name in read}
-
-    @staticmethod
-    def _segments(steps: list[Step], last_use: dict[str, int], keep: set[str]) -> list[Segment]:
-        segments: list[Segment] = []
-        for i, s in enumerate(steps):
-            if not segments or segments[-1].backend is not s.backend:
-                segments.append(Segment(s.backend, [], [], []))
-            seg = segments[-1]
-            seg.steps.append(s)
-            seg.frees.append([x for x in dict.fromkeys(s.inputs) if x and last_use.get(x) == i and x not in keep])
-        for seg in segments:
-            made = {o for s in seg.steps for o in s.outputs}
-            seg.needs = list(dict.fromkeys(x for s in seg.steps for x in s.inputs if x and x not in made))
-        later = set(keep)
-        for seg in reversed(segments):
-            seg.gives = [o for s in seg.steps for o in s.outputs if o in later]
-            later.update(seg.needs)
-        return segments
 
     def memory_report(self) -> dict[str, int]:
         """Planned activation bytes: the arena peak versus the sum over every tensor."""

@@ -13,7 +13,7 @@ from .backend import Backend, Tensor
 from .memory import Block
 
 if TYPE_CHECKING:
-    from .pipeline import Step
+    from .segments import Step
 
 
 def keep_viewed(steps: list[Step], last_use: dict[str, int], keep: set[str]) -> None:

@@ -22,7 +22,7 @@ from .fuse import fuse
 from .kernel import OPS, FunctionKernel, Kernel, Unsupported, create
 
 if TYPE_CHECKING:
-    from aiomnn.pipeline import Segment
+    from aiomnn.segments import Segment
 
 
 #: How often a CPU worker gives its core away between kernels, when it runs below the event loop's priority.

@@ -48,7 +48,7 @@ from .runs import Run
 from .waiter import Waiter
 
 if TYPE_CHECKING:
-    from aiomnn.pipeline import Segment
+    from aiomnn.segments import Segment
 
 log = logging.getLogger("aiomnn")
 

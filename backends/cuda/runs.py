@@ -32,7 +32,7 @@ from . import grouping, kernels
 from .fused import Raw
 
 if TYPE_CHECKING:
-    from aiomnn.pipeline import Segment
+    from aiomnn.segments import Segment
 
     from .backend import CudaBackend as Backend, Step
 

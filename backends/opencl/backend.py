@@ -38,7 +38,7 @@ from .tune import cached_local_size
 from .kernel import Alias, ClExecution, Const, Decline, In, Launch, OpContext, Out, Scratch, plan
 
 if TYPE_CHECKING:
-    from aiomnn.pipeline import Segment
+    from aiomnn.segments import Segment
 
     from .runtime import OpenclRuntime
 

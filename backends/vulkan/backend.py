@@ -52,7 +52,7 @@ from . import buffers, segments
 from .record import Record, Slot
 
 if TYPE_CHECKING:
-    from aiomnn.pipeline import Segment
+    from aiomnn.segments import Segment
 
     from .runtime import VulkanRuntime
 

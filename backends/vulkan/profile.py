@@ -20,7 +20,7 @@ from aiomnn.profile import OpEvent, Profile
 from .record import COMPUTE, SHADER_RW, TRANSFER, TRANSFER_RW, barrier, bind
 
 if TYPE_CHECKING:
-    from aiomnn.pipeline import Segment
+    from aiomnn.segments import Segment
 
     from .backend import VulkanBackend
     from .queue import Submission

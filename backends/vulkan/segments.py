@@ -30,7 +30,7 @@ from .record import (COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, 
                      record as record_cmds, record_timed)
 
 if TYPE_CHECKING:
-    from aiomnn.pipeline import Segment
+    from aiomnn.segments import Segment
 
     from .backend import VulkanBackend
     from .device import Buffer
