@@ -26,11 +26,10 @@ if TYPE_CHECKING:
 
 
 #: How often a CPU worker gives its core away between kernels, when it runs below the event loop's priority.
-#: The loop's thread, woken on a core a worker runs on, is not always let in at once, even at nice 10. On the
-#: 2-core test machine (Linux 6.18) serving cls with benchmarks/loop_lag.py the loop's p99 lag sat at 4.9 ms
-#: whatever the GIL switch interval (5, 1 or 0.5 ms), so the wait is the scheduler's, not the GIL's; an idle
-#: loop's was 1.0-1.1 ms. Yielding every 0.5 ms took it to 1.3-1.6 ms (every 0.1 ms: 1.4, every 2 ms: 2.8),
-#: with no throughput change above the machine's noise.
+#: The loop's thread, woken on a core a worker runs on, is not always let in at once, even at nice 10, and the
+#: GIL's switch interval does not change that: the wait is the scheduler's. Yielding this often brought the
+#: loop's p99 lag under load near an idle loop's without costing throughput (benchmarks/RESULTS.md, "Loop lag
+#: under load: yielding").
 YIELD_EVERY = 0.0005
 _sched_yield = getattr(os, "sched_yield", None)  # it also lets go of the GIL, which the woken loop needs
 

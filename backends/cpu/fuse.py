@@ -209,8 +209,8 @@ def _scaled(x: np.ndarray, scale: np.ndarray, planned: np.ndarray | None) -> np.
     return out
 
 
-#: Rows of at most this many values are averaged as a matrix-vector product with a vector of 1/n, which took
-#: 2-5 us where np.add.reduce along cls's rows of 48-288 values took 8-16 us. Longer rows keep numpy's pairwise
+#: Rows of at most this many values are averaged as a matrix-vector product with a vector of 1/n (one BLAS
+#: call, where np.add.reduce along cls's short rows is several times slower). Longer rows keep numpy's pairwise
 #: sum, whose float32 rounding grows with log n rather than n.
 MATVEC_MEAN = 4096
 

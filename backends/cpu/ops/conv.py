@@ -318,8 +318,8 @@ class Conv(Kernel):
             cw = -(-L * N // share)
         chunks = -(-L // cw)
         bias = None if packed["b"] is None else bias_tile(packed, cw)
-        # Whole images: one batched product per share of the batch, not one per image (cls 32->200 at
-        # batch 16: 2.0 to 1.6 ms of CPU).
+        # Whole images: one batched product per share of the batch, not one per image (fewer, longer calls
+        # that leave the GIL fewer times).
         if chunks == 1:
             per = -(-N // min(N, share))
             split(-(-N // per), lambda k: product(w2, xs[k * per:(k + 1) * per], ys[k * per:(k + 1) * per],

@@ -163,10 +163,9 @@ def image_runs(N: int, per_image: int) -> list[tuple[int, int]]:
     return [(i, min(N, i + step)) for i in range(0, N, step)]
 
 
-#: Convs with this many GEMM multiply-adds (1-2 ms of work) or more are split in tiles across the
-#: runtime's threads. Below it, waking a helper and sharing caches with it cost more than they save (on
-#: 2 cores: split 59M-MAC convs ran 1.2-1.7x faster, 15-30M-MAC ones no faster or slower). Depthwise
-#: convs, bound by memory traffic, stay on one thread whatever their size.
+#: Convs with this many GEMM multiply-adds or more are split in tiles across the runtime's threads. Below it,
+#: waking a helper and sharing caches with it cost more than they save (benchmarks/RESULTS.md, "Piece
+#: sizes"). Depthwise convs, bound by memory traffic, stay on one thread whatever their size.
 PARALLEL_MACS = 1 << 25
 
 
