@@ -31,11 +31,9 @@ from numpy.lib.stride_tricks import as_strided
 from ..kernel import parallel, shared_scratch
 from .products import SILU_CHUNK, silu_negated
 
-#: Output tile size. Against im2col (one thread, median of interleaved runs, outputs 10x10 to 160x160 and 16 to
-#: 256 channels), F(2, 3) was never faster than 0.96x and up to 1.8x slower: it moves 4x the input through its
-#: transforms where F(4, 3) moves 2.25x. F(6, 3) (points 0, +-1, +-2, +-1/2) was no faster than F(4, 3) (0.74x
-#: against 0.69x im2col's time at 64 channels 40x40, 2.1x against 1.4x at 128 channels 10x10) and 3-4x as far
-#: from an exact conv (relative error 3.6e-6 against 1.0e-6).
+#: Output tile size. F(2, 3) moves 4x the input through its transforms where F(4, 3) moves 2.25x, and was never
+#: faster than im2col; F(6, 3) was no faster than F(4, 3) and 3-4x as far from an exact conv (benchmarks/RESULTS.md,
+#: "Winograd tile sizes").
 M = 4
 T = M + 2
 #: Toom-Cook interpolation points of F(4, 3), besides infinity; the bias goes at the tile position of point 1.
