@@ -8,6 +8,8 @@ weight tables from them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -149,3 +151,161 @@ def plan_axis(axis: int, L: int, O: int, scale: float, *, mode: str, coord: str,
         tot = w.sum(axis=1, keepdims=True)
         w = w / np.where(tot == 0, 1.0, tot)
     return AxisPlan(axis, L, O, raw, w, extrap)
+
+
+_MODES = ("nearest", "linear", "cubic")
+_COORDS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+           "tf_half_pixel_for_nn", "tf_crop_and_resize")
+_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple")
+_POLICIES = ("stretch", "not_larger", "not_smaller")
+
+
+def _text(v: Any, default: str) -> str:
+    if v is None:
+        return default
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _flat(v: Any) -> np.ndarray | None:
+    if v is None:
+        return None
+    a = np.asarray(v).reshape(-1)
+    return a if a.size else None
+
+
+@dataclass(frozen=True)
+class ResizePlan:
+    """What one input shape and its scales, sizes and roi make: the output shape and a plan per resized axis
+    (shrinking ones first, which keeps the intermediates small); repeat where every one is a whole-factor nearest
+    upscale."""
+
+    out_shape: tuple[int, ...]
+    axes: list[AxisPlan]
+    repeat: bool
+
+
+@dataclass(frozen=True)
+class Resampling:
+    """A Resize or Upsample node's settings as each opset gives them, and the plans they make. Opset-10 Resize and
+    Upsample use asymmetric coordinates and ONNX Runtime's nearest rounding (floor up, ceil down: "simple"), and
+    read their scales from an input or, Upsample-1 and -7, from attributes (`scales`)."""
+
+    mode: str
+    coord: str
+    nearest: str
+    cubic_a: float = -0.75
+    exclude_outside: bool = False
+    extrapolation_value: float = 0.0
+    antialias: bool = False
+    axes: tuple[int, ...] | None = None
+    policy: str = "stretch"
+    scales: tuple[float, ...] | None = None  # Upsample-1 and -7: from attributes
+    asymmetric: bool = False  # Resize-10 and Upsample: inputs (x, scales)
+
+    @classmethod
+    def of(cls, op_type: str, opset: int, attrs: Mapping[str, Any]) -> Resampling:
+        """The settings of a node; ValueError for one ONNX does not define."""
+        mode = _text(attrs.get("mode"), "nearest")
+        if op_type == "Upsample" or opset < 11:
+            if mode == "bilinear":
+                mode = "linear"
+            scales: tuple[float, ...] | None = None
+            if op_type == "Upsample" and opset < 7:
+                if attrs.get("height_scale") is None or attrs.get("width_scale") is None:
+                    raise ValueError("Upsample-1 needs height_scale and width_scale")
+                scales = (1.0, 1.0, float(attrs["height_scale"]), float(attrs["width_scale"]))
+            elif op_type == "Upsample" and opset < 9:
+                if attrs.get("scales") is None:
+                    raise ValueError("Upsample-7 needs scales")
+                scales = tuple(float(s) for s in attrs["scales"])
+            spec = cls(mode, "asymmetric", "simple", scales=scales, asymmetric=True)
+        else:
+            axes = attrs.get("axes")
+            spec = cls(mode, _text(attrs.get("coordinate_transformation_mode"), "half_pixel"),
+                       _text(attrs.get("nearest_mode"), "round_prefer_floor"),
+                       float(attrs.get("cubic_coeff_a", -0.75)), bool(attrs.get("exclude_outside", 0)),
+                       float(attrs.get("extrapolation_value", 0.0)),
+                       bool(attrs.get("antialias", 0)) and mode != "nearest",  # linear and cubic only
+                       None if axes is None else tuple(int(a) for a in axes),
+                       _text(attrs.get("keep_aspect_ratio_policy"), "stretch"))
+        for value, allowed, what in ((spec.mode, _MODES, "mode"), (spec.coord, _COORDS, "coordinate_transformation_mode"),
+                                     (spec.nearest, _NEAREST, "nearest_mode"),
+                                     (spec.policy, _POLICIES, "keep_aspect_ratio_policy")):
+            if value not in allowed:
+                raise ValueError(f"{op_type} {what} {value!r}")
+        return spec
+
+    def arguments(self, *inputs: Any) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """(scales, sizes, roi) from the inputs after x, as this opset orders them (sizes win over scales)."""
+        if self.asymmetric:
+            s = self.scales if self.scales is not None else _flat(inputs[0] if inputs else None)
+            if s is None:
+                raise ValueError("Resize-10 and Upsample need scales")
+            return np.asarray(s, np.float64), None, None
+        roi, scales, sizes = (list(inputs) + [None] * 3)[:3]
+        sizes = _flat(sizes)
+        scales = None if sizes is not None else _flat(scales)
+        roi = _flat(roi)
+        return (None if scales is None else scales.astype(np.float64),
+                None if sizes is None else sizes.astype(np.int64), None if roi is None else roi.astype(np.float64))
+
+    def plan(self, shape: tuple[int, ...], scales: np.ndarray | None, sizes: np.ndarray | None,
+             roi: np.ndarray | None) -> ResizePlan:
+        """The output shape and per-axis plans for an input of this shape; ValueError where the arguments do not
+        fit it."""
+        r = len(shape)
+        axes = [a % r for a in self.axes] if self.axes else list(range(r))
+        if len(set(axes)) != len(axes):
+            raise ValueError(f"Resize axes {self.axes} repeat an axis")
+        k = len(axes)
+        out = list(shape)
+        scale = [1.0] * r
+        if sizes is not None:
+            if sizes.size != k:
+                raise ValueError(f"Resize sizes {sizes.tolist()} do not fit axes {axes}")
+            sz = [int(v) for v in sizes]
+            if self.policy == "stretch":
+                for i, a in enumerate(axes):
+                    out[a] = sz[i]
+                    scale[a] = sz[i] / shape[a] if shape[a] else 1.0
+            else:
+                ratios = [sz[i] / shape[a] for i, a in enumerate(axes)]
+                s = min(ratios) if self.policy == "not_larger" else max(ratios)
+                for a in axes:
+                    out[a] = int(math.floor(s * shape[a] + 0.5))
+                    scale[a] = s
+        elif scales is not None:
+            if scales.size != k:
+                raise ValueError(f"Resize scales {scales.tolist()} do not fit axes {axes}")
+            for i, a in enumerate(axes):
+                s = float(scales[i])
+                if s <= 0:
+                    raise ValueError(f"Resize scale {s} is not positive")
+                scale[a] = s
+                out[a] = int(math.floor(shape[a] * s))
+        else:
+            raise ValueError("Resize needs either scales or sizes")
+        rois: list[tuple[float, float] | None] = [None] * r
+        if self.coord == "tf_crop_and_resize":
+            if roi is None:
+                raise ValueError("Resize with tf_crop_and_resize needs roi")
+            if roi.size == 2 * k:
+                for i, a in enumerate(axes):
+                    rois[a] = (float(roi[i]), float(roi[k + i]))
+            elif roi.size == 2 * r:
+                for a in axes:
+                    rois[a] = (float(roi[a]), float(roi[r + a]))
+            else:
+                raise ValueError(f"Resize roi of {roi.size} values for {k} axes")
+        plans = []
+        for a in range(r):
+            crop = rois[a]
+            ident = out[a] == shape[a] and math.isclose(scale[a], 1.0) and (
+                crop is None or (math.isclose(crop[0], 0.0) and math.isclose(crop[1], 1.0)))
+            if ident or out[a] == 0 or shape[a] == 0:
+                continue
+            plans.append(plan_axis(a, shape[a], out[a], scale[a], mode=self.mode, coord=self.coord,
+                                   nearest=self.nearest, cubic_a=self.cubic_a, exclude_outside=self.exclude_outside,
+                                   antialias=self.antialias, roi=crop, sizes_given=sizes is not None))
+        plans.sort(key=lambda p: p.O / p.L)
+        return ResizePlan(tuple(out), plans, bool(plans) and all(p.repeat for p in plans))

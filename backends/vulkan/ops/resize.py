@@ -4,37 +4,32 @@ from __future__ import annotations
 
 import numpy as np
 
+from aiomnn import sampling
+
 from ..launch import Grid
 from .base import Decline, VkOp, const_value, data_input, numel, pack, register, to_f32
 
 
 @register("Resize", "Upsample")
 class Resize(VkOp):
-    """Resampling of the last two axes, with the CPU backend's tap plans (so both round alike)."""
+    """Resampling of the last two axes, with the core's tap plans (aiomnn/sampling.py: every backend rounds alike)."""
 
     def __init__(self, backend, node, inputs, outputs):
         super().__init__(backend, node, inputs, outputs)
-        from aiomnn.backends.cpu.kernel import OPS as CPU_OPS
-        from aiomnn.backends.cpu.kernel import create as cpu_create
-
         x = data_input(inputs[0], backend)
         shape = tuple(x.shape)
         if len(shape) < 2:
             raise Decline("rank")
-        impl = CPU_OPS.lookup(node)
-        if impl is None:
-            raise Decline("no CPU plan")
-        kern = cpu_create(impl, node, inputs, outputs)
         consts = [None if t is None else const_value(t) for t in inputs[1:]]  # roi, scales, sizes; or scales
         try:
-            _, scales, sizes, roi = kern._arguments(None, *consts)  # as the CPU's run reads them
-        except ValueError:
-            raise Decline("scales") from None
-        plan = kern._make_plan(shape, scales, sizes, roi)
-        if tuple(plan["out_shape"]) != tuple(outputs[0].shape):
+            spec = sampling.Resampling.of(node.op_type, node.opset, node.attrs)
+            plan = spec.plan(shape, *spec.arguments(*consts))
+        except ValueError as exc:
+            raise Decline(str(exc)) from None
+        if tuple(plan.out_shape) != tuple(outputs[0].shape):
             raise Decline("output shape")
         r = len(shape)
-        axes = {p.axis: p for p in plan["axes"]}
+        axes = {p.axis: p for p in plan.axes}
         if any(a < r - 2 for a in axes):
             raise Decline("resizes a leading axis")
         tables = []
@@ -51,7 +46,7 @@ class Resize(VkOp):
                 tables.append((p.idx.astype(np.int32), p.w.astype(np.float32), ex))
         self.tables = tables
         self.has_ex = has_ex
-        self.ex_value = float(getattr(kern, "extrapolation_value", 0.0))
+        self.ex_value = spec.extrapolation_value
         self.geo = (numel(shape[:-2]), shape[-2], shape[-1], outputs[0].shape[-2], outputs[0].shape[-1])
 
     def factors(self) -> tuple[int, int] | None:
