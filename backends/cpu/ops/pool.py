@@ -107,10 +107,8 @@ def _reduce_axis(a: np.ndarray, axis: int, k: int, s: int, d: int, o: int, ufunc
 def _max_flat(x: np.ndarray, p: dict, out: np.ndarray) -> np.ndarray:
     """Stride-1 max pooling, the padded input seen as one flat row: the taps along an axis are that row
     shifted by multiples of the axis's pitch, so each is one contiguous np.maximum over the whole tensor
-    (positions whose windows wrap past a row or channel are computed too, and never read). Per axis
-    slices, with inner loops as short as a row and a padded copy per axis, yolov8n's three SPPF pools (5x5
-    over (1, 128, 10, 10)) took 0.57-0.61 ms a run in the model, 170 us each alone; this way 0.40-0.44 ms and
-    100 us."""
+    (positions whose windows wrap past a row or channel are computed too, and never read): a few long numpy
+    calls instead of per-axis slices with inner loops as short as a row (benchmarks/RESULTS.md, "SPPF pools")."""
     n, kernel, dils, pads, need = p["n"], p["kernel"], p["dils"], p["pads"], p["need"]
     spatial = x.shape[2:]
     shape = (x.shape[0] * x.shape[1],) + tuple(need)
