@@ -1,4 +1,4 @@
-"""No import circles in the OpenCL and Vulkan backends (issue 26, item 3), as tools/import_circles.py finds them:
+"""No import circles anywhere in aiomnn/ and backends/ (issue 26, item 3), as tools/import_circles.py finds them:
 neither among the imports that run at import time nor with the imports inside functions counted too (a circle that
 only a function-level import closes is still one). Imports under `if TYPE_CHECKING:` are type-only and allowed."""
 
@@ -31,13 +31,11 @@ def test_no_circle_inside_opencl_or_vulkan(view):
     assert not bad, f"import circles in the OpenCL/Vulkan backends ({view}): {bad}; elsewhere, for later: {others}"
 
 
-# For a later session: the circles left in the core (aiomnn/) and the CUDA backend. Reported, not failed on: the
-# test is an expected failure while they remain (strict=False, so it passes once they are gone; then drop the
-# mark). Imports inside functions count, so this view holds every circle the import-time view has.
-@pytest.mark.xfail(strict=False, reason="circles in aiomnn/ and backends/cuda/ are for a later session (issue 26)")
-def test_no_circle_elsewhere_later():
+def test_no_circle_elsewhere():
+    """The core (aiomnn/), the CPU and the CUDA backend, imports inside functions counted (this view holds every
+    circle the import-time view has)."""
     found = [c for c in import_circles.circles(deferred=True) if not any(_inside(c, p) for p in CHECKED)]
-    assert not found, f"import circles left in aiomnn/ and backends/cuda/ (with imports inside functions): {found}"
+    assert not found, f"import circles in aiomnn/ and the CPU and CUDA backends (imports inside functions too): {found}"
 
 
 def test_the_script_finds_circles(tmp_path):

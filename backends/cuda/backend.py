@@ -43,14 +43,18 @@ from . import binding, grouping, runs
 from .ops import OPS
 from .ops.base import CudaOp, Decline
 from .ops.tensor import Concat, Split
-from .runtime import BLOCK, CudaRuntime
 from .runs import Run
 from .waiter import Waiter
 
 if TYPE_CHECKING:
     from aiomnn.segments import Segment
 
+    from .runtime import CudaRuntime
+
 log = logging.getLogger("aiomnn")
+
+#: Threads a block of the generated elementwise kernels (launcher's default).
+BLOCK = 256
 
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)

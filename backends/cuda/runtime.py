@@ -21,7 +21,6 @@ from aiomnn.tuning import Tuner
 
 from . import kernels
 
-BLOCK = 256
 #: Generated kernels compile on this many threads at once (NVRTC lets the GIL go). Each layer has its own
 #: kernels (fused.py), so a model's first launch waits for many compilations, which side by side take a
 #: fraction of the time.
