@@ -130,3 +130,18 @@ def test_projections_merge_at_few_rows(monkeypatch, numba):
     _check(model, feeds, outs)
     assert "Projections" in steps, steps
     assert [m is not None for m in merged] == [numba == "wait", False, numba == "wait"]
+
+
+@pytest.mark.parametrize("layout", ["split-and-merge", "merge-only", "copied"])
+def test_attention_heads_in_every_layout(monkeypatch, layout):
+    """The heads where the dense layers left them or copied out by the Transposes, the output merged in place or
+    not (loops.attention's four ways of reading and writing heads): the same results as onnxruntime each way."""
+    monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+    if layout != "split-and-merge":
+        monkeypatch.setattr(heads, "split_after", lambda plan, j, gives: [])
+    if layout == "copied":
+        monkeypatch.setattr(heads, "MERGE", ())
+    model = _encoder_layer()
+    outs, steps = asyncio.run(_plan_and_outputs(model, FEEDS))
+    _check(model, FEEDS, outs)
+    assert steps.count("Transpose") == {"split-and-merge": 0, "merge-only": 3, "copied": 4}[layout], steps
