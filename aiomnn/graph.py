@@ -78,11 +78,6 @@ def subgraphs(value: Any) -> list[Graph]:
     return []
 
 
-def load_model(data: bytes, base_dir: Path | None) -> Graph:
-    """Parse serialized ModelProto bytes into a checked Graph."""
-    return graph_of(parse_model(data), base_dir)
-
-
 def parse_model(data: bytes) -> onnx.ModelProto:
     """Serialized ModelProto bytes as a ModelProto that has a graph; nothing in it is checked yet."""
     model = onnx.ModelProto()
