@@ -232,3 +232,18 @@ def test_row_loops_on_numba_threads(op, attrs, opset, monkeypatch):
     data = one_input_model([helper.make_node(op, inputs, ["y"], **attrs)], xs, consts, opset=opset)
     np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-5)
     assert used, f"{op} did not take a parallel build"
+
+
+def test_conv_block_follows_the_l1_cache(monkeypatch, tmp_path):
+    """The tile loop's taps a block: 256 with 512-bit vectors and 48 KiB of L1 data cache, else 128; the cache's
+    size read from sysfs, 32 KiB where it cannot be."""
+    from aiomnn.backends.cpu import vectors
+
+    assert vectors.conv_block() in (128, 256)
+    assert vectors.l1_data_bytes() >= 1 << 10
+    for l1, wide, block in ((48 << 10, True, 256), (32 << 10, True, 128), (48 << 10, False, 128)):
+        monkeypatch.setattr(vectors, "l1_data_bytes", lambda: l1)
+        monkeypatch.setattr(vectors, "wide", lambda: wide)
+        vectors.conv_block.cache_clear()
+        assert vectors.conv_block() == block
+    vectors.conv_block.cache_clear()

@@ -47,8 +47,8 @@ _dense_sums = getattr(dense_sums, f"dense_{DR}x{DC}")
 SUMS = "6e64bbdb778d2431b58aa77958e9c8cc74f0414508dd8cae49e11662acafd3fe"
 #: The SHA-256 of scalars.py, whose functions the loops inline (tools/make_tiles.py writes it, in loops.py too).
 SCALARS = "902653d4138d67e076f6deba016da5075f34ee0095fe226b1c7c88bef3b11a7d"
-#: Taps a block: a block's inputs (16 positions a tap) and weights stay in L1.
-KC = U(128)
+#: Taps a block: a block's inputs and weights stay in L1 (vectors.conv_block).
+KC = U(vectors.conv_block())
 
 
 def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks, groups):

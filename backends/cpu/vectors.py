@@ -54,3 +54,29 @@ def conv_tile() -> tuple[int, int]:
 def dense_tile() -> tuple[int, int]:
     """(rows, columns) of the dense tile loop's tile."""
     return SHAPES[wide()][1]
+
+
+def l1_data_bytes() -> int:
+    """The L1 data cache of the first core, in bytes, from Linux's sysfs; 32 KiB where it cannot be read."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for index in sorted(os.listdir(base)):
+            folder = os.path.join(base, index)
+            with open(os.path.join(folder, "level")) as level, open(os.path.join(folder, "type")) as kind:
+                if level.read().strip() != "1" or kind.read().strip() not in ("Data", "Unified"):
+                    continue
+            with open(os.path.join(folder, "size")) as size:
+                text = size.read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+            return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    return 32 << 10
+
+
+@functools.cache
+def conv_block() -> int:
+    """Taps a block of the conv tile loop (tiles.KC): a block's inputs, a row of positions a tap, and its weights
+    stay in L1 while every channel block uses them. With 512-bit vectors and 48 KiB of L1 or more, 256 taps (32
+    KiB of inputs) ran the 3x3 convs a few percent faster than 128 (benchmarks/RESULTS.md, session 22); else 128."""
+    return 256 if wide() and l1_data_bytes() >= 48 << 10 else 128
