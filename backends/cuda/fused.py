@@ -61,14 +61,14 @@ EXPR = {
 }
 
 
-class Node:
-    """A node of a fused expression: an op of EXPR over argument nodes, or a leaf."""
+class Term:
+    """A term of a fused expression: an op of EXPR over argument terms, or a leaf (not a graph.Node)."""
 
     __slots__ = ()
 
 
 @dataclass(eq=False)
-class Expr(Node):
+class Expr(Term):
     op: str
     args: tuple
     attrs: tuple = ()  # (name, value) pairs, formatted as literals
@@ -78,7 +78,7 @@ class Expr(Node):
 
 
 @dataclass(eq=False)
-class Val(Node):
+class Val(Term):
     """A tensor value read by broadcasting its (possibly re-viewed) shape to the group's shape."""
 
     name: str
@@ -89,7 +89,7 @@ class Val(Node):
 
 
 @dataclass(eq=False)
-class Lit(Node):
+class Lit(Term):
     """A scalar; its bits travel in the meta table, so the source does not depend on it."""
 
     value: float
@@ -99,7 +99,7 @@ class Lit(Node):
 
 
 @dataclass(eq=False)
-class Raw(Node):
+class Raw(Term):
     """The raw result an op wrote into its own output buffer, read with the op's strides."""
 
     op: Any  # the producing op
@@ -109,7 +109,7 @@ class Raw(Node):
 
 
 @dataclass(eq=False)
-class Inline(Node):
+class Inline(Term):
     """A value computed in the kernel from the output coordinates (n, c, y, x)."""
 
     op: Any
@@ -118,7 +118,7 @@ class Inline(Node):
         return ("inline", id(self.op))
 
 
-def substitute(node: Node, name: str, repl: Node, memo: dict | None = None) -> Node:
+def substitute(node: Term, name: str, repl: Term, memo: dict | None = None) -> Term:
     """The tree with every Val of `name` replaced by `repl` (shared, so it is computed once)."""
     memo = {} if memo is None else memo
     if id(node) in memo:
@@ -134,7 +134,7 @@ def substitute(node: Node, name: str, repl: Node, memo: dict | None = None) -> N
     return out
 
 
-def leaves(node: Node, out: dict | None = None) -> dict:
+def leaves(node: Term, out: dict | None = None) -> dict:
     """Unique leaves by key, in first-visit order."""
     out = {} if out is None else out
     if isinstance(node, Expr):
@@ -145,7 +145,7 @@ def leaves(node: Node, out: dict | None = None) -> dict:
     return out
 
 
-def vals(node: Node) -> list[str]:
+def vals(node: Term) -> list[str]:
     return list(dict.fromkeys(l.name for l in leaves(node).values() if isinstance(l, Val)))
 
 
@@ -153,7 +153,7 @@ def vals(node: Node) -> list[str]:
 class LeafPlan:
     """How one leaf is read in a generated kernel."""
 
-    leaf: Node
+    leaf: Term
     mode: str  # "c" contiguous like the output, "0" a single element, "s" strided, "lit", "inline"
     ptrs: list = field(default_factory=list)  # device arrays passed as kernel arguments
     strides: list = field(default_factory=list)  # for "s"
@@ -169,7 +169,7 @@ def contiguous(dims: list[int]) -> list[int]:
     return out[::-1]
 
 
-def generate(root: Node, plans: list[LeafPlan], dims: list[int]) -> str:
+def generate(root: Term, plans: list[LeafPlan], dims: list[int]) -> str:
     """The kernel source for a group with these leaf plans, over an output of these (collapsed) dims.
 
     The generator first writes references to a meta table: the dims, then each strided leaf's strides,
@@ -212,7 +212,7 @@ def generate(root: Node, plans: list[LeafPlan], dims: list[int]) -> str:
     # Expressions, each computed once.
     count = [0]
 
-    def emit(node: Node) -> str:
+    def emit(node: Term) -> str:
         if not isinstance(node, Expr):
             return names[node.key()]
         if id(node) in names:

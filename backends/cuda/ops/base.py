@@ -1,6 +1,6 @@
 """What every CUDA op is: an Execution that plans at resize and launches into the recorded graph.
 
-An op may carry `group`, an expression for its output 0 (fused.Node). The
+An op may carry `group`, an expression for its output 0 (fused.Term). The
 backend turns groups into generated kernels and fuses an elementwise consumer
 with its producers when nothing else reads the value in between: a
 Conv -> Add -> Clip -> Mul -> Div chain becomes one GEMM and one kernel.
@@ -49,7 +49,7 @@ class CudaOp(Execution):
         self.outs = outs
         self.in_names = [t.name if t is not None else "" for t in ins]
         self.out_names = [t.name for t in outs]
-        self.group = None  # fused.Node for output 0
+        self.group = None  # fused.Term for output 0
         self.step = -1
         self.resized = False
         self.launches: list[Callable[[], None]] = []

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..fused import EXPR, Expr, Lit, Node, Val
+from ..fused import EXPR, Expr, Lit, Term, Val
 from .base import F32, CudaOp, Decline, check_tensors, float_inputs, op
 
 UNARY = {"Relu", "Sigmoid", "Tanh", "HardSwish", "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Floor", "Ceil",
@@ -19,7 +19,7 @@ BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "PRelu"}
 VARIADIC = {"Max": "Max", "Min": "Min", "Sum": "Add", "Mean": "Add"}
 
 
-def activation(x: Node, act: tuple[str, dict] | None) -> Node:
+def activation(x: Term, act: tuple[str, dict] | None) -> Term:
     """The fused activation `_activation` (from aiomnn.optimize) applied to x."""
     if act is None:
         return x
@@ -58,13 +58,13 @@ class Elementwise(CudaOp):
         # aiomnn.optimize may fuse the activation that follows (an Add then a Clip, say).
         self.group = activation(self.build(), self.attrs.get("_activation"))
 
-    def leaf(self, i: int) -> Node:
+    def leaf(self, i: int) -> Term:
         t = self.ins[i]
         if t.is_const and np.asarray(t.const).size == 1:
             return Lit(float(np.asarray(t.const).reshape(-1)[0]))
         return Val(t.name, tuple(t.shape))
 
-    def build(self) -> Node:
+    def build(self) -> Term:
         raise NotImplementedError
 
 
