@@ -73,6 +73,8 @@ class Split:
         if len(lead) != 2 or not isinstance(shape, np.ndarray) or shape.dtype.kind not in "iu" or shape.size != 4:
             return None
         dims = [int(d) for d in shape.reshape(-1)]
+        if not self.allowzero and dims[3] == 0:  # a dimension the input (of rank 3) does not have
+            return None
         dims = [(lead + (n,))[i] if d == 0 and not self.allowzero else d for i, d in enumerate(dims)]
         if dims.count(-1) == 1:
             rest = math.prod(d for d in dims if d != -1)
