@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from aiomnn import unary
+
 from .kernel import SLICE_ELEMENTS, parallel, threads
 
 F32 = np.dtype(np.float32)
@@ -219,11 +221,6 @@ def elementwise(name: str, x: Any, out: Any | None = None) -> bool:
 #: Fused activations that the compiled loops apply themselves (scalars.activate), by their code.
 _CODES = {"Relu": 1, "HardSwish": 2, "Swish": 3, "Sigmoid": 4, "LeakyRelu": 5, "Clip": 6, "HardSigmoid": 7,
           "Gelu": 8}
-#: Each activation's two parameters, from its attributes (ONNX's defaults where absent).
-_PARAMS = {"Swish": lambda a: (a.get("alpha", 1.0), 0.0), "LeakyRelu": lambda a: (a.get("alpha", 0.01), 0.0),
-           "Clip": lambda a: (-np.inf if a.get("min") is None else a["min"],
-                              np.inf if a.get("max") is None else a["max"]),
-           "HardSigmoid": lambda a: (a.get("alpha", 0.2), a.get("beta", 0.5))}
 #: The code of an activation (by its code) followed by y * alpha + beta: a Mul and an Add by scalars fused after
 #: it (PP-OCR's convs end in HardSwish, then a learnable scale and shift). alpha and beta carry the scalars, so
 #: an activation with parameters cannot have one.
@@ -239,9 +236,14 @@ def loop_activation(activation: tuple[str, dict[str, Any]] | None,
     else:
         name, attrs = activation
         code = _CODES.get(name)
-        if code is None or (attrs and name not in _PARAMS):
+        if code is None:
             return None
-        alpha, beta = _PARAMS[name](attrs) if name in _PARAMS else (0.0, 0.0)
+        try:  # its two parameters from its attributes, ONNX's defaults where absent (aiomnn.unary)
+            alpha, beta = (unary.fused_params(name, attrs or {}) + (0.0, 0.0))[:2]
+        except ValueError:
+            return None
+        if name == "Gelu" and unary.choice(name, attrs or {}, "approximate") != "none":
+            return None  # the loops' GELU is the exact one
     if affine is not None:
         if code not in _AFFINE:
             return None

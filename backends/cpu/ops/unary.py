@@ -15,6 +15,8 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
+from aiomnn.unary import CHOICES, VERSIONS
+
 from ..kernel import Kernel, Unsupported, op
 from .activations import (clip_, clip_ufunc, elu_, erf, gelu_, hard_sigmoid_, hard_swish_, leaky_relu_, sigmoid_,
                           swish_)
@@ -184,22 +186,27 @@ def _shrink(x, out, lambd, bias):
     return out
 
 
+def _versions(name: str, fn: Callable[..., np.ndarray]) -> None:
+    """fn registered for every version of op `name`, with that version's attributes and defaults (aiomnn.unary)."""
+    for since, attrs in VERSIONS[name]:
+        unary(name, since, fn, **dict(attrs))
+
+
 unary("Relu", 1, _relu)
-unary("LeakyRelu", 1, _leaky_relu, alpha=0.01)
-unary("Elu", 1, _elu, alpha=1.0)
-unary("Selu", 1, _selu, alpha=1.673200011253357, gamma=1.0506999492645264)
-unary("Selu", 6, _selu, alpha=1.6732631921768188, gamma=1.0507010221481323)
-unary("Celu", 12, _celu, alpha=1.0)
-unary("ThresholdedRelu", 10, _thresholded_relu, alpha=1.0)
+_versions("LeakyRelu", _leaky_relu)
+_versions("Elu", _elu)
+_versions("Selu", _selu)
+_versions("Celu", _celu)
+_versions("ThresholdedRelu", _thresholded_relu)
 unary("Sigmoid", 1, _in_place(sigmoid_))
-unary("HardSigmoid", 1, _in_place(hard_sigmoid_), alpha=0.2, beta=0.5)
+_versions("HardSigmoid", _in_place(hard_sigmoid_))
 unary("HardSwish", 14, _in_place(hard_swish_))
 unary("Softplus", 1, _softplus)
 unary("Softsign", 1, _softsign)
 unary("Mish", 18, _mish)
-unary("Swish", 24, _swish, alpha=1.0)
-unary("Gelu", 20, _in_place(gelu_), approximate="none")
-unary("Shrink", 9, _shrink, lambd=0.5, bias=0.0)
+_versions("Swish", _swish)
+unary("Gelu", 20, _in_place(gelu_), approximate=CHOICES["Gelu"]["approximate"][0])
+_versions("Shrink", _shrink)
 
 
 @op("SwiGLU", 28)

@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from aiomnn import unary
+
 from ..fused import EXPR, Expr, Lit, Term, Val
 from .base import F32, CudaOp, Decline, check_tensors, float_inputs, op
 
@@ -20,28 +22,31 @@ VARIADIC = {"Max": "Max", "Min": "Min", "Sum": "Add", "Mean": "Add"}
 
 
 def activation(x: Term, act: tuple[str, dict] | None) -> Term:
-    """The fused activation `_activation` (from aiomnn.optimize) applied to x."""
+    """The fused activation `_activation` (from aiomnn.optimize) applied to x, its parameters from aiomnn.unary."""
     if act is None:
         return x
     name, attrs = act
-    attrs = dict(attrs or {})
-    if name == "Clip":
-        lo, hi = attrs.get("min"), attrs.get("max")
-        return Expr("Clip", (x,), (("lo", -math.inf if lo is None else float(lo)),
-                                  ("hi", math.inf if hi is None else float(hi))))
-    if name == "LeakyRelu":
-        return Expr("LeakyRelu", (x,), (("a", float(attrs.get("alpha", 0.01))),))
-    if name == "HardSigmoid":
-        return Expr("HardSigmoid", (x,), (("a", float(attrs.get("alpha", 0.2))), ("b", float(attrs.get("beta", 0.5)))))
-    if name == "Elu":
-        return Expr("Elu", (x,), (("a", float(attrs.get("alpha", 1.0))),))
+    if name not in _ACTIVATIONS:
+        raise Decline(f"fused activation {name} is not supported")
+    return _applied(name, x, dict(attrs or {}), None)
+
+
+#: The activations the fused expressions (EXPR) have, fused or as ops of their own.
+_ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "HardSwish", "Softplus", "Mish", "Clip", "HardSigmoid", "LeakyRelu",
+                "Elu", "ThresholdedRelu", "Celu", "Selu", "Gelu", "Swish")
+
+
+def _applied(name: str, x: Term, attrs: dict, opset: int | None) -> Term:
+    """Activation `name` of x: its parameters (a, b) from aiomnn.unary, at this opset (None: a fused one)."""
+    try:
+        p = unary.fused_params(name, attrs) if opset is None else unary.params(name, opset, attrs)
+    except ValueError as exc:
+        raise Decline(str(exc)) from None
     if name == "Gelu":
-        return Expr("GeluTanh" if attrs.get("approximate", "none") == "tanh" else "Gelu", (x,))
-    if name == "Swish":
-        return Expr("Swish", (x,), (("a", float(attrs.get("alpha", 1.0))),))
-    if name in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Softplus", "Mish"):
-        return Expr(name, (x,))
-    raise Decline(f"fused activation {name} is not supported")
+        return Expr("GeluTanh" if unary.choice(name, attrs, "approximate") == "tanh" else "Gelu", (x,))
+    if name == "Clip":
+        return Expr("Clip", (x,), (("lo", p[0]), ("hi", p[1])))
+    return Expr(name, (x,), tuple(zip(("a", "b"), p)))
 
 
 class Elementwise(CudaOp):
@@ -104,34 +109,19 @@ class Activation(Elementwise):
     def build(self):
         t, a = self.node.op_type, self.attrs
         x = self.leaf(0)
-        if t == "Clip":
-            if self.node.opset < 11:
-                lo, hi = a.get("min", -math.inf), a.get("max", math.inf)
-            else:
-                bounds = []
-                for i in (1, 2):
-                    if i < len(self.ins) and self.ins[i] is not None:
-                        if not self.ins[i].is_const:
-                            raise Decline("Clip bounds must be constants")
-                        bounds.append(float(np.asarray(self.ins[i].const).reshape(-1)[0]))
-                    else:
-                        bounds.append(None)
-                lo = -math.inf if bounds[0] is None else bounds[0]
-                hi = math.inf if bounds[1] is None else bounds[1]
+        if t == "Clip" and self.node.opset >= 11:
+            bounds = []
+            for i in (1, 2):
+                if i < len(self.ins) and self.ins[i] is not None:
+                    if not self.ins[i].is_const:
+                        raise Decline("Clip bounds must be constants")
+                    bounds.append(float(np.asarray(self.ins[i].const).reshape(-1)[0]))
+                else:
+                    bounds.append(None)
+            lo = -math.inf if bounds[0] is None else bounds[0]
+            hi = math.inf if bounds[1] is None else bounds[1]
             return Expr("Clip", (x,), (("lo", float(lo)), ("hi", float(hi))))
-        if t == "HardSigmoid":
-            return Expr(t, (x,), (("a", float(a.get("alpha", 0.2))), ("b", float(a.get("beta", 0.5)))))
-        if t in ("LeakyRelu", "Elu", "ThresholdedRelu", "Celu"):
-            default = {"LeakyRelu": 0.01, "Elu": 1.0, "ThresholdedRelu": 1.0, "Celu": 1.0}[t]
-            return Expr(t, (x,), (("a", float(a.get("alpha", default))),))
-        if t == "Selu":
-            return Expr(t, (x,), (("a", float(a.get("alpha", 1.6732632423543772))),
-                                  ("b", float(a.get("gamma", 1.0507009873554805)))))
-        if t == "Gelu":
-            return Expr("GeluTanh" if a.get("approximate", "none") == "tanh" else "Gelu", (x,))
-        if t == "Swish":
-            return Expr("Swish", (x,), (("a", float(a.get("alpha", 1.0))),))
-        raise Decline(t)
+        return _applied(t, x, dict(a), self.node.opset)
 
 
 class BatchNorm(Elementwise):

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from aiomnn import unary
 from aiomnn.backend import Tensor
 from aiomnn.strides import collapse
 
@@ -40,36 +41,24 @@ def activation(attrs: dict[str, Any] | Any) -> tuple[int, float, float]:
     if fused is None:
         return 0, 0.0, 0.0
     name, a = fused
-    return unary_params(name, dict(a))
+    return unary_params(name, dict(a), None)
 
 
-def unary_params(name: str, a: dict[str, Any]) -> tuple[int, float, float]:
+def unary_params(name: str, a: dict[str, Any], opset: int | None) -> tuple[int, float, float]:
+    """(code, p0, p1) of unary op `name` with attributes a, at this opset (None: a fused activation), its
+    parameters and their defaults from aiomnn.unary."""
     if name not in UNARY:
         raise Decline(f"activation {name}")
-    code = UNARY[name]
-    if name == "LeakyRelu":
-        return code, float(a.get("alpha", 0.01)), 0.0
-    if name == "Clip":
-        lo, hi = a.get("min"), a.get("max")
-        return code, -FLOAT_MAX if lo is None else float(lo), FLOAT_MAX if hi is None else float(hi)
-    if name == "HardSigmoid":
-        return code, float(a.get("alpha", 0.2)), float(a.get("beta", 0.5))
-    if name == "Elu":
-        return code, float(a.get("alpha", 1.0)), 0.0
-    if name == "Selu":
-        return code, float(a.get("alpha", 1.67326319217681884765625)), float(a.get("gamma", 1.05070102214813232421875))
-    if name == "Celu":
-        return code, float(a.get("alpha", 1.0)), 0.0
-    if name in ("ThresholdedRelu", "Swish"):
-        return code, float(a.get("alpha", 1.0)), 0.0
+    try:
+        p = unary.fused_params(name, a) if opset is None else unary.params(name, opset, a)
+    except ValueError as exc:
+        raise Decline(str(exc)) from None
     if name == "Gelu":
-        approx = a.get("approximate", "none")
-        approx = approx.decode() if isinstance(approx, bytes) else approx
-        return (GELU_TANH if approx == "tanh" else code), 0.0, 0.0
-    extra = set(a) - {"_activation"}
-    if extra:
-        raise Decline(f"{name} attributes {sorted(extra)}")
-    return code, 0.0, 0.0
+        return (GELU_TANH if unary.choice(name, a, "approximate") == "tanh" else UNARY[name]), 0.0, 0.0
+    p0, p1 = (p + (0.0, 0.0))[:2]
+    if name == "Clip":  # the kernels' bounds are finite
+        p0, p1 = max(p0, -FLOAT_MAX), min(p1, FLOAT_MAX)
+    return UNARY[name], p0, p1
 
 
 def unary_launch(ctx: OpContext, x: Tensor, code: int, p0: float = 0.0, p1: float = 0.0) -> Launch:
@@ -80,7 +69,7 @@ def unary_launch(ctx: OpContext, x: Tensor, code: int, p0: float = 0.0, p1: floa
 def _unary(name: str) -> None:
     def plan(ctx, node, ins, outs):
         require_float(ins[0], outs[0])
-        code, p0, p1 = unary_params(name, dict(node.attrs))
+        code, p0, p1 = unary_params(name, dict(node.attrs), node.opset)
         return [unary_launch(ctx, ins[0], code, p0, p1)]
 
     op(name, SINCE[name])(plan)

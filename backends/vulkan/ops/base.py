@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from aiomnn import unary
 from aiomnn.backend import Decline, Execution, Tensor
 from aiomnn.errors import BackendError
 from aiomnn.graph import Node
@@ -223,38 +224,21 @@ UNARY = {"Identity": 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "Har
          "Reciprocal": 25, "Floor": 26, "Ceil": 27, "Round": 28, "Sin": 29, "Cos": 30, "Erf": 31, "Sign": 32,
          "Tan": 34, "Asin": 35, "Acos": 36, "Atan": 37, "Sinh": 38, "Cosh": 39, "Asinh": 40, "Acosh": 41,
          "Atanh": 42}
-_DEFAULTS = {"LeakyRelu": {"alpha": 0.01}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5}, "Elu": {"alpha": 1.0},
-             "Selu": {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
-             "Celu": {"alpha": 1.0}, "ThresholdedRelu": {"alpha": 1.0}, "Swish": {"alpha": 1.0}}
-_ALLOWED = {"LeakyRelu": {"alpha"}, "HardSigmoid": {"alpha", "beta"}, "Elu": {"alpha"}, "Selu": {"alpha", "gamma"},
-            "Celu": {"alpha"}, "ThresholdedRelu": {"alpha"}, "Gelu": {"approximate"}, "Clip": {"min", "max"},
-            "Swish": {"alpha"}}
 
 
-def activation(op: str, attrs: dict[str, Any]) -> tuple[int, float, float]:
-    """(code, a, b) for unary_op(): an activation or unary function with its attributes."""
-    extra = set(attrs) - _ALLOWED.get(op, set())
-    if extra:
-        raise Decline(f"{op} attribute(s) {sorted(extra)}")
-    a = {**_DEFAULTS.get(op, {}), **attrs}
-    if op == "Gelu":
-        approx = a.get("approximate", "none")
-        if approx not in ("none", "tanh"):
-            raise Decline(f"Gelu approximate={approx!r}")
-        return (9 if approx == "none" else 10), 0.0, 0.0
-    if op == "Clip":
-        lo = -math.inf if a.get("min") is None else float(a["min"])
-        hi = math.inf if a.get("max") is None else float(a["max"])
-        return 3, lo, hi
-    if op not in UNARY:
+def activation(op: str, attrs: dict[str, Any], opset: int | None = None) -> tuple[int, float, float]:
+    """(code, a, b) for unary_op(): an activation or unary function with its attributes, at this opset (None: a
+    fused activation), its parameters and their defaults from aiomnn.unary."""
+    if op not in UNARY and op != "Gelu":
         raise Decline(f"activation {op}")
-    if op in ("Elu", "LeakyRelu", "Celu", "ThresholdedRelu", "Swish"):
-        return UNARY[op], float(a["alpha"]), 0.0
-    if op == "HardSigmoid":
-        return UNARY[op], float(a["alpha"]), float(a["beta"])
-    if op == "Selu":
-        return UNARY[op], float(a["alpha"]), float(a["gamma"])
-    return UNARY[op], 0.0, 0.0
+    try:
+        p = unary.fused_params(op, attrs) if opset is None else unary.params(op, opset, attrs)
+    except ValueError as exc:
+        raise Decline(str(exc)) from None
+    if op == "Gelu":
+        return (9 if unary.choice(op, attrs, "approximate") == "none" else 10), 0.0, 0.0
+    a, b = (p + (0.0, 0.0))[:2]
+    return UNARY[op], a, b
 
 
 def fused(node: Node) -> tuple[int, float, float]:

@@ -9,14 +9,12 @@ import math
 import numpy as np
 
 from aiomnn.strides import collapse
+from aiomnn.unary import params as attribute_params
 
 from ..launch import Grid
 from ..memory import Loc
 from .base import (F32, UNARY, Decline, VkOp, activation, broadcast_strides, const_value, contiguous,
                    data_input, fits, fused, numel, pack, pad, register, to_f32)
-
-FLT_MAX = 3.4028234663852886e38
-
 
 #: Elementwise dispatches take 4 elements an invocation (vec4 loads and stores, the shaders' VEC4) where the
 #: layout allows: see vec4_unary and vec4_binary. Off, every dispatch takes the scalar path (tests compare them).
@@ -69,7 +67,7 @@ class Unary(VkOp):
         if len(inputs) != 1 or len([o for o in outputs if o.name]) != 1:
             raise Decline("one input, one output")
         data_input(inputs[0], backend)
-        self.code, self.a, self.c = activation(node.op_type, dict(node.attrs))
+        self.code, self.a, self.c = activation(node.op_type, dict(node.attrs), node.opset)
 
     def plan(self, inputs, outputs):
         unary(self, self.code, self.out_locs[0], self.loc(inputs[0]), numel(outputs[0].shape), self.a, self.c)
@@ -81,8 +79,10 @@ class Clip(Unary):
         VkOp.__init__(self, backend, node, inputs, outputs)
         data_input(inputs[0], backend)
         if node.opset < 11:
-            lo = float(node.attrs.get("min", -FLT_MAX))
-            hi = float(node.attrs.get("max", FLT_MAX))
+            try:
+                lo, hi = attribute_params("Clip", node.opset, node.attrs)
+            except ValueError as exc:
+                raise Decline(str(exc)) from None
         else:
             if node.attrs:
                 raise Decline("Clip-11 has no attributes")
