@@ -64,3 +64,23 @@ def test_selu_defaults_on_every_backend(backend, opset):
             return (await session.run({"x": x}))["y"]
 
     np.testing.assert_allclose(asyncio.run(run()), _selu(x, alpha, gamma), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("opset", [6, 13])
+def test_omitted_clip_bounds_are_the_finite_limits(backend, opset):
+    """Clip without a max (an attribute left out at opset 6, an input left out at 13): +inf becomes float32's
+    largest finite value on every backend, as onnxruntime has it."""
+    x = np.array([[-np.inf, -2.0, 0.5, np.inf]], np.float32)
+    attrs = {"min": -1.0} if opset < 11 else {}
+    inputs = ["x"] if opset < 11 else ["x", "lo"]
+    consts = {} if opset < 11 else {"lo": np.array(-1.0, np.float32)}
+    data = one_input_model([helper.make_node("Clip", inputs, ["y"], **attrs)], x.shape, consts, opset=opset)
+
+    async def run() -> np.ndarray:
+        net = aiomnn.Interpreter.from_bytes(data)
+        config = aiomnn.ScheduleConfig(type=backend, backup_type="cpu")
+        async with await net.create_session(config) as session:
+            return (await session.run({"x": x}))["y"]
+
+    np.testing.assert_array_equal(asyncio.run(run()), [[-1.0, -1.0, 0.5, unary.FLT_MAX]])

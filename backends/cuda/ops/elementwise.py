@@ -6,8 +6,6 @@ float-to-float Cast, and the fused activations other ops carry.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from aiomnn import unary
@@ -118,8 +116,9 @@ class Activation(Elementwise):
                     bounds.append(float(np.asarray(self.ins[i].const).reshape(-1)[0]))
                 else:
                     bounds.append(None)
-            lo = -math.inf if bounds[0] is None else bounds[0]
-            hi = math.inf if bounds[1] is None else bounds[1]
+            # An omitted bound is float32's finite limit (aiomnn.unary's Clip), as onnxruntime reads it.
+            lo = -unary.FLT_MAX if bounds[0] is None else bounds[0]
+            hi = unary.FLT_MAX if bounds[1] is None else bounds[1]
             return Expr("Clip", (x,), (("lo", float(lo)), ("hi", float(hi))))
         return _applied(t, x, dict(a), self.node.opset)
 

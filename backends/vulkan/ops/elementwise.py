@@ -4,11 +4,10 @@ Sum, Mean, Max, Min) and inference BatchNormalization.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from aiomnn.strides import collapse
+from aiomnn.unary import FLT_MAX
 from aiomnn.unary import params as attribute_params
 
 from ..launch import Grid
@@ -95,8 +94,9 @@ class Clip(Unary):
                     raise Decline("Clip bounds must be float32")
                 bounds.append(None if v is None else float(v.reshape(-1)[0]))
             bounds += [None] * (2 - len(bounds))
-            lo = -math.inf if bounds[0] is None else bounds[0]
-            hi = math.inf if bounds[1] is None else bounds[1]
+            # An omitted bound is float32's finite limit (aiomnn.unary's Clip), as onnxruntime reads it.
+            lo = -FLT_MAX if bounds[0] is None else bounds[0]
+            hi = FLT_MAX if bounds[1] is None else bounds[1]
         self.code, self.a, self.c = 3, lo, hi
 
 
