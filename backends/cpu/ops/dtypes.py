@@ -6,8 +6,6 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-FLT_MAX = 3.4028234663852886e38
-
 
 def _ml(*names: str) -> frozenset[np.dtype]:
     return frozenset(np.dtype(getattr(ml_dtypes, n)) for n in names if hasattr(ml_dtypes, n))

@@ -15,12 +15,12 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
-from aiomnn.unary import CHOICES, VERSIONS
+from aiomnn.unary import CHOICES, FLT_MAX, VERSIONS
 
 from ..kernel import Kernel, Unsupported, op
 from .activations import (clip_, clip_ufunc, elu_, erf, gelu_, hard_sigmoid_, hard_swish_, leaky_relu_, sigmoid_,
                           swish_)
-from .dtypes import BOOL, F16, F32, FLT_MAX, ML_INTS, compute_dtype, is_float, matches, widen
+from .dtypes import BOOL, F16, F32, ML_INTS, compute_dtype, is_float, matches, widen
 
 
 # ------------------------------------------------------------------ unary math

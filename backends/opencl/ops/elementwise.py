@@ -32,9 +32,6 @@ SINCE = {"Relu": 6, "LeakyRelu": 6, "Sigmoid": 6, "HardSigmoid": 6, "HardSwish":
          "Celu": 12, "ThresholdedRelu": 10, "Mish": 18, "Tan": 7, "Asin": 7, "Acos": 7, "Atan": 7, "Sinh": 9,
          "Cosh": 9, "Asinh": 9, "Acosh": 9, "Atanh": 9, "Swish": 24, "Identity": 1}
 
-FLOAT_MAX = 3.4028234663852886e38
-
-
 def activation(attrs: dict[str, Any] | Any) -> tuple[int, float, float]:
     """(code, p0, p1) of a node's fused `_activation`; (0, 0, 0) when it has none."""
     fused = attrs.get("_activation") if hasattr(attrs, "get") else None
@@ -57,7 +54,7 @@ def unary_params(name: str, a: dict[str, Any], opset: int | None) -> tuple[int, 
         return (GELU_TANH if unary.choice(name, a, "approximate") == "tanh" else UNARY[name]), 0.0, 0.0
     p0, p1 = (p + (0.0, 0.0))[:2]
     if name == "Clip":  # the kernels' bounds are finite
-        p0, p1 = max(p0, -FLOAT_MAX), min(p1, FLOAT_MAX)
+        p0, p1 = max(p0, -unary.FLT_MAX), min(p1, unary.FLT_MAX)
     return UNARY[name], p0, p1
 
 
@@ -83,8 +80,7 @@ for _name in SINCE:
 @op("Clip", 6)
 def clip_6(ctx, node, ins, outs):
     require_float(ins[0], outs[0])
-    lo, hi = node.attrs.get("min", -FLOAT_MAX), node.attrs.get("max", FLOAT_MAX)
-    return [unary_launch(ctx, ins[0], UNARY["Clip"], lo, hi)]
+    return [unary_launch(ctx, ins[0], *unary_params("Clip", dict(node.attrs), node.opset))]
 
 
 @op("Clip", 11)
