@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from aiomnn import unary
-from aiomnn.backend import Decline, Execution, Tensor
+from aiomnn.backend import Decline, Execution, OpRegistry, Tensor
 from aiomnn.errors import BackendError
 from aiomnn.graph import Node
 from aiomnn.strides import collapse
@@ -166,13 +166,17 @@ class VkOp(Execution):
                       Grid(n), consts=(len(dims),))
 
 
-OPS: dict[str, Callable[..., VkOp]] = {}
+#: The Vulkan ops, by op type and the opset version each implementation starts at (the one registry type of
+#: every backend: aiomnn.backend.OpRegistry).
+OPS: OpRegistry[Callable[..., VkOp]] = OpRegistry("vulkan")
 
 
-def register(*names: str):
+def register(*names: str, since: int = 1):
+    """Register an op class for op types `names` from opset `since` on (an op that reads its node's opset itself
+    registers once, at 1)."""
     def add(cls):
         for n in names:
-            OPS[n] = cls
+            OPS.register(n, since)(cls)
         return cls
 
     return add
@@ -180,7 +184,7 @@ def register(*names: str):
 
 def create(backend, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> VkOp | None:
     """The op's Vulkan execution, or None to leave it to the backup backend."""
-    cls = OPS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    cls = OPS.lookup(node)
     if cls is None:
         return None
     limit = min(backend.ctx.max_range, INT_MAX)

@@ -59,7 +59,7 @@ def unary(exe: VkOp, code: int, out: Loc, x: Loc, n: int, a: float, b: float) ->
 
 
 # ----------------------------------------------------------------------------- unary
-@register(*[n for n in UNARY if n != "Clip"], "Gelu")
+@register(*[n for n in UNARY if n not in ("Clip", "Identity")], "Gelu")  # (Identity: a view, tensor.py)
 class Unary(VkOp):
     def __init__(self, backend, node, inputs, outputs):
         super().__init__(backend, node, inputs, outputs)
