@@ -226,7 +226,7 @@ class OpenclRuntime(Runtime):
 
     def tuning_tasks(self, backend: Any, node: Node, inputs: list, outputs: list) -> list:
         """The kernels of this op whose local size can be tuned, as TuneTasks."""
-        return tasks_for(self, backend.ctx, node, inputs, outputs)
+        return tasks_for(self, backend, node, inputs, outputs)
 
     def measure(self, node: Node, inputs: list, outputs: list) -> bool:
         if self._measure_backend is None:

@@ -44,7 +44,10 @@ def cached_local_size(runtime: Any, tuner: Tuner, ctx: OpContext, launch: Launch
     return None
 
 
-def tasks_for(runtime: Any, ctx: OpContext, node: Node, inputs: list, outputs: list) -> list["KernelTuneTask"]:
+def tasks_for(runtime: Any, backend: Any, node: Node, inputs: list, outputs: list) -> list["KernelTuneTask"]:
+    """The op's launches whose local size can be tuned, planned in the backend's context (every GPU backend's
+    tasks_for takes the same arguments)."""
+    ctx = backend.ctx
     try:
         launches = plan(ctx, node, inputs, outputs)
     except Decline:

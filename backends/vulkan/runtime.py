@@ -84,7 +84,7 @@ class VulkanRuntime(Runtime):
         """The launches of this op whose workgroup size can be tuned, as TuneTasks."""
         from .tune import tasks_for
 
-        return tasks_for(self, node, inputs, outputs)
+        return tasks_for(self, backend, node, inputs, outputs)
 
     def measure(self, node: Node, inputs: list, outputs: list) -> bool:
         """Whether this op has launches whose workgroup size is not tuned yet (GPUs only: on CPU

@@ -31,15 +31,17 @@ COLD_ABOVE = 8 << 20
 FLUSH_BYTES = 128 << 20
 
 
-def tasks_for(runtime: Any, node: Node, inputs: list, outputs: list) -> list["LaunchTuneTask"]:
+def tasks_for(runtime: Any, backend: Any, node: Node, inputs: list, outputs: list) -> list["LaunchTuneTask"]:
+    """The op's launches whose workgroup size can be tuned (every GPU backend's tasks_for takes the same arguments;
+    here the op is planned on the runtime's own dry backend, not the session's)."""
     from .backend import VulkanBackend
     from .ops import create
 
-    backend = runtime.__dict__.get("_dry_backend")
-    if backend is None:
-        backend = runtime._dry_backend = VulkanBackend(runtime, runtime.config.backend_config, dry=True)
-    backend._reset_plan()
-    op = create(backend, node, inputs, outputs)
+    dry = runtime.__dict__.get("_dry_backend")
+    if dry is None:
+        dry = runtime._dry_backend = VulkanBackend(runtime, runtime.config.backend_config, dry=True)
+    dry._reset_plan()
+    op = create(dry, node, inputs, outputs)
     if op is None:
         return []
     try:
@@ -49,7 +51,7 @@ def tasks_for(runtime: Any, node: Node, inputs: list, outputs: list) -> list["La
     except Exception:
         return []
     finally:
-        backend._reset_plan()
+        dry._reset_plan()
     return [LaunchTuneTask(runtime, node, launch) for launch in op.launches if launch.tunable]
 
 
