@@ -25,6 +25,8 @@ async def main(name: str, shape: tuple[int, ...], threads: int, target: str, val
     module, attr = target.rsplit(".", 1)
     mod = importlib.import_module(module)
     kind = type(getattr(mod, attr))
+    if kind is bool:  # bool("0") is True: read a flag's words instead
+        kind = lambda v: v.strip().lower() in ("1", "true", "yes", "on")  # noqa: E731
     feeds = models.sample_feeds(name, shape)
     net = aiomnn.Interpreter.from_file(models.path(name))
     times: dict[str, list[float]] = {v: [] for v in values}
