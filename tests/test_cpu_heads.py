@@ -123,7 +123,7 @@ def test_projections_merge_at_few_rows(monkeypatch, numba):
     monkeypatch.setenv("AIOMNN_NUMBA", numba)
     merged = []
     run = layers.Projections._merged
-    monkeypatch.setattr(layers.Projections, "_merged", lambda self, v: merged.append(run(self, v)) or merged[-1])
+    monkeypatch.setattr(layers.Projections, "_merged", lambda self, *a: merged.append(run(self, *a)) or merged[-1])
     model = _encoder_layer()
     feeds = [_feeds(), _feeds(5, 16), _feeds(seed=3)]
     outs, steps = asyncio.run(_plan_and_outputs(model, feeds))

@@ -126,11 +126,7 @@ class AddNorm(Fused):
         self.scale = chain[1][1][1]
         self.bias = chain[1][1][2] if len(chain[1][1]) > 2 else ""
 
-    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
-        again = self._repeat(inputs)
-        if again is not None:
-            return again
-        values = dict(zip(self.names, inputs))
+    def _choose(self, values: dict[str, Any], inputs: list[Any]) -> Any:
         a, b = values[self.a], values[self.b]
         norm = self.norm
         if a.shape == b.shape and a.ndim and norm.axis in (-1, a.ndim - 1) and a.dtype == F32:

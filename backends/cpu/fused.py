@@ -45,6 +45,18 @@ class Fused(Execution):
         self._bound: tuple[list[Any], Any, Callable[[], Any]] | None = None  # (inputs, output, call): see _repeat
         self._fresh = False  # the last _output was a new array
 
+    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        again = self._repeat(inputs)
+        if again is not None:
+            return again
+        return self._choose(dict(zip(self.names, inputs)), inputs)
+
+    def _choose(self, values: dict[str, Any], inputs: list[Any]) -> Any:
+        """A run the bound call does not serve (the first, or new arrays): check what arrived, compute, and bind
+        the call for the runs after (_bind), or run the chain step by step (_unfused). values: the inputs by
+        name."""
+        raise NotImplementedError
+
     def _repeat(self, inputs: list[Any]) -> Any:
         """The output of the bound call (_bind), repeated, where this run brings the arrays it was bound to
         (planned buffers, constants, or the same views of them, which a Reshape before the step makes anew each
@@ -71,6 +83,10 @@ class Fused(Execution):
             return np.empty(shape, F32)
         if not any(np.may_share_memory(out, a) for a in read):
             return out
+        return self._own(shape)
+
+    def _own(self, shape: tuple[int, ...]) -> np.ndarray:
+        """A float32 buffer of the fused step's own, kept from run to run."""
         if self._spare is None or self._spare.shape != shape:
             self._spare = np.empty(shape, F32)
         return self._spare

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Collection
+from typing import Any, Callable, Collection
 
 import numpy as np
 
@@ -154,19 +154,13 @@ class Attention(Fused):
         self.v = steps[-1][1][1]
         self.last = chain[-1][0]
 
-    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
-        again = self._repeat(inputs)
-        if again is not None:
-            return again
-        values = dict(zip(self.names, inputs))
+    def _choose(self, values: dict[str, Any], inputs: list[Any]) -> Any:
         q, k, v = values[self.q], values[self.k], values[self.v]
         loop = jit.jitted("softmax")
-        scale = 1.0
-        if self.scaled:
-            c = values[self.scale]
-            if not isinstance(c, np.ndarray) or c.size != 1 or c.dtype != F32:
-                return self._unfused(values)
-            scale = 1 / float(c.reshape(())) if self.divides else float(c.reshape(()))
+        c = values[self.scale] if self.scaled else None
+        if self.scaled and (not isinstance(c, np.ndarray) or c.size != 1 or c.dtype != F32):
+            return self._unfused(values)
+        scale = self._scale(c)
         if (loop is None or q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or any(a.dtype != F32 for a in (q, k, v))
                 or q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2] or q.shape[3] != k.shape[2]
                 or k.shape[3] != v.shape[2]):
@@ -193,8 +187,7 @@ class Attention(Fused):
             args = (*(split or (q, k, v)), np.float32(scale), rows, result, split is not None, self.merge)
             compiled(*args)  # a head a piece, on numba's threads
             if viewed:  # a copy would keep this run's mask
-                again = functools.partial(self._again, args, values.get(self.scale), pieces)
-                self._bind(inputs, result, again)
+                self._bind(inputs, result, functools.partial(self._again, compiled, args, c, pieces))
             return result
         # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).
         per = max(1, min(h, max(-(-h * b // threads()), -(-PIECE_MACS // max(1, 2 * s * t * q.shape[3])))))
@@ -215,9 +208,17 @@ class Attention(Fused):
         parallel(b * pieces, piece)
         return result
 
-    def _again(self, args: tuple[Any, ...], c: Any, pieces: int) -> bool:
-        """The compiled call again, on the same arrays; the scale read again from its input."""
-        scale = 1.0 if c is None else (1 / float(c.reshape(())) if self.divides else float(c.reshape(())))
-        jit.for_pieces("attention", pieces)(*args[:3], np.float32(scale), *args[4:])
+    def _scale(self, c: np.ndarray | None) -> float:
+        """The factor of the scores: the scalar c they are divided or multiplied by (1 without one)."""
+        if c is None:
+            return 1.0
+        return 1 / float(c.reshape(())) if self.divides else float(c.reshape(()))
+
+    def _again(self, compiled: Callable[..., Any], args: tuple[Any, ...], c: np.ndarray | None, pieces: int) -> bool:
+        """The compiled call again, on the same arrays (its build settled: only numba's thread count is checked);
+        the scale read again from its input."""
+        if pieces > 1:
+            jit.use_threads(pieces)
+        compiled(*args[:3], np.float32(self._scale(c)), *args[4:])
         return True
 

@@ -66,11 +66,7 @@ class Dense(Fused):
         self.w_const = chain[0][0].b_const
         self.panels: Any = None  # w_const packed for the dense tile loop, on the first run that can use it
 
-    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
-        again = self._repeat(inputs)
-        if again is not None:
-            return again
-        values = dict(zip(self.names, inputs))
+    def _choose(self, values: dict[str, Any], inputs: list[Any]) -> Any:
         x, w, bias = values[self.x], values[self.w], values[self.bias]
         if (not isinstance(bias, np.ndarray) or any(a.dtype != F32 for a in (x, w, bias)) or w.ndim != 2
                 or x.ndim < 2 or x.shape[-1] != w.shape[0] or bias.shape[-1:] != w.shape[1:] or bias.size != w.shape[1]
@@ -110,12 +106,15 @@ class Dense(Fused):
 
     def _dense(self, x: np.ndarray, w: np.ndarray, out: np.ndarray, bias: np.ndarray) -> Callable[[], bool] | None:
         """The dense tile loop, run: its bound call (products.dense), None where it cannot serve."""
-        if self.panels is None:
-            # Asks for both builds at once; packing waits until they can serve.
-            if jit.jitted("dense") is None or (threads() > 1 and jit.threaded("dense", threads()) is None):
-                return None
+        if self.panels is None and _dense_ready():
             self.panels = panels(w) or False
         return dense(x, self.panels, bias, out, self.activation) if self.panels else None
+
+
+def _dense_ready() -> bool:
+    """Whether the dense tile loop's builds can serve (both are asked for at once): weights are packed for it
+    only then."""
+    return jit.jitted("dense") is not None and (threads() == 1 or jit.threaded("dense", threads()) is not None)
 
 
 def projections(plan: list[Step], i: int, gives: Collection[str] = ()) -> list[Step] | None:
@@ -154,17 +153,13 @@ class Projections(Fused):
         self._weights: np.ndarray | None = None  # what they were packed from, held as long as they are
         self._bias: tuple[tuple[np.ndarray, ...], np.ndarray] | None = None  # the biases, and side by side
 
-    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
-        again = self._repeat(inputs)
-        if again is not None:
-            return again
-        values = dict(zip(self.names, inputs))
-        merged = self._merged(values)
+    def _choose(self, values: dict[str, Any], inputs: list[Any]) -> Any:
+        merged = self._merged(values, inputs)
         if merged is not None:
             return merged
         return tuple(part.on_execute([values[n] for n in part.names], []) for part in self.parts)
 
-    def _merged(self, values: dict[str, Any]) -> tuple[np.ndarray, ...] | None:
+    def _merged(self, values: dict[str, Any], inputs: list[Any]) -> tuple[np.ndarray, ...] | None:
         """The three as one product, bound for the runs after; None where it does not serve."""
         parts = self.parts
         x = values[parts[0].x]
@@ -181,7 +176,7 @@ class Projections(Fused):
             self._bias = tuple(biases), np.concatenate([b.reshape(-1) for b in biases])
         rows = math.prod(x.shape[:-1])
         n = [w.shape[1] for w in ws]
-        out = self._scratch((rows, sum(n)))
+        out = self._own((rows, sum(n)))
         call = dense(x.reshape(rows, -1), self.panels, self._bias[1], out, (0, 0.0, 0.0))
         if call is None:
             return None
@@ -198,19 +193,13 @@ class Projections(Fused):
             return True
 
         self._fresh = any(p._fresh for p in parts)
-        self._bind(list(values[name] for name in self.names), results, again)
+        self._bind(inputs, results, again)
         return results
 
     def _packed(self, ws: list[np.ndarray]) -> bool:
         """Whether the weights side by side are packed for the dense tile loop (asking for its builds first)."""
-        if self.panels is None:
-            if jit.jitted("dense") is None or (threads() > 1 and jit.threaded("dense", threads()) is None):
-                return False
+        if self.panels is None and _dense_ready():
             self._weights = np.ascontiguousarray(np.concatenate(ws, axis=1))
             self.panels = panels(self._weights) or False
         return bool(self.panels)
 
-    def _scratch(self, shape: tuple[int, int]) -> np.ndarray:
-        if self._spare is None or self._spare.shape != shape:
-            self._spare = np.empty(shape, F32)
-        return self._spare
