@@ -68,6 +68,13 @@ def fused_params(name: str, given: Mapping[str, Any]) -> tuple[float, ...]:
     return params(name, with_attrs[-1] if with_attrs else (versions[-1][0] if versions else 1), given)
 
 
+def pair(name: str, opset: int | None, given: Mapping[str, Any]) -> tuple[float, float]:
+    """The two parameters (a, b) the GPU kernels and the CPU's compiled loops take: params() at this opset, or
+    fused_params() where opset is None (a fused activation), 0 for any the op lacks. ValueError as params()."""
+    p = fused_params(name, given) if opset is None else params(name, opset, given)
+    return (p + (0.0, 0.0))[0], (p + (0.0, 0.0))[1]
+
+
 def choice(name: str, given: Mapping[str, Any], attr: str) -> str:
     """The value of a choosing attribute (Gelu's approximate), given or by default."""
     value = given.get(attr)

@@ -239,7 +239,7 @@ def loop_activation(activation: tuple[str, dict[str, Any]] | None,
         if code is None:
             return None
         try:  # its two parameters from its attributes, ONNX's defaults where absent (aiomnn.unary)
-            alpha, beta = (unary.fused_params(name, attrs or {}) + (0.0, 0.0))[:2]
+            alpha, beta = unary.pair(name, None, attrs or {})
         except ValueError:
             return None
         if name == "Gelu" and unary.choice(name, attrs or {}, "approximate") != "none":

@@ -47,12 +47,11 @@ def unary_params(name: str, a: dict[str, Any], opset: int | None) -> tuple[int, 
     if name not in UNARY:
         raise Decline(f"activation {name}")
     try:
-        p = unary.fused_params(name, a) if opset is None else unary.params(name, opset, a)
+        p0, p1 = unary.pair(name, opset, a)
     except ValueError as exc:
         raise Decline(str(exc)) from None
     if name == "Gelu":
         return (GELU_TANH if unary.choice(name, a, "approximate") == "tanh" else UNARY[name]), 0.0, 0.0
-    p0, p1 = (p + (0.0, 0.0))[:2]
     if name == "Clip":  # the kernels' bounds are finite
         p0, p1 = max(p0, -unary.FLT_MAX), min(p1, unary.FLT_MAX)
     return UNARY[name], p0, p1

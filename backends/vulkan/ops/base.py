@@ -236,12 +236,11 @@ def activation(op: str, attrs: dict[str, Any], opset: int | None = None) -> tupl
     if op not in UNARY and op != "Gelu":
         raise Decline(f"activation {op}")
     try:
-        p = unary.fused_params(op, attrs) if opset is None else unary.params(op, opset, attrs)
+        a, b = unary.pair(op, opset, attrs)
     except ValueError as exc:
         raise Decline(str(exc)) from None
     if op == "Gelu":
         return (9 if unary.choice(op, attrs, "approximate") == "none" else 10), 0.0, 0.0
-    a, b = (p + (0.0, 0.0))[:2]
     return UNARY[op], a, b
 
 
