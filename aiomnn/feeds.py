@@ -14,7 +14,7 @@ for any other, the pipeline copies them to the host (to_host).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -26,33 +26,37 @@ def check_feeds(inputs: Mapping[str, ValueInfo], feeds: Mapping[str, Any]) -> di
     """Every input of the model (name -> ValueInfo) from feeds (name -> value), as arrays."""
     if not isinstance(feeds, Mapping):
         raise InputError(f"feeds must be a mapping of input name to array, not {type(feeds).__name__}")
-    unknown = set(feeds) - set(inputs)
-    if unknown:
-        raise InputError(f"unknown input(s) {sorted(map(str, unknown))}; the model's inputs are {list(inputs)}")
-    arrays = {}
-    for name, v in inputs.items():
-        if name not in feeds:
-            raise InputError(f"missing input {name!r}")
-        arrays[name] = as_array(v, feeds[name])
-    return arrays
+    return _by_input(inputs, feeds, "missing input {!r}", as_array)
 
 
 def check_shapes(inputs: Mapping[str, ValueInfo], shapes: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
     """Every input's shape (name -> ValueInfo) from the shapes given to resize (name -> sequence of ints)."""
-    unknown = set(shapes) - set(inputs)
+    return _by_input(inputs, shapes, "missing shape for input {!r}", _shape)
+
+
+def _by_input(inputs: Mapping[str, ValueInfo], given: Mapping[str, Any], missing: str,
+              read: Callable[[ValueInfo, Any], Any]) -> dict[str, Any]:
+    """read(input, value) for every input of the model, from `given` (name -> value); an InputError for a name
+    the model lacks or an input missing (`missing` names it)."""
+    unknown = set(given) - set(inputs)
     if unknown:
-        raise InputError(f"unknown input(s) {sorted(unknown)}; the model's inputs are {list(inputs)}")
+        raise InputError(f"unknown input(s) {sorted(map(str, unknown))}; the model's inputs are {list(inputs)}")
     out = {}
     for name, v in inputs.items():
-        if name not in shapes:
-            raise InputError(f"missing shape for input {name!r}")
-        try:
-            shape = tuple(int(d) for d in shapes[name])
-        except (TypeError, ValueError):
-            raise InputError(f"input {name!r}: shape {shapes[name]!r} is not a sequence of integers") from None
-        check_shape(v, shape)
-        out[name] = shape
+        if name not in given:
+            raise InputError(missing.format(name))
+        out[name] = read(v, given[name])
     return out
+
+
+def _shape(v: ValueInfo, given: Any) -> tuple[int, ...]:
+    """One input's shape given to resize, as ints it accepts."""
+    try:
+        shape = tuple(int(d) for d in given)
+    except (TypeError, ValueError):
+        raise InputError(f"input {v.name!r}: shape {given!r} is not a sequence of integers") from None
+    check_shape(v, shape)
+    return shape
 
 
 def as_array(v: ValueInfo, value: Any) -> Any:
