@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import jit, vectors
-from ..kernel import parallel, shared_scratch
+from ..kernel import SLICE_ELEMENTS, parallel, shared_scratch
 
 F32 = np.float32
 #: A piece of a conv holds at least this many multiply-adds: each must outlast a helper's late start
@@ -116,6 +116,10 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
         groups = max(d["groups"], min(w.shape[0], pieces // runs))
         shape, tail = (N, d["xs"]), d["widths"] + (u(0), u(N), u(0), u(last), code, alpha, beta, runs * groups, groups)
 
+        # An input of fewer than SLICE_ELEMENTS values is laid out by this thread alone: numba's threads took
+        # longer over it than one thread (benchmarks/RESULTS.md, session 23), where the tiles still gain.
+        lay_pieces = pieces if x.size >= SLICE_ELEMENTS else 1
+
         def call() -> bool:
             loop = serial if pieces == 1 else jit.threaded("conv_tiles", pieces)
             if loop is None:  # AIOMNN_NUMBA=0 since: numpy serves
@@ -123,9 +127,9 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
             src = xf
             if layout is not None:
                 src = shared_scratch("direct", shape, F32)[0]
-                # On numba's threads too, a channel a piece: laid out on this thread instead, the layout ran
+                # A larger one on numba's threads too, a channel a piece: laid out on this thread instead, it ran
                 # while they spun after the last loop, far slower (benchmarks/RESULTS.md, session 20).
-                (jit.threaded("conv_input", pieces) or lay)(xf, src, *layout, 0, N, 0, d["hq"])
+                (jit.threaded("conv_input", lay_pieces) or lay)(xf, src, *layout, 0, N, 0, d["hq"])
             loop(src.reshape(-1), xs, offs, far, w, bias, ys, *tail)
             return True
 

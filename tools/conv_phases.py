@@ -1,0 +1,83 @@
+"""One conv layer's phases on the CPU backend: the input layout, the tile loop, and the session's whole run, as
+the conv's own plan makes them (ops/direct.py), by thread count.
+
+    python tools/conv_phases.py [--kinds pw32,s1,...] [--threads 1,2,16] [--runs 80]
+
+The kinds are benchmarks/conv_vs_ort.py's. Prints the median microseconds of each phase called directly (with
+the pieces the plan gives: the parallel builds where it takes several), and of a whole `await run()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+
+import numpy as np
+
+import aiomnn
+from aiomnn.backends.cpu import jit, kernel, vectors
+from aiomnn.backends.cpu.ops import direct
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from conv_vs_ort import KINDS, layer  # noqa: E402
+
+
+async def phases(kind: str, threads: int, runs: int) -> str:
+    c, h, w, co, k, s = KINDS[kind]
+    x = np.random.default_rng(0).random((1, c, h, w), np.float32)
+    net = aiomnn.Interpreter.from_bytes(layer(c, h, w, co, k, s, 1))
+    u = np.uint64
+    async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as session:
+        for _ in range(3):
+            await session.run({"x": x})
+            jit.wait(300)
+        seg = session.pipeline.segments[0]
+        conv = next(st[0] for st in seg.backend._plans[seg] if type(st[0]).__name__ in ("Conv", "ConvAffine"))
+        p, packed = conv._plan, conv._packed
+        d = p["direct"]
+        weights, bias = direct.pack(packed)
+        with kernel.Pool(threads).running():
+            pieces = jit.product_pieces(d["macs"], direct.PIECE_MACS)
+            for name in ("conv_input", "conv_tiles"):
+                jit.for_pieces(name, pieces)
+            jit.wait(300)
+            lay = jit.for_pieces("conv_input", pieces)
+            loop = jit.for_pieces("conv_tiles", pieces)
+            xf = x.reshape(1, -1)
+            xl = np.zeros((1, d["xs"]), np.float32) if d["layout"] is not None else xf
+            xs, offs, far = d["fixed"]
+            code, alpha, beta = p["loop_act"]
+            tiles = min(pieces, -(-d["last"] // vectors.conv_tile()[1]))
+            groups = max(d["groups"], min(weights.shape[0], pieces // tiles))
+            tail = d["widths"] + (u(0), u(1), u(0), u(d["last"]), code, alpha, beta, tiles * groups, groups)
+            y = np.zeros((1, co, p["L"]), np.float32)
+            times = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                if d["layout"] is not None:
+                    lay(xf, xl, *d["layout"], 0, 1, 0, d["hq"])
+                t1 = time.perf_counter()
+                loop(xl.reshape(-1), xs, offs, far, weights, bias, y, *tail)
+                t2 = time.perf_counter()
+                await session.run({"x": x})
+                times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+    r = np.median(np.array(times), axis=0) * 1e6
+    return f"pieces {pieces:2d}  layout {r[0]:7.1f}  tiles {r[1]:7.1f}  whole run {r[2]:7.1f}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--runs", type=int, default=80)
+    args = p.parse_args()
+    for threads in (int(t) for t in args.threads.split(",")):
+        for kind in args.kinds.split(","):
+            print(f"{kind:8s} {threads:2d} threads, us: {asyncio.run(phases(kind, threads, args.runs))}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
