@@ -15,6 +15,8 @@ from numba import prange  # noqa: E402
 from . import scalars  # noqa: E402
 
 F = np.float32
+#: conv_input splits a plane's rows into bands where it has fewer jobs than this for numba's threads to share.
+JOBS = 64
 #: The SHA-256 of scalars.py, whose functions these loops inline: numba's disk cache checks only this file for
 #: changes, so a change there comes with a new stamp here (tools/make_tiles.py writes it, in loops.py and tiles.py
 #: too).
@@ -27,40 +29,47 @@ def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1):
     rows and pl columns of zeros before it (and zeros after, to hq * s rows and wq * s columns), split into its
     s x s stride phases, phase (a, b) holding rows a, a + s, ... and columns b, b + s, ... as an hq x wq plane.
     Planes follow one another by channel, then a, then b; the rest of each row of xp is zeros. With s = 1 this
-    is the zero-padded input, whose taps are then plain shifts. Indices are unsigned, as in tiles.py."""
+    is the zero-padded input, whose taps are then plain shifts. Indices are unsigned, as in tiles.py.
+
+    A job is one image's channel and row phase, all its column phases, or a band of its rows where that gives
+    fewer than JOBS jobs: jobs of whole channels left most of numba's threads idle where a conv has few input
+    channels (3 in a first conv)."""
     U = np.uint64
     zero = F(0)
     plane = U(hq * wq)
     width = U(wq)
-    for job in prange((last - first) * c):  # one channel of one image a job: their planes do not overlap
-        n, ch = first + job // c, job % c
+    rows = row1 - row0
+    bands = max(1, min(rows, JOBS // max(1, (last - first) * c * s)))
+    for job in prange((last - first) * c * s * bands):  # the jobs' rows do not overlap
+        band, rest = job % bands, job // bands
+        a, rest = rest % s, rest // s
+        n, ch = first + rest // c, rest % c
         xn, pn = x[n], xp[n]
-        for a in range(s):
-            for b in range(s):
-                dst0 = U(((ch * s + a) * s + b)) * plane
-                # columns qx whose input column qx * s + b - pl lies in [0, w)
-                lo = min(wq, max(0, (pl - b + s - 1) // s))
-                hi = max(lo, min(wq, (w - 1 + pl - b) // s + 1))
-                ulo, uhi = U(lo), U(hi)
-                for qy in range(row0, row1):
-                    d = dst0 + U(qy) * width
-                    iy = qy * s + a - pt
-                    if iy < 0 or iy >= h:
-                        for qx in range(width):
-                            pn[d + qx] = zero
-                        continue
-                    src = U(ch * h * w + iy * w + lo * s + b - pl)
-                    for qx in range(ulo):
+        for b in range(s):
+            dst0 = U(((ch * s + a) * s + b)) * plane
+            # columns qx whose input column qx * s + b - pl lies in [0, w)
+            lo = min(wq, max(0, (pl - b + s - 1) // s))
+            hi = max(lo, min(wq, (w - 1 + pl - b) // s + 1))
+            ulo, uhi = U(lo), U(hi)
+            for qy in range(row0 + band * rows // bands, row0 + (band + 1) * rows // bands):
+                d = dst0 + U(qy) * width
+                iy = qy * s + a - pt
+                if iy < 0 or iy >= h:
+                    for qx in range(width):
                         pn[d + qx] = zero
-                    if s == 1:
-                        for qx in range(uhi - ulo):
-                            pn[d + ulo + qx] = xn[src + qx]
-                    else:
-                        us = U(s)
-                        for qx in range(uhi - ulo):
-                            pn[d + ulo + qx] = xn[src + qx * us]
-                    for qx in range(uhi, width):
-                        pn[d + qx] = zero
+                    continue
+                src = U(ch * h * w + iy * w + lo * s + b - pl)
+                for qx in range(ulo):
+                    pn[d + qx] = zero
+                if s == 1:
+                    for qx in range(uhi - ulo):
+                        pn[d + ulo + qx] = xn[src + qx]
+                else:
+                    us = U(s)
+                    for qx in range(uhi - ulo):
+                        pn[d + ulo + qx] = xn[src + qx * us]
+                for qx in range(uhi, width):
+                    pn[d + qx] = zero
     if row1 == hq:
         for n in range(first, last):
             pn = xp[n]
