@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from .backend import Decline
+
 #: float32's largest finite value.
 FLT_MAX = 3.4028234663852886e38
 #: op -> its versions, oldest first: (since opset, ((attribute, default), ...)), the attributes in the order the
@@ -81,3 +83,19 @@ def choice(name: str, given: Mapping[str, Any], attr: str) -> str:
     if value is None:
         return CHOICES[name][attr][0]
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def coded(name: str, given: Mapping[str, Any], opset: int | None, codes: Mapping[str, int],
+          gelu: tuple[int, int]) -> tuple[int, float, float]:
+    """(code, a, b) that a GPU kernel's switch over unary ops takes: the op's code in `codes` (Gelu's by its
+    approximation, gelu being the codes of "none" and "tanh") and pair()'s parameters. Decline where the
+    backend has no code for the op, or for attributes that ONNX does not allow."""
+    if name not in codes and name != "Gelu":
+        raise Decline(f"activation {name}")
+    try:
+        a, b = pair(name, opset, given)
+    except ValueError as exc:
+        raise Decline(str(exc)) from None
+    if name == "Gelu":
+        return gelu[choice(name, given, "approximate") == "tanh"], 0.0, 0.0
+    return codes[name], a, b

@@ -44,6 +44,20 @@ def test_unknown_attributes_and_choices_are_errors():
     assert unary.choice("Gelu", {}, "approximate") == "none"
 
 
+def test_a_kernel_code_with_its_parameters_or_a_decline():
+    from aiomnn.backend import Decline
+
+    codes = {"LeakyRelu": 2, "Selu": 5, "Gelu": 7}
+    assert unary.coded("LeakyRelu", {}, 16, codes, (7, 8)) == (2, pytest.approx(0.01), 0.0)
+    assert unary.coded("Selu", {"gamma": 2.0}, 5, codes, (7, 8)) == (5, pytest.approx(1.6732), 2.0)
+    assert unary.coded("Gelu", {"approximate": "tanh"}, 20, codes, (7, 8)) == (8, 0.0, 0.0)
+    assert unary.coded("Gelu", {}, 20, {}, (7, 8)) == (7, 0.0, 0.0)  # Gelu's codes come from `gelu`
+    with pytest.raises(Decline, match="activation Mish"):
+        unary.coded("Mish", {}, 18, codes, (7, 8))
+    with pytest.raises(Decline, match="alpha"):
+        unary.coded("Gelu", {"alpha": 1.0}, 20, codes, (7, 8))
+
+
 def _selu(x: np.ndarray, alpha: float, gamma: float) -> np.ndarray:
     return np.where(x > 0, gamma * x, gamma * alpha * (np.exp(x) - 1)).astype(np.float32)
 

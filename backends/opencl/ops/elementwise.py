@@ -44,17 +44,10 @@ def activation(attrs: dict[str, Any] | Any) -> tuple[int, float, float]:
 def unary_params(name: str, a: dict[str, Any], opset: int | None) -> tuple[int, float, float]:
     """(code, p0, p1) of unary op `name` with attributes a, at this opset (None: a fused activation), its
     parameters and their defaults from aiomnn.unary."""
-    if name not in UNARY:
-        raise Decline(f"activation {name}")
-    try:
-        p0, p1 = unary.pair(name, opset, a)
-    except ValueError as exc:
-        raise Decline(str(exc)) from None
-    if name == "Gelu":
-        return (GELU_TANH if unary.choice(name, a, "approximate") == "tanh" else UNARY[name]), 0.0, 0.0
+    code, p0, p1 = unary.coded(name, a, opset, UNARY, (UNARY["Gelu"], GELU_TANH))
     if name == "Clip":  # the kernels' bounds are finite
         p0, p1 = max(p0, -unary.FLT_MAX), min(p1, unary.FLT_MAX)
-    return UNARY[name], p0, p1
+    return code, p0, p1
 
 
 def unary_launch(ctx: OpContext, x: Tensor, code: int, p0: float = 0.0, p1: float = 0.0) -> Launch:

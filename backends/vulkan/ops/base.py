@@ -233,15 +233,7 @@ UNARY = {"Identity": 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "Har
 def activation(op: str, attrs: dict[str, Any], opset: int | None = None) -> tuple[int, float, float]:
     """(code, a, b) for unary_op(): an activation or unary function with its attributes, at this opset (None: a
     fused activation), its parameters and their defaults from aiomnn.unary."""
-    if op not in UNARY and op != "Gelu":
-        raise Decline(f"activation {op}")
-    try:
-        a, b = unary.pair(op, opset, attrs)
-    except ValueError as exc:
-        raise Decline(str(exc)) from None
-    if op == "Gelu":
-        return (9 if unary.choice(op, attrs, "approximate") == "none" else 10), 0.0, 0.0
-    return UNARY[op], a, b
+    return unary.coded(op, attrs, opset, UNARY, (9, 10))
 
 
 def fused(node: Node) -> tuple[int, float, float]:
