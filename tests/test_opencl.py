@@ -8,11 +8,9 @@ fallback to the CPU cannot pass for a working kernel.
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +24,8 @@ pytest.importorskip("pyopencl", reason="pyopencl is not installed")
 ort = pytest.importorskip("onnxruntime")
 
 from aiomnn.runtime import probe  # noqa: E402
+
+from .conftest import model_path  # noqa: E402
 
 if not probe(ForwardType.OPENCL):
     pytest.skip("no OpenCL device: pyopencl found no platform with a usable device", allow_module_level=True)
@@ -459,7 +459,6 @@ def test_probe_marks_cpu_devices():
 
 
 # Real models ------------------------------------------------------------------------------------
-MODEL_DIR = Path(os.environ.get("AIOMNN_MODELS", "/tmp/models/x"))
 
 
 REAL = [("det", (1, 3, 320, 320)), ("rec", (1, 3, 48, 320)), ("cls", (1, 3, 48, 192)), ("yolov8n", (1, 3, 320, 320))]
@@ -471,9 +470,7 @@ REAL = [("det", (1, 3, 320, 320)), ("rec", (1, 3, 48, 320)), ("cls", (1, 3, 48, 
 @pytest.mark.parametrize("name,shape", REAL, ids=[name for name, _ in REAL])
 async def test_real_model_matches_onnxruntime(name, shape, runtime, precision, tol, monkeypatch):
     monkeypatch.setattr(runtime.runtimes[ForwardType.OPENCL], "half_ok", True)  # PoCL has no cl_khr_fp16
-    path = MODEL_DIR / models.MODELS[name].filename
-    if not path.exists():
-        pytest.skip(f"{path} is missing (set AIOMNN_MODELS)")
+    path = model_path(name)  # fetched by `aiomnn models fetch`, as every real-model test reads them
     feeds = models.sample_feeds(name, shape)
     net = aiomnn.Interpreter.from_file(path)
     config = aiomnn.ScheduleConfig(type="opencl", num_threads=2,
