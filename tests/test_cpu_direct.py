@@ -168,13 +168,15 @@ def test_the_packing_matches_the_loop():
 
 
 def test_the_sums_stamp_matches_their_files():
-    """tiles.SUMS is the SHA-256 of conv_sums.py then dense_sums.py (tools/make_tiles.py writes all three): numba's
-    disk cache checks only tiles.py, so sums changed without it would leave a stale loop in the cache."""
+    """tiles.SUMS is the SHA-256 of the files of sums/ in make_tiles.TILES's order (tools/make_tiles.py writes them
+    and the stamp): numba's disk cache checks only tiles.py, so sums changed without it would leave a stale loop in
+    the cache."""
     import hashlib
     from pathlib import Path
 
-    folder = Path(tiles.__file__).parent
-    texts = b"".join((folder / name).read_bytes() for name in ("conv_sums.py", "dense_sums.py"))
+    folder = Path(tiles.__file__).parent / "sums"
+    shapes = ("conv_6x16", "conv_8x32", "dense_6x16", "dense_8x32")  # make_tiles.TILES
+    texts = b"".join((folder / f"{name}.py").read_bytes() for name in shapes)
     assert tiles.SUMS == hashlib.sha256(texts).hexdigest()
 
 

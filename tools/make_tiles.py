@@ -1,6 +1,6 @@
-"""Write backends/cpu/conv_sums.py and dense_sums.py, the blocks of sums that the compiled tile loops
-(backends/cpu/tiles.py) inline, one file a loop, and stamp their SHA-256 into tiles.py (numba's disk cache checks
-only tiles.py for changes).
+"""Write backends/cpu/sums/, the blocks of sums that the compiled tile loops (backends/cpu/tiles.py) inline,
+one module a tile shape (a process imports only those of its vector width), and stamp their SHA-256 into
+tiles.py (numba's disk cache checks only tiles.py for changes).
 
     python tools/make_tiles.py
 
@@ -8,7 +8,7 @@ numba has no vector type, and LLVM keeps a tile of sums in registers only when e
 variable: an array of sums stays in memory (numba allocates it on the heap, and LLVM must assume it may
 overlap the input). So the block names its MR x NR sums one by one, and LLVM's SLP vectorizer packs each row of
 NR into NR / 8 AVX (NR / 16 AVX-512) registers. Writing hundreds of sums by hand would hide the loop's shape; this
-script writes them into a file that numba compiles and caches (a function made by exec cannot be cached on
+script writes them into files that numba compiles and caches (a function made by exec cannot be cached on
 disk).
 """
 
@@ -23,16 +23,16 @@ import re
 #: for a row of inputs and 1 for a broadcast weight: enough sums in flight to cover the multiply-add latency;
 #: 4 x 16 and 8 x 8 ran slower, benchmarks/RESULTS.md); a wide one 8 x 32 in 16 AVX-512 registers.
 TILES = (("conv", 6, 16), ("conv", 8, 32), ("dense", 6, 16), ("dense", 8, 32))
-HEADER = '''"""The blocks of sums of the {loop} tile loop (tiles.py), one a tile shape, written by tools/make_tiles.py: edit
-that, not this (tiles.py holds the SHA-256 of the sums, so that numba's disk cache compiles the loops again when they
-change)."""
+HEADER = '''"""The {loop} tile loop's block of sums for a tile of {mr} x {nr} (tiles.py), written by tools/make_tiles.py:
+edit that, not this (tiles.py holds the SHA-256 of the sums, so that numba's disk cache compiles the loops again
+when they change)."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-from .scalars import {imports}
+from ..scalars import {imports}
 
 U = np.uint64
 '''
@@ -92,18 +92,17 @@ def dense(mr: int, nr: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: The file of each loop's sums, in the order their texts make the stamp (tiles.SUMS), and what it imports.
-FILES = {"conv": ("conv_sums.py", "FAST"), "dense": ("dense_sums.py", "FAST, prefetch")}
+#: What each loop's sums import.
+IMPORTS = {"conv": "FAST", "dense": "FAST, prefetch"}
 
 
 def main() -> None:
     folder = pathlib.Path(__file__).resolve().parent.parent / "backends" / "cpu"
     write = {"conv": conv, "dense": dense}
     texts = b""
-    for loop, (name, imports) in FILES.items():
-        blocks = "".join("\n\n" + write[loop](mr, nr) for kind, mr, nr in TILES if kind == loop)
-        text = HEADER.format(loop=loop, imports=imports) + blocks
-        (folder / name).write_text(text)
+    for loop, mr, nr in TILES:  # the stamp: the files' texts in this order (tiles.SUMS)
+        text = HEADER.format(loop=loop, mr=mr, nr=nr, imports=IMPORTS[loop]) + "\n\n" + write[loop](mr, nr)
+        (folder / "sums" / f"{loop}_{mr}x{nr}.py").write_text(text)
         texts += text.encode()
     tiles = folder / "tiles.py"
     stamp = hashlib.sha256(texts).hexdigest()
@@ -113,8 +112,7 @@ def main() -> None:
     for loops in (tiles, folder / "loops.py", folder / "planes.py"):
         text = loops.read_text()
         loops.write_text(re.sub(r'^SCALARS = ".*"$', f'SCALARS = "{scalars}"', text, count=1, flags=re.M))
-    print(f"wrote {', '.join(name for name, _ in FILES.values())} in {folder}, and the stamps in tiles.py, loops.py and "
-          "planes.py")
+    print(f"wrote {len(TILES)} files of sums in {folder / 'sums'}, and the stamps in tiles.py, loops.py and planes.py")
 
 
 if __name__ == "__main__":

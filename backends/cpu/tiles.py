@@ -1,5 +1,5 @@
-"""The tile loops, compiled by numba (loops.py): the conv's and a dense product's. Their blocks of sums are
-written by tools/make_tiles.py.
+"""The tile loops, compiled by numba (loops.py): the conv's and a dense product's. Their blocks of sums (sums/)
+are written by tools/make_tiles.py.
 
 conv(x, ...) computes y[n, m, oy * wo + ox] = act(bias[m] + sum over k of w[m, k] * x[n * xs + offs[k] + p]),
 act being scalars.activate's (a code with alpha and beta: an activation, then perhaps a scale and shift), for the
@@ -15,8 +15,8 @@ vectorizes along the positions, over the taps in blocks of KC (so a block's inpu
 channel's tile uses them); w is packed as [channel block, tap, MR]. dense(...) is the same idea for x @ w with
 w packed once in panels of DC columns: a tile is DR rows of x by one panel, vectorized along the columns, over
 all of x's columns. The tile shapes follow the vector width (vectors.py). Indices are unsigned: numba tests
-signed ones for wrap-around, which keeps LLVM from vectorizing. The blocks of sums (conv_sums.py, dense_sums.py)
-are written by tools/make_tiles.py and inlined here by numba. numba's disk cache checks only this file for changes:
+signed ones for wrap-around, which keeps LLVM from vectorizing. The blocks of sums (sums/, one
+module a tile shape) are written by tools/make_tiles.py and inlined here by numba. numba's disk cache checks only this file for changes:
 SUMS is the SHA-256 of those files, which make_tiles.py writes here with them, so that new sums make new loops.
 The loops work on borrowed views of their arrays (scalars.borrow): numba counted references at every call and view
 inside them, atomic operations that took a third of a small conv's time. Their scratch arrays, one per piece,
@@ -34,17 +34,17 @@ vectors.wide()  # before numba loads: it fixes the vector width numba compiles f
 import numpy as np  # noqa: E402
 from numba import prange  # noqa: E402
 
-from . import conv_sums, dense_sums  # noqa: E402
+from .sums import tile  # noqa: E402
 from .scalars import activate, borrow  # noqa: E402
 
 U = np.uint64
 F = np.float32
 MR, NR = vectors.conv_tile()
 DR, DC = vectors.dense_tile()
-_sums = getattr(conv_sums, f"conv_{MR}x{NR}")
-_dense_sums = getattr(dense_sums, f"dense_{DR}x{DC}")
-#: The SHA-256 of conv_sums.py and dense_sums.py, one after the other (tools/make_tiles.py writes all three).
-SUMS = "6e64bbdb778d2431b58aa77958e9c8cc74f0414508dd8cae49e11662acafd3fe"
+_sums = tile("conv", MR, NR)
+_dense_sums = tile("dense", DR, DC)
+#: The SHA-256 of the files of sums/, in make_tiles.TILES's order (tools/make_tiles.py writes them and this).
+SUMS = "cdeac95b6f2a3113e37f4203b59427a02b727b25453bdf967ed7de39192f0685"
 #: The SHA-256 of scalars.py, whose functions the loops inline (tools/make_tiles.py writes it, in loops.py too).
 SCALARS = "902653d4138d67e076f6deba016da5075f34ee0095fe226b1c7c88bef3b11a7d"
 #: Taps a block: a block's inputs and weights stay in L1 (vectors.conv_block).
