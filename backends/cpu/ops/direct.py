@@ -83,8 +83,8 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
 
     With the loop's parallel build, numba's threads each take an equal run of tiles (of every image) for a
     group of the channels (groups where there are fewer tiles than threads), and they spin a while between
-    loops instead of sleeping, so the next conv finds them awake; the same threads make the layout first, a
-    channel a piece. Without it (compiling, no TBB, a forked child), pieces go to the runtime's helper threads:
+    loops instead of sleeping, so the next conv finds them awake; the same threads make the layout first, in
+    jobs of rows (this thread alone, for a small input). Without it (compiling, no TBB, a forked child), pieces go to the runtime's helper threads:
     whole images, or bands of output rows that lay out the input rows they read (rows that neighbours read too
     are written by both, with the same values)."""
     d = p["direct"]
@@ -109,27 +109,32 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     last = d["last"]
     pieces = jit.product_pieces(d["macs"] * N, PIECE_MACS)
     if pieces == 1 or jit.threaded("conv_tiles", pieces) is not None:
-        # One call of the loop, on numba's threads or on this one, bound to its arguments: the caller may repeat
-        # it for the same x and y (planned buffers) without the lookups above. The layout's scratch is fetched
-        # again each time (it belongs to the calling thread).
+        # One call of the loop, on numba's threads or on this one, bound to its arguments and builds: the caller
+        # may repeat it for the same x and y (planned buffers) without the lookups above, as jit.split's and
+        # products.dense's repeats do. The layout's scratch is fetched again each time (it belongs to the calling
+        # thread).
         runs = min(pieces, N * -(-last // vectors.conv_tile()[1]))
         groups = max(d["groups"], min(w.shape[0], pieces // runs))
         shape, tail = (N, d["xs"]), d["widths"] + (u(0), u(N), u(0), u(last), code, alpha, beta, runs * groups, groups)
 
+        loop = serial if pieces == 1 else jit.threaded("conv_tiles", pieces)
         # An input of fewer than SLICE_ELEMENTS values is laid out by this thread alone: numba's threads took
-        # longer over it than one thread (benchmarks/RESULTS.md, session 23), where the tiles still gain.
+        # longer over it than one thread (benchmarks/RESULTS.md, session 23), where the tiles still gain. A larger
+        # one on numba's threads too, in jobs of rows: laid out on this thread instead, it ran while they spun
+        # after the last loop, far slower (session 20).
         lay_pieces = pieces if x.size >= SLICE_ELEMENTS else 1
+        lay_parallel = None  # the layout's parallel build, looked up until it is compiled
 
         def call() -> bool:
-            loop = serial if pieces == 1 else jit.threaded("conv_tiles", pieces)
-            if loop is None:  # AIOMNN_NUMBA=0 since: numpy serves
-                return False
+            nonlocal lay_parallel
+            if pieces > 1:
+                jit.use_threads(pieces)  # numba's thread count is this thread's own: other steps set theirs
             src = xf
             if layout is not None:
                 src = shared_scratch("direct", shape, F32)[0]
-                # A larger one on numba's threads too, a channel a piece: laid out on this thread instead, it ran
-                # while they spun after the last loop, far slower (benchmarks/RESULTS.md, session 20).
-                (jit.threaded("conv_input", lay_pieces) or lay)(xf, src, *layout, 0, N, 0, d["hq"])
+                if lay_parallel is None and lay_pieces > 1:
+                    lay_parallel = jit.threaded("conv_input", lay_pieces)
+                (lay_parallel or lay)(xf, src, *layout, 0, N, 0, d["hq"])
             loop(src.reshape(-1), xs, offs, far, w, bias, ys, *tail)
             return True
 
