@@ -115,8 +115,9 @@ class Placer:
         self.tensors, self.last_use, self.keep = tensors, last_use, keep
         self.within = concat_slices(steps, tensors, last_use, keep)
         self.early: dict[int, list[Step]] = {}
-        for target, _, first in dict.fromkeys(self.within.values()):
-            self.early.setdefault(first, []).append(next(s for s in steps if s.outputs and s.outputs[0] == target))
+        making = {s.outputs[0]: s for s in steps if s.outputs}
+        for target, first in dict.fromkeys((target, first) for target, _, first in self.within.values()):
+            self.early.setdefault(first, []).append(making[target])  # once a Concat, whatever its placed inputs
         self.blocks: dict[str, tuple[Backend, Block]] = {}
 
     def outputs(self, i: int, s: Step) -> list[Tensor]:
