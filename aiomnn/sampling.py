@@ -176,12 +176,12 @@ def _flat(v: Any) -> np.ndarray | None:
 @dataclass(frozen=True)
 class ResizePlan:
     """What one input shape and its scales, sizes and roi make: the output shape and a plan per resized axis
-    (shrinking ones first, which keeps the intermediates small); repeat where every one is a whole-factor nearest
-    upscale."""
+    (shrinking ones first, which keeps the intermediates small); where every one is a whole-factor nearest
+    upscale, factors: each resized axis's factor (axis -> factor), else None."""
 
     out_shape: tuple[int, ...]
     axes: list[AxisPlan]
-    repeat: bool
+    factors: dict[int, int] | None
 
 
 @dataclass(frozen=True)
@@ -308,4 +308,5 @@ class Resampling:
                                    nearest=self.nearest, cubic_a=self.cubic_a, exclude_outside=self.exclude_outside,
                                    antialias=self.antialias, roi=crop, sizes_given=sizes is not None))
         plans.sort(key=lambda p: p.O / p.L)
-        return ResizePlan(tuple(out), plans, bool(plans) and all(p.repeat for p in plans))
+        repeat = bool(plans) and all(p.repeat for p in plans)
+        return ResizePlan(tuple(out), plans, {p.axis: p.repeat for p in plans} if repeat else None)

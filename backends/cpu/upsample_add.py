@@ -8,7 +8,6 @@ is anything else, or the operands are not float32 maps of the output's shape, th
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from .fused import Fused, Step, reads
@@ -49,7 +48,8 @@ class UpsampleAdd(Fused):
         reps = self.resize.factors(*args)
         if reps is not None and z.shape == self.shape and z.dtype == F32:
             out = self._output(self.add.out[0], self.shape, (x, z))
-            if upsample(x, z, out, reps):
-                self._bind(inputs, out, functools.partial(upsample, x, z, out, reps))
+            again = upsample(x, z, out, reps)
+            if again:
+                self._bind(inputs, out, again)
                 return out
         return self._unfused(values)

@@ -13,6 +13,8 @@ fastest first:
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 
 from aiomnn.sampling import AxisPlan
@@ -95,20 +97,21 @@ def apply_axis(a: np.ndarray, p: AxisPlan, out: np.ndarray | None) -> np.ndarray
 _NOTHING = np.empty((0, 0, 0), F32)
 
 
-def upsample(x: np.ndarray, z: np.ndarray | None, out: np.ndarray, reps: dict[int, int]) -> bool:
+def upsample(x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
+             reps: dict[int, int]) -> Callable[[], Any] | None:
     """out = a nearest upscale of x by whole factors (reps: axis -> factor) of its last two axes (+ z, of out's
-    shape), for float32, by loops.upsample, a row of x a piece; False (nothing done) where it cannot serve or
-    compiles."""
+    shape), for float32, by loops.upsample, a row of x a piece. Returns the same work as a call to make again
+    (jit.split's), or None (nothing done) where it cannot serve or compiles."""
     arrays = (x, out) if z is None else (x, z, out)
     if x.ndim < 3 or not set(reps) <= {x.ndim - 2, x.ndim - 1} or any(
             a.dtype != F32 or not a.flags.c_contiguous for a in arrays):
-        return False
+        return None
     H, W = x.shape[-2:]
     xs, ys = x.reshape(-1, H, W), out.reshape(-1, H * reps.get(x.ndim - 2, 1), W * reps.get(x.ndim - 1, 1))
     zs = _NOTHING if z is None else z.reshape(ys.shape)
     fy, fx = reps.get(x.ndim - 2, 1), reps.get(x.ndim - 1, 1)
     return jit.split("upsample", xs.shape[0], max(1, SLICE_ELEMENTS // max(1, ys[0].size)),
-                     lambda fn, lo, hi: fn(xs, zs, ys, fy, fx, lo, hi)) is not None
+                     lambda fn, lo, hi: fn(xs, zs, ys, fy, fx, lo, hi))
 
 
 def repeat(x: np.ndarray, out: np.ndarray, reps: dict[int, int]) -> None:

@@ -52,8 +52,8 @@ class _ResizeBase(Kernel):
         if not plans:
             np.copyto(out, x)
             return out
-        if plan.repeat:
-            reps = {p.axis: p.repeat for p in plans}
+        reps = plan.factors
+        if reps is not None:
             if resample.upsample(x, None, out, reps):
                 return out
             # Slices of the first axis longer than one, if it comes before the first resized axis (batch or
@@ -95,7 +95,7 @@ class _ResizeBase(Kernel):
         nearest upscale by whole factors, else None."""
         x, scales, sizes, roi = self._arguments(*inputs)
         plan = self._make_plan(tuple(x.shape), scales, sizes, roi)
-        return {p.axis: p.repeat for p in plan.axes} if plan.repeat else None
+        return plan.factors
 
     def run(self, *inputs):
         return self.resize(*self._arguments(*inputs))
