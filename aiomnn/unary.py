@@ -67,14 +67,26 @@ def fused_params(name: str, given: Mapping[str, Any]) -> tuple[float, ...]:
     op's last version that takes any (Clip's bounds as attributes, as before opset 11)."""
     versions = VERSIONS.get(name, ())
     with_attrs = [since for since, attrs in versions if attrs]
-    return params(name, with_attrs[-1] if with_attrs else (versions[-1][0] if versions else 1), given)
+    return params(name, with_attrs[-1] if with_attrs else 1, given)
+
+
+def at(name: str, opset: int | None, given: Mapping[str, Any]) -> tuple[float, ...]:
+    """params() at this opset, or fused_params() where opset is None (a fused activation)."""
+    return fused_params(name, given) if opset is None else params(name, opset, given)
 
 
 def pair(name: str, opset: int | None, given: Mapping[str, Any]) -> tuple[float, float]:
-    """The two parameters (a, b) the GPU kernels and the CPU's compiled loops take: params() at this opset, or
-    fused_params() where opset is None (a fused activation), 0 for any the op lacks. ValueError as params()."""
-    p = fused_params(name, given) if opset is None else params(name, opset, given)
-    return (p + (0.0, 0.0))[0], (p + (0.0, 0.0))[1]
+    """The two parameters (a, b) the GPU kernels and the CPU's compiled loops take: at(), 0 for any the op lacks.
+    ValueError as params()."""
+    a, b = (at(name, opset, given) + (0.0, 0.0))[:2]
+    return a, b
+
+
+def clip_bounds(lo: float | None, hi: float | None) -> tuple[float, float]:
+    """Clip-11's bounds, from its inputs: an omitted one (None) is float32's finite limit, as onnxruntime reads
+    it (Clip-6's defaults)."""
+    low, high = fused_params("Clip", {"min": lo, "max": hi})
+    return low, high
 
 
 def choice(name: str, given: Mapping[str, Any], attr: str) -> str:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from aiomnn import unary
+from aiomnn.backend import Decline
 
 from .kernel import SLICE_ELEMENTS, parallel, threads
 
@@ -225,6 +226,8 @@ _CODES = {"Relu": 1, "HardSwish": 2, "Swish": 3, "Sigmoid": 4, "LeakyRelu": 5, "
 #: it (PP-OCR's convs end in HardSwish, then a learnable scale and shift). alpha and beta carry the scalars, so
 #: an activation with parameters cannot have one.
 _AFFINE = {0: 9, 2: 10}
+#: GELU's tanh approximation has no code: the loops' GELU is the exact one.
+_NO_CODE = -1
 
 
 def loop_activation(activation: tuple[str, dict[str, Any]] | None,
@@ -235,15 +238,12 @@ def loop_activation(activation: tuple[str, dict[str, Any]] | None,
         code, alpha, beta = 0, 0.0, 0.0
     else:
         name, attrs = activation
-        code = _CODES.get(name)
-        if code is None:
+        try:  # its code, and its two parameters from its attributes, ONNX's defaults where absent (aiomnn.unary)
+            code, alpha, beta = unary.coded(name, attrs or {}, None, _CODES, (_CODES["Gelu"], _NO_CODE))
+        except Decline:
             return None
-        try:  # its two parameters from its attributes, ONNX's defaults where absent (aiomnn.unary)
-            alpha, beta = unary.pair(name, None, attrs or {})
-        except ValueError:
+        if code == _NO_CODE:
             return None
-        if name == "Gelu" and unary.choice(name, attrs or {}, "approximate") != "none":
-            return None  # the loops' GELU is the exact one
     if affine is not None:
         if code not in _AFFINE:
             return None

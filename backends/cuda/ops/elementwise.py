@@ -17,6 +17,10 @@ UNARY = {"Relu", "Sigmoid", "Tanh", "HardSwish", "Exp", "Log", "Sqrt", "Neg", "A
          "Round", "Erf", "Sin", "Cos", "Tan", "Sign", "Softplus", "Softsign", "Mish"}
 BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "PRelu"}
 VARIADIC = {"Max": "Max", "Min": "Min", "Sum": "Add", "Mean": "Add"}
+#: The activations with parameters (from aiomnn.unary), each an op of its own (Activation).
+PARAMETRIZED = ("Clip", "HardSigmoid", "LeakyRelu", "Elu", "ThresholdedRelu", "Celu", "Selu", "Gelu", "Swish")
+#: The activations the fused expressions (EXPR) have, fused into other ops or as ops of their own.
+_ACTIVATIONS = {"Relu", "Sigmoid", "Tanh", "HardSwish", "Softplus", "Mish", *PARAMETRIZED}
 
 
 def activation(x: Term, act: tuple[str, dict] | None) -> Term:
@@ -29,15 +33,10 @@ def activation(x: Term, act: tuple[str, dict] | None) -> Term:
     return _applied(name, x, dict(attrs or {}), None)
 
 
-#: The activations the fused expressions (EXPR) have, fused or as ops of their own.
-_ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "HardSwish", "Softplus", "Mish", "Clip", "HardSigmoid", "LeakyRelu",
-                "Elu", "ThresholdedRelu", "Celu", "Selu", "Gelu", "Swish")
-
-
 def _applied(name: str, x: Term, attrs: dict, opset: int | None) -> Term:
     """Activation `name` of x: its parameters (a, b) from aiomnn.unary, at this opset (None: a fused one)."""
     try:
-        p = unary.fused_params(name, attrs) if opset is None else unary.params(name, opset, attrs)
+        p = unary.at(name, opset, attrs)
     except ValueError as exc:
         raise Decline(str(exc)) from None
     if name == "Gelu":
@@ -116,10 +115,8 @@ class Activation(Elementwise):
                     bounds.append(float(np.asarray(self.ins[i].const).reshape(-1)[0]))
                 else:
                     bounds.append(None)
-            # An omitted bound is float32's finite limit (aiomnn.unary's Clip), as onnxruntime reads it.
-            lo = -unary.FLT_MAX if bounds[0] is None else bounds[0]
-            hi = unary.FLT_MAX if bounds[1] is None else bounds[1]
-            return Expr("Clip", (x,), (("lo", float(lo)), ("hi", float(hi))))
+            lo, hi = unary.clip_bounds(*bounds)
+            return Expr("Clip", (x,), (("lo", lo), ("hi", hi)))
         return _applied(t, x, dict(a), self.node.opset)
 
 
@@ -156,7 +153,7 @@ for _t in BINARY:
     op(_t)(Binary)
 for _t in VARIADIC:
     op(_t)(Variadic)
-for _t in ("Clip", "HardSigmoid", "LeakyRelu", "Elu", "ThresholdedRelu", "Celu", "Selu", "Gelu", "Swish"):
+for _t in PARAMETRIZED:
     op(_t)(Activation)
 op("BatchNormalization")(BatchNorm)
 op("Expand", 8)(Copy)

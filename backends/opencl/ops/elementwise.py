@@ -83,9 +83,8 @@ def clip_11(ctx, node, ins, outs):
         n = math.prod(ins[0].shape)
         bufs = [In(i) if given[i - 1] else In(0) for i in (1, 2)]
         return [Launch("elementwise", "clip_t", [In(0), *bufs, Out(0), *i32(n, given[0] | given[1] << 1)], (n,))]
-    # An omitted bound is float32's finite limit (aiomnn.unary's Clip), as onnxruntime reads it.
-    lo = float(const_value(ins[1], "Clip bound").reshape(-1)[0]) if given[0] else -unary.FLT_MAX
-    hi = float(const_value(ins[2], "Clip bound").reshape(-1)[0]) if given[1] else unary.FLT_MAX
+    lo, hi = unary.clip_bounds(*(float(const_value(ins[i], "Clip bound").reshape(-1)[0]) if given[i - 1] else None
+                                 for i in (1, 2)))
     return [unary_launch(ctx, ins[0], UNARY["Clip"], lo, hi)]
 
 

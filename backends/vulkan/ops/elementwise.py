@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from aiomnn.strides import collapse
-from aiomnn.unary import FLT_MAX
-from aiomnn.unary import params as attribute_params
+from aiomnn.unary import clip_bounds
 
 from ..launch import Grid
 from ..memory import Loc
@@ -78,26 +77,20 @@ class Clip(Unary):
         VkOp.__init__(self, backend, node, inputs, outputs)
         data_input(inputs[0], backend)
         if node.opset < 11:
-            try:
-                lo, hi = attribute_params("Clip", node.opset, node.attrs)
-            except ValueError as exc:
-                raise Decline(str(exc)) from None
-        else:
-            if node.attrs:
-                raise Decline("Clip-11 has no attributes")
-            bounds = []
-            for t in inputs[1:3]:
-                v = const_value(t)
-                if v is not None and v.size != 1:
-                    raise Decline("Clip bounds must be scalars")
-                if v is not None and v.dtype != F32:
-                    raise Decline("Clip bounds must be float32")
-                bounds.append(None if v is None else float(v.reshape(-1)[0]))
-            bounds += [None] * (2 - len(bounds))
-            # An omitted bound is float32's finite limit (aiomnn.unary's Clip), as onnxruntime reads it.
-            lo = -FLT_MAX if bounds[0] is None else bounds[0]
-            hi = FLT_MAX if bounds[1] is None else bounds[1]
-        self.code, self.a, self.c = 3, lo, hi
+            self.code, self.a, self.c = activation("Clip", dict(node.attrs), node.opset)
+            return
+        if node.attrs:
+            raise Decline("Clip-11 has no attributes")
+        bounds = []
+        for t in inputs[1:3]:
+            v = const_value(t)
+            if v is not None and v.size != 1:
+                raise Decline("Clip bounds must be scalars")
+            if v is not None and v.dtype != F32:
+                raise Decline("Clip bounds must be float32")
+            bounds.append(None if v is None else float(v.reshape(-1)[0]))
+        bounds += [None] * (2 - len(bounds))
+        self.code, (self.a, self.c) = UNARY["Clip"], clip_bounds(*bounds)
 
 
 @register("Dropout")
