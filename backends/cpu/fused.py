@@ -1,5 +1,6 @@
-"""What the CPU backend's fused steps share (fuse.py, conv_affine.py): the plan's steps, how to tell that a value
-runs from one step to the next alone, and the base class of a fused chain of steps."""
+"""What the CPU backend's fused steps share (fuse.py, conv_affine.py, layers.py, heads.py, upsample_add.py): the
+plan's steps, how to tell that a value runs from one step to the next alone, and the base class of a fused chain
+of steps."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@
 * Heads in place. An exported encoder splits each of q, k and v into heads after its dense layer, with a
   Reshape to [b, s, h, d] and a Transpose to [b, h, s, d] (k to [b, h, d, s]), and merges the attention's
   output back with a Transpose to [b, s, h, d] and a Reshape. Each Transpose copies the whole tensor, in a
-  step of its own. Instead, the dense layer (fuse.Dense) writes its rows, which already are [b, s, h, d], into
+  step of its own. Instead, the dense layer (layers.Dense) writes its rows, which already are [b, s, h, d], into
   the splitting Transpose's buffer, and its value is that buffer seen through the transpose (a numpy view, so
   any reader gets the same values); the attention reads each head where it lies, the rows of one head a
   stride of h * d apart (BLAS takes any leading dimension), and writes its output the same way into the
@@ -135,8 +135,9 @@ def _heads_last(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray
 class Attention(Fused):
     """softmax(q @ k * scale + mask) @ v, a few heads at a time per thread (see the module's docstring).
 
-    Inputs are checked on every run: the scale must be a scalar and the mask must add one row per batch item
-    (shape [b or 1, 1, 1, s]) or be absent; anything else runs the chain's kernels one by one."""
+    Inputs are checked where a run brings arrays other than the last run's (Fused._repeat): the scale must be a
+    scalar and the mask must add one row per batch item (shape [b or 1, 1, 1, s]) or be absent; anything else
+    runs the chain's kernels one by one."""
 
     def __init__(self, chain: list[Step], names: list[str]):
         super().__init__(chain, names)

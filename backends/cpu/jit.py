@@ -91,8 +91,8 @@ def threaded(name: str, n: int) -> Callable[..., Any] | None:
 
 def use_threads(n: int) -> None:
     """Have the parallel builds called from this thread share their prange among n threads (numba's count is
-    a thread's own): set only where it changes. A bound call of a parallel build (products.dense, split) calls
-    this alone before the build, not the lookups of threaded()."""
+    a thread's own): set only where it changes. A bound call of a parallel build (products.dense, split, the
+    conv's in ops/direct.py, heads.Attention's) calls this alone before the build, not the lookups of threaded()."""
     if getattr(_loop_threads, "n", 0) != n:
         import numba  # loaded already: a parallel build was compiled by it
 
@@ -183,7 +183,8 @@ def split(name: str, n: int, grain: int,
           call: Callable[[Callable[..., Any], int, int], None]) -> Callable[[], Any] | None:
     """call(fn, lo, hi) over [0, n) with loop `name`: its parallel build once over the whole range, where numba's
     threads share its prange, else its serial build in pieces of `grain` items or more on the helper threads
-    (shared). Returns the same split as a call to make again (it chooses the build anew each time), or None
+    (shared). Returns the same split as a call to make again (bound to the parallel build, or to the serial one
+    for one piece; on the helper threads it chooses anew, as the parallel build may be ready next time), or None
     (nothing done) while the loop compiles."""
     pieces = max(1, min(n // max(1, grain), threads()))
     par = threaded(name, pieces)
