@@ -32,18 +32,27 @@ from aiomnn.backends.cpu import jit
 TURN = 25
 
 
-async def bench(path, feeds: dict[str, np.ndarray], threads: int, runs: int, power: str = "normal") -> tuple[float, float]:
-    """Median milliseconds of (onnxruntime, aiomnn), their calls taken in turns."""
+async def warm(session: aiomnn.Session, feeds: dict[str, np.ndarray]) -> None:
+    """Run until every loop a run asks for is compiled (or loaded from numba's disk cache): a run can ask for
+    loops that the one before did not (a parallel build, say)."""
+    for _ in range(3):
+        await session.run(feeds)
+        jit.wait(300)
+
+
+async def bench(model, feeds: dict[str, np.ndarray], threads: int, runs: int,
+                power: str = "normal") -> tuple[float, float]:
+    """Median milliseconds of (onnxruntime, aiomnn) on a model (its path, or its bytes), their calls taken in
+    turns."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    net = aiomnn.Interpreter.from_file(path)
+    sess = ort.InferenceSession(model if isinstance(model, bytes) else str(model), opts,
+                                providers=["CPUExecutionProvider"])
+    net = aiomnn.Interpreter.from_bytes(model) if isinstance(model, bytes) else aiomnn.Interpreter.from_file(model)
     config = aiomnn.ScheduleConfig(type="cpu", num_threads=threads, backend_config=aiomnn.BackendConfig(power=power))
     async with await net.create_session(config) as s:
         sess.run(None, feeds)  # warm up
-        for _ in range(3):  # a run can ask for loops that the one before did not (a parallel build, say)
-            await s.run(feeds)
-            jit.wait(300)
+        await warm(s, feeds)
         t_ort: list[float] = []
         t_ai: list[float] = []
         while len(t_ai) < runs:

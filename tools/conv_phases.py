@@ -5,6 +5,7 @@ the conv's own plan makes them (ops/direct.py), by thread count.
 
 The kinds are benchmarks/conv_vs_ort.py's. Prints the median microseconds of each phase called directly (with
 the pieces the plan gives: the parallel builds where it takes several), and of a whole `await run()`.
+planned_conv and tile_args serve tools/ab_tiles.py too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -23,22 +25,38 @@ from aiomnn.backends.cpu.ops import direct
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from conv_vs_ort import KINDS, layer  # noqa: E402
+from cpu_vs_ort import warm  # noqa: E402
+
+
+def planned_conv(session: aiomnn.Session) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """The plan of the Conv of a one-layer session that has run, with its packed weights and bias."""
+    seg = session.pipeline.segments[0]
+    conv = next(st[0] for st in seg.backend._plans[seg] if type(st[0]).__name__ in ("Conv", "ConvAffine"))
+    weights, bias = direct.pack(conv._packed)
+    return conv._plan, weights, bias
+
+
+def tile_args(p: dict[str, Any], weights: np.ndarray, bias: np.ndarray, laid: np.ndarray, y: np.ndarray,
+              pieces: int) -> tuple:
+    """The tile loop's arguments for the images laid out in `laid`, into y, in `pieces` (ops/direct.run's
+    choice of runs and groups)."""
+    d, u, images = p["direct"], np.uint64, laid.shape[0]
+    xs, offs, far = d["fixed"]
+    code, alpha, beta = p["loop_act"]
+    runs = min(pieces, images * -(-d["last"] // vectors.conv_tile()[1]))
+    groups = max(d["groups"], min(weights.shape[0], pieces // runs))
+    return (laid.reshape(-1), xs, offs, far, weights, bias, y, *d["widths"], u(0), u(images), u(0), u(d["last"]),
+            code, alpha, beta, runs * groups, groups)
 
 
 async def phases(kind: str, threads: int, runs: int) -> str:
     c, h, w, co, k, s = KINDS[kind]
     x = np.random.default_rng(0).random((1, c, h, w), np.float32)
     net = aiomnn.Interpreter.from_bytes(layer(c, h, w, co, k, s, 1))
-    u = np.uint64
     async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as session:
-        for _ in range(3):
-            await session.run({"x": x})
-            jit.wait(300)
-        seg = session.pipeline.segments[0]
-        conv = next(st[0] for st in seg.backend._plans[seg] if type(st[0]).__name__ in ("Conv", "ConvAffine"))
-        p, packed = conv._plan, conv._packed
+        await warm(session, {"x": x})
+        p, weights, bias = planned_conv(session)
         d = p["direct"]
-        weights, bias = direct.pack(packed)
         with kernel.Pool(threads).running():
             pieces = jit.product_pieces(d["macs"], direct.PIECE_MACS)
             for name in ("conv_input", "conv_tiles"):
@@ -48,19 +66,14 @@ async def phases(kind: str, threads: int, runs: int) -> str:
             loop = jit.for_pieces("conv_tiles", pieces)
             xf = x.reshape(1, -1)
             xl = np.zeros((1, d["xs"]), np.float32) if d["layout"] is not None else xf
-            xs, offs, far = d["fixed"]
-            code, alpha, beta = p["loop_act"]
-            tiles = min(pieces, -(-d["last"] // vectors.conv_tile()[1]))
-            groups = max(d["groups"], min(weights.shape[0], pieces // tiles))
-            tail = d["widths"] + (u(0), u(1), u(0), u(d["last"]), code, alpha, beta, tiles * groups, groups)
-            y = np.zeros((1, co, p["L"]), np.float32)
+            args = tile_args(p, weights, bias, xl, np.zeros((1, co, p["L"]), np.float32), pieces)
             times = []
             for _ in range(runs):
                 t0 = time.perf_counter()
                 if d["layout"] is not None:
                     lay(xf, xl, *d["layout"], 0, 1, 0, d["hq"])
                 t1 = time.perf_counter()
-                loop(xl.reshape(-1), xs, offs, far, weights, bias, y, *tail)
+                loop(*args)
                 t2 = time.perf_counter()
                 await session.run({"x": x})
                 times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))

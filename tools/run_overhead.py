@@ -22,10 +22,10 @@ from onnx import TensorProto, helper
 
 import aiomnn
 import aiomnn.backends.cpu.backend as cpu_backend
-from aiomnn.backends.cpu import jit
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from conv_vs_ort import KINDS, layer  # noqa: E402
+from cpu_vs_ort import warm  # noqa: E402
 
 _marks: list[tuple[float, float, float]] = []
 _offload = cpu_backend.offload
@@ -61,9 +61,7 @@ async def measure(model: bytes, x: np.ndarray, threads: int, runs: int) -> str:
     peer = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
     net = aiomnn.Interpreter.from_bytes(model)
     async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as s:
-        for _ in range(3):
-            await s.run({"x": x})
-            jit.wait(300)
+        await warm(s, {"x": x})
         rows, theirs = [], []
         for _ in range(runs):
             _marks.clear()
