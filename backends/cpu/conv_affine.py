@@ -16,7 +16,7 @@ import numpy as np
 from . import jit
 from .fused import Fused, Step, reads
 from .ops.conv import Conv
-from .ops.dtypes import F32
+from .ops.dtypes import F32, same
 from .ops.elementwise import Add, Mul
 
 
@@ -72,7 +72,7 @@ class ConvAffine(Fused):
             self.fused, self.placed = (scale, shift, self.conv.then_affine(scale, shift)), None
         conv = self.fused[2]
         ins = [values[n] if n else None for n in self.conv_inputs]
-        if self.placed is None or any(a is not b for a, b in zip(ins, self.placed)):
+        if self.placed is None or not all(same(a, b) for a, b in zip(ins, self.placed)):
             # Looked at once for each set of input arrays (planned buffers and constants are the same each run).
             planned = self.last.out[0]
             arrays = tuple(a for a in ins if isinstance(a, np.ndarray))

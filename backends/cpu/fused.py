@@ -10,7 +10,7 @@ import numpy as np
 
 from aiomnn.backend import Execution
 
-from .ops.dtypes import F32, matches
+from .ops.dtypes import F32, matches, same
 
 #: run_segment's view of one step: (execution, input names, [(output index, name)], names freed after it,
 #: whether to copy outputs that view planned memory, node).
@@ -27,12 +27,6 @@ def reads(a: Step, b: Step) -> bool:
     """Whether step a's one output is read by b alone, once, as either of its inputs (freed there)."""
     outs, ins, frees = a[2], b[1], b[3]
     return len(outs) == 1 and outs[0][1] in frees and ins.count(outs[0][1]) == 1
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Whether a and b are arrays over the same memory, alike in shape, strides and dtype."""
-    return (type(a) is np.ndarray and type(b) is np.ndarray and a.shape == b.shape and a.strides == b.strides
-            and a.dtype == b.dtype and a.ctypes.data == b.ctypes.data)
 
 
 class Fused(Execution):
@@ -64,7 +58,7 @@ class Fused(Execution):
         run): a step at few rows spent a third of its time in the checks and lookups that chose the call. None
         where the arrays differ (or the call did nothing)."""
         bound = self._bound
-        if bound is not None and all(x is y or _same(x, y) for x, y in zip(inputs, bound[0])) and bound[2]():
+        if bound is not None and all(same(x, y) for x, y in zip(inputs, bound[0])) and bound[2]():
             return bound[1]
         return None
 

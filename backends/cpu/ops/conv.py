@@ -49,7 +49,7 @@ from ..kernel import Kernel, Unsupported, op, threads
 from . import depthwise, direct, im2col, winograd
 from .products import PARALLEL_MACS, bias_tile, compiled, product, silu_product, split
 from .activations import activation_fn
-from .dtypes import float_compute_dtype, out_buffer
+from .dtypes import float_compute_dtype, out_buffer, same
 from .window import conv_geometry, ints, tap_phases
 
 F32 = np.dtype(np.float32)
@@ -216,7 +216,7 @@ class Conv(Kernel):
             last: list[Any] = [None, None]  # the x of the last run and the tile loop's call for it
 
             def fast(x):
-                if x is last[0] and last[1]():  # the same array (a planned buffer): the same call again
+                if same(x, last[0]) and last[1]():  # the same memory (a planned buffer): the same call again
                     return y
                 call = direct.run(x, y, p, packed)
                 if call:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import ml_dtypes
 import numpy as np
 
@@ -22,6 +24,13 @@ BOOL = np.dtype(bool)
 E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 #: float8 types that Cast saturates (E8M0 has its own rounding rules).
 FLOAT8 = _ml("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether a and b are one array, or arrays over the same memory alike in shape, strides and dtype (a view
+    that a Reshape makes anew each run): a step that bound its work to a's memory may repeat it for b."""
+    return a is b or (type(a) is np.ndarray and type(b) is np.ndarray and a.shape == b.shape
+                      and a.strides == b.strides and a.dtype == b.dtype and a.ctypes.data == b.ctypes.data)
 
 
 def is_float(dt: np.dtype) -> bool:
