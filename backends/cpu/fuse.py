@@ -35,7 +35,7 @@ from .fused import Fused, Step, feeds
 from .kernel import SLICE_ELEMENTS, parallel_slices, threads
 from .ops import direct
 from .ops.conv import Conv
-from .ops.dtypes import F32, matches, out_buffer
+from .ops.dtypes import F32, out_buffer
 from .ops.elementwise import Add, Mul
 from .ops.normalization import LayerNormalization, layer_norm_rows
 from .ops.pool import GlobalAveragePool
@@ -173,7 +173,6 @@ class SqueezeExcite(Fused):
         if conv is None:
             return _scaled(x, scale, self.mul.out[0])
         packed = conv._packed
-        y = out_buffer(conv.out[0], self.out_shape, x.dtype)
         co, act = self.out_shape[1], self.plan["loop_act"]
         if act is not None and x.dtype == F32:  # the compiled product (products.compiled)
             # BLAS writes its output while it reads its input: never into memory that x shares (the plan may
@@ -183,6 +182,7 @@ class SqueezeExcite(Fused):
             w = packed["w"][0][None] * s.transpose(0, 2, 1)
             if compiled(w, flat, out.reshape(n, co, -1), packed["b"], True, act):
                 return out
+        y = out_buffer(conv.out[0], self.out_shape, x.dtype)
         if self.plan["tiles"]:  # the scaled input through the conv's tile loop, shared among threads
             scaled = _scaled(x, scale, self.mul.out[0])
             if direct.run(scaled, y, self.plan, packed):
@@ -195,9 +195,7 @@ class SqueezeExcite(Fused):
 def _scaled(x: np.ndarray, scale: np.ndarray, planned: np.ndarray | None) -> np.ndarray:
     """x * scale (a value per image and channel) into the planned buffer where it fits, in slices of channels
     shared with the helper threads when it is big (det's excitations scale maps of 1 x 96 x 160 x 160)."""
-    out = matches(planned, x.shape, x.dtype)
-    if out is None:
-        out = np.empty(x.shape, x.dtype)
+    out = out_buffer(planned, x.shape, x.dtype)
     pieces = min(threads(), x.shape[1], x.size // SLICE_ELEMENTS)
     if pieces < 2:
         return np.multiply(x, scale, out=out)
