@@ -308,5 +308,5 @@ class Resampling:
                                    nearest=self.nearest, cubic_a=self.cubic_a, exclude_outside=self.exclude_outside,
                                    antialias=self.antialias, roi=crop, sizes_given=sizes is not None))
         plans.sort(key=lambda p: p.O / p.L)
-        repeat = bool(plans) and all(p.repeat for p in plans)
-        return ResizePlan(tuple(out), plans, {p.axis: p.repeat for p in plans} if repeat else None)
+        factors = {p.axis: p.repeat for p in plans if p.repeat}
+        return ResizePlan(tuple(out), plans, factors if plans and len(factors) == len(plans) else None)
