@@ -19,13 +19,14 @@ import queue
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, TypeAlias
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
 log = logging.getLogger("aiomnn")
 
+T = TypeVar("T")
 #: What `own` returns: a finalizer of any object.
 Finalizer: TypeAlias = "weakref.finalize[..., Any]"
 
@@ -105,15 +106,35 @@ def _drain_reaper() -> None:
             _release_one(item)
 
 
-#: Live runtimes in order of creation, and what closes first at exit (sessions register here).
-_LIVE: "weakref.WeakValueDictionary[int, Runtime]" = weakref.WeakValueDictionary()
-_ORDER = itertools.count()
+class Live(Generic[T]):
+    """Objects still open, held weakly, in the order they were made: what closes at exit, newest first."""
+
+    def __init__(self) -> None:
+        self._objects: weakref.WeakValueDictionary[int, T] = weakref.WeakValueDictionary()
+        self._order = itertools.count()
+
+    def add(self, obj: T) -> int:
+        """Keep obj; returns its key, for discard()."""
+        key = next(self._order)
+        self._objects[key] = obj
+        return key
+
+    def discard(self, key: int) -> None:
+        self._objects.pop(key, None)
+
+    def newest_first(self) -> list[T]:
+        found = (self._objects.get(key) for key in sorted(self._objects.keys(), reverse=True))
+        return [obj for obj in found if obj is not None]
+
+
+#: Live runtimes, and what closes first at exit (sessions register here).
+_RUNTIMES: Live[Runtime] = Live()
 _EXIT_FIRST: list[Callable[[], None]] = []
 
 
 def track(rt: Runtime) -> None:
     """A new runtime: closed at exit (after the sessions, newest first) and told when this process forks."""
-    _LIVE[next(_ORDER)] = rt
+    _RUNTIMES.add(rt)
 
 
 def close_first_at_exit(hook: Callable[[], None]) -> None:
@@ -133,10 +154,7 @@ def _close_all_at_exit() -> None:
             hook()
         except Exception as exc:  # noqa: BLE001  (exit must go on)
             log.debug("closing at exit failed: %s: %s", type(exc).__name__, exc)
-    for key in sorted(_LIVE.keys(), reverse=True):
-        rt = _LIVE.get(key)
-        if rt is None:
-            continue
+    for rt in _RUNTIMES.newest_first():
         try:
             rt.close()
         except Exception as exc:  # noqa: BLE001
@@ -153,7 +171,7 @@ def exit_hook_last() -> None:
 def _after_fork_in_child() -> None:
     global _REAP, _reaper, _reaper_lock
     _REAP, _reaper, _reaper_lock = queue.SimpleQueue(), None, threading.Lock()  # the parent's pending releases are the parent's
-    for rt in list(_LIVE.values()):
+    for rt in _RUNTIMES.newest_first():
         try:
             rt.after_fork_in_child()
         except Exception:  # noqa: BLE001  (never break the child)

@@ -8,14 +8,12 @@ before their runtimes do.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
-import weakref
 from typing import TYPE_CHECKING
 
 from .handoff import SessionTuning
-from .lifetime import close_first_at_exit
+from .lifetime import Live, close_first_at_exit
 from .pipeline import Pipeline
 from .runtime import RuntimeInfo
 
@@ -51,27 +49,22 @@ class SessionParts:
 
 
 #: Live sessions, closed before their runtimes at exit (quietly: exiting is not leaking).
-_LIVE: "weakref.WeakValueDictionary[int, Session]" = weakref.WeakValueDictionary()
-_SERIAL = itertools.count()
+_SESSIONS: Live[Session] = Live()
 
 
 def track(session: Session) -> int:
     """A new session, to close at exit; returns its serial, for `untrack` once it is closed."""
-    serial = next(_SERIAL)
-    _LIVE[serial] = session
-    return serial
+    return _SESSIONS.add(session)
 
 
 def untrack(serial: int) -> None:
     """A session closed (or never handed out): nothing to close at exit."""
-    _LIVE.pop(serial, None)
+    _SESSIONS.discard(serial)
 
 
 def _close_sessions_at_exit() -> None:
-    for key in sorted(_LIVE.keys(), reverse=True):
-        s = _LIVE.get(key)
-        if s is not None:
-            s._close_at_exit()
+    for s in _SESSIONS.newest_first():
+        s._close_at_exit()
 
 
 close_first_at_exit(_close_sessions_at_exit)
