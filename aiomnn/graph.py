@@ -69,6 +69,14 @@ class Graph:
         return [v.name for v in self.outputs]
 
 
+def text(value: Any, default: str) -> str:
+    """A string attribute's value: a str as parsed here, bytes from a node built by hand (onnx.helper), or
+    default where it is absent."""
+    if value is None:
+        return default
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def subgraphs(value: Any) -> list[Graph]:
     """The subgraphs an attribute value holds: a Graph, or a list of them (GRAPHS)."""
     if isinstance(value, Graph):

@@ -13,6 +13,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .graph import text
+
 #: Follow the ONNX reference implementation instead of the spec text and ONNX Runtime for the output length
 #: that align_corners and tf_crop_and_resize divide by, when scales (not sizes) are given. See _coords.
 FRACTIONAL_OUTPUT_LENGTH = False
@@ -160,12 +162,6 @@ _NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple"
 _POLICIES = ("stretch", "not_larger", "not_smaller")
 
 
-def _text(v: Any, default: str) -> str:
-    if v is None:
-        return default
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 def _flat(v: Any) -> np.ndarray | None:
     if v is None:
         return None
@@ -205,7 +201,7 @@ class Resampling:
     @classmethod
     def of(cls, op_type: str, opset: int, attrs: Mapping[str, Any]) -> Resampling:
         """The settings of a node; ValueError for one ONNX does not define."""
-        mode = _text(attrs.get("mode"), "nearest")
+        mode = text(attrs.get("mode"), "nearest")
         if op_type == "Upsample" or opset < 11:
             if mode == "bilinear":
                 mode = "linear"
@@ -221,13 +217,13 @@ class Resampling:
             spec = cls(mode, "asymmetric", "simple", scales=scales, asymmetric=True)
         else:
             axes = attrs.get("axes")
-            spec = cls(mode, _text(attrs.get("coordinate_transformation_mode"), "half_pixel"),
-                       _text(attrs.get("nearest_mode"), "round_prefer_floor"),
+            spec = cls(mode, text(attrs.get("coordinate_transformation_mode"), "half_pixel"),
+                       text(attrs.get("nearest_mode"), "round_prefer_floor"),
                        float(attrs.get("cubic_coeff_a", -0.75)), bool(attrs.get("exclude_outside", 0)),
                        float(attrs.get("extrapolation_value", 0.0)),
                        bool(attrs.get("antialias", 0)) and mode != "nearest",  # linear and cubic only
                        None if axes is None else tuple(int(a) for a in axes),
-                       _text(attrs.get("keep_aspect_ratio_policy"), "stretch"))
+                       text(attrs.get("keep_aspect_ratio_policy"), "stretch"))
         for value, allowed, what in ((spec.mode, _MODES, "mode"), (spec.coord, _COORDS, "coordinate_transformation_mode"),
                                      (spec.nearest, _NEAREST, "nearest_mode"),
                                      (spec.policy, _POLICIES, "keep_aspect_ratio_policy")):

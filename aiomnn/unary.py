@@ -13,6 +13,7 @@ import math
 from typing import Any, Mapping
 
 from .backend import Decline
+from .graph import text
 
 #: float32's largest finite value.
 FLT_MAX = 3.4028234663852886e38
@@ -91,10 +92,7 @@ def clip_bounds(lo: float | None, hi: float | None) -> tuple[float, float]:
 
 def choice(name: str, given: Mapping[str, Any], attr: str) -> str:
     """The value of a choosing attribute (Gelu's approximate), given or by default."""
-    value = given.get(attr)
-    if value is None:
-        return CHOICES[name][attr][0]
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return text(given.get(attr), CHOICES[name][attr][0])
 
 
 def coded(name: str, given: Mapping[str, Any], opset: int | None, codes: Mapping[str, int],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aiomnn.graph import text
 from aiomnn.window import window_params
 
 from ..kernel import F32, Const, Decline, In, Launch, Out, Scratch, act_options, f32, i32, op, require_float
@@ -111,8 +112,7 @@ def conv_transpose(ctx, node, ins, outs):
     st = list(node.attrs.get("strides", [1] * rank))
     dil = list(node.attrs.get("dilations", [1] * rank))
     out_pad = list(node.attrs.get("output_padding", [0] * rank))
-    auto_pad = node.attrs.get("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    auto_pad = text(node.attrs.get("auto_pad"), "NOTSET")
     if "output_shape" in node.attrs or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         begin = []
         for i in range(rank):

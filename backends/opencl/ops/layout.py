@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from aiomnn.backend import Tensor
+from aiomnn.graph import text
 from aiomnn.strides import collapse
 
 from ..kernel import (CL_TYPES, RAW_TYPES, Alias, Const, Decline, In, Launch, OpContext, Out, const_value,
@@ -179,8 +180,7 @@ PAD_MODES = {"constant": 0, "edge": 1, "reflect": 2, "wrap": 3}
 def pad(ctx, node, ins, outs):
     x, y = ins[0], outs[0]
     rank = len(x.shape)
-    mode = node.attrs.get("mode", "constant")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = text(node.attrs.get("mode"), "constant")
     if mode not in PAD_MODES:
         raise Decline(f"mode {mode}")
     if node.opset >= 11:

@@ -9,14 +9,9 @@ import math
 import numpy as np
 
 from aiomnn import sampling
+from aiomnn.graph import text
 
 from ..kernel import Const, Decline, In, Launch, Out, i32, op, require_float
-
-
-def _str(v, default: str) -> str:
-    if v is None:
-        return default
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _table(mode: str, coord: str, rounding: str, in_len: int, out_len: int, scale: float) -> tuple[np.ndarray, ...]:
@@ -52,7 +47,7 @@ def _scales(node, ins, x_shape, y_shape) -> list[float]:
         for a, s in zip(axes, vals):
             out[a] = float(s)
         return out
-    if _str(node.attrs.get("keep_aspect_ratio_policy"), "stretch") != "stretch":
+    if text(node.attrs.get("keep_aspect_ratio_policy"), "stretch") != "stretch":
         raise Decline("keep_aspect_ratio_policy")
     for a in range(rank):
         out[a] = y_shape[a] / x_shape[a]
@@ -64,8 +59,8 @@ def _plan(ctx, node, ins, outs):
     require_float(x, y)
     if len(x.shape) not in (3, 4):
         raise Decline("rank")
-    mode = _str(node.attrs.get("mode"), "nearest")
-    coord = _str(node.attrs.get("coordinate_transformation_mode"), "asymmetric" if node.opset < 11 else "half_pixel")
+    mode = text(node.attrs.get("mode"), "nearest")
+    coord = text(node.attrs.get("coordinate_transformation_mode"), "asymmetric" if node.opset < 11 else "half_pixel")
     if node.op_type == "Upsample" or node.opset < 11:
         coord = "asymmetric"
         if mode == "linear" or mode == "bilinear":
@@ -86,7 +81,7 @@ def _plan(ctx, node, ins, outs):
     key = ("resize", coord, mode, h, w, oh, ow, sh, sw)
     dims = i32(nc, h, w, oh, ow)
     if mode == "nearest":
-        rounding = "simple" if node.opset < 11 else _str(node.attrs.get("nearest_mode"), "round_prefer_floor")
+        rounding = "simple" if node.opset < 11 else text(node.attrs.get("nearest_mode"), "round_prefer_floor")
         (ty,), (tx,) = _table(mode, coord, rounding, h, oh, sh), _table(mode, coord, rounding, w, ow, sw)
         args = [In(0), Out(0), Const(key + (rounding, "y"), lambda: ty), Const(key + (rounding, "x"), lambda: tx),
                 *dims]
