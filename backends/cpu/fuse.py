@@ -31,7 +31,7 @@ from typing import Any, Collection
 import numpy as np
 
 from . import conv_affine, heads, layers, upsample_add
-from .fused import Fused, Step, feeds
+from .fused import Fused, Step, feeds, outside
 from .kernel import SLICE_ELEMENTS, parallel_slices, threads
 from .ops import direct
 from .ops.conv import Conv
@@ -68,8 +68,8 @@ def fuse(plan: list[Step], gives: Collection[str] = ()) -> list[Step]:
 def _step(kind: type, chain: list[Step]) -> Step:
     """The plan entry of a fused chain: its execution, the chain's inputs from outside it (the first step's
     first), the last step's outputs, and every value the chain frees that it did not make."""
+    names = outside(chain)
     made = {name for s in chain for _, name in s[2]}
-    names = list(dict.fromkeys(n for s in chain for n in s[1] if n and n not in made))
     freed = [n for s in chain for n in s[3] if n not in made]
     outputs = kind.outputs(chain) if hasattr(kind, "outputs") else chain[-1][2]
     return kind(chain, names), names, outputs, freed, chain[-1][4], chain[-1][5]

@@ -23,6 +23,13 @@ def feeds(a: Step, b: Step) -> bool:
     return len(outs) == 1 and bool(ins) and outs[0][1] == ins[0] and ins[0] in frees and ins.count(ins[0]) == 1
 
 
+def outside(chain: list[Step]) -> list[str]:
+    """The values a chain of steps reads that it does not make, each once, in the order it reads them: a fused
+    step's inputs (the first step's first)."""
+    made = {name for s in chain for _, name in s[2]}
+    return list(dict.fromkeys(n for s in chain for n in s[1] if n and n not in made))
+
+
 def reads(a: Step, b: Step) -> bool:
     """Whether step a's one output is read by b alone, once, as either of its inputs (freed there)."""
     outs, ins, frees = a[2], b[1], b[3]

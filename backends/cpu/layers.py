@@ -20,7 +20,7 @@ from typing import Any, Callable, Collection
 import numpy as np
 
 from . import heads, jit
-from .fused import Fused, Step, reads
+from .fused import Fused, Step, outside, reads
 from .kernel import threads
 from .ops.activations import gelu_
 from .ops.dtypes import F32
@@ -147,8 +147,7 @@ class Projections(Fused):
         self.parts = []
         for k in range(3):
             part = chain[4 * k:4 * k + 4]
-            made = {name for s in part for _, name in s[2]}
-            self.parts.append(Dense(part, list(dict.fromkeys(n for s in part for n in s[1] if n and n not in made))))
+            self.parts.append(Dense(part, outside(part)))
         self.panels: Any = None  # the three weights side by side, packed, on the first run that can use them
         self._weights: np.ndarray | None = None  # what they were packed from, held as long as they are
         self._bias: tuple[tuple[np.ndarray, ...], np.ndarray] | None = None  # the biases, and side by side
