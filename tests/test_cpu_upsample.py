@@ -82,11 +82,11 @@ def test_what_is_not_an_upscale_by_whole_factors_runs_unfused(monkeypatch):
     nodes, consts = _resize("resize11", shape, (1, 1, 1.5, 1.5))
     consts["z"] = RNG.standard_normal((1, 3, 6, 6)).astype(np.float32)
     data = one_input_model(nodes + [helper.make_node("Add", ["u", "z"], ["y"])], shape, consts, opset=13)
-    got, ops = _run(data, x, 2)
+    got, _ = _run(data, x, 2)
     np.testing.assert_allclose(got, run_ort(data, {"x": x})[0], rtol=1e-6)
     nodes, consts = _resize("resize11", shape, (1, 1, 2, 2))
     consts["z"] = RNG.standard_normal((1, 1, 8, 8)).astype(np.float32)
     data = one_input_model(nodes + [helper.make_node("Add", ["u", "z"], ["y"])], shape, consts, opset=13)
-    got, ops = _run(data, x, 2)
+    got, _ = _run(data, x, 2)
     np.testing.assert_array_equal(got, run_ort(data, {"x": x})[0])
     assert fused == []
