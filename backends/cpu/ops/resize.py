@@ -24,7 +24,10 @@ class _ResizeBase(Kernel):
     def __init__(self, node, inputs, outputs, **attrs):
         super().__init__(node, inputs, outputs)
         try:
-            self.spec = sampling.Resampling.of(node.op_type, node.opset, attrs)
+            # The kernels name their attributes (so that an unknown one is an error) with None for absent: the
+            # defaults are Resampling's, by opset.
+            given = {name: value for name, value in attrs.items() if value is not None}
+            self.spec = sampling.Resampling.of(node.op_type, node.opset, given)
         except ValueError as exc:
             raise Unsupported(str(exc)) from None
         self.mode = self.spec.mode
@@ -112,9 +115,9 @@ class _ResizeBase(Kernel):
 
 @op("Resize", 11)
 class Resize(_ResizeBase):
-    def __init__(self, node, inputs, outputs, antialias=0, axes=None, coordinate_transformation_mode="half_pixel",
-                 cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch",
-                 mode="nearest", nearest_mode="round_prefer_floor"):
+    def __init__(self, node, inputs, outputs, antialias=None, axes=None, coordinate_transformation_mode=None,
+                 cubic_coeff_a=None, exclude_outside=None, extrapolation_value=None, keep_aspect_ratio_policy=None,
+                 mode=None, nearest_mode=None):
         super().__init__(node, inputs, outputs, antialias=antialias, axes=axes,
                          coordinate_transformation_mode=coordinate_transformation_mode, cubic_coeff_a=cubic_coeff_a,
                          exclude_outside=exclude_outside, extrapolation_value=extrapolation_value,
@@ -126,17 +129,17 @@ class Resize(_ResizeBase):
 class Resize10(_ResizeBase):
     """Resize-10 and Upsample-9: asymmetric coordinates, their scales an input."""
 
-    def __init__(self, node, inputs, outputs, mode="nearest"):
+    def __init__(self, node, inputs, outputs, mode=None):
         super().__init__(node, inputs, outputs, mode=mode)
 
 
 @op("Upsample", 1)
 class Upsample1(_ResizeBase):
-    def __init__(self, node, inputs, outputs, height_scale=None, mode="nearest", width_scale=None):
+    def __init__(self, node, inputs, outputs, height_scale=None, mode=None, width_scale=None):
         super().__init__(node, inputs, outputs, height_scale=height_scale, mode=mode, width_scale=width_scale)
 
 
 @op("Upsample", 7)
 class Upsample7(_ResizeBase):
-    def __init__(self, node, inputs, outputs, mode="nearest", scales=None):
+    def __init__(self, node, inputs, outputs, mode=None, scales=None):
         super().__init__(node, inputs, outputs, mode=mode, scales=scales)
