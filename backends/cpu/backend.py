@@ -79,18 +79,24 @@ class CpuBackend(Backend):
         return None
 
     def acquire_tensor(self, tensor: Tensor, execution: Execution) -> Block | None:
-        if not getattr(execution, "writes_outputs", False) or tensor.nbytes is None or tensor.nbytes == 0:
+        if not self._plans_for(tensor, execution):
             return None
-        self._planned.append(execution)
         return self.acquire(tensor.nbytes)
 
     def acquire_within(self, tensor: Tensor, execution: Execution, block: Block, offset: int) -> Block | None:
-        if not getattr(execution, "writes_outputs", False) or tensor.nbytes is None or tensor.nbytes == 0:
+        if not self._plans_for(tensor, execution):
             return None
-        self._planned.append(execution)
         inner = Block(tensor.nbytes, StorageType.DYNAMIC, block.offset + offset)
         self.blocks.append(inner)
         return inner
+
+    def _plans_for(self, tensor: Tensor, execution: Execution) -> bool:
+        """Whether this output gets planned memory: its kernel writes into a buffer it is given, and it has bytes
+        (then the kernel is noted, to be handed its buffers)."""
+        if not getattr(execution, "writes_outputs", False) or not tensor.nbytes:
+            return False
+        self._planned.append(execution)
+        return True
 
     def concats_in_place(self, node: Node) -> bool:
         return node.domain in ("", "ai.onnx") and node.op_type == "Concat"
