@@ -11,7 +11,7 @@ layout_shapes.py; what a rule reads, and the registry, in shape_args.py.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -20,12 +20,19 @@ from .backend import Tensor
 from .errors import ModelError
 from .graph import Node
 from .shape_args import SHAPES, BOOL, INT64, Args, Out, Unknown, axes_of, broadcast, shape_fn
+from .unary import TABLE
 from .window import pool_geometry, window_params
+
+
+def rule(op_type: str) -> Callable[[Node, Args], list[Out]] | None:
+    """The shape function of an op of ONNX's own domain, or None: the unary table's ops (unary.py) keep their
+    input's shape, so that a row added there needs no rule here."""
+    return SHAPES.get(op_type, _unary if op_type in TABLE else None)
 
 
 def infer(node: Node, inputs: list[Tensor | None]) -> list[Out] | None:
     """Output (dtype, shape) per output, or None where it cannot be known before running."""
-    fn = SHAPES.get(node.op_type) if node.domain == "" else None
+    fn = rule(node.op_type) if node.domain == "" else None
     if fn is None or any(t is not None and (t.shape is None or t.kind != "tensor") for t in inputs):
         return None
     try:
@@ -33,12 +40,9 @@ def infer(node: Node, inputs: list[Tensor | None]) -> list[Out] | None:
     except Unknown:
         return None
 
-UNARY = ("Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Erf", "Gelu", "Sqrt", "Exp",
-         "Log", "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sin", "Cos", "Elu", "Selu", "Softplus",
-         "Softsign", "Mish", "Identity", "Clip", "Dropout", "Softmax", "LogSoftmax", "LayerNormalization",
-         "BatchNormalization", "InstanceNormalization", "Sign", "PRelu", "Celu", "ThresholdedRelu", "Not",
-         "IsNaN", "IsInf", "LRN", "Hardmax", "CumSum", "Trilu", "Swish", "Tan", "Asin", "Acos", "Atan", "Sinh",
-         "Cosh", "Asinh", "Acosh", "Atanh", "Shrink", "BitwiseNot")
+#: Ops whose output has their input's shape, besides the unary table's (see rule()).
+UNARY = ("Dropout", "Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization", "InstanceNormalization",
+         "PRelu", "Not", "IsNaN", "IsInf", "LRN", "Hardmax", "CumSum", "Trilu", "Shrink", "BitwiseNot")
 
 
 @shape_fn(*UNARY)

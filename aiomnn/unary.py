@@ -1,15 +1,18 @@
-"""The attributes of the one-input elementwise ops and activations, with their defaults by opset, written once.
+"""The one-input elementwise ops and activations, written once: each op's opset, its attributes with their
+defaults by opset, and its value as one expression (TABLE).
 
 Every backend reads a node's parameters here (or those of an activation fused into a Conv, Gemm or Add, which
 travels as `_activation` and is read at its producer's opset), and the CPU registers its versions from here, so
-no backend restates a default. They had come to disagree: before opset 6, Selu's defaults are ONNX's float32
-values of 1.6732 and 1.0507, which the GPU backends did not know, and CUDA took the later ones in float64.
-(The first step of one op table, issue 26; the ops' expressions are still each backend's.)
+no backend restates a default. The GPU backends write each op's expression in their kernel language from
+TABLE (aiomnn/expressions.py renders it): the OpenCL and Vulkan kernels switch over the table's codes, and
+CUDA's fused expressions take it by name. Adding a unary op is then a row here and its CPU function
+(CONTRIBUTING.md), and tools/build_shaders.py rebuilds the Vulkan SPIR-V.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .backend import Decline
@@ -37,6 +40,79 @@ VERSIONS: dict[str, tuple[tuple[int, tuple[tuple[str, float], ...]], ...]] = {
 CHOICES: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {"Gelu": {"approximate": ("none", ("none", "tanh"))}}
 #: Attributes of early versions that change nothing here (ONNX's first opsets' memory hint).
 IGNORED = frozenset({"consumed_inputs"})
+
+
+@dataclass(frozen=True)
+class Unary:
+    """A row of TABLE: the op's code in the GPU kernels' switch (its place in the table), the first opset of
+    its float meaning (None for the kernels' own forms, which no model names), and its value at x with the
+    parameters a and b (the attributes, in VERSIONS's order), in the expression language of
+    aiomnn/expressions.py."""
+
+    name: str
+    code: int
+    since: int | None
+    expr: str
+
+
+#: op -> its row. The codes are the rows' order: a new op goes at the end.
+TABLE: dict[str, Unary] = {}
+
+
+def define(name: str, since: int | None, expr: str) -> Unary:
+    """Add a row to TABLE, with the next code."""
+    if name in TABLE:
+        raise ValueError(f"unary op {name} is in the table already")
+    row = TABLE[name] = Unary(name, len(TABLE), since, expr)
+    return row
+
+
+for _row in (
+        ("Identity", 1, "x"),
+        # Relu and Clip by comparisons, not max and min, so that NaN stays NaN as in numpy (C's fmax drops it).
+        ("Relu", 1, "0 if x < 0 else x"),
+        ("LeakyRelu", 1, "a * x if x < 0 else x"),
+        ("Clip", 1, "a if x < a else (b if x > b else x)"),
+        ("Sigmoid", 1, "sigmoid(x)"),
+        ("HardSigmoid", 1, "min(max(a * x + b, 0), 1)"),
+        ("HardSwish", 14, "x * min(max(x / 6 + 0.5, 0), 1)"),
+        ("Tanh", 1, "tanh(x)"),
+        ("Gelu", 20, "0.5 * x * (1 + erf(x * 0.7071067811865476))"),
+        ("GeluTanh", None, "0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))"),
+        ("Sqrt", 1, "sqrt(x)"),
+        ("Exp", 1, "exp(x)"),
+        ("Log", 1, "log(x)"),
+        ("Abs", 1, "abs(x)"),
+        ("Neg", 1, "-x"),
+        ("Floor", 1, "floor(x)"),
+        ("Ceil", 1, "ceil(x)"),
+        ("Reciprocal", 1, "1 / x"),
+        ("Sin", 7, "sin(x)"),
+        ("Cos", 7, "cos(x)"),
+        ("Tan", 7, "tan(x)"),
+        ("Asin", 7, "asin(x)"),
+        ("Acos", 7, "acos(x)"),
+        ("Atan", 7, "atan(x)"),
+        ("Sinh", 9, "sinh(x)"),
+        ("Cosh", 9, "cosh(x)"),
+        ("Asinh", 9, "asinh(x)"),
+        ("Acosh", 9, "acosh(x)"),
+        ("Atanh", 9, "atanh(x)"),
+        ("Erf", 9, "erf(x)"),
+        ("Elu", 1, "x if x > 0 else a * (exp(x) - 1)"),
+        ("Selu", 1, "b * (x if x > 0 else a * (exp(x) - 1))"),
+        ("Celu", 12, "max(x, 0) + min(0, a * (exp(x / a) - 1))"),
+        ("ThresholdedRelu", 10, "x if x > a else 0"),
+        ("Softplus", 1, "softplus(x)"),
+        ("Softsign", 1, "x / (1 + abs(x))"),
+        ("Mish", 18, "x * tanh(softplus(x))"),
+        ("Swish", 24, "x * sigmoid(a * x)"),
+        ("Round", 11, "round(x)"),
+        ("Sign", 9, "1 if x > 0 else (-1 if x < 0 else x)"),
+        # Forms the GPU backends fuse into (a Mean's scale, an Add after HardSwish), not ops of ONNX.
+        ("ScaleShift", None, "x * a + b"),
+        ("HardSwishShift", None, "x * min(max(x / 6 + 0.5, 0), 1) + b")):
+    define(*_row)
 
 
 def attributes(name: str, opset: int) -> tuple[tuple[str, float], ...]:
@@ -95,17 +171,22 @@ def choice(name: str, given: Mapping[str, Any], attr: str) -> str:
     return text(given.get(attr), CHOICES[name][attr][0])
 
 
-def coded(name: str, given: Mapping[str, Any], opset: int | None, codes: Mapping[str, int],
-          gelu: tuple[int, int]) -> tuple[int, float, float]:
-    """(code, a, b) that a GPU kernel's switch over unary ops takes: the op's code in `codes` (Gelu's by its
-    approximation, gelu being the codes of "none" and "tanh") and pair()'s parameters. Decline where the
-    backend has no code for the op, or for attributes that ONNX does not allow."""
-    if name not in codes and name != "Gelu":
+def row(name: str, given: Mapping[str, Any]) -> Unary:
+    """The row a node of op `name` runs as: Gelu's by its approximation. Decline for an op not in the table."""
+    if name == "Gelu" and choice(name, given, "approximate") == "tanh":
+        name = "GeluTanh"
+    found = TABLE.get(name)
+    if found is None:
         raise Decline(f"activation {name}")
+    return found
+
+
+def coded(name: str, given: Mapping[str, Any], opset: int | None) -> tuple[int, float, float]:
+    """(code, a, b) that a GPU kernel's switch over the table takes: the row's code (row()) and pair()'s
+    parameters. Decline for an op not in the table, or for attributes that ONNX does not allow."""
+    found = row(name, given)
     try:
         a, b = pair(name, opset, given)
     except ValueError as exc:
         raise Decline(str(exc)) from None
-    if name == "Gelu":
-        return gelu[choice(name, given, "approximate") == "tanh"], 0.0, 0.0
-    return codes[name], a, b
+    return found.code, a, b

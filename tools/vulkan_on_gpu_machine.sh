@@ -69,7 +69,7 @@ if [ $? -ne 0 ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; 
 fi
 
 step shaders
-python3 backends/vulkan/build_shaders.py --check
+python3 tools/build_shaders.py --check
 
 step tests
 timeout 300 python3 -m pytest -q -p no:cacheprovider --durations=8 tests/test_vulkan.py 2>&1 | tee "$OUT/pytest.log" | tail -25

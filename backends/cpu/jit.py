@@ -220,31 +220,32 @@ def elementwise(name: str, x: Any, out: Any | None = None) -> bool:
     return split(name, xs.size, SLICE_ELEMENTS, lambda fn, lo, hi: fn(xs[lo:hi], ys[lo:hi]))
 
 
-#: Fused activations that the compiled loops apply themselves (scalars.activate), by their code.
+#: Fused activations that the compiled loops apply themselves (scalars.activate), by their code there.
 _CODES = {"Relu": 1, "HardSwish": 2, "Swish": 3, "Sigmoid": 4, "LeakyRelu": 5, "Clip": 6, "HardSigmoid": 7,
           "Gelu": 8}
 #: The code of an activation (by its code) followed by y * alpha + beta: a Mul and an Add by scalars fused after
 #: it (PP-OCR's convs end in HardSwish, then a learnable scale and shift). alpha and beta carry the scalars, so
 #: an activation with parameters cannot have one.
 _AFFINE = {0: 9, 2: 10}
-#: GELU's tanh approximation has no code: the loops' GELU is the exact one.
-_NO_CODE = -1
 
 
 def loop_activation(activation: tuple[str, dict[str, Any]] | None,
                     affine: tuple[float, float] | None = None) -> tuple[int, float, float] | None:
     """A fused activation (op type, attributes), then y * scale + shift where affine is (scale, shift), as (code,
-    alpha, beta) for the compiled loops; (0, 0, 0) for none, None for one they do not apply."""
+    alpha, beta) for the compiled loops; (0, 0, 0) for none, None for one they do not apply (GELU's tanh
+    approximation among them: the loops' GELU is the exact one)."""
     if activation is None:
         code, alpha, beta = 0, 0.0, 0.0
     else:
         name, attrs = activation
-        try:  # its code, and its two parameters from its attributes, ONNX's defaults where absent (aiomnn.unary)
-            code, alpha, beta = unary.coded(name, attrs or {}, None, _CODES, (_CODES["Gelu"], _NO_CODE))
-        except Decline:
+        try:  # its row of the unary table, and its two parameters, ONNX's defaults where absent (aiomnn.unary)
+            found = _CODES.get(unary.row(name, attrs or {}).name)
+            alpha, beta = unary.pair(name, None, attrs or {})
+        except (Decline, ValueError):
             return None
-        if code == _NO_CODE:
+        if found is None:
             return None
+        code = found
     if affine is not None:
         if code not in _AFFINE:
             return None

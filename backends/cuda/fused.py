@@ -16,6 +16,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiomnn import unary
+from aiomnn.expressions import FUNCTIONS, Dialect, render
+
 from .kernels import constants
 
 
@@ -33,31 +36,18 @@ def float_bits(v: float) -> int:
     return struct.unpack("<i", struct.pack("<f", float(v)))[0]
 
 
-#: Expression templates: {0}, {1}... are argument names; {a}, {b}, {lo}, {hi} attributes.
+#: CUDA C as a dialect of the unary table's expressions (aiomnn/expressions.py): x is the template's {0}, the
+#: parameters its {a} and {b}; sigmoid_ and softplus_ are the prelude's (kernels.py).
+CUDA = Dialect({**{f: f + "f" for f in FUNCTIONS - {"abs", "round", "min", "max", "sigmoid", "softplus"}},
+                "abs": "fabsf", "round": "rintf", "min": "fminf", "max": "fmaxf", "sigmoid": "sigmoid_",
+                "softplus": "softplus_"}, "f", {"x": "{0}", "a": "{a}", "b": "{b}"})
+#: Expression templates: {0}, {1}... are argument names; {a}, {b} attributes. The unary ops' come from the table.
 EXPR = {
     "Add": "({0} + {1})", "Sub": "({0} - {1})", "Mul": "({0} * {1})", "Div": "({0} / {1})",
-    "Pow": "powf({0}, {1})", "Max": "fmaxf({0}, {1})", "Min": "fminf({0}, {1})",
-    "Identity": "{0}", "Square": "({0} * {0})",
-    "Relu": "fmaxf({0}, 0.f)", "Sigmoid": "(1.f / (1.f + expf(-{0})))", "Tanh": "tanhf({0})",
-    "HardSigmoid": "fminf(fmaxf({a} * {0} + {b}, 0.f), 1.f)",
-    "HardSwish": "({0} * fminf(fmaxf({0} * 0.16666666666666666f + 0.5f, 0.f), 1.f))",
-    "LeakyRelu": "({0} >= 0.f ? {0} : {a} * {0})",
-    "Elu": "({0} > 0.f ? {0} : {a} * (expf({0}) - 1.f))",
-    "Selu": "({b} * ({0} > 0.f ? {0} : {a} * (expf({0}) - 1.f)))",
-    "Celu": "(fmaxf({0}, 0.f) + fminf(0.f, {a} * (expf({0} / {a}) - 1.f)))",
-    "ThresholdedRelu": "({0} > {a} ? {0} : 0.f)",
-    "Clip": "fminf(fmaxf({0}, {lo}), {hi})",
-    "Exp": "expf({0})", "Log": "logf({0})", "Sqrt": "sqrtf({0})", "Neg": "(-{0})", "Abs": "fabsf({0})",
-    "Reciprocal": "(1.f / {0})", "Floor": "floorf({0})", "Ceil": "ceilf({0})", "Round": "rintf({0})",
-    "Erf": "erff({0})", "Sin": "sinf({0})", "Cos": "cosf({0})", "Tan": "tanf({0})",
-    "Sign": "(float)(({0} > 0.f) - ({0} < 0.f))",
-    "Softplus": "({0} > 20.f ? {0} : log1pf(expf({0})))", "Softsign": "({0} / (1.f + fabsf({0})))",
-    "Mish": "({0} * tanhf({0} > 20.f ? {0} : log1pf(expf({0}))))",
-    "Gelu": "(0.5f * {0} * (1.f + erff({0} * 0.7071067811865476f)))",
-    "GeluTanh": "(0.5f * {0} * (1.f + tanhf(0.7978845608028654f * ({0} + 0.044715f * {0} * {0} * {0}))))",
-    "Swish": "({0} / (1.f + expf(-{a} * {0})))",
+    "Pow": "powf({0}, {1})", "Max": "fmaxf({0}, {1})", "Min": "fminf({0}, {1})", "Square": "({0} * {0})",
     "PRelu": "({0} >= 0.f ? {0} : {1} * {0})",
     "Affine": "({0} * {1} + {2})",
+    **{name: render(row.expr, CUDA) for name, row in unary.TABLE.items()},
 }
 
 

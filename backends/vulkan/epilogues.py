@@ -12,6 +12,7 @@ Each dispatch saved is a barrier saved (record.waves): a dependent dispatch wait
 from __future__ import annotations
 
 from aiomnn.backend import Tensor
+from aiomnn.unary import TABLE
 
 from .groups import Group, Steps, scalar
 from .ops.base import VkOp, is_f32, numel
@@ -60,7 +61,7 @@ def scale_shift_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         return None
 
     def build(final: VkOp) -> None:
-        unary(final, 33, final.out_locs[0], final.b.locate(x), numel(out.shape), a, b)
+        unary(final, TABLE["ScaleShift"].code, final.out_locs[0], final.b.locate(x), numel(out.shape), a, b)
 
     taken.update((i, ka))
     return Group("scale_shift", [st.steps[i][1], st.steps[ka][1]], [st.steps[i][3][0].name], [x.name], build)
@@ -91,7 +92,7 @@ def gate_at(st: Steps, i: int, taken: set[int]) -> Group | None:
 
 #: unary_op's codes of HardSwish, and of HardSwish then + its second constant. (With no activation, the graph
 #: optimizer folds such an Add into the conv's bias already.)
-HARD_SWISH, HARD_SWISH_SHIFTED = 6, 43
+HARD_SWISH, HARD_SWISH_SHIFTED = TABLE["HardSwish"].code, TABLE["HardSwishShift"].code
 
 
 def conv_shift_at(st: Steps, i: int, taken: set[int]) -> Group | None:

@@ -84,7 +84,7 @@ class Blocks(Work):
 
 
 #: matmul's register-blocked tiles, (rows, columns) -> workgroup (x, y): each invocation computes
-#: (rows / y) x (columns / x) outputs. Built from matmul.comp as matmul_<rows>x<columns> (build_shaders.EXTRA).
+#: (rows / y) x (columns / x) outputs. Built from matmul.comp as matmul_<rows>x<columns> (tools/build_shaders.py, EXTRA).
 REG_TILES = {tuple(map(int, name.removeprefix("matmul_").split("x"))): local[:2]
              for name, local in REG_TILE_LOCAL.items()}
 #: A register-blocked tile is among the first candidates tuning tries where it makes at least this many

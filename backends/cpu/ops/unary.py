@@ -15,7 +15,7 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
-from aiomnn.unary import CHOICES, FLT_MAX, VERSIONS
+from aiomnn.unary import CHOICES, FLT_MAX, TABLE, VERSIONS
 
 from ..kernel import Kernel, Unsupported, op
 from .activations import (clip_, clip_ufunc, elu_, erf, gelu_, hard_sigmoid_, hard_swish_, leaky_relu_, sigmoid_,
@@ -74,21 +74,30 @@ def _ufunc(f: np.ufunc) -> Callable[..., np.ndarray]:
     return lambda x, out: f(x, out=out)
 
 
-for _name, _since, _f in (
-        ("Abs", 1, np.abs), ("Neg", 1, np.negative), ("Sqrt", 1, np.sqrt), ("Exp", 1, np.exp), ("Log", 1, np.log),
-        ("Reciprocal", 1, np.reciprocal), ("Floor", 1, np.floor), ("Ceil", 1, np.ceil), ("Round", 11, np.rint),
-        ("Sign", 9, np.sign), ("Sin", 7, np.sin), ("Cos", 7, np.cos), ("Tan", 7, np.tan), ("Asin", 7, np.arcsin),
-        ("Acos", 7, np.arccos), ("Atan", 7, np.arctan), ("Sinh", 9, np.sinh), ("Cosh", 9, np.cosh),
-        ("Asinh", 9, np.arcsinh), ("Acosh", 9, np.arccosh), ("Atanh", 9, np.arctanh), ("Tanh", 1, np.tanh),
-        ("IsNaN", 9, np.isnan)):
-    unary(_name, _since, _ufunc(_f), out_bool=_name == "IsNaN")
+def table_op(name: str, compute: Callable[..., np.ndarray]) -> None:
+    """compute registered for op `name` of aiomnn.unary: for each version, from its opset, with its attributes
+    and their defaults (VERSIONS and CHOICES); an op without attributes from its table row's opset."""
+    versions = VERSIONS.get(name) or ((TABLE[name].since, ()),)
+    choices = {attr: default for attr, (default, _) in CHOICES.get(name, {}).items()}
+    for since, attrs in versions:
+        unary(name, since, compute, **dict(attrs), **choices)
+
+
+for _name, _f in (
+        ("Abs", np.abs), ("Neg", np.negative), ("Sqrt", np.sqrt), ("Exp", np.exp), ("Log", np.log),
+        ("Reciprocal", np.reciprocal), ("Floor", np.floor), ("Ceil", np.ceil), ("Round", np.rint),
+        ("Sign", np.sign), ("Sin", np.sin), ("Cos", np.cos), ("Tan", np.tan), ("Asin", np.arcsin),
+        ("Acos", np.arccos), ("Atan", np.arctan), ("Sinh", np.sinh), ("Cosh", np.cosh), ("Asinh", np.arcsinh),
+        ("Acosh", np.arccosh), ("Atanh", np.arctanh), ("Tanh", np.tanh)):
+    table_op(_name, _ufunc(_f))
+unary("IsNaN", 9, _ufunc(np.isnan), out_bool=True)
 
 
 def _erf_op(x, out):
     return erf(x, out)
 
 
-unary("Erf", 9, _erf_op)
+table_op("Erf", _erf_op)
 
 
 def _is_inf(x, out, detect_negative=1, detect_positive=1):
@@ -186,27 +195,21 @@ def _shrink(x, out, lambd, bias):
     return out
 
 
-def _versions(name: str, fn: Callable[..., np.ndarray]) -> None:
-    """fn registered for every version of op `name`, with that version's attributes and defaults (aiomnn.unary)."""
-    for since, attrs in VERSIONS[name]:
-        unary(name, since, fn, **dict(attrs))
-
-
-unary("Relu", 1, _relu)
-_versions("LeakyRelu", _leaky_relu)
-_versions("Elu", _elu)
-_versions("Selu", _selu)
-_versions("Celu", _celu)
-_versions("ThresholdedRelu", _thresholded_relu)
-unary("Sigmoid", 1, _in_place(sigmoid_))
-_versions("HardSigmoid", _in_place(hard_sigmoid_))
-unary("HardSwish", 14, _in_place(hard_swish_))
-unary("Softplus", 1, _softplus)
-unary("Softsign", 1, _softsign)
-unary("Mish", 18, _mish)
-_versions("Swish", _swish)
-unary("Gelu", 20, _in_place(gelu_), approximate=CHOICES["Gelu"]["approximate"][0])
-_versions("Shrink", _shrink)
+table_op("Relu", _relu)
+table_op("LeakyRelu", _leaky_relu)
+table_op("Elu", _elu)
+table_op("Selu", _selu)
+table_op("Celu", _celu)
+table_op("ThresholdedRelu", _thresholded_relu)
+table_op("Sigmoid", _in_place(sigmoid_))
+table_op("HardSigmoid", _in_place(hard_sigmoid_))
+table_op("HardSwish", _in_place(hard_swish_))
+table_op("Softplus", _softplus)
+table_op("Softsign", _softsign)
+table_op("Mish", _mish)
+table_op("Swish", _swish)
+table_op("Gelu", _in_place(gelu_))
+table_op("Shrink", _shrink)
 
 
 @op("SwiGLU", 28)

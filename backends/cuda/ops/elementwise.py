@@ -13,14 +13,12 @@ from aiomnn import unary
 from ..fused import EXPR, Expr, Lit, Term, Val
 from .base import F32, CudaOp, Decline, check_tensors, float_inputs, op
 
-UNARY = {"Relu", "Sigmoid", "Tanh", "HardSwish", "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Floor", "Ceil",
-         "Round", "Erf", "Sin", "Cos", "Tan", "Sign", "Softplus", "Softsign", "Mish"}
+#: The unary table's ops (aiomnn/unary.py) that run as an Unary of their own: those with attributes run as an
+#: Activation (their parameters read by opset), Clip has its own bounds, and Gelu chooses its row.
+PARAMETRIZED = tuple(sorted(n for n in {*unary.VERSIONS, *unary.CHOICES} if n in unary.TABLE))
+UNARY = {name for name, row in unary.TABLE.items() if row.since is not None and name not in PARAMETRIZED} - {"Identity"}
 BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "PRelu"}
 VARIADIC = {"Max": "Max", "Min": "Min", "Sum": "Add", "Mean": "Add"}
-#: The activations with parameters (from aiomnn.unary), each an op of its own (Activation).
-PARAMETRIZED = ("Clip", "HardSigmoid", "LeakyRelu", "Elu", "ThresholdedRelu", "Celu", "Selu", "Gelu", "Swish")
-#: The activations the fused expressions (EXPR) have, fused into other ops or as ops of their own.
-_ACTIVATIONS = {"Relu", "Sigmoid", "Tanh", "HardSwish", "Softplus", "Mish", *PARAMETRIZED}
 
 
 def activation(x: Term, act: tuple[str, dict] | None) -> Term:
@@ -28,22 +26,18 @@ def activation(x: Term, act: tuple[str, dict] | None) -> Term:
     if act is None:
         return x
     name, attrs = act
-    if name not in _ACTIVATIONS:
-        raise Decline(f"fused activation {name} is not supported")
     return _applied(name, x, dict(attrs or {}), None)
 
 
 def _applied(name: str, x: Term, attrs: dict, opset: int | None) -> Term:
-    """Activation `name` of x: its parameters (a, b) from aiomnn.unary, at this opset (None: a fused one)."""
+    """Activation `name` of x: its row of the table and its parameters (a, b), at this opset (None: a fused
+    one)."""
+    row = unary.row(name, attrs)
     try:
-        p = unary.at(name, opset, attrs)
+        p = unary.pair(name, opset, attrs)
     except ValueError as exc:
         raise Decline(str(exc)) from None
-    if name == "Gelu":
-        return Expr("GeluTanh" if unary.choice(name, attrs, "approximate") == "tanh" else "Gelu", (x,))
-    if name == "Clip":
-        return Expr("Clip", (x,), (("lo", p[0]), ("hi", p[1])))
-    return Expr(name, (x,), tuple(zip(("a", "b"), p)))
+    return Expr(row.name, (x,), tuple(zip(("a", "b"), p)))
 
 
 class Elementwise(CudaOp):
@@ -116,7 +110,7 @@ class Activation(Elementwise):
                 else:
                     bounds.append(None)
             lo, hi = unary.clip_bounds(*bounds)
-            return Expr("Clip", (x,), (("lo", lo), ("hi", hi)))
+            return Expr("Clip", (x,), (("a", lo), ("b", hi)))
         return _applied(t, x, dict(a), self.node.opset)
 
 
@@ -148,13 +142,13 @@ class Copy(Elementwise):
 
 
 for _t in UNARY:
-    op(_t)(Unary)
+    op(_t, unary.TABLE[_t].since)(Unary)
 for _t in BINARY:
     op(_t)(Binary)
 for _t in VARIADIC:
     op(_t)(Variadic)
 for _t in PARAMETRIZED:
-    op(_t)(Activation)
+    op(_t, unary.TABLE[_t].since)(Activation)
 op("BatchNormalization")(BatchNorm)
 op("Expand", 8)(Copy)
 

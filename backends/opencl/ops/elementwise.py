@@ -16,38 +16,13 @@ from aiomnn.strides import collapse
 from ..kernel import (Decline, In, Launch, OpContext, Out, act_options, const_value, f32, i32, meta, op,
                       require_float)
 
-#: Unary op codes, as in kernels/common.cl.
-UNARY = {"Identity": 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5, "HardSwish": 6,
-         "Tanh": 7, "Gelu": 8, "Sqrt": 10, "Exp": 11, "Log": 12, "Abs": 13, "Neg": 14, "Floor": 15, "Ceil": 16,
-         "Reciprocal": 17, "Sin": 18, "Cos": 19, "Erf": 20, "Elu": 21, "Softplus": 22, "Softsign": 23,
-         "Round": 24, "Sign": 25, "Selu": 26, "Celu": 27, "ThresholdedRelu": 28, "Mish": 29, "Tan": 30,
-         "Asin": 31, "Acos": 32, "Atan": 33, "Sinh": 34, "Cosh": 35, "Asinh": 36, "Acosh": 37, "Atanh": 38,
-         "Swish": 39}
-GELU_TANH = 9
-
-#: Opset each unary op appeared in (or changed its float semantics in).
-SINCE = {"Relu": 6, "LeakyRelu": 6, "Sigmoid": 6, "HardSigmoid": 6, "HardSwish": 14, "Tanh": 6, "Gelu": 20,
-         "Sqrt": 6, "Exp": 6, "Log": 6, "Abs": 6, "Neg": 6, "Floor": 6, "Ceil": 6, "Reciprocal": 6, "Sin": 7,
-         "Cos": 7, "Erf": 9, "Elu": 6, "Softplus": 1, "Softsign": 1, "Round": 11, "Sign": 9, "Selu": 6,
-         "Celu": 12, "ThresholdedRelu": 10, "Mish": 18, "Tan": 7, "Asin": 7, "Acos": 7, "Atan": 7, "Sinh": 9,
-         "Cosh": 9, "Asinh": 9, "Acosh": 9, "Atanh": 9, "Swish": 24, "Identity": 1}
-
 def activation(attrs: dict[str, Any] | Any) -> tuple[int, float, float]:
     """(code, p0, p1) of a node's fused `_activation`; (0, 0, 0) when it has none."""
     fused = attrs.get("_activation") if hasattr(attrs, "get") else None
     if fused is None:
         return 0, 0.0, 0.0
     name, a = fused
-    return unary_params(name, dict(a), None)
-
-
-def unary_params(name: str, a: dict[str, Any], opset: int | None) -> tuple[int, float, float]:
-    """(code, p0, p1) of unary op `name` with attributes a, at this opset (None: a fused activation), its
-    parameters and their defaults from aiomnn.unary."""
-    code, p0, p1 = unary.coded(name, a, opset, UNARY, (UNARY["Gelu"], GELU_TANH))
-    if name == "Clip":  # the kernels' bounds are finite
-        p0, p1 = max(p0, -unary.FLT_MAX), min(p1, unary.FLT_MAX)
-    return code, p0, p1
+    return unary.coded(name, dict(a), None)
 
 
 def unary_launch(ctx: OpContext, x: Tensor, code: int, p0: float = 0.0, p1: float = 0.0) -> Launch:
@@ -58,21 +33,21 @@ def unary_launch(ctx: OpContext, x: Tensor, code: int, p0: float = 0.0, p1: floa
 def _unary(name: str) -> None:
     def plan(ctx, node, ins, outs):
         require_float(ins[0], outs[0])
-        code, p0, p1 = unary_params(name, dict(node.attrs), node.opset)
+        code, p0, p1 = unary.coded(name, dict(node.attrs), node.opset)
         return [unary_launch(ctx, ins[0], code, p0, p1)]
 
-    op(name, SINCE[name])(plan)
+    op(name, unary.TABLE[name].since)(plan)
 
 
-for _name in SINCE:
-    if _name != "Identity":
+for _name, _row in unary.TABLE.items():
+    if _row.since is not None and _name not in ("Identity", "Clip"):  # (Identity: a view; Clip below)
         _unary(_name)
 
 
 @op("Clip", 6)
 def clip_6(ctx, node, ins, outs):
     require_float(ins[0], outs[0])
-    return [unary_launch(ctx, ins[0], *unary_params("Clip", dict(node.attrs), node.opset))]
+    return [unary_launch(ctx, ins[0], *unary.coded("Clip", dict(node.attrs), node.opset))]
 
 
 @op("Clip", 11)
@@ -85,7 +60,7 @@ def clip_11(ctx, node, ins, outs):
         return [Launch("elementwise", "clip_t", [In(0), *bufs, Out(0), *i32(n, given[0] | given[1] << 1)], (n,))]
     lo, hi = unary.clip_bounds(*(float(const_value(ins[i], "Clip bound").reshape(-1)[0]) if given[i - 1] else None
                                  for i in (1, 2)))
-    return [unary_launch(ctx, ins[0], UNARY["Clip"], lo, hi)]
+    return [unary_launch(ctx, ins[0], unary.TABLE["Clip"].code, lo, hi)]
 
 
 # Broadcasting -------------------------------------------------------------------------------------

@@ -221,19 +221,11 @@ def const_value(t: Tensor | None) -> np.ndarray | None:
 
 
 # ------------------------------------------------------------------------ activations
-#: Codes shared by unary_op() in shaders/common.glsl.
-UNARY = {"Identity": 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "HardSigmoid": 5, "HardSwish": 6,
-         "Tanh": 7, "Elu": 8, "Selu": 11, "Softplus": 12, "Softsign": 13, "Celu": 14,
-         "ThresholdedRelu": 15, "Mish": 16, "Swish": 17, "Sqrt": 20, "Exp": 21, "Log": 22, "Neg": 23, "Abs": 24,
-         "Reciprocal": 25, "Floor": 26, "Ceil": 27, "Round": 28, "Sin": 29, "Cos": 30, "Erf": 31, "Sign": 32,
-         "Tan": 34, "Asin": 35, "Acos": 36, "Atan": 37, "Sinh": 38, "Cosh": 39, "Asinh": 40, "Acosh": 41,
-         "Atanh": 42}
-
-
 def activation(op: str, attrs: dict[str, Any], opset: int | None = None) -> tuple[int, float, float]:
-    """(code, a, b) for unary_op(): an activation or unary function with its attributes, at this opset (None: a
-    fused activation), its parameters and their defaults from aiomnn.unary."""
-    return unary.coded(op, attrs, opset, UNARY, (9, 10))
+    """(code, a, b) for unary_op() (shaders/unary_op.glsl, written from the unary table): an activation or
+    unary function with its attributes, at this opset (None: a fused activation), its parameters and their
+    defaults from aiomnn.unary."""
+    return unary.coded(op, attrs, opset)
 
 
 def fused(node: Node) -> tuple[int, float, float]:

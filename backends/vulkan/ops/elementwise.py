@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 
 from aiomnn.strides import collapse
-from aiomnn.unary import clip_bounds
+from aiomnn.unary import TABLE, clip_bounds
 
 from ..launch import Grid
 from ..memory import Loc
-from .base import (F32, UNARY, Decline, VkOp, activation, broadcast_strides, const_value, contiguous,
+from .base import (F32, Decline, VkOp, activation, broadcast_strides, const_value, contiguous,
                    data_input, fits, fused, numel, pack, pad, register, to_f32)
 
 #: Elementwise dispatches take 4 elements an invocation (vec4 loads and stores, the shaders' VEC4) where the
@@ -58,7 +58,6 @@ def unary(exe: VkOp, code: int, out: Loc, x: Loc, n: int, a: float, b: float) ->
 
 
 # ----------------------------------------------------------------------------- unary
-@register(*[n for n in UNARY if n not in ("Clip", "Identity")], "Gelu")  # (Identity: a view, tensor.py)
 class Unary(VkOp):
     def __init__(self, backend, node, inputs, outputs):
         super().__init__(backend, node, inputs, outputs)
@@ -69,6 +68,11 @@ class Unary(VkOp):
 
     def plan(self, inputs, outputs):
         unary(self, self.code, self.out_locs[0], self.loc(inputs[0]), numel(outputs[0].shape), self.a, self.c)
+
+
+for _name, _row in TABLE.items():  # the unary table's ops (Identity: a view, tensor.py; Clip below)
+    if _row.since is not None and _name not in ("Clip", "Identity"):
+        register(_name, since=_row.since)(Unary)
 
 
 @register("Clip")
@@ -90,7 +94,7 @@ class Clip(Unary):
                 raise Decline("Clip bounds must be float32")
             bounds.append(None if v is None else float(v.reshape(-1)[0]))
         bounds += [None] * (2 - len(bounds))
-        self.code, (self.a, self.c) = UNARY["Clip"], clip_bounds(*bounds)
+        self.code, (self.a, self.c) = TABLE["Clip"].code, clip_bounds(*bounds)
 
 
 @register("Dropout")
@@ -180,7 +184,7 @@ class Binary(VkOp):
             act = self.act if i == last else (0, 0.0, 0.0)
             self._one(out, a, ash, self.loc(inputs[i]), tuple(inputs[i].shape), oshape, act)
         if mean:
-            unary(self, 33, out, out, n, 1.0 / len(inputs), 0.0)
+            unary(self, TABLE["ScaleShift"].code, out, out, n, 1.0 / len(inputs), 0.0)
 
 
 @register("BatchNormalization")

