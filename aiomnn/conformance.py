@@ -38,6 +38,8 @@ class Outcome:
     case: Case
     passed: bool
     reason: str = ""
+    #: The backends the case's session ran on (its segments' types), once it was made.
+    placed: tuple[str, ...] = ()
 
 
 def load_cases(kinds: Iterable[str] = KINDS) -> list[Case]:
@@ -143,25 +145,27 @@ async def run_case(case: Case, config: Any, runtime: Any) -> Outcome:
         else:
             net = Interpreter.from_bytes(case.model)
         session = await net.create_session(config, runtime)
+        placed: tuple[str, ...] = ()
         try:
             for inputs, outputs in case.data_sets:
                 feeds = dict(zip(net.input_names, inputs))
                 with warnings.catch_warnings(), np.errstate(all="ignore"):
                     warnings.simplefilter("ignore")
                     got = await session.run(feeds)
+                placed = tuple(dict.fromkeys(placed + tuple(t.value for t in session.backend_types)))
                 if len(got) != len(outputs):
-                    return Outcome(case, False, f"{len(got)} outputs, expected {len(outputs)}")
+                    return Outcome(case, False, f"{len(got)} outputs, expected {len(outputs)}", placed)
                 for name, e in zip(net.output_names, outputs):
                     why = compare(e, got[name], case.rtol, case.atol, name)
                     if why:
-                        return Outcome(case, False, why)
+                        return Outcome(case, False, why, placed)
         finally:
             await session.close()
     except AiomnnError as exc:
         return Outcome(case, False, f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # a bug, not a clean refusal: report it loudly
         return Outcome(case, False, f"CRASH {type(exc).__name__}: {exc}")
-    return Outcome(case, True)
+    return Outcome(case, True, placed=placed)
 
 
 async def run_suite(backend: str = "cpu", kinds: Iterable[str] = KINDS, cases: list[Case] | None = None,
@@ -197,4 +201,8 @@ def report(outcomes: list[Outcome], list_failures: bool = True) -> str:
         lines.append(f"  {op:28s} {p:4d} passed {f:4d} failed")
     passed = sum(o.passed for o in outcomes)
     lines.append(f"{passed} passed, {len(outcomes) - passed} failed")
+    backends = collections.Counter(o.placed[0] for o in outcomes if len(o.placed) == 1)
+    for backend, n in sorted(backends.items()):
+        whole = sum(o.passed and o.placed == (backend,) for o in outcomes)
+        lines.append(f"{whole} of {len(outcomes)} cases passed running wholly on {backend}")
     return "\n".join(lines)
