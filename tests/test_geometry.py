@@ -397,3 +397,26 @@ def test_what_is_not_planned():
     assert plan("Tile", {}, [(3,), (1,), (1,)], {1: np.array([2]), 2: np.array([0])}, 5) is None
     assert {"Transpose", "Slice", "Concat", "Split", "Pad", "Tile", "Expand", "Reshape", "Gather",
             "DepthToSpace", "SpaceToDepth"} <= OPS
+
+
+def test_of_node_gives_a_backend_rasters_or_a_decline():
+    from aiomnn.backend import Decline, Tensor
+    from aiomnn.geometry import of_node
+    from aiomnn.graph import Node
+
+    f32 = np.dtype(np.float32)
+    split = Node("s", "Split", "", ("x",), ("a", "b"), {"axis": 1}, 13)
+    x = Tensor("x", f32, (2, 6))
+    a, b = of_node(split, [x], [Tensor("a", f32, (2, 3)), Tensor("b", f32, (2, 3))])
+    data = np.arange(12, dtype=np.float32).reshape(2, 6)
+    np.testing.assert_array_equal(run(b, [data], np.float32), data[:, 3:])
+    with pytest.raises(Decline, match="shape"):  # the pipeline inferred another shape: not this raster's
+        of_node(split, [x], [Tensor("a", f32, (2, 2)), Tensor("b", f32, (2, 4))])
+    gather = Node("g", "Gather", "", ("x", "i"), ("y",), {}, 13)
+    with pytest.raises(Decline, match="not a data movement"):  # indices known only at run time
+        of_node(gather, [x, Tensor("i", np.dtype(np.int64), (2,))], [Tensor("y", f32, (2, 6))])
+    with pytest.raises(Decline, match="out of range"):  # a malformed node: the backup judges it
+        of_node(gather, [x, Tensor("i", np.dtype(np.int64), (1,), np.array([7]))], [Tensor("y", f32, (1, 6))])
+    dynamic = Node("t", "Transpose", "", ("x",), ("y",), {}, 13)
+    with pytest.raises(Decline, match="run time"):
+        of_node(dynamic, [Tensor("x", f32, None)], [Tensor("y", f32, None)])
