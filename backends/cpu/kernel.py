@@ -83,9 +83,32 @@ class FunctionKernel(Execution):
         return self.fn(*inputs)
 
 
+class Reshaped(Execution):
+    """Reshape, Flatten, Squeeze and Unsqueeze where the plan knows the output's shape: a view of the input in
+    that shape, without reading the shape input and checking it again on every run (the ops' own functions do
+    that where the shape is known only at run time)."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.shape = shape
+
+    def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        return inputs[0].reshape(self.shape)
+
+
+#: The ops that only rename their input's shape.
+RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+
+
 def create(impl: Any, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution:
     """Instantiate a registered op for a node; raises Unsupported with the reason."""
     attrs = dict(node.attrs)
+    x, y = inputs[0] if inputs else None, outputs[0]
+    if node.op_type in RESHAPES and node.domain in ("", "ai.onnx") and x is not None and x.shape is not None \
+            and y.shape is not None and math.prod(x.shape) == math.prod(y.shape):
+        _check_attrs(impl, attrs, node, skip=0)
+        return Reshaped(tuple(y.shape))
     if isinstance(impl, type):
         _check_attrs(impl.__init__, attrs, node, skip=4)
         return impl(node, inputs, outputs, **attrs)
