@@ -38,7 +38,7 @@ class Outcome:
     case: Case
     passed: bool
     reason: str = ""
-    #: The backends the case's session ran on (its segments' types), once it was made.
+    #: The backends the case's session ran on: every segment's, once it was made.
     placed: tuple[str, ...] = ()
 
 
@@ -152,7 +152,8 @@ async def run_case(case: Case, config: Any, runtime: Any) -> Outcome:
                 with warnings.catch_warnings(), np.errstate(all="ignore"):
                     warnings.simplefilter("ignore")
                     got = await session.run(feeds)
-                placed = tuple(dict.fromkeys(placed + tuple(t.value for t in session.backend_types)))
+                ran = tuple(s.backend.type.value for s in session.pipeline.segments)
+                placed = tuple(dict.fromkeys(placed + ran))
                 if len(got) != len(outputs):
                     return Outcome(case, False, f"{len(got)} outputs, expected {len(outputs)}", placed)
                 for name, e in zip(net.output_names, outputs):

@@ -10,6 +10,7 @@ import numpy as np
 
 from .errors import ModelError
 from .graph import Node
+from .moves import slice_span
 from .shape_args import Arg, Args, Out, Unknown, axes_of, broadcast, const_ints, shape_fn
 
 
@@ -78,7 +79,7 @@ def _transpose(node: Node, ins: Args) -> list[Out]:
 @shape_fn("Concat")
 def _concat(node: Node, ins: Args) -> list[Out]:
     ts = ins.present()
-    axis = node.attrs["axis"] % len(ts[0].shape)
+    axis = node.attrs.get("axis", 1) % len(ts[0].shape)  # (required from opset 4; before it, 1 by default)
     out = list(ts[0].shape)
     out[axis] = sum(t.shape[axis] for t in ts)
     return [(ts[0].dtype, tuple(out))]
@@ -120,7 +121,7 @@ def _slice(node: Node, ins: Args) -> list[Out]:
     out = list(s)
     for st, en, ax, sp in zip(starts, ends, axes, steps):
         ax %= len(s)
-        out[ax] = len(range(*slice(st, en, sp).indices(s[ax])))
+        out[ax] = len(slice_span(st, en, sp, s[ax]))  # ONNX's clamping, not Python's (moves.py)
     return [(ins[0].dtype, tuple(out))]
 
 

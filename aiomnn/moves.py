@@ -163,7 +163,7 @@ def _transpose(op: Op) -> Raster:
     return _raster(out, view(0, out, 0, [st[p] for p in perm], 0, contiguous(out)))
 
 
-def _slice_span(start: int, end: int, step: int, dim: int) -> range:
+def slice_span(start: int, end: int, step: int, dim: int) -> range:
     """The indices one axis of Slice takes. Negative starts and ends count from the end, then clamp into [0, dim]
     going forward, [0, dim-1] (starts) and [-1, dim-1] (ends) backward: unlike Python's slices, a backward slice
     that starts before the beginning takes element 0, as ONNX says and onnxruntime does."""
@@ -191,7 +191,7 @@ def _slice(op: Op) -> Raster:
         raise ValueError(f"Slice: steps {steps} has a zero step")
     spans = [range(d) for d in s]
     for start, end, axis, step in zip(starts, ends, axes, steps):
-        spans[axis] = _slice_span(start, end, step, s[axis])
+        spans[axis] = slice_span(start, end, step, s[axis])
     st = contiguous(s)
     out = [len(r) for r in spans]
     offset = sum(r.start * k for r, k in zip(spans, st) if len(r))
@@ -364,7 +364,13 @@ def _space_to_depth(op: Op) -> Raster:
     (n, c, h, w), b = _blocks(op)
     if h % b or w % b:
         raise ValueError(f"SpaceToDepth: {h}x{w} does not divide into blocks of {b}x{b}")
-    # The output walked as (n, block row, block column, c, h', w'): the block becomes the outer channels.
-    out = [n, b, b, c, h // b, w // b]
-    src = [c * h * w, w, 1, h * w, b * w, b]
+    mode = text(op.attrs.get("mode"), "DCR")  # an attribute from opset 28; before it, DCR's order
+    if mode not in ("DCR", "CRD"):
+        raise ValueError(f"SpaceToDepth: mode {mode!r}")
+    # The output walked as (n, block row, block column, c, h', w') in DCR, the block the outer channels, and as
+    # (n, c, block row, block column, h', w') in CRD, the block the inner ones.
+    if mode == "DCR":
+        out, src = [n, b, b, c, h // b, w // b], [c * h * w, w, 1, h * w, b * w, b]
+    else:
+        out, src = [n, c, b, b, h // b, w // b], [c * h * w, h * w, w, 1, b * w, b]
     return _raster((n, c * b * b, h // b, w // b), view(0, out, 0, src, 0, contiguous(out)))

@@ -12,7 +12,9 @@ import pytest
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from aiomnn.config import ForwardType
 from aiomnn.geometry import OPS, Raster, Region, merge, plan, run
+from aiomnn.runtime import probe
 
 DTYPES = [pytest.param(np.float32, id="float32"), pytest.param(np.int64, id="int64")]
 BIG = np.iinfo(np.int64).max
@@ -265,6 +267,8 @@ def test_depth_and_space(dtype):
         planned("DepthToSpace", [x], opset=11, blocksize=b)  # DCR by default
         y = data((n, c, h * b, w * b), dtype)
         planned("SpaceToDepth", [y], opset=13, blocksize=b)
+        for mode in ("DCR", "CRD"):  # a mode from opset 28 on
+            planned("SpaceToDepth", [y], opset=28, blocksize=b, mode=mode)
 
 
 def test_merge_counts():
@@ -420,3 +424,26 @@ def test_of_node_gives_a_backend_rasters_or_a_decline():
     dynamic = Node("t", "Transpose", "", ("x",), ("y",), {}, 13)
     with pytest.raises(Decline, match="run time"):
         of_node(dynamic, [Tensor("x", f32, None)], [Tensor("y", f32, None)])
+
+
+@pytest.mark.parametrize("backend", [t.value for t in (ForwardType.CPU, ForwardType.OPENCL, ForwardType.VULKAN,
+                                                        ForwardType.CUDA) if probe(t)])
+def test_a_backward_slice_from_before_the_beginning_takes_element_0(backend):
+    """ONNX clamps a negative step's start into [0, dim - 1] (onnxruntime too), where Python's slices give nothing:
+    the shapes the core infers, moves.py's rasters and each backend's Slice agree with onnxruntime."""
+    import asyncio
+
+    import aiomnn
+    from tests.oracle import one_input_model
+
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    consts = {"s": np.array([-100], np.int64), "e": np.array([-200], np.int64), "a": np.array([1], np.int64),
+              "p": np.array([-1], np.int64)}
+    data = one_input_model([helper.make_node("Slice", ["x", "s", "e", "a", "p"], ["y"])], x.shape, consts, opset=13)
+
+    async def run() -> np.ndarray:
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type=backend, backup_type="cpu")) as session:
+            return (await session.run({"x": x}))["y"]
+
+    np.testing.assert_array_equal(asyncio.run(run()), x[:, :1])

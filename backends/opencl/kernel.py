@@ -20,7 +20,7 @@ its offset in elements, which the kernel adds (`SHIFT(x)`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -134,7 +134,10 @@ class ClExecution(Execution):
 def plan(ctx: OpContext, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> list[Launch] | Alias:
     """The launches for a node, or Decline; checks what every op needs first."""
     impl = OPS.lookup(node)
-    if impl is None:
+    # The raster (ops/raster.py) runs any data-movement op of aiomnn.geometry, and stands in for one that no op
+    # here takes: it registers under a domain of its own, looked up rather than imported (it imports this module).
+    raster = None if node.domain else OPS.lookup(replace(node, domain="aiomnn.raster"))
+    if impl is None and raster is None:
         raise Decline("no OpenCL kernel")
     for t in list(inputs) + list(outputs):
         if t is None or not t.name:
@@ -145,7 +148,18 @@ def plan(ctx: OpContext, node: Node, inputs: list[Tensor | None], outputs: list[
             raise Decline("empty tensor")
         if t.nbytes is not None and t.nbytes >= 1 << 31:
             raise Decline("tensor too large for 32-bit offsets")
-    return impl(ctx, node, inputs, outputs)
+    why = "no OpenCL kernel"
+    if impl is not None:
+        try:
+            return impl(ctx, node, inputs, outputs)
+        except Decline as declined:
+            if raster is None:
+                raise
+            why = str(declined)
+    try:
+        return raster(ctx, node, inputs, outputs)
+    except Decline as declined:
+        raise Decline(f"{why}; the raster: {declined}") from None
 
 
 # Helpers shared by op families ----------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from aiomnn.graph import dtype_of
+from aiomnn.moves import slice_span
 from aiomnn.strides import collapse
 
 from ..kernels import CTYPES, MAX_COPY_RANK, cast_source
@@ -108,7 +109,7 @@ class Slice(CudaOp):
         self.sstr = list(st)
         self.dims = list(s)
         for b, e, ax, sp in zip(starts, ends, axes, steps):
-            r = range(*slice(b, e, sp).indices(s[ax]))
+            r = slice_span(b, e, sp, s[ax])  # ONNX's clamping, not Python's
             self.dims[ax] = len(r)
             if len(r):
                 self.sbase += r.start * st[ax]

@@ -1,3 +1,3 @@
 """Every OpenCL op, one module per family. Importing this package registers them all."""
 
-from . import conv, elementwise, layout, matmul, normalization, pool, reduce, resize  # noqa: F401
+from . import conv, elementwise, layout, matmul, normalization, pool, raster, reduce, resize  # noqa: F401

@@ -9,6 +9,7 @@ import numpy as np
 
 from aiomnn.backend import Tensor
 from aiomnn.graph import text
+from aiomnn.moves import slice_span
 from aiomnn.strides import collapse
 
 from ..kernel import (CL_TYPES, RAW_TYPES, Alias, Const, Decline, In, Launch, OpContext, Out, const_value,
@@ -87,7 +88,8 @@ def slice_(ctx, node, ins, outs):
         ax %= rank
         if sp == 0:
             raise Decline("zero step")
-        first[ax], _, step[ax] = slice(st, en, sp).indices(x.shape[ax])
+        span = slice_span(st, en, sp, x.shape[ax])  # ONNX's clamping, not Python's
+        first[ax], step[ax] = span.start if len(span) else 0, sp
     xs = strides(x.shape)
     base = sum(f * s for f, s in zip(first, xs))
     return [copy_nd(ctx, x, In(0), Out(0), list(y.shape), [s * k for s, k in zip(xs, step)], strides(y.shape),
