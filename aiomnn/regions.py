@@ -142,10 +142,24 @@ def merge(regions: Sequence[Region]) -> list[Region]:
     return out
 
 
-def _indices(offset: int, strides: Dims, size: Dims, length: int, what: str) -> np.ndarray:
-    """The flat indices a view of size and strides reads or writes, checked against a buffer of `length`."""
+def reach(offset: int, strides: Dims, size: Dims) -> tuple[int, int]:
+    """The lowest and highest element a view touches (strides may be negative: a backward Slice)."""
     low = offset + sum(min(0, s * (n - 1)) for s, n in zip(strides, size))
     high = offset + sum(max(0, s * (n - 1)) for s, n in zip(strides, size))
+    return low, high
+
+
+def inside(region: Region, src_len: int, dst_len: int) -> bool:
+    """Whether both of a region's views lie inside their tensors, of these lengths: a kernel that does not check
+    its indices would otherwise touch another value's memory."""
+    src = reach(region.src_offset, region.src_strides, region.size)
+    dst = reach(region.dst_offset, region.dst_strides, region.size)
+    return 0 <= src[0] and src[1] < src_len and 0 <= dst[0] and dst[1] < dst_len
+
+
+def _indices(offset: int, strides: Dims, size: Dims, length: int, what: str) -> np.ndarray:
+    """The flat indices a view of size and strides reads or writes, checked against a buffer of `length`."""
+    low, high = reach(offset, strides, size)
     if low < 0 or high >= length:
         raise ValueError(f"{what} view reaches elements {low}..{high} of a tensor of {length}")
     i, j, k = (np.arange(n, dtype=np.int64) * s for n, s in zip(size, strides))

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import cupy
 import numpy as np
 
-from aiomnn import places
+from aiomnn import geometry, places
 from aiomnn.backend import Backend, Execution, Tensor, all_empty
 from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
@@ -40,7 +40,7 @@ from aiomnn.graph import Node
 from aiomnn.memory import Block, StorageType
 
 from . import binding, grouping, runs
-from .ops import OPS
+from .ops import OPS, Raster
 from .ops.base import CudaOp, Decline
 from .ops.tensor import Concat, Split
 from .runs import Run
@@ -140,16 +140,16 @@ class CudaBackend(Backend):
             self._created, self._created_nodes, self._tensors_pending = [], set(), {}
         self._created_nodes.add(id(node))
         exe = None
-        impl = OPS.lookup(node)
-        if impl is not None and node.domain == "" and not all_empty(outputs):  # empty outputs: the backup's
-            try:
-                exe = impl(self, node, list(inputs), list(outputs))
-            except Decline as exc:
-                log.debug("cuda declines %s: %s", node, exc)
-                exe = None
-            except Exception as exc:  # a case the op did not foresee: the backup runs it
-                log.warning("cuda declines %s after %s: %s", node, type(exc).__name__, exc)
-                exe = None
+        # The op's class first (some alias, or lie in place); then, for data movement, the raster (ops/raster.py).
+        if node.domain == "" and not all_empty(outputs):  # empty outputs: the backup's
+            for impl in filter(None, [OPS.lookup(node), Raster if node.op_type in geometry.OPS else None]):
+                try:
+                    exe = impl(self, node, list(inputs), list(outputs))
+                    break
+                except Decline as exc:
+                    log.debug("cuda declines %s: %s", node, exc)
+                except Exception as exc:  # a case the op did not foresee: the backup runs it
+                    log.warning("cuda declines %s after %s: %s", node, type(exc).__name__, exc)
         step = Step(len(self._created), node, exe, [t.name if t is not None else "" for t in inputs],
                     [t.name for t in outputs])
         for t in list(inputs) + list(outputs):

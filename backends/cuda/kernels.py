@@ -240,6 +240,26 @@ COPY_KERNELS(copy8, unsigned long long)
 
 MAX_COPY_RANK = 8
 
+#: The raster kernel (ops/raster.py), one per element size, named raster<size>: one region of aiomnn/regions.py,
+#: dst[d + h*d0 + j*d1 + k*d2] = src[s + h*s0 + j*s1 + k*s2] for h < total / (n1*n2), j < n1, k < n2. Elements
+#: move as their bits, so one kernel serves every dtype of a size, fp16 storage too. Strides may be negative (a
+#: backward Slice) or zero (Expand, Tile, and the fill, read from a one-element source).
+RASTER = r"""
+#define RASTER_KERNEL(NAME, E)                                                                            \
+extern "C" __global__ void NAME(const E* __restrict__ src, E* __restrict__ dst, unsigned total, unsigned n1,  \
+                                unsigned n2, long long s, long long s0, long long s1, long long s2,         \
+                                long long d, long long d0, long long d1, long long d2) {                   \
+  GRID_LOOP(i, total) {                                                                                   \
+    const unsigned k = i % n2, t = i / n2, j = t % n1, h = t / n1;                                        \
+    dst[d + h * d0 + j * d1 + k * d2] = src[s + h * s0 + j * s1 + k * s2];                                \
+  }                                                                                                       \
+}
+RASTER_KERNEL(raster1, unsigned char)
+RASTER_KERNEL(raster2, unsigned short)
+RASTER_KERNEL(raster4, unsigned int)
+RASTER_KERNEL(raster8, unsigned long long)
+"""
+
 #: C type per numpy dtype name, for casts.
 CTYPES = {"float32": "float", "float64": "double", "int64": "long long", "int32": "int", "int16": "short",
           "int8": "signed char", "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
