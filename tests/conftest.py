@@ -52,3 +52,20 @@ def model_path(name: str):
         if os.environ.get("CI"):
             raise
         pytest.skip(str(exc))
+
+
+def _cuda_reason() -> str | None:
+    """Why the CUDA tests cannot run here, or None."""
+    try:
+        import cupy  # noqa: F401
+    except Exception as exc:
+        return f"cupy is not importable here ({type(exc).__name__}: {exc})"
+    from aiomnn.backends import cuda
+
+    if not cuda.probe():
+        return "cupy is installed but no CUDA device is visible"
+    return None
+
+
+GPU_REASON = _cuda_reason()
+needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a CUDA GPU: {GPU_REASON}")

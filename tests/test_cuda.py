@@ -22,23 +22,9 @@ import aiomnn
 from aiomnn.backends.cuda import fused, kernels
 from aiomnn.models import MODELS
 
-from .conftest import model_path
+from .conftest import GPU_REASON, model_path, needs_gpu
 
 
-def _gpu_reason() -> str | None:
-    try:
-        import cupy  # noqa: F401
-    except Exception as exc:
-        return f"cupy is not importable here ({type(exc).__name__}: {exc})"
-    from aiomnn.backends import cuda
-
-    if not cuda.probe():
-        return "cupy is installed but no CUDA device is visible"
-    return None
-
-
-GPU_REASON = _gpu_reason()
-needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a CUDA GPU: {GPU_REASON}")
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ stand-in for the kernel, give what the core's reference executor gives."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import subprocess
 import sys
 import textwrap
@@ -24,21 +23,9 @@ from onnx import helper, numpy_helper
 import aiomnn
 from aiomnn import ForwardType
 
-
-def _gpu_reason() -> str | None:
-    try:
-        importlib.import_module("cupy")
-    except Exception as exc:
-        return f"cupy is not importable here ({type(exc).__name__}: {exc})"
-    from aiomnn.backends import cuda
-
-    if not cuda.probe():
-        return "cupy is installed but no CUDA device is visible"
-    return None
+from .conftest import needs_gpu
 
 
-GPU_REASON = _gpu_reason()
-needs_gpu = pytest.mark.skipif(GPU_REASON is not None, reason=f"needs a CUDA GPU: {GPU_REASON}")
 
 I64 = np.int64
 
