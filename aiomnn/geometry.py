@@ -19,9 +19,12 @@ from .graph import Node
 from .moves import RULES, AtRunTime, Op
 from .regions import Raster, Region, merge, run
 
-__all__ = ["OPS", "Raster", "Region", "merge", "of_node", "plan", "run"]  # the raster types and executor: regions.py
+__all__ = ["OPS", "RASTER_DOMAIN", "Raster", "Region", "merge", "of_node", "plan", "run"]  # the raster types and executor: regions.py
 #: The op types plan may answer with a raster (still None for some attributes or inputs).
 OPS = frozenset(RULES)
+#: The domain a backend registers its raster kernel under, for each of OPS, so that the code choosing a node's
+#: implementation finds it by lookup after the op's own (the raster's module imports that code's).
+RASTER_DOMAIN = "aiomnn.raster"
 
 
 def plan(op_type: str, attrs: Mapping[str, Any], input_shapes: Sequence[Sequence[int] | None],

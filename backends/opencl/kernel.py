@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from aiomnn import geometry
 from aiomnn.backend import Decline, Execution, OpRegistry, Tensor
 from aiomnn.graph import Node
 
@@ -136,7 +137,7 @@ def plan(ctx: OpContext, node: Node, inputs: list[Tensor | None], outputs: list[
     impl = OPS.lookup(node)
     # The raster (ops/raster.py) runs any data-movement op of aiomnn.geometry, and stands in for one that no op
     # here takes: it registers under a domain of its own, looked up rather than imported (it imports this module).
-    raster = None if node.domain else OPS.lookup(replace(node, domain="aiomnn.raster"))
+    raster = None if node.domain else OPS.lookup(replace(node, domain=geometry.RASTER_DOMAIN))
     if impl is None and raster is None:
         raise Decline("no OpenCL kernel")
     for t in list(inputs) + list(outputs):

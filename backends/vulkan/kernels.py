@@ -26,7 +26,7 @@ KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "conv": 4, "convt": 4, "m
                    "pool": 2, "reduce": 2, "softmax": 2, "layernorm": 4, "resize": 3,
                    "conv_gemm": 6,  # out, x, w, bias, partial sums, tile counters
                    "conv_narrow": 6,  # conv_gemm's bindings (it reads the first four)
-                   "cast": 2}  # device tensor, float32 host staging
+                   "cast": 2, "raster": 2}  # (raster: the output, then the input a region reads)  # device tensor, float32 host staging
 #: Kernels whose workgroup size is fixed in the shader (tiles in shared memory).
 FIXED_LOCAL = {"matmul": (16, 16, 1)}
 #: matmul's register-blocked tiles (launch.REG_TILES: rows x columns), kernels of their own from matmul.comp,

@@ -7,8 +7,8 @@ It is the fallback, not the first choice: kernel.plan tries it only for an op th
 (none registered for its opset, or the registered one declines), so chains of data movement stay on the device
 instead of going to the CPU backup. The ops of layout.py keep their nodes, because their aliases copy nothing.
 
-The raster registers under its own domain (RASTER_DOMAIN) rather than being imported by kernel.py, which this
-module imports: kernel.plan looks it up there after the node's own op."""
+The raster registers under geometry.RASTER_DOMAIN rather than being imported by kernel.py, which this module
+imports: kernel.plan looks it up there after the node's own op."""
 
 from __future__ import annotations
 
@@ -23,8 +23,6 @@ from aiomnn.regions import Raster
 
 from ..kernel import RAW_TYPES, Decline, In, Launch, OpContext, Out, i32, op
 
-#: The domain kernel.plan looks the raster up in, under the op type of the node it stands in for.
-RASTER_DOMAIN = "aiomnn.raster"
 #: The numpy type of each of RAW_TYPES: the fill is a scalar kernel argument of the element type.
 RAW_NUMPY = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -40,7 +38,7 @@ def raster(ctx: OpContext, node: Node, ins: list[Tensor | None], outs: list[Tens
 
 
 for _op_type in sorted(geometry.OPS):
-    op(_op_type, 1, RASTER_DOMAIN)(raster)
+    op(_op_type, 1, geometry.RASTER_DOMAIN)(raster)
 
 
 def _output(ctx: OpContext, r: Raster, ins: list[Tensor | None], k: int, y: Tensor) -> list[Launch]:

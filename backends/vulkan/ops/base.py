@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import math
 import struct
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from aiomnn import unary
+from aiomnn import geometry, unary
 from aiomnn.backend import Decline, Execution, OpRegistry, Tensor
 from aiomnn.errors import BackendError
 from aiomnn.graph import Node
@@ -183,23 +184,29 @@ def register(*names: str, since: int = 1):
 
 
 def create(backend, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> VkOp | None:
-    """The op's Vulkan execution, or None to leave it to the backup backend."""
+    """The op's Vulkan execution, or None to leave it to the backup backend. An op that only moves data
+    (geometry.OPS) that no class of its own takes runs as raster regions (raster.py) before it is left."""
     cls = OPS.lookup(node)
-    if cls is None:
+    moves = node.domain == "" and node.op_type in geometry.OPS
+    if cls is None and not moves:
         return None
     limit = min(backend.ctx.max_range, INT_MAX)
     for t in outputs:
         if t is not None and t.name:
             if not is_f32(t) or numel(t.shape) <= 0 or numel(t.shape) * 4 > limit:
                 return None
-    try:
-        return cls(backend, node, inputs, outputs)
-    except Decline as why:
-        log.debug("%s stays on the CPU: %s", node, why)
-        return None
-    except Exception as exc:  # a shape or attribute this code did not foresee: the CPU will judge it
-        log.debug("%s stays on the CPU after %s: %s", node, type(exc).__name__, exc)
-        return None
+    # The raster (raster.py) registers under a domain of its own, looked up rather than imported: it builds on
+    # this module.
+    raster = OPS.lookup(replace(node, domain=geometry.RASTER_DOMAIN)) if moves else None
+    for make in filter(None, (cls, raster)):
+        try:
+            return make(backend, node, inputs, outputs)
+        except Decline as why:
+            log.debug("%s: %s declines: %s", node, make.__name__, why)
+        except Exception as exc:  # a shape or attribute this code did not foresee: the CPU will judge it
+            log.debug("%s: %s declines after %s: %s", node, make.__name__, type(exc).__name__, exc)
+    log.debug("%s stays on the CPU", node)
+    return None
 
 
 def data_input(t: Tensor | None, backend, what: str = "input") -> Tensor:

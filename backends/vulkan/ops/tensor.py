@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from aiomnn.moves import slice_span
+
 from ..memory import Loc
 from .base import (F32, Decline, VkOp, broadcast_strides, const_value, contiguous, data_input, fits, is_f32, numel,
                    register)
@@ -98,8 +100,8 @@ class Slice(VkOp):
             if not 0 <= a < r or a in seen or st == 0:
                 raise Decline("axes or steps")
             seen.add(a)
-            lo, hi, stp = slice(s, e, st).indices(shape[a])
-            begin[a], step[a], out[a] = lo, stp, len(range(lo, hi, stp))
+            span = slice_span(s, e, st, shape[a])  # ONNX's clamping, not Python's
+            begin[a], step[a], out[a] = span.start if len(span) else 0, st, len(span)
         if tuple(out) != tuple(outputs[0].shape):
             raise Decline("output shape")
         ist = contiguous(tuple(shape))
