@@ -75,7 +75,8 @@ for _row in (
         ("Clip", 1, "a if x < a else (b if x > b else x)"),
         ("Sigmoid", 1, "sigmoid(x)"),
         ("HardSigmoid", 1, "min(max(a * x + b, 0), 1)"),
-        ("HardSwish", 14, "x * min(max(x / 6 + 0.5, 0), 1)"),
+        # x * (1/6), not x / 6: a division costs a GPU kernel several instructions (no fast math there).
+        ("HardSwish", 14, "x * min(max(x * 0.16666666666666666 + 0.5, 0), 1)"),
         ("Tanh", 1, "tanh(x)"),
         ("Gelu", 20, "0.5 * x * (1 + erf(x * 0.7071067811865476))"),
         ("GeluTanh", None, "0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))"),
@@ -111,7 +112,7 @@ for _row in (
         ("Sign", 9, "1 if x > 0 else (-1 if x < 0 else x)"),
         # Forms the GPU backends fuse into (a Mean's scale, an Add after HardSwish), not ops of ONNX.
         ("ScaleShift", None, "x * a + b"),
-        ("HardSwishShift", None, "x * min(max(x / 6 + 0.5, 0), 1) + b")):
+        ("HardSwishShift", None, "x * min(max(x * 0.16666666666666666 + 0.5, 0), 1) + b")):
     define(*_row)
 
 

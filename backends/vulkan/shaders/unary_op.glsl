@@ -7,7 +7,7 @@ float unary_op(float x, int op, float a, float b) {
     case 3: return ((x < a) ? a : ((x > b) ? b : x));  // Clip
     case 4: return sigmoid_(x);  // Sigmoid
     case 5: return min(max(((a * x) + b), 0.0), 1.0);  // HardSigmoid
-    case 6: return (x * min(max(((x / 6.0) + 0.5), 0.0), 1.0));  // HardSwish
+    case 6: return (x * min(max(((x * 0.16666666666666666) + 0.5), 0.0), 1.0));  // HardSwish
     case 7: return tanh_(x);  // Tanh
     case 8: return ((0.5 * x) * (1.0 + erf_((x * 0.7071067811865476))));  // Gelu
     case 9: return ((0.5 * x) * (1.0 + tanh_((0.7978845608028654 * (x + (((0.044715 * x) * x) * x))))));  // GeluTanh
@@ -42,7 +42,7 @@ float unary_op(float x, int op, float a, float b) {
     case 38: return roundEven(x);  // Round
     case 39: return ((x > 0.0) ? 1.0 : ((x < 0.0) ? (-1.0) : x));  // Sign
     case 40: return ((x * a) + b);  // ScaleShift
-    case 41: return ((x * min(max(((x / 6.0) + 0.5), 0.0), 1.0)) + b);  // HardSwishShift
+    case 41: return ((x * min(max(((x * 0.16666666666666666) + 0.5), 0.0), 1.0)) + b);  // HardSwishShift
     }
     return x;
 }
