@@ -512,6 +512,41 @@ async def test_sessions_run_concurrently_on_one_runtime():
 
 @needs_gpu
 @pytest.mark.anyio
+async def test_models_one_after_another_on_one_runtime_keep_their_own_constants():
+    """BatchNormalization's scale and shift are constants the backend derives and uploads; the runtime caches
+    uploads by the array's id, which a later model's array may reuse once the first is collected. Sessions of
+    models that differ only in those constants, made and closed one after another on one runtime, each give
+    their own result (the ONNX suite's BatchNorm cases had found the last model's constants)."""
+    import gc
+
+    from onnx import helper, numpy_helper
+
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(tuning="none"))
+    rt = aiomnn.create_runtime(cfg)
+    x = np.random.default_rng(3).standard_normal((4, 5, 3)).astype(np.float32)
+    try:
+        for k in range(6):
+            scale = np.full(5, 1.0 + k, np.float32)
+            inits = [numpy_helper.from_array(v, n) for n, v in (("s", scale), ("b", np.zeros(5, np.float32)),
+                                                                ("m", np.zeros(5, np.float32)),
+                                                                ("v", np.ones(5, np.float32)))]
+            graph = helper.make_graph([helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"],
+                                                        epsilon=0.0)], "bn",
+                                      [helper.make_tensor_value_info("x", 1, x.shape)],
+                                      [helper.make_tensor_value_info("y", 1, None)], initializer=inits)
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+            net = aiomnn.Interpreter.from_bytes(model.SerializeToString())
+            async with await net.create_session(cfg, rt) as session:
+                y = (await session.run({"x": x}))["y"]
+            np.testing.assert_allclose(y, x * (1.0 + k), rtol=1e-6, err_msg=f"model {k}")
+            del net, session
+            gc.collect()
+    finally:
+        rt.close()
+
+
+@needs_gpu
+@pytest.mark.anyio
 async def test_resize_to_new_shapes():
     data, _ = fused_block()
     model = onnx.load_from_string(data)

@@ -301,7 +301,7 @@ class CudaBackend(Backend):
             return v
         if name in self._derived:
             arr = self._derived[name]
-            v = self.rt.upload(arr, self.dev_dtype(arr.dtype), key=("derived", name, id(arr)))
+            v = self.rt.upload(arr, self.dev_dtype(arr.dtype))
             self._keep.append(arr)
         else:
             t = self._tensors.get(name)

@@ -77,10 +77,11 @@ class CudaRuntime(Runtime):
         with self.device:
             return self.pool.malloc(max(int(nbytes), 1))
 
-    def upload(self, arr: np.ndarray, dtype: np.dtype, key: Any = None) -> "cupy.ndarray":
-        """A weight on the device, converted to dtype; uploaded once per array (STATIC)."""
-        src = arr if key is None else None
-        k = (key if key is not None else id(arr), np.dtype(dtype).str)
+    def upload(self, arr: np.ndarray, dtype: np.dtype) -> "cupy.ndarray":
+        """A weight on the device, converted to dtype; uploaded once per array (STATIC), and forgotten when the
+        array is collected: its id may then name another array, whose upload must not find this one (a derived
+        constant of one model had been found by another's)."""
+        k = (id(arr), np.dtype(dtype).str)
         with self._klock:
             hit = self._weights.get(k)
             if hit is not None:
@@ -92,11 +93,10 @@ class CudaRuntime(Runtime):
                 dev.set(host)
         with self._klock:
             self._weights[k] = dev
-        if src is not None and isinstance(src, np.ndarray):
-            try:
-                weakref.finalize(src, self._weights.pop, k, None)
-            except TypeError:  # pragma: no cover - not weak-referenceable
-                pass
+        try:
+            weakref.finalize(arr, self._weights.pop, k, None)
+        except TypeError:  # pragma: no cover - not weak-referenceable
+            pass
         return dev
 
     # Kernels ---------------------------------------------------------------
