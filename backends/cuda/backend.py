@@ -1,24 +1,21 @@
 """The CUDA backend: plan, fuse, bind, record a CUDA graph per segment at resize; launch and await at run.
 
 Resize, in the pipeline's order:
-  on_create        every runtime node passes here first (CUDA is the main
-                   backend), so the backend sees the whole step list and which
-                   steps the backup runs.
-  on_resize_begin  plans which elementwise chains fuse (grouping.py: candidates) and how long
-                   their inputs must live, and which Concat and Split pieces share
-                   one block so that no copy is needed (aiomnn/places.py).
+  on_create        every runtime node passes here first (CUDA is the main backend), so the backend sees the
+                   whole step list and which steps the backup runs.
+  on_resize_begin  plans which elementwise chains fuse (grouping.py: candidates) and how long their inputs must
+                   live, and which Concat and Split pieces share one block so that no copy is needed
+                   (aiomnn/places.py).
   acquire_tensor / on_resize / release
-                   the pipeline's arena planning; a fused value gets no memory, a
-                   value a fused kernel reads later lives until that kernel runs.
-  on_resize_end    the final fusion (graph outputs are known now), the arena and
-                   staging buffers, kernel compilation and binding, one eager
-                   warm-up, then stream capture of each segment into a CUDA graph
-                   (binding.py).
+                   the pipeline's arena planning; a fused value gets no memory, a value a fused kernel reads
+                   later lives until that kernel runs.
+  on_resize_end    the final fusion (graph outputs are known now), the arena and staging buffers, kernel
+                   compilation and binding, one eager warm-up, then stream capture of each segment into a CUDA
+                   graph (binding.py).
 
-A run (submit): runs.py copies the inputs to the device, launches the graph (every
-kernel), copies each output into a pinned block of cupy's pool that becomes the
-caller's array (no host copy after the run: memory.HandedOver), and completes the
-Fence when the stream reaches its end (see WAIT_MODES).
+A run (submit): runs.py copies the inputs to the device, launches the graph (every kernel), copies each output
+into a pinned block of cupy's pool that becomes the caller's array (no host copy after the run:
+memory.HandedOver), and completes the Fence when the stream reaches its end (see WAIT_MODES).
 """
 
 from __future__ import annotations

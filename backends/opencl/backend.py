@@ -35,7 +35,7 @@ from . import ops  # noqa: F401  (registers every op)
 from .enqueue import launcher
 from .ops.layout import contiguous_copy
 from .tune import cached_local_size
-from .kernel import Alias, ClExecution, Const, Decline, In, Launch, OpContext, Out, Scratch, plan
+from .ops.base import Alias, ClExecution, Const, Decline, In, Launch, OpContext, Out, Scratch, plan
 
 if TYPE_CHECKING:
     from aiomnn.segments import Segment

@@ -27,7 +27,7 @@ from aiomnn.runtime import Device, Runtime
 from aiomnn.tuning import Tuner
 
 from .backend import OpenclBackend
-from .kernel import Alias, Decline, plan
+from .ops.base import Alias, Decline, plan
 from .memory import BufferPool
 from .ops.layout import contiguous_copy
 from .tune import tasks_for

@@ -20,7 +20,7 @@ from aiomnn.backend import Tensor
 from aiomnn.graph import Node
 from aiomnn.tuning import Tuner
 
-from .kernel import Const, Decline, In, Launch, OpContext, Out, Scratch, plan
+from .ops.base import Const, Decline, In, Launch, OpContext, Out, Scratch, plan
 
 
 def launch_key(runtime: Any, ctx: OpContext, launch: Launch) -> str:

@@ -11,7 +11,7 @@ import numpy as np
 from aiomnn.graph import text
 from aiomnn.window import window_params
 
-from ..kernel import F32, Const, Decline, In, Launch, Out, Scratch, act_options, f32, i32, op, require_float
+from .base import F32, Const, Decline, In, Launch, Out, Scratch, act_options, f32, i32, op, require_float
 from .elementwise import activation
 
 

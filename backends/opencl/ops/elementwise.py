@@ -13,7 +13,7 @@ from aiomnn import unary
 from aiomnn.backend import Tensor
 from aiomnn.strides import collapse
 
-from ..kernel import (Decline, In, Launch, OpContext, Out, act_options, const_value, f32, i32, meta, op,
+from .base import (Decline, In, Launch, OpContext, Out, act_options, const_value, f32, i32, meta, op,
                       require_float)
 
 def activation(attrs: dict[str, Any] | Any) -> tuple[int, float, float]:

@@ -12,7 +12,7 @@ from aiomnn.graph import text
 from aiomnn.moves import slice_span
 from aiomnn.strides import collapse
 
-from ..kernel import (CL_TYPES, RAW_TYPES, Alias, Const, Decline, In, Launch, OpContext, Out, const_value,
+from .base import (CL_TYPES, RAW_TYPES, Alias, Const, Decline, In, Launch, OpContext, Out, const_value,
                       i32, meta, op, strides)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from aiomnn.strides import collapse
 
-from ..kernel import Const, Decline, In, Launch, Out, act_options, f32, i32, meta, op, require_float, strides
+from .base import Const, Decline, In, Launch, Out, act_options, f32, i32, meta, op, require_float, strides
 from .elementwise import activation
 
 

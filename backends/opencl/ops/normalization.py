@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..kernel import Const, Decline, In, Launch, Out, const_value, f32, i32, op, require_float
+from .base import Const, Decline, In, Launch, Out, const_value, f32, i32, op, require_float
 
 
 @op("LayerNormalization", 17)

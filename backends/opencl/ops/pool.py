@@ -6,7 +6,7 @@ import math
 
 from aiomnn.window import window_params
 
-from ..kernel import Decline, In, Launch, Out, i32, op, require_float
+from .base import Decline, In, Launch, Out, i32, op, require_float
 
 
 def _pool(ctx, node, ins, outs, mode: int):

@@ -3,12 +3,12 @@ Expand, Gather with constant indices, the reshapes, DepthToSpace, SpaceToDepth) 
 resize, run by one kernel (kernels/raster.cl): a fill launch where the raster has a fill, then one launch per
 region.
 
-It is the fallback, not the first choice: kernel.plan tries it only for an op that no op of this backend takes
+It is the fallback, not the first choice: base.plan tries it only for an op that no op of this backend takes
 (none registered for its opset, or the registered one declines), so chains of data movement stay on the device
 instead of going to the CPU backup. The ops of layout.py keep their nodes, because their aliases copy nothing.
 
-The raster registers under geometry.RASTER_DOMAIN rather than being imported by kernel.py, which this module
-imports: kernel.plan looks it up there after the node's own op."""
+The raster registers under geometry.RASTER_DOMAIN rather than being imported by base.py, which this module
+imports: base.plan looks it up there after the node's own op."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from aiomnn.backend import Tensor
 from aiomnn.graph import Node
 from aiomnn.regions import Raster
 
-from ..kernel import RAW_TYPES, Decline, In, Launch, OpContext, Out, i32, op
+from .base import RAW_TYPES, Decline, In, Launch, OpContext, Out, i32, op
 
 #: The numpy type of each of RAW_TYPES: the fill is a scalar kernel argument of the element type.
 RAW_NUMPY = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}

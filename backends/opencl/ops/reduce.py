@@ -7,7 +7,7 @@ import math
 from aiomnn.shapes import reduce_axes
 from aiomnn.strides import collapse
 
-from ..kernel import Alias, Decline, In, Launch, Out, i32, meta, op, require_float, strides
+from .base import Alias, Decline, In, Launch, Out, i32, meta, op, require_float, strides
 
 GROUP = 64  # work-group size of the *_wg kernels, as in kernels/reduce.cl
 LONG = 256  # reductions at least this long get a work group each

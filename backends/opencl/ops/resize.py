@@ -11,7 +11,7 @@ import numpy as np
 from aiomnn import sampling
 from aiomnn.graph import text
 
-from ..kernel import Const, Decline, In, Launch, Out, i32, op, require_float
+from .base import Const, Decline, In, Launch, Out, i32, op, require_float
 
 
 def _table(mode: str, coord: str, rounding: str, in_len: int, out_len: int, scale: float) -> tuple[np.ndarray, ...]:
