@@ -1,5 +1,5 @@
 """How a big product is best shared among threads: one numpy call with OpenBLAS's own threads, or tiles of
-single-threaded calls shared through the CPU runtime's helper threads (kernel.Pool), at each thread count.
+single-threaded calls shared through the CPU runtime's helper threads (threads.Pool), at each thread count.
 
     python benchmarks/gemm_threads.py [--threads 1,2,4,8,16]
 """
@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from aiomnn.backends.cpu import blas
-from aiomnn.backends.cpu.kernel import Pool
+from aiomnn.backends.cpu.threads import Pool
 from aiomnn.backends.cpu.ops.matmul import gemm
 
 SHAPES = [(128, 384, 1536), (128, 1536, 384), (1024, 384, 1536), (16, 384, 384), (6400, 576, 64)]

@@ -227,7 +227,7 @@ def test_helper_threads_started_by_a_worker_sit_at_the_workers_level():
     not go lower still."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from aiomnn.backends.cpu.kernel import Pool, lower_priority
+    from aiomnn.backends.cpu.threads import Pool, lower_priority
 
     pool = Pool(2, nice=10)
     seen = set()

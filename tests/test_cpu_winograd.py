@@ -14,7 +14,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
-from aiomnn.backends.cpu.kernel import shared_scratch
+from aiomnn.backends.cpu.threads import shared_scratch
 from aiomnn.backends.cpu.ops import conv, products, winograd
 from tests.oracle import one_input_model
 

@@ -16,7 +16,6 @@ import gc
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import warnings
@@ -166,7 +165,7 @@ def test_an_unclosed_session_is_released_under_a_raising_warnings_filter(monkeyp
 
 
 def test_cpu_pool_helpers_end_when_the_pool_is_dropped():
-    from aiomnn.backends.cpu.kernel import Pool
+    from aiomnn.backends.cpu.threads import Pool
 
     def helpers() -> int:
         return sum(t.name == "aiomnn-cpu-helper" for t in threading.enumerate())

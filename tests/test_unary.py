@@ -147,7 +147,7 @@ def test_every_row_runs_on_every_gpu_backend(backend):
 
 
 def test_every_row_has_a_cpu_function_and_renders_in_each_dialect():
-    from aiomnn.backends.cpu.kernel import OPS
+    from aiomnn.backends.cpu.execution import OPS
     from aiomnn.expressions import Dialect, render
 
     plain = Dialect({}, "", {"x": "x", "a": "a", "b": "b"})

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 import aiomnn
-from aiomnn.backends.cpu import jit, kernel, vectors
+from aiomnn.backends.cpu import jit, vectors
+from aiomnn.backends.cpu.threads import Pool
 from aiomnn.backends.cpu.ops import direct
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -57,7 +58,7 @@ async def phases(kind: str, threads: int, runs: int) -> str:
         await warm(session, {"x": x})
         p, weights, bias = planned_conv(session)
         d = p["direct"]
-        with kernel.Pool(threads).running():
+        with Pool(threads).running():
             pieces = jit.product_pieces(d["macs"], direct.PIECE_MACS)
             for name in ("conv_input", "conv_tiles"):
                 jit.for_pieces(name, pieces)

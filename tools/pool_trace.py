@@ -14,14 +14,15 @@ import time
 
 import aiomnn
 from aiomnn import models
-from aiomnn.backends.cpu import jit, kernel
+from aiomnn.backends.cpu import jit
+from aiomnn.backends.cpu.threads import Pool
 
 JOBS: list[dict] = []
 
 
 def traced() -> None:
     """Wrap Pool.run to record each job's pieces: (by a helper, start, end), relative to the job's start."""
-    run = kernel.Pool.run
+    run = Pool.run
 
     def pool_run(self, count, fn):
         t0 = time.perf_counter()
@@ -36,7 +37,7 @@ def traced() -> None:
         run(self, count, piece)
         JOBS.append({"count": count, "pieces": pieces, "total": time.perf_counter() - t0})
 
-    kernel.Pool.run = pool_run
+    Pool.run = pool_run
 
 
 async def main(name: str, shape: tuple[int, ...], threads: int) -> None:

@@ -19,7 +19,7 @@ from aiomnn.profile import OpEvent
 
 from . import ops  # noqa: F401  (registers every op)
 from .fuse import fuse
-from .kernel import OPS, FunctionKernel, Kernel, Unsupported, create
+from .execution import OPS, CpuOp, FunctionOp, Unsupported, create
 
 if TYPE_CHECKING:
     from aiomnn.segments import Segment
@@ -46,7 +46,7 @@ class CpuBackend(Backend):
     def __init__(self, runtime, config):
         super().__init__(runtime, config)
         self.memory: np.ndarray | None = None
-        self._planned: list[Kernel] = []
+        self._planned: list[CpuOp] = []
         self._plans: dict[Segment, list[tuple]] = {}  # run_segment's view of each segment
         self._timed: dict[Segment, list[tuple]] = {}  # the same, each execution timed, with profiling on
 
@@ -55,7 +55,7 @@ class CpuBackend(Backend):
         if impl is None:
             return None
         if all_empty(outputs):
-            return FunctionKernel(lambda *_: tuple(np.empty(t.shape, t.dtype) if t.name else None for t in outputs))
+            return FunctionOp(lambda *_: tuple(np.empty(t.shape, t.dtype) if t.name else None for t in outputs))
         try:
             return create(impl, node, inputs, outputs)
         except Unsupported as exc:
@@ -161,7 +161,7 @@ class CpuBackend(Backend):
         plan = self._plans.get(segment)
         if plan is None:
             for s in segment.steps:
-                if s.views and isinstance(s.execution, Kernel):
+                if s.views and isinstance(s.execution, CpuOp):
                     s.execution.views = True
             plan = self._plans[segment] = fuse([
                 (s.execution, s.inputs, [(i, o) for i, o in enumerate(s.outputs) if o], frees,

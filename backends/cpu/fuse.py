@@ -32,7 +32,7 @@ import numpy as np
 
 from . import conv_affine, heads, layers, upsample_add
 from .fused import Fused, Step, feeds, outside
-from .kernel import SLICE_ELEMENTS, parallel_slices, threads
+from .threads import SLICE_ELEMENTS, parallel_slices, threads
 from .ops import direct
 from .ops.conv import Conv
 from .ops.dtypes import F32, out_buffer

@@ -26,7 +26,8 @@ import numpy as np
 
 from . import jit
 from .fused import Fused, Step, feeds, reads
-from .kernel import FunctionKernel, Reshaped, parallel, shared_scratch, threads
+from .execution import FunctionOp, Reshaped
+from .threads import parallel, shared_scratch, threads
 from .ops.dtypes import F32, NO_ROWS
 from .ops.elementwise import Add, Div, Mul
 from .ops.matmul import PIECE_MACS, MatMul
@@ -49,7 +50,7 @@ def split_after(plan: list[Step], j: int, gives: Collection[str]) -> list[Step]:
         return []
     reshape, transpose = plan[j + 1], plan[j + 2]
     node, made = reshape[5], plan[j][2][0][1]
-    if (type(reshape[0]) not in (FunctionKernel, Reshaped) or node is None or node.op_type != "Reshape"
+    if (type(reshape[0]) not in (FunctionOp, Reshaped) or node is None or node.op_type != "Reshape"
             or reshape[1][0] != made or made in reshape[1][1:] or made in gives or reshape[2][0][1] in gives
             or any(made in s[1] for s in plan[j + 2:]) or type(transpose[0]) is not Transpose
             or transpose[0].perm is None or tuple(transpose[0].perm) not in SPLITS or not feeds(reshape, transpose)):

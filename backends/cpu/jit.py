@@ -28,7 +28,7 @@ import numpy as np
 from aiomnn import unary
 from aiomnn.backend import Decline
 
-from .kernel import SLICE_ELEMENTS, parallel, threads
+from .threads import SLICE_ELEMENTS, parallel, threads
 
 F32 = np.dtype(np.float32)
 log = logging.getLogger("aiomnn")
@@ -173,7 +173,7 @@ def _compile(name: str) -> None:
 
 def shared(n: int, grain: int, part: Callable[[int, int], None]) -> None:
     """part(lo, hi) over [0, n) in pieces of `grain` items or more, shared with the runtime's helper threads
-    (kernel.parallel). A compiled loop holds no GIL, so its pieces run at once on as many cores."""
+    (threads.parallel). A compiled loop holds no GIL, so its pieces run at once on as many cores."""
     pieces = max(1, min(n // max(1, grain), threads()))
     step = -(-n // pieces)
     parallel(-(-n // step), lambda k: part(k * step, min(n, (k + 1) * step)))

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import heads, jit
 from .fused import Fused, Step, outside, reads
-from .kernel import threads
+from .threads import threads
 from .ops.activations import gelu_
 from .ops.dtypes import F32
 from .ops.elementwise import Add

@@ -259,7 +259,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
 #: Compiled with LLVM's SLP vectorizer, which packs a tile's scalar sums into vectors (numba leaves it off).
 SLP = {"conv_tiles", "dense"}
 #: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
-#: and spin a while between loops where a helper thread of kernel.Pool would go to sleep and wake late.
+#: and spin a while between loops where a helper thread of threads.Pool would go to sleep and wake late.
 PARALLEL = {"conv_tiles", "conv_input", "dense", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm",
             "attention", "scatter_taps", "max_pool", "upsample", "softmax_axis"}
 

@@ -3,7 +3,7 @@
 BLAS runs on one thread. OpenBLAS's own threads spin while they wait for work and split some GEMM
 shapes badly: on a 2-core machine that other processes also loaded, 2 BLAS threads made the cls model
 20x slower (181 ms against 8 ms) and some conv GEMMs 4-8x slower, while helping others by at most 1.8x.
-Big kernels are split instead (kernel.parallel) across a pool of num_threads threads that block, not
+Big kernels are split instead (threads.parallel) across a pool of num_threads threads that block, not
 spin, between jobs.
 
 Worker threads run at a lower priority (nice 10) unless BackendConfig(power="high"): when every core
@@ -23,7 +23,7 @@ from aiomnn.runtime import Device, Runtime, default_threads
 
 from . import blas
 from .backend import CpuBackend
-from .kernel import WORKER_NICE, Pool, lower_priority
+from .threads import WORKER_NICE, Pool, lower_priority
 
 
 class CpuRuntime(Runtime):

@@ -25,7 +25,7 @@ from aiomnn.errors import AiomnnError, BackendError
 from aiomnn.graph import Graph, Node
 from aiomnn.constants import is_nondeterministic
 
-from .kernel import OPS, Unsupported, create
+from .execution import OPS, Unsupported, create
 
 
 _LOCAL, _CONST, _OUTER, _NONE = 0, 1, 2, 3

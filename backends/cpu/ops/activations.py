@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import jit
-from ..kernel import shared_scratch
+from ..threads import shared_scratch
 from .dtypes import F32, compute_dtype
 
 F64 = np.dtype(np.float64)

@@ -17,7 +17,7 @@ import numpy as np
 
 from aiomnn.graph import Graph, dtype_of
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from ..subgraph import Subgraph, outer_scope
 
 F32 = np.dtype(np.float32)
@@ -71,7 +71,7 @@ def _masked_softmax(s: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 @op("Attention", 23)
-class Attention(Kernel):
+class Attention(CpuOp):
     def __init__(self, node, inputs, outputs, *, is_causal=0, kv_num_heads=None, q_num_heads=None,
                  qk_matmul_output_mode=0, scale=None, softcap=0.0, softmax_precision=None,
                  left_window_size=-1, right_window_size=-1):
@@ -182,7 +182,7 @@ class Attention(Kernel):
 
 
 @op("RotaryEmbedding", 23)
-class RotaryEmbedding(Kernel):
+class RotaryEmbedding(CpuOp):
     def __init__(self, node, inputs, outputs, *, interleaved=0, num_heads=None, rotary_embedding_dim=0):
         super().__init__(node, inputs, outputs)
         self.interleaved = bool(interleaved)
@@ -239,7 +239,7 @@ class RotaryEmbedding(Kernel):
 
 
 @op("LinearAttention", 27)
-class LinearAttention(Kernel):
+class LinearAttention(CpuOp):
     def __init__(self, node, inputs, outputs, *, chunk_size=64, kv_num_heads=None, q_num_heads=None, scale=0.0,
                  update_rule="gated_delta"):
         super().__init__(node, inputs, outputs)
@@ -305,7 +305,7 @@ class LinearAttention(Kernel):
 # FlexAttention -----------------------------------------------------------------
 
 @op("FlexAttention", 1, domain="ai.onnx.preview")
-class FlexAttention(Kernel):
+class FlexAttention(CpuOp):
     def __init__(self, node, inputs, outputs, *, prob_mod=None, scale=None, score_mod=None, softmax_precision=None):
         super().__init__(node, inputs, outputs)
         self.score_mod = self.prob_mod = None

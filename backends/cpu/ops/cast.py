@@ -12,7 +12,7 @@ from onnx import TensorProto
 
 from aiomnn.graph import dtype_of
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from .dtypes import E8M0, F32, FLOAT8, ML_FLOATS, ML_INTS, is_float
 
 
@@ -114,7 +114,7 @@ def _onnx_dtype(to: Any, where: str) -> np.dtype:
     return dtype_of(int(to), where)
 
 
-class Cast(Kernel):
+class Cast(CpuOp):
     def __init__(self, node, inputs, outputs, to, saturate=1, round_mode="up"):
         super().__init__(node, inputs, outputs)
         self.to = _onnx_dtype(to, str(node))

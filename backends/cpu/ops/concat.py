@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from .dtypes import matches, same
 from .tensor import copied, ints, norm_axis
 
 
-class Concat(Kernel):
+class Concat(CpuOp):
     writes_outputs = True
 
     def __init__(self, node, inputs, outputs, axis=None):
@@ -67,8 +67,8 @@ class Concat(Kernel):
 op("Concat", 1)(Concat)
 
 
-class Split(Kernel):
-    #: The pieces are views of x where the plan keeps x's memory for them (Kernel.views) and they are
+class Split(CpuOp):
+    #: The pieces are views of x where the plan keeps x's memory for them (CpuOp.views) and they are
     #: contiguous (along the first axis of a batch of one), the same view objects while x is the same array (the
     #: steps after them find the arrays they bound); else copies into the planned buffers, which cost yolov8n's
     #: Splits most of their time (benchmarks/RESULTS.md, "Split as views").

@@ -14,7 +14,7 @@ import numpy as np
 from aiomnn.errors import BackendError
 from aiomnn.graph import Graph
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from ..subgraph import Subgraph, outer_scope
 
 
@@ -63,7 +63,7 @@ def stack(values: list[Any], axis: int, node, what: str) -> np.ndarray:
 
 
 @op("If", 1)
-class If(Kernel):
+class If(CpuOp):
     def __init__(self, node, inputs, outputs, then_branch=None, else_branch=None):
         super().__init__(node, inputs, outputs)
         if not isinstance(then_branch, Graph) or not isinstance(else_branch, Graph):
@@ -84,7 +84,7 @@ class If(Kernel):
 
 
 @op("Loop", 1)
-class Loop(Kernel):
+class Loop(CpuOp):
     def __init__(self, node, inputs, outputs, body=None):
         super().__init__(node, inputs, outputs)
         if not isinstance(body, Graph):
@@ -152,7 +152,7 @@ def _directions(values: list[int] | None, count: int, what: str) -> list[int]:
     return d
 
 
-class _ScanBase(Kernel):
+class _ScanBase(CpuOp):
     def _setup(self, node, body, num_scan_inputs, first: int):
         if not isinstance(body, Graph):
             raise Unsupported("Scan needs a body graph")

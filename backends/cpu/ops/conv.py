@@ -27,7 +27,7 @@ The bias and a fused activation (`_activation`) are applied to each chunk or
 tile while it is in cache; SiLU, from products of the negated weights, in three
 passes instead of Swish's four (products.py). Chunks and tiles of convs with
 enough GEMM work are shared with the runtime's helper threads
-(kernel.parallel); depthwise convs, bound by memory traffic, stay on one
+(threads.parallel); depthwise convs, bound by memory traffic, stay on one
 thread. Small convs keep their run as one closure after the first
 (_bind_fast), since at batch 1 their time goes to Python more than to numpy.
 Scratch memory (phases, columns, GEMM tile) is shared by every conv that runs
@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 
 from .. import jit, packing
-from ..kernel import Kernel, Unsupported, op, threads
+from ..execution import CpuOp, Unsupported, op
+from ..threads import threads
 from . import depthwise, direct, im2col, winograd
 from .products import PARALLEL_MACS, bias_tile, compiled, product, silu_product, split
 from .activations import activation_fn
@@ -65,7 +66,7 @@ def _const(t: Any) -> Any:
 
 
 @op("Conv", 1)
-class Conv(Kernel):
+class Conv(CpuOp):
     writes_outputs = True
 
     def __init__(self, node, inputs, outputs, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,

@@ -12,7 +12,8 @@ import math
 import numpy as np
 
 from .. import jit
-from ..kernel import Kernel, Unsupported, op, parallel, shared_scratch, threads
+from ..execution import CpuOp, Unsupported, op
+from ..threads import parallel, shared_scratch, threads
 from .activations import activation_fn
 from .conv import _const
 from .dtypes import float_compute_dtype, out_buffer
@@ -21,7 +22,7 @@ from .window import conv_geometry, ints
 
 
 @op("ConvTranspose", 1)
-class ConvTranspose(Kernel):
+class ConvTranspose(CpuOp):
     writes_outputs = True
 
     def __init__(self, node, inputs, outputs, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
@@ -221,7 +222,7 @@ SCATTER_PIECE = 1 << 16
 
 
 @op("DeformConv", 19)
-class DeformConv(Kernel):
+class DeformConv(CpuOp):
     """Deformable convolution (2-D and any N-D): bilinear sampling into columns, then one GEMM per group."""
 
     def __init__(self, node, inputs, outputs, dilations=None, group=1, kernel_shape=None, offset_group=1,

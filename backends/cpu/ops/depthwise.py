@@ -30,7 +30,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import jit
-from ..kernel import shared_scratch, threads
+from ..threads import shared_scratch, threads
 from .products import image_runs
 
 #: The band way is taken while its GEMMs do at most this many times the multiply-adds the conv needs

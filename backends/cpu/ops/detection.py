@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 
 
 def _corners(boxes: np.ndarray, center_point_box: int) -> tuple[np.ndarray, ...]:
@@ -28,7 +28,7 @@ def _corners(boxes: np.ndarray, center_point_box: int) -> tuple[np.ndarray, ...]
 
 
 @op("NonMaxSuppression", 10)
-class NonMaxSuppression(Kernel):
+class NonMaxSuppression(CpuOp):
     def __init__(self, node, inputs, outputs, *, center_point_box=0):
         super().__init__(node, inputs, outputs)
         if center_point_box not in (0, 1):
@@ -93,7 +93,7 @@ def _axis_samples(start: float, bin_size: float, bins: int, grid: int, size: int
     return low, high, 1.0 - frac, frac, valid
 
 
-class _RoiAlign(Kernel):
+class _RoiAlign(CpuOp):
     default_mode = "half_pixel"
 
     def __init__(self, node, inputs, outputs, *, coordinate_transformation_mode=None, mode="avg", output_height=1,
@@ -164,7 +164,7 @@ def _round_half_away(v: float) -> int:
 
 
 @op("MaxRoiPool", 1)
-class MaxRoiPool(Kernel):
+class MaxRoiPool(CpuOp):
     def __init__(self, node, inputs, outputs, *, pooled_shape=None, spatial_scale=1.0):
         super().__init__(node, inputs, outputs)
         if not pooled_shape or len(pooled_shape) != 2 or min(pooled_shape) < 1:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import jit, vectors
-from ..kernel import SLICE_ELEMENTS, parallel, shared_scratch
+from ..threads import SLICE_ELEMENTS, parallel, shared_scratch
 
 F32 = np.float32
 #: A piece of a conv holds at least this many multiply-adds: each must outlast a helper's late start

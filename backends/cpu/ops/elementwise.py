@@ -14,7 +14,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..kernel import SLICE_ELEMENTS, Kernel, op, parallel_slices, threads
+from ..execution import CpuOp, op
+
+from ..threads import SLICE_ELEMENTS, parallel_slices, threads
 from .activations import activation_fn
 from .dtypes import F32, ML_INTS, compute_dtype, is_float, matches, widen
 
@@ -44,7 +46,7 @@ def _int_div(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-class Binary(Kernel):
+class Binary(CpuOp):
     """A broadcasting binary op. Writes into its planned buffer when the shape and dtype agree."""
 
     writes_outputs = True

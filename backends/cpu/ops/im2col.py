@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..kernel import shared_scratch, threads
+from ..threads import shared_scratch, threads
 from .products import PARALLEL_MACS, SILU_CHUNK, image_runs, negated, silu_negated, split
 from .window import tap_phases
 

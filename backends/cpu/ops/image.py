@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 
 _CUBIC_A = -0.75
 
@@ -53,7 +53,7 @@ def _cubic_weights(t: np.ndarray) -> list[np.ndarray]:
     return [far(t + 1), near(t), near(1 - t), far(2 - t)]
 
 
-class _GridSample(Kernel):
+class _GridSample(CpuOp):
     modes: dict[str, str] = {}
 
     def __init__(self, node, inputs, outputs, *, align_corners=0, mode=None, padding_mode="zeros"):

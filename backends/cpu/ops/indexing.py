@@ -8,7 +8,7 @@ import numpy as np
 
 from aiomnn.graph import dtype_of
 
-from ..kernel import Kernel, op
+from ..execution import CpuOp, op
 from .tensor import I64, norm_axis, scalar_int
 
 
@@ -117,7 +117,7 @@ def non_zero(x):
     return np.array(np.nonzero(x), dtype=I64).reshape(x.ndim, -1)
 
 
-class Unique(Kernel):
+class Unique(CpuOp):
     def __init__(self, node, inputs, outputs, axis=None, sorted=1):  # noqa: A002
         super().__init__(node, inputs, outputs)
         self.axis, self.sorted = axis, bool(sorted)

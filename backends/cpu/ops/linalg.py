@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from .dtypes import compute_dtype
 
 
 @op("Einsum", 12)
-class Einsum(Kernel):
+class Einsum(CpuOp):
     def __init__(self, node, inputs, outputs, *, equation=None):
         super().__init__(node, inputs, outputs)
         if not equation:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernel import Kernel, op
+from ..execution import CpuOp, op
 from .dtypes import BOOL, F32, ML_FLOATS, ML_INTS, matches
 from .elementwise import legacy_broadcast
 
@@ -17,7 +17,7 @@ def _comparable(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-class Compare(Kernel):
+class Compare(CpuOp):
     """A broadcasting comparison or boolean op, with a bool result written into the planned buffer."""
 
     writes_outputs = True
@@ -67,7 +67,7 @@ def not_(x):
     return np.logical_not(x)
 
 
-class Bitwise(Kernel):
+class Bitwise(CpuOp):
     writes_outputs = True
     ufunc: np.ufunc
 
@@ -92,7 +92,7 @@ def bitwise_not(x):
     return np.invert(x)
 
 
-class Where(Kernel):
+class Where(CpuOp):
     writes_outputs = True
 
     def run(self, c, x, y):

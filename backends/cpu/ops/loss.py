@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from .dtypes import compute_dtype, is_float
 
 REDUCTIONS = ("none", "sum", "mean")
@@ -60,7 +60,7 @@ def nll(logp: np.ndarray, target: np.ndarray, weight: np.ndarray | None, reducti
         return np.asarray(total / np.sum(w, dtype=logp.dtype))  # 0/0 (nothing counted) is NaN
 
 
-class _Loss(Kernel):
+class _Loss(CpuOp):
     def __init__(self, node, inputs, outputs, reduction="mean", ignore_index=None):
         super().__init__(node, inputs, outputs)
         if reduction not in REDUCTIONS:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernel import Kernel, op, parallel, threads
+from ..execution import CpuOp, op
+
+from ..threads import parallel, threads
 from .activations import activation_fn
 from .dtypes import out_buffer
 
@@ -41,7 +43,7 @@ def matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
 
 
 @op("MatMul", 1)
-class MatMul(Kernel):
+class MatMul(CpuOp):
     writes_outputs = True
 
     def __init__(self, node, inputs, outputs):
@@ -142,7 +144,7 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None 
 
 
 @op("Gemm", 1)
-class Gemm(Kernel):
+class Gemm(CpuOp):
     """Y = alpha * A' @ B' + beta * C. Gemm 1-6 carry a `broadcast` attribute: numpy broadcasting covers both
     of its settings. C is optional from opset 11."""
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 
 ML = "ai.onnx.ml"
 F32 = np.dtype(np.float32)
@@ -122,7 +122,7 @@ def _type_default(dt: np.dtype) -> Any:
     return -0.0
 
 
-class LabelEncoder(Kernel):
+class LabelEncoder(CpuOp):
     def __init__(self, node, inputs, outputs, classes_strings=None, default_int64=None, default_string=None,
                  default_float=None, default_tensor=None, keys_strings=None, keys_int64s=None, keys_floats=None,
                  keys_tensor=None, values_strings=None, values_int64s=None, values_floats=None,
@@ -217,7 +217,7 @@ op("LabelEncoder", 1, domain=ML)(LabelEncoder)
 
 
 # ----------------------------------------------------------------------- CategoryMapper
-class CategoryMapper(Kernel):
+class CategoryMapper(CpuOp):
     def __init__(self, node, inputs, outputs, cats_int64s=None, cats_strings=None, default_int64=-1,
                  default_string="_Unused"):
         super().__init__(node, inputs, outputs)

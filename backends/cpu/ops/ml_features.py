@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from .ml import F32, F64, I64, ML, Lookup, is_string
 
 
@@ -56,7 +56,7 @@ def _per_feature(values: list[float], x: np.ndarray, what: str) -> np.ndarray:
     return v
 
 
-class Scaler(Kernel):
+class Scaler(CpuOp):
     def __init__(self, node, inputs, outputs, offset=None, scale=None):
         super().__init__(node, inputs, outputs)
         if not scale or offset is None or len(offset) != len(scale):
@@ -76,7 +76,7 @@ op("Scaler", 1, domain=ML)(Scaler)
 
 
 # ----------------------------------------------------------------------------- Imputer
-class Imputer(Kernel):
+class Imputer(CpuOp):
     def __init__(self, node, inputs, outputs, imputed_value_floats=None, imputed_value_int64s=None,
                  replaced_value_float=0.0, replaced_value_int64=0):
         super().__init__(node, inputs, outputs)
@@ -104,7 +104,7 @@ op("Imputer", 1, domain=ML)(Imputer)
 
 
 # ----------------------------------------------------------------------- OneHotEncoder
-class OneHotEncoder(Kernel):
+class OneHotEncoder(CpuOp):
     def __init__(self, node, inputs, outputs, cats_int64s=None, cats_strings=None, zeros=1):
         super().__init__(node, inputs, outputs)
         if (cats_int64s is None) == (cats_strings is None):
@@ -148,7 +148,7 @@ op("OneHotEncoder", 1, domain=ML)(OneHotEncoder)
 
 
 # -------------------------------------------------------------------- FeatureVectorizer
-class FeatureVectorizer(Kernel):
+class FeatureVectorizer(CpuOp):
     def __init__(self, node, inputs, outputs, inputdimensions=None):
         super().__init__(node, inputs, outputs)
         self.dims = list(inputdimensions or [])

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from .ml import F32, ML
 from .ml_features import check_numeric
 
@@ -73,7 +73,7 @@ def post_transform(scores: np.ndarray, how: str) -> np.ndarray:
 
 
 # --------------------------------------------------------------------- LinearRegressor
-class LinearRegressor(Kernel):
+class LinearRegressor(CpuOp):
     def __init__(self, node, inputs, outputs, coefficients=None, intercepts=None, targets=1, post_transform="NONE"):
         super().__init__(node, inputs, outputs)
         if post_transform not in POST_TRANSFORMS:

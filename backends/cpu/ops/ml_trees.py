@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from .ml import F32, ML, is_string
 from .ml_scoring import POST_TRANSFORMS, check_post_transform, post_transform
 
@@ -143,7 +143,7 @@ def _tree_input(x: np.ndarray, op_type: str) -> np.ndarray:
     return x
 
 
-class TreeEnsemble(Kernel):
+class TreeEnsemble(CpuOp):
     """ai.onnx.ml opset 5: nodes and leaves in separate attribute tuples, integer enums."""
 
     def __init__(self, node, inputs, outputs, tree_roots=None, nodes_featureids=None, nodes_splits=None,
@@ -247,7 +247,7 @@ class _NodeIndex:
         return out
 
 
-class TreeEnsembleRegressor(Kernel):
+class TreeEnsembleRegressor(CpuOp):
     """ai.onnx.ml opsets 1, 3, 5: nodes keyed by (tree id, node id), string enums, votes at LEAF nodes."""
 
     def __init__(self, node, inputs, outputs, aggregate_function="SUM", base_values=None, base_values_as_tensor=None,

@@ -12,7 +12,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import jit
-from ..kernel import SLICE_ELEMENTS, Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
+from ..threads import SLICE_ELEMENTS
 from .dtypes import F32, NO_ROWS, out_buffer, stats_dtype
 
 
@@ -39,7 +40,7 @@ def _per_channel(p: np.ndarray, x_shape: tuple[int, ...], dtype) -> np.ndarray:
 
 
 @op("BatchNormalization", 1)
-class BatchNormalization(Kernel):
+class BatchNormalization(CpuOp):
     """Inference mode, and training mode (opset 14/15 training_mode=1, or before 14 when the statistics
     outputs are asked for, as ONNX Runtime does; the old saved_var output is the inverse std deviation)."""
 
@@ -104,7 +105,7 @@ class BatchNormalization(Kernel):
 # Layer-like normalizations ----------------------------------------------------------
 
 
-class _RowNorm(Kernel):
+class _RowNorm(CpuOp):
     """Normalizes over the axes from `axis` on; the statistics have the stash type."""
 
     writes_outputs = True
@@ -199,7 +200,7 @@ def _normalize_groups(x: np.ndarray, groups: int, eps: float, cdt) -> np.ndarray
 
 
 @op("InstanceNormalization", 1)
-class InstanceNormalization(Kernel):
+class InstanceNormalization(CpuOp):
     writes_outputs = True
 
     def __init__(self, node, inputs, outputs, epsilon=1e-5, consumed_inputs=None):
@@ -219,7 +220,7 @@ class InstanceNormalization(Kernel):
 
 
 @op("GroupNormalization", 18)
-class GroupNormalization(Kernel):
+class GroupNormalization(CpuOp):
     """Opset 18 takes scale and bias per group, opset 21 per channel."""
 
     writes_outputs = True
@@ -259,7 +260,7 @@ class GroupNormalization21(GroupNormalization):
 
 
 @op("LRN", 1)
-class LRN(Kernel):
+class LRN(CpuOp):
     writes_outputs = True
 
     def __init__(self, node, inputs, outputs, alpha=1e-4, beta=0.75, bias=1.0, size=None):

@@ -16,12 +16,13 @@ import numpy as np
 from aiomnn.window import pool_geometry, window_span
 
 from .. import jit
-from ..kernel import SLICE_ELEMENTS, Kernel, Unsupported, op, shared_scratch
+from ..execution import CpuOp, Unsupported, op
+from ..threads import SLICE_ELEMENTS, shared_scratch
 from .dtypes import float_compute_dtype, out_buffer
 from .window import ints
 
 
-class _Pool(Kernel):
+class _Pool(CpuOp):
     """Shared window handling. Subclasses set `reduce` to 'max', 'avg' or 'lp'."""
 
     writes_outputs = True
@@ -290,7 +291,7 @@ class LpPool(_WindowPool):
                          kernel_shape=kernel_shape, pads=pads, strides=strides, p=p)
 
 
-class _Global(Kernel):
+class _Global(CpuOp):
     writes_outputs = True
     reduce = "avg"
 

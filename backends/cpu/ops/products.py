@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import jit, packing, vectors
-from ..kernel import parallel, shared_scratch
+from ..threads import parallel, shared_scratch
 
 F32 = np.dtype(np.float32)
 _NO_BIAS = np.empty(0, F32)

@@ -16,7 +16,7 @@ import numpy as np
 
 from aiomnn.graph import dtype_of
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 
 F32 = np.dtype(np.float32)
 _LOW_FLOATS = {np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz, ml_dtypes.float8_e5m2,
@@ -120,7 +120,7 @@ def dequantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, 
 
 
 @op("QuantizeLinear", 10)
-class QuantizeLinear(Kernel):
+class QuantizeLinear(CpuOp):
     #: Before opset 23 the spec does not tie the division's precision to the scale's type;
     #: it is done in float32, as onnxruntime does. From 23 on, the scale's type (or `precision`) rules.
     typed_division = False
@@ -155,7 +155,7 @@ class QuantizeLinear23(QuantizeLinear):
 
 
 @op("DequantizeLinear", 10)
-class DequantizeLinear(Kernel):
+class DequantizeLinear(CpuOp):
     def __init__(self, node, inputs, outputs, *, axis=1, block_size=0, output_dtype=0):
         super().__init__(node, inputs, outputs)
         self.axis, self.block_size = axis, block_size
@@ -302,7 +302,7 @@ def _per_channel(p: np.ndarray | None, ndim: int) -> np.ndarray | None:
 
 
 @op("ConvInteger", 10)
-class ConvInteger(Kernel):
+class ConvInteger(CpuOp):
     def __init__(self, node, inputs, outputs, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                  pads=None, strides=None):
         super().__init__(node, inputs, outputs)

@@ -15,7 +15,7 @@ import numpy as np
 from aiomnn.errors import BackendError
 from aiomnn.graph import dtype_of
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 
 _FLOATS = {"float16", "float32", "float64", "bfloat16"}
 
@@ -39,7 +39,7 @@ def _dtype(code: int | None, what: str, floats_only: bool = True) -> np.dtype | 
     return dt
 
 
-def _like_dtype(kernel: Kernel, x: np.ndarray) -> np.dtype:
+def _like_dtype(kernel: CpuOp, x: np.ndarray) -> np.dtype:
     if kernel.dtype is not None:
         return kernel.dtype
     if x.dtype.name not in _FLOATS:
@@ -49,7 +49,7 @@ def _like_dtype(kernel: Kernel, x: np.ndarray) -> np.dtype:
 
 
 @op("RandomNormal", 1)
-class RandomNormal(Kernel):
+class RandomNormal(CpuOp):
     def __init__(self, node, inputs, outputs, shape=None, dtype=1, mean=0.0, scale=1.0, seed=None):
         super().__init__(node, inputs, outputs)
         if shape is None or any(int(d) < 0 for d in shape):
@@ -64,7 +64,7 @@ class RandomNormal(Kernel):
 
 
 @op("RandomUniform", 1)
-class RandomUniform(Kernel):
+class RandomUniform(CpuOp):
     def __init__(self, node, inputs, outputs, shape=None, dtype=1, low=0.0, high=1.0, seed=None):
         super().__init__(node, inputs, outputs)
         if shape is None or any(int(d) < 0 for d in shape):
@@ -79,7 +79,7 @@ class RandomUniform(Kernel):
 
 
 @op("RandomNormalLike", 1)
-class RandomNormalLike(Kernel):
+class RandomNormalLike(CpuOp):
     def __init__(self, node, inputs, outputs, dtype=None, mean=0.0, scale=1.0, seed=None):
         super().__init__(node, inputs, outputs)
         self.dtype = _dtype(dtype, "dtype")
@@ -93,7 +93,7 @@ class RandomNormalLike(Kernel):
 
 
 @op("RandomUniformLike", 1)
-class RandomUniformLike(Kernel):
+class RandomUniformLike(CpuOp):
     def __init__(self, node, inputs, outputs, dtype=None, low=0.0, high=1.0, seed=None):
         super().__init__(node, inputs, outputs)
         self.dtype = _dtype(dtype, "dtype")
@@ -107,7 +107,7 @@ class RandomUniformLike(Kernel):
 
 
 @op("Bernoulli", 15)
-class Bernoulli(Kernel):
+class Bernoulli(CpuOp):
     def __init__(self, node, inputs, outputs, dtype=None, seed=None):
         super().__init__(node, inputs, outputs)
         self.dtype = _dtype(dtype, "dtype", floats_only=False)
@@ -124,7 +124,7 @@ class Bernoulli(Kernel):
 
 
 @op("Multinomial", 7)
-class Multinomial(Kernel):
+class Multinomial(CpuOp):
     def __init__(self, node, inputs, outputs, dtype=6, sample_size=1, seed=None):
         super().__init__(node, inputs, outputs)
         self.dtype = _dtype(dtype, "dtype", floats_only=False)

@@ -1,6 +1,6 @@
 """Recurrent ops: RNN, GRU and LSTM (every opset; the semantics have not changed since 1).
 
-One Kernel per op computes each direction as a loop over time steps,
+One CpuOp per op computes each direction as a loop over time steps,
 vectorised over the batch. The input projection X*W^T + Wb is one matmul for
 the whole sequence; each step adds H*R^T. With sequence_lens, a batch entry
 stops at its own length: its later Y rows are zero, Y_h/Y_c keep its last
@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -63,7 +63,7 @@ def _activations(names: list[str], alphas: list[float] | None, betas: list[float
     return out
 
 
-class _Recurrent(Kernel):
+class _Recurrent(CpuOp):
     """What RNN, GRU and LSTM share: attributes, layout, directions, sequence lengths and outputs."""
 
     op_name = ""

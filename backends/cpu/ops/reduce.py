@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from .dtypes import ML_FLOATS, ML_INTS, compute_dtype
 
 I64 = np.dtype(np.int64)
@@ -41,7 +41,7 @@ def _highest(dt: np.dtype) -> Any:
     return np.inf
 
 
-class Reduce(Kernel):
+class Reduce(CpuOp):
     """A reduction over `axes`: axes are an attribute before `input_since` and an input from it."""
 
     input_since = 18
@@ -158,7 +158,7 @@ for _cls in (ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceProd, ReduceL1, 
 
 
 # ------------------------------------------------------------------ ArgMax/ArgMin
-class ArgReduce(Kernel):
+class ArgReduce(CpuOp):
     fn = staticmethod(np.argmax)
 
     def __init__(self, node, inputs, outputs, axis=0, keepdims=1, select_last_index=0):
@@ -252,7 +252,7 @@ def top_k(x: np.ndarray, k: int, axis: int, largest: bool) -> tuple[np.ndarray, 
     return np.take_along_axis(x, idx, axis=axis), idx
 
 
-class TopK(Kernel):
+class TopK(CpuOp):
     def __init__(self, node, inputs, outputs, k=None, axis=-1, largest=1, sorted=1):  # noqa: A002
         super().__init__(node, inputs, outputs)
         if node.opset < 10 and k is None:

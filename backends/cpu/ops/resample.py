@@ -20,7 +20,7 @@ import numpy as np
 from aiomnn.sampling import AxisPlan
 
 from .. import jit
-from ..kernel import SLICE_ELEMENTS
+from ..threads import SLICE_ELEMENTS
 from .dtypes import F32
 
 

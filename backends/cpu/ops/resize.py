@@ -10,12 +10,14 @@ import numpy as np
 
 from aiomnn import sampling
 
-from ..kernel import SLICE_ELEMENTS, Kernel, Unsupported, op, parallel_slices, threads
+from ..execution import CpuOp, Unsupported, op
+
+from ..threads import SLICE_ELEMENTS, parallel_slices, threads
 from . import resample
 from .dtypes import out_buffer
 
 
-class _ResizeBase(Kernel):
+class _ResizeBase(CpuOp):
     """Resize and Upsample of every opset: the core's settings (sampling.Resampling) read from the node, the plan
     of the last input shape, scales, sizes and roi kept, and applied here."""
 

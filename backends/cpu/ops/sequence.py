@@ -18,7 +18,7 @@ import numpy as np
 from aiomnn.errors import BackendError
 from aiomnn.graph import Graph, dtype_of
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from ..subgraph import Subgraph, outer_scope
 from .control import scalar_int
 
@@ -151,7 +151,7 @@ def concat_from_sequence(seq, axis=None, new_axis=0):
 
 
 @op("SequenceMap", 17)
-class SequenceMap(Kernel):
+class SequenceMap(CpuOp):
     def __init__(self, node, inputs, outputs, body=None):
         super().__init__(node, inputs, outputs)
         if not isinstance(body, Graph):

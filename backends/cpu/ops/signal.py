@@ -11,7 +11,7 @@ import numpy as np
 
 from aiomnn.graph import dtype_of
 
-from ..kernel import Kernel, op
+from ..execution import CpuOp, op
 
 
 def _to_complex(x: np.ndarray) -> np.ndarray:
@@ -105,7 +105,7 @@ def stft(signal, frame_step, window=None, frame_length=None, *, onesided=1):
     return _from_complex(y, signal.dtype)
 
 
-class _Window(Kernel):
+class _Window(CpuOp):
     coefficients: tuple[float, ...] = ()
 
     def __init__(self, node, inputs, outputs, *, output_datatype=1, periodic=1):
@@ -150,7 +150,7 @@ def _mel_to_hz(m):
 
 
 @op("MelWeightMatrix", 17)
-class MelWeightMatrix(Kernel):
+class MelWeightMatrix(CpuOp):
     def __init__(self, node, inputs, outputs, *, output_datatype=1):
         super().__init__(node, inputs, outputs)
         self.dtype = dtype_of(output_datatype, str(node))

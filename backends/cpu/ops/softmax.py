@@ -13,7 +13,8 @@ import math
 import numpy as np
 
 from .. import jit
-from ..kernel import SLICE_ELEMENTS, Kernel, op
+from ..execution import CpuOp, op
+from ..threads import SLICE_ELEMENTS
 from .dtypes import F32, NO_ROWS, out_buffer, stats_dtype
 from .tensor import norm_axis
 
@@ -49,7 +50,7 @@ def softmax_rows(x: np.ndarray, out: np.ndarray) -> bool:
                      lambda fn, lo, hi: fn(ys[lo:hi], one, NO_ROWS, 1, 0)) is not None
 
 
-class SoftmaxBase(Kernel):
+class SoftmaxBase(CpuOp):
     writes_outputs = True
     kind = "softmax"
 

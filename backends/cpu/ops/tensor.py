@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from .dtypes import matches
 
 I64 = np.dtype(np.int64)
@@ -97,7 +97,7 @@ def copied(planned: np.ndarray | None, a: np.ndarray) -> np.ndarray:
     return out
 
 
-class Transpose(Kernel):
+class Transpose(CpuOp):
     writes_outputs = True
 
     def __init__(self, node, inputs, outputs, perm=None):
@@ -212,7 +212,7 @@ def size(x):
 
 
 # ------------------------------------------------------------------ constants
-class Constant(Kernel):
+class Constant(CpuOp):
     def __init__(self, node, inputs, outputs, value=None, sparse_value=None, value_float=None, value_floats=None,
                  value_int=None, value_ints=None, value_string=None, value_strings=None):
         super().__init__(node, inputs, outputs)
@@ -279,7 +279,7 @@ def range_(start, limit, delta, stash_type=1):
     return np.add(np.multiply(steps, d, dtype=work), s, dtype=work).astype(dt)
 
 
-class Expand(Kernel):
+class Expand(CpuOp):
     writes_outputs = True
 
     def run(self, x, shape):

@@ -15,7 +15,7 @@ import numpy as np
 
 from aiomnn.errors import BackendError
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 
 
 def _text(v: Any) -> str:
@@ -66,7 +66,7 @@ def simple_lower(s: str) -> str:
 
 
 @op("StringNormalizer", 10)
-class StringNormalizer(Kernel):
+class StringNormalizer(CpuOp):
     """Stopword removal and case change, with per-character (simple) Unicode case mapping.
 
     The `locale` attribute is accepted and not used: the mapping is the same for every locale.
@@ -118,7 +118,7 @@ def string_concat(x, y):
 # StringSplit ------------------------------------------------------------------
 
 @op("StringSplit", 20)
-class StringSplit(Kernel):
+class StringSplit(CpuOp):
     def __init__(self, node, inputs, outputs, delimiter="", maxsplit=None):
         super().__init__(node, inputs, outputs)
         self.delimiter = delimiter or None  # None: split on runs of whitespace
@@ -141,7 +141,7 @@ class StringSplit(Kernel):
 # RegexFullMatch -----------------------------------------------------------------
 
 @op("RegexFullMatch", 20)
-class RegexFullMatch(Kernel):
+class RegexFullMatch(CpuOp):
     def __init__(self, node, inputs, outputs, pattern=None):
         super().__init__(node, inputs, outputs)
         if pattern is None:

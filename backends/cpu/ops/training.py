@@ -12,12 +12,12 @@ import math
 
 import numpy as np
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 
 DOMAIN = "ai.onnx.preview.training"
 
 
-class _Optimizer(Kernel):
+class _Optimizer(CpuOp):
     #: tensor groups after R and T: X, G, then the state groups
     groups = 3
 

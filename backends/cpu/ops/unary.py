@@ -17,14 +17,14 @@ import numpy as np
 
 from aiomnn.unary import CHOICES, FLT_MAX, TABLE, VERSIONS
 
-from ..kernel import Kernel, Unsupported, op
+from ..execution import CpuOp, Unsupported, op
 from .activations import (clip_, clip_ufunc, elu_, erf, gelu_, hard_sigmoid_, hard_swish_, leaky_relu_, sigmoid_,
                           swish_)
 from .dtypes import BOOL, F16, F32, ML_INTS, compute_dtype, is_float, matches, widen
 
 
 # ------------------------------------------------------------------ unary math
-class Elementwise(Kernel):
+class Elementwise(CpuOp):
     """One input, one output of the same shape; compute(x, out, **attrs) fills out and returns it."""
 
     writes_outputs = True
@@ -271,7 +271,7 @@ def clip_11(x, lo=None, hi=None):
 
 
 # -------------------------------------------------------------------- Dropout
-class Dropout(Kernel):
+class Dropout(CpuOp):
     """Inference Dropout: the identity, with an all-true mask. Training mode needs random draws: refused."""
 
     def __init__(self, node, inputs, outputs, ratio=0.5, is_test=None, seed=None, consumed_inputs=None):

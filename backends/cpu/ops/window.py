@@ -10,7 +10,7 @@ import numpy as np
 
 from aiomnn.window import window_pads
 
-from ..kernel import Unsupported
+from ..execution import Unsupported
 
 
 def ints(v: Any, n: int, default: int, what: str) -> list[int]:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..kernel import parallel, shared_scratch
+from ..threads import parallel, shared_scratch
 from .products import SILU_CHUNK, silu_negated
 
 #: Output tile size. F(2, 3) moves 4x the input through its transforms where F(4, 3) moves 2.25x, and was never
