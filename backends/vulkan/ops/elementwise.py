@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aiomnn import binary
 from aiomnn.strides import collapse
 from aiomnn.unary import TABLE, clip_bounds
 
@@ -114,11 +115,14 @@ class Dropout(Unary):
 
 
 # ---------------------------------------------------------------------------- binary
-BINARY = {"Add": 0, "Sub": 1, "Mul": 2, "Div": 3, "Pow": 4, "Max": 5, "Min": 6, "PRelu": 7, "Sum": 0, "Mean": 0}
+#: The ops Binary takes, by their code in the binary table (aiomnn/binary.py), which binary_op() switches over:
+#: Sum and Mean add.
+BINARY = {**{name: binary.TABLE[name].code for name in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "PRelu")},
+          "Sum": binary.TABLE["Add"].code, "Mean": binary.TABLE["Add"].code}
 
 
 #: binary_op's code for x + x * y (a gate that fusion.py makes of a Mul and the Add of its input).
-GATE = 8
+GATE = binary.TABLE["Gate"].code
 
 
 def binary(exe: VkOp, op: int, out: Loc, a: Loc, ash, b: Loc, bsh, oshape, act) -> None:

@@ -79,7 +79,7 @@ float div_(float x, float y) {
 }
 
 // unary_op(x, code, a, b): the unary table's ops and fused activations by their codes, written from the table
-// (aiomnn/unary.py) by build_shaders.py.
+// (aiomnn/unary.py) by tools/build_shaders.py.
 #include "unary_op.glsl"
 
 // pow as ONNX means it: a negative base with an integral exponent keeps its sign.
@@ -94,17 +94,11 @@ float pow_(float x, float y) {
     return mod(y, 2.0) == 1.0 ? -r : r;
 }
 
-float binary_op(float x, float y, int op) {
-    switch (op) {
-    case 0: return x + y;
-    case 1: return x - y;
-    case 2: return x * y;
-    case 3: return div_(x, y);
-    case 4: return pow_(x, y);
-    case 5: return (isnan(x) || isnan(y)) ? NAN_ : max(x, y);
-    case 6: return (isnan(x) || isnan(y)) ? NAN_ : min(x, y);
-    case 7: return x < 0.0 ? x * y : x;                        // PRelu(x, slope)
-    case 8: return x + x * y;                                  // a gate: x scaled by y, plus x (fusion.py)
-    }
-    return x;
+// x - y * trunc(x / y): ONNX's Mod with fmod=1 (GLSL's mod rounds down instead).
+float fmod_(float x, float y) {
+    return x - y * trunc(x / y);
 }
+
+// binary_op(x, y, code): the binary table's ops by their codes, written from the table (aiomnn/binary.py) by
+// tools/build_shaders.py.
+#include "binary_op.glsl"

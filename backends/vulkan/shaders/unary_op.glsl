@@ -1,4 +1,4 @@
-// Written by build_shaders.py from the unary table (aiomnn/unary.py): edit that, not this.
+// Written by tools/build_shaders.py from the unary table (aiomnn/unary.py): edit that, not this.
 float unary_op(float x, int op, float a, float b) {
     switch (op) {
     case 0: return x;  // Identity
