@@ -8,19 +8,10 @@ language's own helpers (Vulkan's division is otherwise 2.5 ulp off, and its pow 
 
 from __future__ import annotations
 
-from .unary import Unary
+from .unary import Table
 
-#: op -> its row (a Unary row's shape: name, code, since, expression). The codes are the rows' order.
-TABLE: dict[str, Unary] = {}
-
-
-def define(name: str, since: int | None, expr: str) -> Unary:
-    """Add a row to TABLE, with the next code."""
-    if name in TABLE:
-        raise ValueError(f"binary op {name} is in the table already")
-    row = TABLE[name] = Unary(name, len(TABLE), since, expr)
-    return row
-
+#: The two-input ops' rows (unary.Row: name, code, since, expression).
+TABLE = Table()
 
 for _row in (
         ("Add", 7, "x + y"),
@@ -35,4 +26,4 @@ for _row in (
         # of its input, which Vulkan's fusion makes one).
         ("Fmod", None, "fmod(x, y)"),
         ("Gate", None, "x + x * y")):
-    define(*_row)
+    TABLE.define(*_row)

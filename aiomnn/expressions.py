@@ -15,7 +15,7 @@ import ast
 from dataclasses import dataclass
 from typing import Mapping
 
-from .unary import TABLE, Unary
+from .unary import TABLE, Row
 
 #: The functions an expression may call. sigmoid, softplus, div and pow are each language's own helpers,
 #: written for accuracy where a plain formula overflows, loses digits or means something else.
@@ -42,7 +42,7 @@ def render(expr: str, dialect: Dialect) -> str:
     return _write(ast.parse(expr, mode="eval").body, dialect, expr)
 
 
-def switch(dialect: Dialect, header: str, table: dict[str, Unary] = TABLE, indent: str = "    ") -> str:
+def switch(dialect: Dialect, header: str, table: dict[str, Row] = TABLE, indent: str = "    ") -> str:
     """A function over a table (the unary one unless told): `header` (its C-like signature, taking the operands,
     a code `op`, and a and b for a unary op) and a switch that returns each row's expression for its code, else
     x."""

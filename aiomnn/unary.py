@@ -43,11 +43,11 @@ IGNORED = frozenset({"consumed_inputs"})
 
 
 @dataclass(frozen=True)
-class Unary:
-    """A row of TABLE: the op's code in the GPU kernels' switch (its place in the table), the first opset of
-    its float meaning (None for the kernels' own forms, which no model names), and its value at x with the
-    parameters a and b (the attributes, in VERSIONS's order), in the expression language of
-    aiomnn/expressions.py."""
+class Row:
+    """A row of an elementwise table (this one, and binary.py's): the op's code in the GPU kernels' switch (its
+    place in the table), the first opset of its float meaning (None for the kernels' own forms, which no model
+    names), and its value at x (and y) with the parameters a and b (the attributes, in VERSIONS's order), in the
+    expression language of aiomnn/expressions.py."""
 
     name: str
     code: int
@@ -55,17 +55,19 @@ class Unary:
     expr: str
 
 
-#: op -> its row. The codes are the rows' order: a new op goes at the end.
-TABLE: dict[str, Unary] = {}
+class Table(dict[str, Row]):
+    """Rows by op name, in the order of their codes: a new op goes at the end."""
+
+    def define(self, name: str, since: int | None, expr: str) -> Row:
+        """Add a row, with the next code."""
+        if name in self:
+            raise ValueError(f"op {name} is in the table already")
+        row = self[name] = Row(name, len(self), since, expr)
+        return row
 
 
-def define(name: str, since: int | None, expr: str) -> Unary:
-    """Add a row to TABLE, with the next code."""
-    if name in TABLE:
-        raise ValueError(f"unary op {name} is in the table already")
-    row = TABLE[name] = Unary(name, len(TABLE), since, expr)
-    return row
-
+#: The one-input ops' rows.
+TABLE = Table()
 
 for _row in (
         ("Identity", 1, "x"),
@@ -113,7 +115,7 @@ for _row in (
         # Forms the GPU backends fuse into (a Mean's scale, an Add after HardSwish), not ops of ONNX.
         ("ScaleShift", None, "x * a + b"),
         ("HardSwishShift", None, "x * min(max(x * 0.16666666666666666 + 0.5, 0), 1) + b")):
-    define(*_row)
+    TABLE.define(*_row)
 
 
 def attributes(name: str, opset: int) -> tuple[tuple[str, float], ...]:
@@ -172,7 +174,7 @@ def choice(name: str, given: Mapping[str, Any], attr: str) -> str:
     return text(given.get(attr), CHOICES[name][attr][0])
 
 
-def row(name: str, given: Mapping[str, Any]) -> Unary:
+def row(name: str, given: Mapping[str, Any]) -> Row:
     """The row a node of op `name` runs as: Gelu's by its approximation. Decline for an op not in the table."""
     if name == "Gelu" and choice(name, given, "approximate") == "tanh":
         name = "GeluTanh"

@@ -165,7 +165,7 @@ def test_the_expression_language_names_what_it_lacks():
         with pytest.raises(ValueError, match=what):
             render(bad, plain)
     with pytest.raises(ValueError, match="in the table already"):
-        unary.define("Relu", 1, "x")
+        unary.TABLE.define("Relu", 1, "x")
 
 
 # A new unary op through the table alone: its row and its CPU function, then every backend present runs it on
@@ -184,7 +184,7 @@ from aiomnn import unary
 from aiomnn.backends.cpu.ops.unary import table_op
 from tests.oracle import one_input_model
 
-unary.define("Toy", 1, "x * abs(x) + 1 if x > -1 else sigmoid(x)")
+unary.TABLE.define("Toy", 1, "x * abs(x) + 1 if x > -1 else sigmoid(x)")
 table_op("Toy", lambda x, out: np.copyto(out, np.where(x > -1, x * np.abs(x) + 1, 1 / (1 + np.exp(-x)))) or out)
 
 x = np.linspace(-3, 3, 61, dtype=np.float32).reshape(1, 61)

@@ -97,8 +97,12 @@ class CudaOp(Execution):
         return contiguous(list(self.out_shape))
 
     def inline_deps(self) -> list[str]:
-        """Values an Inline leaf of this op reads."""
-        return []
+        """Values an Inline leaf of this op reads: its first input (an op that reads more says so)."""
+        return [self.in_names[0]]
+
+    def inline_ptrs(self) -> list[Any]:
+        """The device arrays an Inline leaf of this op reads, as inline_deps names them."""
+        return [self.be.view(name) for name in self.inline_deps()]
 
     def inline_types(self) -> list[str] | None:
         """The C parameter types of an Inline leaf's pointers (inline_ptrs); None: all `const T*`."""

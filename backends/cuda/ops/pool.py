@@ -26,12 +26,6 @@ class Pool(CudaOp):
             self.mode = 1 if node.attrs.get("count_include_pad", 0) else 2
         self.group = Inline(self)
 
-    def inline_deps(self):
-        return [self.in_names[0]]
-
-    def inline_ptrs(self):
-        return [self.be.view(self.in_names[0])]
-
     def inline_meta(self):
         n, c, h, w = self.in_shape(0)
         return [c, h, w, self.pads[0], self.pads[1], self.pads[2], self.pads[3]]

@@ -54,12 +54,6 @@ class Resize(CudaOp):
         self.sx = scales[3] if scales else ow / x[3]
         self.group = Inline(self)
 
-    def inline_deps(self):
-        return [self.in_names[0]]
-
-    def inline_ptrs(self):
-        return [self.be.view(self.in_names[0])]
-
     def inline_meta(self):
         n, c, h, w = self.in_shape(0)
         oh, ow = self.out_shape[2:]
