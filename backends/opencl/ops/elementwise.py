@@ -108,9 +108,9 @@ def _binary(name: str, since: int) -> None:
     op(name, since)(plan)
 
 
-for _name, _since in (("Add", 7), ("Sub", 7), ("Mul", 7), ("Div", 7), ("Pow", 7), ("Max", 8), ("Min", 8),
-                      ("PRelu", 7)):
-    _binary(_name, _since)
+for _name, _row in binary.TABLE.items():  # (the table's own forms, since None, are no ONNX ops)
+    if _row.since is not None:
+        _binary(_name, _row.since)
 
 
 @op("Mod", 10)
