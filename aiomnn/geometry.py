@@ -25,6 +25,9 @@ OPS = frozenset(RULES)
 #: The domain a backend registers its raster kernel under, for each of OPS, so that the code choosing a node's
 #: implementation finds it by lookup after the op's own (the raster's module imports that code's).
 RASTER_DOMAIN = "aiomnn.raster"
+#: A backend's raster kernel launches once a region: a raster of more regions than this (a Gather of many
+#: irregular constant indices, a high-rank Tile) is declined rather than run as that many launches.
+MAX_REGIONS = 64
 
 
 def plan(op_type: str, attrs: Mapping[str, Any], input_shapes: Sequence[Sequence[int] | None],
@@ -58,6 +61,8 @@ def of_node(node: Node, inputs: Sequence[Tensor | None], outputs: Sequence[Tenso
     for r, t in zip(rasters, outputs):
         if r is None:
             raise Decline(f"{node.op_type} is not a data movement known at resize here")
+        if len(r.regions) > MAX_REGIONS:
+            raise Decline(f"{node.op_type}'s raster has {len(r.regions)} regions, more than {MAX_REGIONS}")
         if t.name and t.shape is not None and tuple(t.shape) != r.shape:
             raise Decline(f"{node.op_type}'s raster has shape {r.shape}, the output {tuple(t.shape)}")
     return [r for r in rasters if r is not None]

@@ -447,3 +447,21 @@ def test_a_backward_slice_from_before_the_beginning_takes_element_0(backend):
             return (await session.run({"x": x}))["y"]
 
     np.testing.assert_array_equal(asyncio.run(run()), x[:, :1])
+
+
+def test_of_node_declines_a_raster_of_too_many_regions():
+    """Each region is a launch of a backend's raster kernel: a Gather of many irregular constant indices is left to
+    the backend's own Gather (or the CPU) rather than run as hundreds of launches."""
+    from aiomnn.backend import Decline, Tensor
+    from aiomnn.geometry import MAX_REGIONS, of_node
+    from aiomnn.graph import Node
+
+    f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
+    x = Tensor("x", f32, (1000, 8))
+    gather = Node("g", "Gather", "", ("x", "i"), ("y",), {}, 13)
+    few = np.arange(0, 40, 4)  # evenly stepping: one region
+    assert len(of_node(gather, [x, Tensor("i", i64, few.shape, few)], [Tensor("y", f32, (10, 8))])[0].regions) == 1
+    scattered = np.random.default_rng(0).permutation(1000)[: 4 * MAX_REGIONS]  # few runs step evenly
+    assert len(plan("Gather", {}, [(1000, 8), scattered.shape], {1: scattered}, 13).regions) > MAX_REGIONS
+    with pytest.raises(Decline, match="regions"):
+        of_node(gather, [x, Tensor("i", i64, scattered.shape, scattered)], [Tensor("y", f32, (len(scattered), 8))])
