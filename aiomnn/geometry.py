@@ -10,6 +10,7 @@ it in the project's errors, which know the node (of_node: Decline). The rules, o
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 from .backend import Decline, Tensor
 from .graph import Node
 from .moves import RULES, AtRunTime, Op
-from .regions import Raster, Region, merge, run
+from .regions import Raster, Region, inside, merge, run
 
 __all__ = ["OPS", "RASTER_DOMAIN", "Raster", "Region", "merge", "of_node", "plan", "run"]  # the raster types and executor: regions.py
 #: The op types plan may answer with a raster (still None for some attributes or inputs).
@@ -48,7 +49,8 @@ def plan(op_type: str, attrs: Mapping[str, Any], input_shapes: Sequence[Sequence
 
 def of_node(node: Node, inputs: Sequence[Tensor | None], outputs: Sequence[Tensor]) -> list[Raster]:
     """A node's rasters, one an output, as a GPU backend's raster kernel runs them: Decline where plan has none,
-    the node is malformed, or a raster's shape is not the output's as the pipeline inferred it."""
+    the node is malformed, a raster's shape is not the output's as the pipeline inferred it, or a region would
+    read a missing input, convert a dtype or reach outside its tensors."""
     shapes = [None if t is None or not t.name or t.shape is None else t.shape for t in inputs]
     if any(s is None and t is not None and t.name for s, t in zip(shapes, inputs)):
         raise Decline("an input's shape is known only at run time")
@@ -65,4 +67,19 @@ def of_node(node: Node, inputs: Sequence[Tensor | None], outputs: Sequence[Tenso
             raise Decline(f"{node.op_type}'s raster has {len(r.regions)} regions, more than {MAX_REGIONS}")
         if t.name and t.shape is not None and tuple(t.shape) != r.shape:
             raise Decline(f"{node.op_type}'s raster has shape {r.shape}, the output {tuple(t.shape)}")
+        if t.name:
+            _check_regions(r, inputs, t)
     return [r for r in rasters if r is not None]
+
+
+def _check_regions(r: Raster, inputs: Sequence[Tensor | None], out: Tensor) -> None:
+    """What every backend's raster kernel relies on and none checks as it runs: each region reads an input that
+    is there, of the output's dtype (a kernel copies elements, never converts them), within both tensors."""
+    for region in r.regions:
+        x = inputs[region.src] if 0 <= region.src < len(inputs) else None
+        if x is None or not x.name or x.shape is None:
+            raise Decline(f"a region reads input {region.src}, which is not there")
+        if x.dtype != out.dtype:
+            raise Decline(f"a region copies {x.dtype} into {out.dtype}")
+        if not inside(region, math.prod(x.shape), math.prod(r.shape)):
+            raise Decline("a region reaches outside its tensors")

@@ -16,7 +16,6 @@ import numpy as np
 
 from aiomnn import geometry
 from aiomnn.geometry import Raster as Plan, Region
-from aiomnn.regions import inside
 
 from ..kernels import RASTER
 from .base import CudaOp, Decline, check_tensors
@@ -30,10 +29,6 @@ KINDS = "biuf"
 def whole(n: int) -> Region:
     """The region that writes each of an output's n elements from element 0 of a one-element source: the fill."""
     return Region(0, 0, (0, 0, 0), 0, (0, 0, 1), (1, 1, n))
-
-
-def numel(shape) -> int:
-    return int(np.prod(shape, dtype=np.int64))
 
 
 class Raster(CudaOp):
@@ -56,14 +51,6 @@ class Raster(CudaOp):
             if dtype.kind not in KINDS or dtype.itemsize not in WIDTHS:
                 raise Decline(f"the raster kernel does not copy {out.dtype}")
             self.fills.append(None if plan.fill is None else self._fill(plan.fill, dtype))
-            for region in plan.regions:
-                x = ins[region.src] if 0 <= region.src < len(ins) else None
-                if x is None or not x.name:
-                    raise Decline(f"a region reads input {region.src}, which is not there")
-                if x.dtype != out.dtype:
-                    raise Decline(f"a region copies {x.dtype} into {out.dtype}")
-                if not inside(region, numel(x.shape), numel(out.shape)):
-                    raise Decline("a region reaches outside its tensors")
 
     @staticmethod
     def _fill(value: float, dtype: np.dtype) -> np.ndarray:
