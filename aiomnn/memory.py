@@ -81,6 +81,68 @@ class Arena:
             free[i - 1] = (free[i - 1][0], free[i - 1][1] + free.pop(i)[1], when)
 
 
+class SharedArena:
+    """An arena whose blocks several values may use at once, for the GPU backends' plans.
+
+    A value that is a view of another (a Reshape's output, a piece of a Concat's output) gets a block inside that
+    value's block (`within`), which stays reserved until its last user is released. A block made for no value of
+    its own (a Concat and its pieces, aiomnn/places.py) starts with no users and goes with the last of them. A
+    release may wait for a later step (`until`): a fused group reads a value at its own last step, after the
+    value's last reader in the graph; it happens once that step's outputs are placed (`placed`)."""
+
+    def __init__(self, arena: Arena):
+        self.arena = arena
+        self.done = -1  # the steps up to this one have their outputs placed
+        self._users: dict[int, int] = {}  # id(arena block) -> values still using it
+        self._root: dict[int, Block] = {}  # id(block inside another) -> the arena block it lies in
+        self._waiting: list[tuple[int, Block]] = []  # (step, block): released once that step is placed
+
+    def acquire(self, nbytes: int, users: int = 1) -> Block:
+        block = self.arena.acquire(nbytes)
+        self._users[id(block)] = users
+        return block
+
+    def root(self, block: Block) -> Block:
+        """The arena block that `block` lies in (itself for one of its own)."""
+        return self._root.get(id(block), block)
+
+    def owns(self, block: Block) -> bool:
+        """Whether `block` lies in a block of this arena that some value still uses."""
+        return id(self.root(block)) in self._users
+
+    def within(self, block: Block, nbytes: int, offset: int = 0) -> Block:
+        """A block of nbytes at `offset` bytes into `block` (one of this arena's), keeping its memory reserved."""
+        root = self.root(block)
+        inner = Block(nbytes, root.storage, block.offset + offset)
+        self._root[id(inner)] = root
+        self._users[id(root)] += 1
+        return inner
+
+    def release(self, block: Block, until: int = -1) -> None:
+        """One user of `block` less (once step `until` is placed, if that is later); a block not of this
+        arena is left alone."""
+        if until > self.done:
+            self._waiting.append((until, block))
+            return
+        root = self._root.pop(id(block), block)
+        users = self._users.get(id(root))
+        if users is None:
+            return
+        if users > 1:
+            self._users[id(root)] = users - 1
+            return
+        del self._users[id(root)]
+        self.arena.release(root)
+
+    def placed(self, step: int) -> None:
+        """The outputs of every step up to `step` are placed: the releases that waited for them happen."""
+        self.done = max(self.done, step)
+        ready = [block for until, block in self._waiting if until <= self.done]
+        self._waiting = [(until, block) for until, block in self._waiting if until > self.done]
+        for block in ready:
+            self.release(block)
+
+
 class HandedOver:
     """Host memory a backend hands to the caller as one output array's base (`np.asarray(HandedOver(...))`).
 
