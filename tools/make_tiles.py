@@ -36,10 +36,11 @@ from ..scalars import {imports}
 
 U = np.uint64
 '''
-#: Compiled as functions of their own that LLVM inlines, not inlined by numba (inline="always"): numba's inlining
-#: takes a reference to each array argument, atomic calls (and spilled registers) around every block of sums.
-#: As in loops.compile for the tile loops, no reassociation.
-DECORATOR = '@numba.njit(fastmath=FAST - {"reassoc"}, error_model="numpy", boundscheck=False)'
+#: Inlined by LLVM (forceinline, LLVM's alwaysinline), not by numba (inline="always"): numba's inlining takes a
+#: reference to each array argument, atomic calls (and spilled registers) around every block of sums; left to
+#: LLVM's own threshold, the block of 256 sums stayed a call, with its arguments, references and sums loaded and
+#: stored around every block of taps (benchmarks/RESULTS.md, session 25). As in loops.compile, no reassociation.
+DECORATOR = '@numba.njit(fastmath=FAST - {"reassoc"}, error_model="numpy", boundscheck=False, forceinline=True)'
 
 
 def conv(mr: int, nr: int) -> str:

@@ -16,7 +16,7 @@ channel's tile uses them); w is packed as [channel block, tap, MR]. dense(...) i
 w packed once in panels of DC columns: a tile is DR rows of x by one panel, vectorized along the columns, over
 all of x's columns. The tile shapes follow the vector width (vectors.py). Indices are unsigned: numba tests
 signed ones for wrap-around, which keeps LLVM from vectorizing. The blocks of sums (sums/, one
-module a tile shape) are written by tools/make_tiles.py and inlined here by numba. numba's disk cache checks only this file for changes:
+module a tile shape) are written by tools/make_tiles.py and inlined here (LLVM's alwaysinline). numba's disk cache checks only this file for changes:
 SUMS is the SHA-256 of those files, which make_tiles.py writes here with them, so that new sums make new loops.
 The loops work on borrowed views of their arrays (scalars.borrow): numba counted references at every call and view
 inside them, atomic operations that took a third of a small conv's time. Their scratch arrays, one per piece,
@@ -44,7 +44,7 @@ DR, DC = vectors.dense_tile()
 _sums = tile("conv", MR, NR)
 _dense_sums = tile("dense", DR, DC)
 #: The SHA-256 of the files of sums/, in make_tiles.TILES's order (tools/make_tiles.py writes them and this).
-SUMS = "cdeac95b6f2a3113e37f4203b59427a02b727b25453bdf967ed7de39192f0685"
+SUMS = "ac3073006b20fbceaa7ea336f52f236268cf96943de0a9a12eaa21d96823f1c6"
 #: The SHA-256 of scalars.py, whose functions the loops inline (tools/make_tiles.py writes it, in loops.py too).
 SCALARS = "902653d4138d67e076f6deba016da5075f34ee0095fe226b1c7c88bef3b11a7d"
 #: Taps a block: a block's inputs and weights stay in L1 (vectors.conv_block).

@@ -12,7 +12,7 @@ from ..scalars import FAST
 U = np.uint64
 
 
-@numba.njit(fastmath=FAST - {"reassoc"}, error_model="numpy", boundscheck=False)
+@numba.njit(fastmath=FAST - {"reassoc"}, error_model="numpy", boundscheck=False, forceinline=True)
 def conv_6x16(x, q0, offs, k0, k1, w, b, t, at, bias, c0, fresh):
     if fresh:
         s0_0 = bias[c0 + U(0)]

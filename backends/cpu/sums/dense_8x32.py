@@ -12,7 +12,7 @@ from ..scalars import FAST, prefetch
 U = np.uint64
 
 
-@numba.njit(fastmath=FAST - {"reassoc"}, error_model="numpy", boundscheck=False)
+@numba.njit(fastmath=FAST - {"reassoc"}, error_model="numpy", boundscheck=False, forceinline=True)
 def dense_8x32(x, rs, wp, p, kk, t, bias, n0, biased, flat, at):
     r0 = rs[0]
     r1 = rs[1]
