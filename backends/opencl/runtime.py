@@ -1,18 +1,14 @@
-"""The OpenCL runtime: one device, its context and in-order queue, the program cache,
-the buffer pool and the tuning state that every session on it shares."""
+"""The OpenCL runtime: one device, its context, and what every session on it shares: the queue (queue.py),
+the program cache (program.py), the buffer pool, the weights and the tuning state."""
 
 from __future__ import annotations
 
-import hashlib
+import bisect
 import itertools
 import logging
 import math
 import threading
-import time
-import warnings
 import weakref
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,26 +16,20 @@ import pyopencl as cl
 
 from aiomnn.config import BackendConfig, ForwardType, ScheduleConfig
 from aiomnn.errors import BackendError
-from aiomnn import binary
-from aiomnn.expressions import Dialect, switch
 from aiomnn.graph import Node
 from aiomnn.memory import Block, StorageType
 from aiomnn.runtime import Device, Runtime
 from aiomnn.tuning import Tuner
 
 from .backend import OpenclBackend
-from .ops.base import Alias, Decline, plan
-from .memory import BufferPool
-from .ops.layout import contiguous_copy
+from .program import Programs
+from .queue import Queue
 from .tune import tasks_for
 
 log = logging.getLogger("aiomnn.opencl")
 
-KERNELS = Path(__file__).with_name("kernels")
-#: OpenCL C as a dialect of the unary table's expressions (aiomnn/expressions.py); sigmoid_ and softplus_ are
-#: kernels/common.cl's.
-OPENCL = Dialect({"abs": "fabs", "round": "rint", "min": "fmin", "max": "fmax", "sigmoid": "sigmoid_",
-                  "softplus": "softplus_", "div": "div_"}, "f", {"x": "x", "y": "y", "a": "a", "b": "b"})
+#: Pooled buffers are whole multiples of this many bytes.
+GRANULE = 4096
 
 #: The cl.Device behind each Device that probe() reported.
 _DEVICES: dict[Device, "cl.Device"] = {}
@@ -68,6 +58,53 @@ def probe() -> list[Device]:
     return gpus + cpus
 
 
+class BufferPool:
+    """Device memory: cl.Buffers reused best fit.
+
+    A backend's plan takes one buffer for its arena (every DYNAMIC tensor is an offset in it), one per
+    DYNAMIC_SEPARATE tensor, and the runtime one per weight (STATIC, not pooled). Arena and separate buffers
+    come back when the plan is released, so a resize, or another session of the same runtime, reuses them.
+    """
+
+    def __init__(self, context: "cl.Context"):
+        self.context = context
+        self._free: list[tuple[int, int, cl.Buffer]] = []  # (size, serial, buffer), sorted by size
+        self._serial = 0
+        self._lock = threading.Lock()
+
+    def acquire(self, nbytes: int) -> "cl.Buffer":
+        """The smallest free buffer that holds nbytes without wasting more than half of it, else a new one."""
+        need = max(GRANULE, -(-nbytes // GRANULE) * GRANULE)
+        with self._lock:
+            i = bisect.bisect_left(self._free, (need, -1))
+            if i < len(self._free) and self._free[i][0] <= 2 * need:
+                return self._free.pop(i)[2]
+        try:
+            return cl.Buffer(self.context, cl.mem_flags.READ_WRITE, need)
+        except cl.Error as exc:
+            raise BackendError(f"OpenCL: cannot allocate {need} bytes of device memory: {exc}") from None
+
+    def release(self, buf: "cl.Buffer") -> None:
+        with self._lock:
+            self._serial += 1
+            bisect.insort(self._free, (buf.size, self._serial, buf))
+
+    def upload(self, data) -> "cl.Buffer":
+        """A read-only buffer holding a copy of host data (weights, index tables); not pooled."""
+        try:
+            return cl.Buffer(self.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                             hostbuf=data if data.nbytes else bytes(4))
+        except cl.Error as exc:
+            raise BackendError(f"OpenCL: cannot upload {data.nbytes} bytes: {exc}") from None
+
+    def trim(self) -> None:
+        """Free every pooled buffer not in use."""
+        with self._lock:
+            free, self._free = self._free, []
+        for _, _, buf in free:
+            buf.release()
+
+
 class OpenclRuntime(Runtime):
     type = ForwardType.OPENCL
 
@@ -78,7 +115,7 @@ class OpenclRuntime(Runtime):
         self.cl_device = _DEVICES[device]
         d = self.cl_device
         self.context = cl.Context([d])
-        self.queue = cl.CommandQueue(self.context, d, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.queue = Queue(self.context, d)
         self.max_work_group = int(d.max_work_group_size)
         self.max_work_items = tuple(int(s) for s in d.max_work_item_sizes)
         self.align = max(64, int(d.mem_base_addr_align) // 8)
@@ -87,17 +124,13 @@ class OpenclRuntime(Runtime):
         #: measured slower than fp32, so such devices stay in fp32.
         self.half_ok = "cl_khr_fp16" in d.extensions
         self.pool = BufferPool(self.context)
-        #: One thread enqueues every submission, in order, so the event loop never waits on the driver.
-        self.submitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-submit")
+        self.programs = Programs(self.context)
         self.identity = f"{d.platform.name.strip()}|{d.name.strip()}|{d.driver_version.strip()}|{d.version.strip()}"
         self.tuner = Tuner(self.identity, "opencl", gpu=device.is_gpu)
-        self._programs: dict[tuple[str, tuple[str, ...]], Any] = {}  # a cl.Program, or the error building it
-        self._sources: dict[str, tuple[str, str]] = {}
-        self._program_lock = threading.Lock()
         self._measure_backend: Any = None
         self._statics: weakref.WeakValueDictionary[tuple, Block] = weakref.WeakValueDictionary()
         self._static_lock = threading.Lock()
-        self.own(_release, self.tuner, self.submitter, self.queue, self.pool, self._programs, self._program_lock)
+        self.own(_release, self.tuner, self.queue, self.pool, self.programs)
         log.info("OpenCL runtime on %s (driver %s)", device.name, d.driver_version)
 
     # Backends ----------------------------------------------------------------------------------
@@ -127,54 +160,9 @@ class OpenclRuntime(Runtime):
             return self._statics.setdefault(key, block)
 
     # Programs ----------------------------------------------------------------------------------
-    def source(self, name: str) -> tuple[str, str]:
-        """A kernel file with the common header and the elementwise tables' activate() and binary_op(), and a
-        short hash of it (part of tuning keys)."""
-        with self._program_lock:
-            if name not in self._sources:
-                text = "\n".join(((KERNELS / "common.cl").read_text(),
-                                  switch(OPENCL, "inline float activate(float x, int op, float a, float b)"),
-                                  switch(OPENCL, "inline float binary_op(float x, float y, int op)", binary.TABLE),
-                                  (KERNELS / f"{name}.cl").read_text()))
-                self._sources[name] = (text, hashlib.sha1(text.encode()).hexdigest()[:10])
-            return self._sources[name]
-
-    def program(self, name: str, options: tuple[str, ...]) -> "cl.Program":
-        """A built program, cached by source and options (pyopencl and PoCL also cache the binaries on disk).
-
-        A program that fails to build raises BackendError, now and on every later call.
-        """
-        key = (name, options)
-        with self._program_lock:
-            prg = self._programs.get(key)
-        if prg is None:
-            text, _ = self.source(name)
-            try:
-                prg = _build(self.context, text, options)
-            except cl.Error as exc:
-                log.warning("OpenCL: cannot build %s.cl with %s; its ops run on the CPU: %s", name,
-                            " ".join(options), exc)
-                prg = BackendError(f"OpenCL: cannot build {name}.cl with {' '.join(options)}: {exc}")
-            with self._program_lock:
-                prg = self._programs.setdefault(key, prg)
-        if isinstance(prg, BackendError):
-            raise prg
-        return prg
-
     def compile(self, backend: Any, ops: list) -> None:
         """Build every program these ops need; called on a worker thread before a plan is made."""
-        for node, inputs, outputs in ops:
-            try:
-                launches = plan(backend.ctx, node, inputs, outputs)
-            except Decline:
-                continue
-            if isinstance(launches, Alias):  # becomes a copy when its output is a graph output
-                launches = [contiguous_copy(backend.ctx, inputs[launches.index], outputs[0])]
-            for launch in launches:
-                try:
-                    self.program(launch.program, backend.ctx.options + launch.options)
-                except BackendError:
-                    pass
+        self.programs.build_for(backend.ctx, ops)
 
     # Work sizes --------------------------------------------------------------------------------
     def default_local(self, size: tuple[int, ...]) -> tuple[int, ...]:
@@ -248,51 +236,13 @@ class OpenclRuntime(Runtime):
         self.pool.trim()
 
 
-def _release(tuner: Tuner, submitter: ThreadPoolExecutor, queue: "cl.CommandQueue", pool: BufferPool,
-             programs: dict, program_lock: threading.Lock) -> None:
-    """Close a runtime (on close(), when collected, at exit): stop tuning and the submit thread, let the device
-    finish, and wait until pyopencl's callback threads are done with it. A callback thread that reached the
-    interpreter while it tears down would abort the process ("terminate called without an active exception")."""
+def _release(tuner: Tuner, queue: Queue, pool: BufferPool, programs: Programs) -> None:
+    """Close a runtime (on close(), when collected, at exit): stop tuning, close the queue (its submit thread and
+    pyopencl's callback threads), free the pooled buffers and the programs."""
     tuner.close()
-    submitter.shutdown(wait=True, cancel_futures=True)
-    try:
-        queue.finish()
-    except cl.Error:
-        pass
-    _drain_callbacks(queue)
+    queue.close()
     pool.trim()
-    with program_lock:
-        programs.clear()
-
-
-def _drain_callbacks(queue: "cl.CommandQueue", timeout: float = 5.0) -> None:
-    """Until pyopencl has run the completion callbacks of what the queue did: one last marker's callback runs
-    after theirs were dispatched (an in-order queue), and a moment more lets theirs return."""
-    fired = threading.Event()
-    try:
-        marker = cl.enqueue_marker(queue)
-        marker.set_callback(cl.command_execution_status.COMPLETE, lambda status: fired.set())
-        queue.flush()
-    except cl.Error:
-        return
-    fired.wait(timeout)
-    time.sleep(0.01)
-
-
-_build_lock = threading.Lock()
-
-
-def _build(context: "cl.Context", text: str, options: tuple[str, ...]) -> "cl.Program":
-    """Build a program; a build log is logged, not warned (NVIDIA's lists every kernel as "noinline overridden")."""
-    with _build_lock, warnings.catch_warnings():  # one build at a time: catch_warnings is process-wide
-        warnings.simplefilter("ignore", cl.CompilerWarning)
-        prg = cl.Program(context, text).build(options=list(options))
-    if log.isEnabledFor(logging.DEBUG):
-        for dev in context.devices:
-            text = prg.get_build_info(dev, cl.program_build_info.LOG).strip()
-            if text:
-                log.debug("OpenCL build log (%s): %s", " ".join(options), text)
-    return prg
+    programs.clear()
 
 
 def _round_up(x: int, m: int) -> int:

@@ -16,15 +16,14 @@ from typing import Any, Iterator
 import numpy as np
 import pyopencl as cl
 
-from aiomnn.backend import Tensor
 from aiomnn.graph import Node
 from aiomnn.tuning import Tuner
 
-from .ops.base import Const, Decline, In, Launch, OpContext, Out, Scratch, plan
+from .ops.base import Const, Decline, In, Launch, OpContext, Out, Scratch, launches_for
 
 
 def launch_key(runtime: Any, ctx: OpContext, launch: Launch) -> str:
-    _, src_hash = runtime.source(launch.program)
+    _, src_hash = runtime.programs.source(launch.program)
     ints = [int(a) for a in launch.args if isinstance(a, np.integer)]
     digest = hashlib.sha1(repr(ints).encode()).hexdigest()[:12]
     options = " ".join(ctx.options + launch.options)
@@ -49,7 +48,7 @@ def tasks_for(runtime: Any, backend: Any, node: Node, inputs: list, outputs: lis
     tasks_for takes the same arguments)."""
     ctx = backend.ctx
     try:
-        launches = plan(ctx, node, inputs, outputs)
+        launches = launches_for(ctx, node, inputs, outputs)
     except Decline:
         return []
     if not isinstance(launches, list):
@@ -76,7 +75,7 @@ class KernelTuneTask:
     def timer(self) -> Iterator[Any]:
         rt, launch = self.runtime, self.launch
         queue = cl.CommandQueue(rt.context, rt.cl_device, properties=cl.command_queue_properties.PROFILING_ENABLE)
-        kernel = cl.Kernel(rt.program(launch.program, self.ctx.options + launch.options), launch.kernel)
+        kernel = cl.Kernel(rt.programs.build(launch.program, self.ctx.options + launch.options), launch.kernel)
         buffers = []
 
         def zeros(nbytes: int) -> cl.Buffer:
@@ -85,18 +84,12 @@ class KernelTuneTask:
             buffers.append(buf)
             return buf
 
-        def size_of(t: Tensor) -> int:
-            n = self.ctx.storage(t.dtype).itemsize
-            for d in t.shape:
-                n *= d
-            return n
-
         args: list[Any] = []
         for a in launch.args:
             if isinstance(a, In):
-                args += [zeros(size_of(self.inputs[a.index])), np.int32(0)]
+                args += [zeros(self.ctx.nbytes(self.inputs[a.index])), np.int32(0)]
             elif isinstance(a, Out):
-                args += [zeros(size_of(self.outputs[a.index])), np.int32(0)]
+                args += [zeros(self.ctx.nbytes(self.outputs[a.index])), np.int32(0)]
             elif isinstance(a, Scratch):
                 args += [zeros(a.nbytes), np.int32(0)]
             elif isinstance(a, Const):

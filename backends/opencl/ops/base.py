@@ -87,7 +87,7 @@ class Launch:
     cl_kernel: Any = None
     gws: tuple[int, ...] | None = None
     lws: tuple[int, ...] | None = None
-    enqueue: Any = None  # enqueues it on the runtime's queue (enqueue.launcher)
+    enqueue: Any = None  # enqueues it on the runtime's queue (Queue.launcher)
 
 
 @dataclass
@@ -112,27 +112,35 @@ class OpContext:
         """The dtype a tensor has on the device."""
         return np.dtype(np.float16) if self.half and dtype == F32 else dtype
 
+    def nbytes(self, t: Tensor) -> int:
+        """The bytes a tensor takes on the device (at least one)."""
+        n = self.storage(t.dtype).itemsize
+        for d in t.shape:
+            n *= d
+        return max(n, 1)
+
 
 @dataclass(eq=False)
 class ClExecution(Execution):
-    """One node on OpenCL: its launches, recorded at resize, enqueued by the backend at run."""
+    """One node on OpenCL: its launches, recorded into its backend's Plan at resize, enqueued at run."""
 
     node: Node
     inputs: list[Tensor | None]
     outputs: list[Tensor]
     launches: list[Launch] = field(default_factory=list)
     alias: int | None = None
-    backend: Any = None
-    locations: dict = field(default_factory=dict)  # (In/Out, index) -> Block, filled when recorded
+    backend: Any = None  # its OpenclBackend, whose plan of the resize under way records it
+    locations: dict = field(default_factory=dict)  # (In/Out/Scratch/Const, index or id) -> Block, filled when recorded
 
     def on_resize(self, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
-        self.backend.record(self, inputs, outputs)
+        self.backend.plan.record(self, inputs, outputs)
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         raise RuntimeError("OpenCL executions run through their backend's submit()")
 
 
-def plan(ctx: OpContext, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> list[Launch] | Alias:
+def launches_for(ctx: OpContext, node: Node, inputs: list[Tensor | None],
+                 outputs: list[Tensor]) -> list[Launch] | Alias:
     """The launches for a node, or Decline; checks what every op needs first."""
     impl = OPS.lookup(node)
     # The raster (ops/raster.py) runs any data-movement op of aiomnn.geometry, and stands in for one that no op

@@ -3,12 +3,12 @@ Expand, Gather with constant indices, the reshapes, DepthToSpace, SpaceToDepth) 
 resize, run by one kernel (kernels/raster.cl): a fill launch where the raster has a fill, then one launch per
 region.
 
-It is the fallback, not the first choice: base.plan tries it only for an op that no op of this backend takes
+It is the fallback, not the first choice: base.launches_for tries it only for an op that no op of this backend takes
 (none registered for its opset, or the registered one declines), so chains of data movement stay on the device
 instead of going to the CPU backup. The ops of layout.py keep their nodes, because their aliases copy nothing.
 
 The raster registers under geometry.RASTER_DOMAIN rather than being imported by base.py, which this module
-imports: base.plan looks it up there after the node's own op."""
+imports: base.launches_for looks it up there after the node's own op."""
 
 from __future__ import annotations
 

@@ -1,0 +1,171 @@
+"""The OpenCL queue: enqueueing a segment's recorded work, and the Fence that its completion signals.
+
+One in-order command queue per runtime, and one thread that enqueues every submission on it, in order, so
+the event loop never waits on the driver. A run ends with a marker whose completion callback (a pyopencl
+thread) hands the results over and signals the Fence: there is no waiter thread.
+
+Kernels are enqueued through ctypes: pyopencl creates an Event for every launch, and on a profiling queue
+each one adds to the driver's cost of the launch. A run needs no per-kernel events, only the marker at its
+end, so the hot path calls clEnqueueNDRangeKernel of the OpenCL library pyopencl itself loaded, with
+event=NULL and the size arrays built once at resize. ctypes also releases the GIL around the call. Where that
+library cannot be found, pyopencl's call is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import pyopencl as cl
+
+from aiomnn.errors import BackendError
+from aiomnn.fence import Fence, offload
+
+if TYPE_CHECKING:
+    from .plan import SegmentPlan
+
+log = logging.getLogger("aiomnn.opencl")
+
+
+def _loaded_opencl() -> "ctypes._NamedFuncPointer | None":
+    """clEnqueueNDRangeKernel of the ICD loader this process already mapped (pyopencl's)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = [line.rsplit(None, 1)[-1] for line in maps]
+    except OSError:
+        return None
+    for path in paths:
+        if path.startswith("/") and os.path.basename(path).startswith("libOpenCL"):
+            try:
+                fn = ctypes.CDLL(path).clEnqueueNDRangeKernel
+            except (OSError, AttributeError):
+                continue
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+            fn.restype = ctypes.c_int32
+            return fn
+    return None
+
+
+_enqueue_kernel = _loaded_opencl()
+if _enqueue_kernel is None:
+    log.info("enqueueing OpenCL kernels through pyopencl (its library was not found for ctypes)")
+
+
+class Queue:
+    """A runtime's command queue (with profiling, for profile runs) and its submit thread."""
+
+    def __init__(self, context: "cl.Context", device: "cl.Device"):
+        self.cl_queue = cl.CommandQueue(context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.submitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-submit")
+
+    def launcher(self, kernel: "cl.Kernel", gws: tuple[int, ...], lws: tuple[int, ...] | None) -> Callable[[], None]:
+        """A callable that enqueues this kernel on this queue, with no event; built once at resize."""
+        queue = self.cl_queue
+        if _enqueue_kernel is None:
+            return lambda: cl.enqueue_nd_range_kernel(queue, kernel, gws, lws) and None
+        dims = len(gws)
+        g = (ctypes.c_size_t * dims)(*gws)
+        l = (ctypes.c_size_t * dims)(*lws) if lws is not None else None
+        q, k = ctypes.c_void_p(queue.int_ptr), ctypes.c_void_p(kernel.int_ptr)
+        fn = _enqueue_kernel
+
+        def launch() -> None:
+            err = fn(q, k, dims, None, g, l, 0, None, None)
+            if err:
+                raise BackendError(f"OpenCL: enqueueing {kernel.function_name} {gws}/{lws} failed with error {err}")
+
+        launch.keep = (queue, kernel, g, l)  # type: ignore[attr-defined]  # the handles must outlive the callable
+        return launch
+
+    def submit(self, segment: "SegmentPlan", values: dict[str, Any], timed: list | None) -> Fence:
+        """Enqueue the segment on the submit thread; the fence completes when the device is done and its results
+        are in `values`. With `timed`, each kernel is enqueued with an event, appended to it (profiling).
+
+        Enqueueing is cheap on a GPU driver, but PoCL compiles a kernel the first time it is
+        enqueued, so it never happens on the event loop.
+        """
+        fence = Fence()
+        try:
+            offload(self.submitter, self._enqueue, segment, values, fence, timed)
+        except RuntimeError:  # the executor is shut down
+            fence.signal(error=BackendError("the OpenCL runtime is closed"))
+        return fence
+
+    def _enqueue(self, segment: "SegmentPlan", values: dict[str, Any], fence: Fence, timed: list | None) -> None:
+        """Write the host values the segment needs, enqueue its kernels, read back what the rest of the pipeline
+        needs, and signal the fence from one marker's callback; any failure signals it with the error."""
+        try:
+            q = self.cl_queue
+            held: list[Any] = []  # host arrays and their transfer events, alive until the run completes
+            for name, block, t, storage in segment.uploads:
+                host = np.asarray(values[name], dtype=storage)
+                if not host.flags.c_contiguous:
+                    host = host.copy(order="C")
+                if host.shape != t.shape:
+                    raise BackendError(f"value {name!r} has shape {host.shape}, the plan expects {t.shape}")
+                held.append((host, cl.enqueue_copy(q, block.memory, host, dst_offset=block.offset,
+                                                   is_blocking=False)))
+            if timed is None:
+                for i, launch in enumerate(segment.launches):
+                    launch.enqueue()
+                    if i % 32 == 7:  # let the device start while the rest is enqueued
+                        q.flush()
+            else:
+                timed.extend(cl.enqueue_nd_range_kernel(q, launch.cl_kernel, launch.gws, launch.lws)
+                             for launch in segment.launches)
+            results = []
+            for name, block, t, storage in segment.downloads:
+                host = np.empty(t.shape, dtype=storage)
+                held.append(cl.enqueue_copy(q, host, block.memory, src_offset=block.offset, is_blocking=False))
+                results.append((name, host, t.dtype))
+            for x in segment.frees:
+                values.pop(x, None)
+            marker = cl.enqueue_marker(q)
+
+            def done(status: int) -> None:
+                try:
+                    if status < 0:
+                        raise BackendError(f"OpenCL run failed with status {status}")
+                    for name, host, dtype in results:
+                        values[name] = host if host.dtype == dtype else host.astype(dtype)
+                    held.clear()
+                    fence.signal()
+                except BaseException as exc:  # errors raised in a callback would be lost: hand them over
+                    fence.signal(error=exc)
+
+            marker.set_callback(cl.command_execution_status.COMPLETE, done)
+            q.flush()
+        except BaseException as exc:
+            fence.signal(error=exc if isinstance(exc, BackendError)
+                         else BackendError(f"OpenCL run failed: {type(exc).__name__}: {exc}"))
+
+    def close(self) -> None:
+        """Stop the submit thread, let the device finish, and wait until pyopencl's callback threads are done with
+        it. A callback thread that reached the interpreter while it tears down would abort the process
+        ("terminate called without an active exception")."""
+        self.submitter.shutdown(wait=True, cancel_futures=True)
+        try:
+            self.cl_queue.finish()
+        except cl.Error:
+            pass
+        self._drain_callbacks()
+
+    def _drain_callbacks(self, timeout: float = 5.0) -> None:
+        """Until pyopencl has run the completion callbacks of what the queue did: one last marker's callback runs
+        after theirs were dispatched (an in-order queue), and a moment more lets theirs return."""
+        fired = threading.Event()
+        try:
+            marker = cl.enqueue_marker(self.cl_queue)
+            marker.set_callback(cl.command_execution_status.COMPLETE, lambda status: fired.set())
+            self.cl_queue.flush()
+        except cl.Error:
+            return
+        fired.wait(timeout)
+        time.sleep(0.01)
