@@ -66,7 +66,7 @@ class CallbackClock:
     """Wraps the Vulkan completion callback to add up its CPU time on the waiter thread and note when it signals."""
 
     def __init__(self):
-        from aiomnn.backends.vulkan import backend as vb
+        from aiomnn.backends.vulkan import queue as vb
 
         self.vb = vb
         self.orig = vb._finish

@@ -408,7 +408,7 @@ async def test_conv_narrow(cid, precision, runtime, monkeypatch):
 async def test_layers_take_their_shapes_as_specialization_constants(runtime):
     """Convs of two shapes through conv_gemm: each shape has its own pipeline, with its shapes as specialization
     constants and no push constants, while two layers of one shape share theirs; all match the CPU."""
-    from aiomnn.backends.vulkan.kernels import SPECIALIZED
+    from aiomnn.backends.vulkan.program import SPECIALIZED
 
     assert {"conv", "conv_gemm", "convt", "matmul", "matmul_direct", "matmul_small"} <= SPECIALIZED
     conv = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
@@ -597,7 +597,7 @@ async def test_staged_outputs_are_handed_over_up_to_a_limit(limit, monkeypatch):
             gc.collect()
             before = handed.bytes
             outs = [(await s.run({"x": x}))["y"] for x in xs]
-            rec = s.pipeline.main._records[s.pipeline.segments[0]]
+            rec = s.pipeline.main.plan.records[s.pipeline.segments[0]]
             for got, want in zip(outs, wants):  # later runs left earlier outputs alone
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
                 assert (type(got.base) is HandedOver) == (limit is None)
@@ -614,7 +614,7 @@ async def test_staged_outputs_are_handed_over_up_to_a_limit(limit, monkeypatch):
         async with await small.create_session(CONFIG, info) as s:
             got = (await s.run({"x": r(1, 16, 8, 8)}))["y"]
             assert type(got.base) is not HandedOver
-            assert len(s.pipeline.main._records[s.pipeline.segments[0]].slots) == 1
+            assert len(s.pipeline.main.plan.records[s.pipeline.segments[0]].slots) == 1
     finally:
         info.close()
 
@@ -643,7 +643,7 @@ async def test_large_staged_inputs_go_in_pieces(monkeypatch, threads):
                     got = (await s.run({"x": x}))["y"]
                     want, _, _ = await run(model, {"x": x}, CPU)
                     np.testing.assert_allclose(got, want["y"], rtol=1e-5, atol=1e-6)
-                slot = s.pipeline.main._records[s.pipeline.segments[0]].slots[0]
+                slot = s.pipeline.main.plan.records[s.pipeline.segments[0]].slots[0]
                 assert [len(v) for v in slot.sends.values()] == [pieces]
     finally:
         info.close()
@@ -677,8 +677,8 @@ async def test_inputs_go_straight_into_mappable_device_memory(precision, monkeyp
                 want, _, _ = await run(data, {"x": x}, CPU)
                 np.testing.assert_allclose(got, want["y"], rtol=1e-5 if precision == "high" else 5e-3, atol=1e-3)
             be = s.pipeline.main
-            rec = be._records[s.pipeline.segments[0]]
-            assert be._io_host is be._io_dev and rec.slots[0].sends == {}
+            rec = be.plan.records[s.pipeline.segments[0]]
+            assert be.plan.io_host is be.plan.io_dev and rec.slots[0].sends == {}
             assert rec.upload_bytes == x.nbytes
     finally:
         info.close()
@@ -804,7 +804,7 @@ async def test_ring_never_resubmits_a_pending_buffer(runtime):
         seg = s.pipeline.segments[0]
         backend = seg.backend
         first, second = {"x": x}, {"x": x}
-        rec = backend._records[seg]
+        rec = backend.plan.records[seg]
         f1 = backend.submit(seg, first)
         slots, busy = len(rec.slots), all(s.pending or s.lent for s in rec.slots)
         f2 = backend.submit(seg, second)
@@ -993,7 +993,7 @@ async def test_real_model(name, shape, runtime):
     async with await net.create_session(CONFIG, runtime) as s:
         got = await s.run(feeds)
         on = [seg.backend.type for seg in s.pipeline.segments for _ in seg.steps]
-        recorded_at_resize = s.pipeline.main.predicted_hits
+        recorded_at_resize = s.pipeline.main.plan.predicted_hits
     assert on.count(ForwardType.VULKAN) == len(on), f"{on.count(ForwardType.CPU)} steps fell back to the CPU"
     assert recorded_at_resize == 1, "the run's command buffer was not the one recorded at resize"
     opts = ort.SessionOptions()
@@ -1142,7 +1142,7 @@ async def run_twice(case: Case, runtime):
         steps = [(st.node.op_type, seg.backend.type.value,
                   [d.kernel.name for d in getattr(st.execution, "dispatches", [])])
                  for seg in s.pipeline.segments for st in seg.steps]
-        return data, feeds, got, again, list(s.pipeline.main.fused), steps
+        return data, feeds, got, again, list(s.pipeline.main.plan.fused), steps
 
 
 @pytest.mark.anyio

@@ -237,7 +237,7 @@ async def test_fp16(case, modes, runtime, monkeypatch):
 
 # Where the vec4 path applies ----------------------------------------------------------------------
 def fake_exe(store=np.float32):
-    return SimpleNamespace(b=SimpleNamespace(store=np.dtype(store)))
+    return SimpleNamespace(plan=SimpleNamespace(store=np.dtype(store)))
 
 
 def locs(*offsets):

@@ -110,7 +110,7 @@ async def test_one_node(case, runtime):
     kernels = [d.kernel.name for d in exe.dispatches]
     assert kernels and set(kernels) == {"raster"}
     fills = [d for d in exe.dispatches if d.kernel.consts == (1,)]
-    assert len(fills) == (1 if any(p.fill is not None for p in exe.plans) else 0)
+    assert len(fills) == (1 if any(p.fill is not None for p in exe.rasters) else 0)
     if case[0] == "pad_rank4_value":
         assert fills  # a Pad that grows the tensor fills first
 

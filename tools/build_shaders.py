@@ -16,7 +16,7 @@ again first.
 
 Some sources are also built with extra defines (EXTRA): matmul.comp's register-blocked tiles,
 matmul_<TM>x<TN>.spv (and its _fp16), and conv_gemm.comp's, conv_gemm_<BM>x<BN>.spv, kernels of their
-own (kernels.REG_TILE_LOCAL, kernels.CONV_REG_LOCAL).
+own (program.REG_TILE_LOCAL, program.CONV_REG_LOCAL).
 """
 
 from __future__ import annotations

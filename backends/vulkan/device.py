@@ -1,6 +1,6 @@
 """The Vulkan device layer: instance, physical devices, one logical device with a
-compute queue, buffers, the compute kernels it makes and keeps (kernels.py says
-what each kernel is) and the pipeline cache.
+compute queue, its memory types and buffers, command buffers, and the SPIR-V
+modules loaded on it (program.py compiles kernels from them and keeps them).
 
 Everything here speaks to the `vulkan` cffi binding. Calls on the hot path
 (submit, semaphore waits) go to `vk.lib` directly with structures built once;
@@ -9,21 +9,17 @@ the Python wrappers cost tens of microseconds each and are used only at setup.
 
 from __future__ import annotations
 
-import logging
 import os
-import struct
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import vulkan as vk
 
-from .kernels import FIXED_LOCAL, SHADER_DIR, SPECIALIZED, Kernel
+from .program import SHADER_DIR
 
-log = logging.getLogger("aiomnn.vulkan")
 ffi, lib = vk.ffi, vk.lib
 
 # Device types, best first: discrete GPU, integrated GPU, virtual GPU, then CPU (lavapipe, SwiftShader).
@@ -147,7 +143,7 @@ class Buffer:
 class Context:
     """One logical device on one physical device, with its compute queue."""
 
-    def __init__(self, info: PhysicalInfo, physical: Any, cache_data: bytes | None = None):
+    def __init__(self, info: PhysicalInfo, physical: Any):
         self.info = info
         self.physical = physical
         props = vk.vkGetPhysicalDeviceProperties(physical)
@@ -247,15 +243,8 @@ class Context:
         self.command_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.family), None)
         self.pool_lock = threading.Lock()  # command pools are externally synchronised
-        self.pipeline_cache = self._create_cache(cache_data)
         self.buffers: weakref.WeakSet[Buffer] = weakref.WeakSet()
         self._modules: dict[str, Any] = {}
-        self._kernels: dict[tuple, Kernel] = {}
-        self._kernel_lock = threading.Lock()
-        # Specialized kernels make a pipeline per layer, each a compile in the driver: side by side, a model's
-        # first run comes about as soon as it did with one shared pipeline per kernel.
-        self.compiler = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
-                                           thread_name_prefix="aiomnn-vk-compile")
 
     # Memory --------------------------------------------------------------
     def pick_memory(self, type_bits: int, want: int) -> int:
@@ -288,42 +277,9 @@ class Context:
         self._host_pointer_props(self.device, _HOST_ALLOCATION, ffi.cast("void*", host.ctypes.data), props)
         return Buffer(self, size, self.readback_flags, imported=(host, int(props.memoryTypeBits)))
 
-    # Pipelines ------------------------------------------------------------
-    def _create_cache(self, data: bytes | None):
-        if data and not self.cache_data_fits(data):
-            log.warning("ignoring a Vulkan pipeline cache made for another device or driver")
-            data = None
-        if data:
-            self._cache_init = ffi.new("char[]", data)
-            info = vk.VkPipelineCacheCreateInfo(initialDataSize=len(data), pInitialData=self._cache_init)
-        else:
-            info = vk.VkPipelineCacheCreateInfo()
-        try:
-            return vk.vkCreatePipelineCache(self.device, info, None)
-        except Exception:
-            return vk.vkCreatePipelineCache(self.device, vk.VkPipelineCacheCreateInfo(), None)
-
-    def cache_data_fits(self, data: bytes) -> bool:
-        """Whether pipeline-cache bytes carry this device's header (vendor, device, cache UUID)."""
-        if len(data) < 32:
-            return False
-        size, version, vendor, device = struct.unpack_from("<4I", data, 0)
-        uuid = bytes(data[16:32])
-        return (size >= 32 and version == vk.VK_PIPELINE_CACHE_HEADER_VERSION_ONE
-                and vendor == self.props.vendorID and device == self.props.deviceID
-                and uuid == bytes(ffi.buffer(self.props.pipelineCacheUUID)))
-
-    def cache_bytes(self) -> bytes:
-        """The pipeline cache's contents, to save and pass back as cache_data in a later process."""
-        n = ffi.new("size_t*")
-        if lib.vkGetPipelineCacheData(self.device, self.pipeline_cache, n, ffi.NULL) != vk.VK_SUCCESS:
-            return b""
-        buf = ffi.new("char[]", n[0])
-        if lib.vkGetPipelineCacheData(self.device, self.pipeline_cache, n, buf) != vk.VK_SUCCESS:
-            return b""
-        return bytes(ffi.buffer(buf, n[0]))
-
+    # Shaders ------------------------------------------------------------
     def shader_module(self, name: str):
+        """A built shader (shaders/NAME.spv) as a module on this device, loaded on first use."""
         mod = self._modules.get(name)
         if mod is None:
             code = (SHADER_DIR / f"{name}.spv").read_bytes()
@@ -331,22 +287,6 @@ class Context:
                                           None)
             self._modules[name] = mod
         return mod
-
-    def kernel(self, name: str, fp16: bool = False, local: tuple[int, int, int] = (64, 1, 1),
-               consts: tuple[int, ...] = (), push: bytes = b"") -> Kernel:
-        """The pipeline for these settings, made on first use; `push` (a dispatch's push constants) is part of
-        a SPECIALIZED kernel's pipeline and ignored for the others."""
-        local = FIXED_LOCAL.get(name, local)
-        consts = tuple(int(c) for c in consts)
-        words = bytes(push) if name in SPECIALIZED else b""
-        key = (name, fp16, local, consts, words)
-        k = self._kernels.get(key)
-        if k is None:
-            with self._kernel_lock:
-                k = self._kernels.get(key)
-                if k is None:
-                    k = self._kernels[key] = Kernel(self, name, fp16, local, consts, words)
-        return k
 
     # Command buffers ------------------------------------------------------
     def command_buffers(self, n: int) -> list:
@@ -376,13 +316,8 @@ class Context:
         vk.vkDeviceWaitIdle(self.device)
         for b in list(self.buffers):
             b.destroy()
-        self.compiler.shutdown()
-        for k in self._kernels.values():
-            k.destroy()
-        self._kernels.clear()
         for m in self._modules.values():
             vk.vkDestroyShaderModule(self.device, m, None)
         self._modules.clear()
-        vk.vkDestroyPipelineCache(self.device, self.pipeline_cache, None)
         vk.vkDestroyCommandPool(self.device, self.command_pool, None)
         vk.vkDestroyDevice(self.device, None)

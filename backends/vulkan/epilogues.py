@@ -61,7 +61,7 @@ def scale_shift_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         return None
 
     def build(final: VkOp) -> None:
-        unary(final, TABLE["ScaleShift"].code, final.out_locs[0], final.b.locate(x), numel(out.shape), a, b)
+        unary(final, TABLE["ScaleShift"].code, final.out_locs[0], final.plan.locate(x), numel(out.shape), a, b)
 
     taken.update((i, ka))
     return Group("scale_shift", [st.steps[i][1], st.steps[ka][1]], [st.steps[i][3][0].name], [x.name], build)
@@ -82,8 +82,8 @@ def gate_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     s = gates[0]
 
     def build(final: VkOp) -> None:
-        b = final.b
-        binary(final, GATE, final.out_locs[0], b.locate(x), tuple(x.shape), b.locate(s), tuple(s.shape),
+        plan = final.plan
+        binary(final, GATE, final.out_locs[0], plan.locate(x), tuple(x.shape), plan.locate(s), tuple(s.shape),
                tuple(out.shape), (0, 0.0, 0.0))
 
     taken.update((i, ka))
@@ -110,7 +110,7 @@ def conv_shift_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         act, out_locs = exe.act, exe.out_locs
         exe.act, exe.out_locs = (HARD_SWISH_SHIFTED, 0.0, shift), [final.out_locs[0]]
         try:
-            exe.plan(ins, outs)
+            exe.on_plan(ins, outs)
             final.dispatches, final.launches = exe.dispatches, exe.launches
         finally:
             exe.act, exe.out_locs, exe.dispatches, exe.launches = act, out_locs, [], []

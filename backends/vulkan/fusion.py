@@ -22,6 +22,7 @@ A group's dispatches run at its last member; the values it reads live until then
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from .epilogues import conv_shift_at, gate_at, scale_shift_at
 from .groups import Group, Steps, const_array
@@ -33,6 +34,9 @@ from .ops.elementwise import Binary, aligned4, binary_view
 from .ops.matmul import MatMul
 from .ops.reduce import Reduce
 from .ops.resize import Resize
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 log = logging.getLogger("aiomnn.vulkan")
 
@@ -69,11 +73,11 @@ def _matmul_bias_at(st: Steps, i: int, taken: set[int]) -> Group | None:
 
     def build(final: VkOp) -> None:
         m, n, k, dims, bsa, bsb, nb = exe.geo
-        b = final.b
+        plan = final.plan
         push = pack(m, n, k, len(dims), pad(dims, 3), pad(bsa, 3), pad(bsb, 3), k, 1, n, 1, 1, 0, ccs,
                     to_f32(1.0), to_f32(1.0), to_f32(a1), to_f32(a2))
-        a = b.locate(ins[0])
-        final.dispatch("matmul", [final.out_locs[0], a, b.locate(ins[1]), b.locate(ct), a, a], push,
+        a = plan.locate(ins[0])
+        final.dispatch("matmul", [final.out_locs[0], a, plan.locate(ins[1]), plan.locate(ct), a, a], push,
                        Matmul(m, n, nb, k), consts=(code,))
 
     taken.update((i, ka))
@@ -121,8 +125,9 @@ def _pointwise_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     reads = [t.name for t in (x, scale, res) if t is not None]
 
     def build(final: VkOp) -> None:
-        b = final.b
-        exe.matmul(final, ins, final.out_locs[0], b.locate(x), res and b.locate(res), scale and b.locate(scale))
+        plan = final.plan
+        exe.matmul(final, ins, final.out_locs[0], plan.locate(x), res and plan.locate(res),
+                   scale and plan.locate(scale))
 
     taken.update(chain)
     return Group("pointwise", [steps[k][1] for k in chain], inner, reads, build)
@@ -158,7 +163,7 @@ def _se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     if not isinstance(exe, Reduce) or node.op_type != "GlobalAveragePool" or len(outs) != 1:
         return None
     x = ins[0]
-    if not is_f32(x) or len(x.shape) != 4 or not exe.b.ctx.subgroup_shuffle:
+    if not is_f32(x) or len(x.shape) != 4 or not exe.ctx.subgroup_shuffle:
         return None
     n, c, h, w = x.shape
     chain, convs, cur = [i], [], outs[0]
@@ -191,15 +196,15 @@ def _se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     (code1, a1a, a1b), (code2, a2a, a2b) = e1.act, e2.act
 
     def build(final: VkOp) -> None:
-        b = final.b
-        w1, w2 = b.locate(ins1[1]), b.locate(ins2[1])
+        plan = final.plan
+        w1, w2 = plan.locate(ins1[1]), plan.locate(ins2[1])
         has1, has2 = len(ins1) > 2 and ins1[2] is not None, len(ins2) > 2 and ins2[2] is not None
-        b1 = b.locate(ins1[2]) if has1 else w1
-        b2 = b.locate(ins2[2]) if has2 else w2
-        xs = b.locate(src)
+        b1 = plan.locate(ins1[2]) if has1 else w1
+        b2 = plan.locate(ins2[2]) if has2 else w2
+        xs = plan.locate(src)
         vec = hw % 4 == 0 and aligned4(final, xs)  # each channel's values start on a 4-element boundary
         push = pack(c, hw, c1, int(has1), int(has2), to_f32(a1a), to_f32(a1b), to_f32(a2a), to_f32(a2b))
-        final.dispatch("se", [final.out_locs[0], xs, w1, b1, w2, b2], push, Blocks(n, _se_local(b.ctx)),
+        final.dispatch("se", [final.out_locs[0], xs, w1, b1, w2, b2], push, Blocks(n, _se_local(plan.ctx)),
                        consts=(code1, code2, int(vec)))
 
     taken.update(chain)
@@ -238,8 +243,8 @@ def _upsample_add_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     x, y = ains[k], ins[0]
 
     def build(final: VkOp) -> None:
-        b = final.b
-        pair = [(b.locate(x), full), (b.locate(y), small)]
+        plan = final.plan
+        pair = [(plan.locate(x), full), (plan.locate(y), small)]
         (la, sa), (lb, sb) = pair if k == 0 else pair[::-1]
         binary_view(final, ae.op, final.out_locs[0], la, sa, lb, sb, view, ae.act)
 
@@ -247,11 +252,11 @@ def _upsample_add_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     return Group("upsample_add", [exe, ae], [up.name], [x.name, y.name], build)
 
 
-def plan_fusions(backend, created: list[tuple]) -> None:
+def plan_fusions(plan: "Plan", created: list[tuple]) -> None:
     """Find the groups of ops one dispatch can do (every reader of their inner values is known: each node
     of the alloc pass was offered to this backend first), and keep the values they read alive until the
-    group's last member."""
-    if backend.dry:
+    group's last member (plan.extend)."""
+    if plan.dry:
         return
     st = Steps(created)
     taken: set[int] = set()
@@ -282,4 +287,4 @@ def plan_fusions(backend, created: list[tuple]) -> None:
             m.group = group
         group.members.sort(key=lambda m: m.step)
         for name in group.reads:
-            backend._extend[name] = max(backend._extend.get(name, -1), end)
+            plan.extend[name] = max(plan.extend.get(name, -1), end)

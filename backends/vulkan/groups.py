@@ -23,8 +23,8 @@ class Group:
         self.kind, self.members, self.inner, self.reads, self.build = kind, members, inner, reads, build
 
     def apply(self, final: VkOp) -> None:
-        b = final.b
-        locs = [b._locs.get(name) for name in self.inner]
+        plan = final.plan
+        locs = [plan.locs.get(name) for name in self.inner]
         if any(loc is None or loc.region != "arena" for loc in locs):
             return
         if any(m.out_names != [m.node.outputs[0]] for m in self.members):
@@ -34,8 +34,8 @@ class Group:
             m.tuned_as = alone
             m.dispatches, m.launches = [], []
         self.build(final)
-        b._fused_away.update(self.inner)
-        b.fused.append(self.kind)
+        plan.fused_away.update(self.inner)
+        plan.fused.append(self.kind)
 
 
 def const_array(t: Tensor | None) -> np.ndarray | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from .kernels import CONV_REG_LOCAL, REG_TILE_LOCAL, SHADER_DIR
+from .program import CONV_REG_LOCAL, REG_TILE_LOCAL, SHADER_DIR
 
 if TYPE_CHECKING:
     from .device import Context

@@ -131,10 +131,10 @@ def layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     members = [steps[k][1] for k in sorted(chain)]
 
     def build(final: VkOp) -> None:
-        b = final.b
-        s = b.aux(scale.astype(b.store))
-        bl = b.aux(bias.astype(b.store)) if bias is not None else s
-        final.dispatch("layernorm", [final.out_locs[0], b.locate(x), s, bl],
+        plan = final.plan
+        s = plan.aux(scale.astype(plan.store))
+        bl = plan.aux(bias.astype(plan.store)) if bias is not None else s
+        final.dispatch("layernorm", [final.out_locs[0], plan.locate(x), s, bl],
                        pack(rows, n, to_f32(eps), int(bias is not None)), Rows(rows, local_for(n)))
 
     taken.update(chain)

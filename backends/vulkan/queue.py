@@ -1,5 +1,7 @@
 """The compute queue: submissions built once, a timeline semaphore (or fences),
-and one waiter thread per queue that reports completions.
+one waiter thread per queue that reports completions, and a run's way through
+it (Queue.start): inputs copied in, one submit, outputs handed over and the
+aiomnn Fence signalled on the waiter thread (_finish).
 
 A Submission wraps one recorded command buffer with its VkSubmitInfo, built
 once at record time; submitting it again costs one vkQueueSubmit. With a
@@ -25,14 +27,24 @@ the same pauses.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
 import vulkan as vk
 
+from aiomnn import copies
+from aiomnn.errors import BackendError
+from aiomnn.fence import Fence
+from aiomnn.memory import HandedOver, Lease, handed
 from aiomnn.poll import Poller, Timing
+
+if TYPE_CHECKING:
+    from .profile import Timestamps
+    from .record import Record, Slot
 
 log = logging.getLogger("aiomnn.vulkan")
 ffi, lib = vk.ffi, vk.lib
@@ -145,6 +157,28 @@ class Queue:
             self._cond.notify()
         return value
 
+    def start(self, rec: "Record", values: dict[str, Any], fence: Fence, stamps: "Timestamps | None") -> None:
+        """Run a segment's recorded commands: copy its inputs from `values` into mapped memory and submit a free
+        slot; its outputs go into `values` and `fence` is signalled once it completes (errors go to the fence).
+        With profiling, `stamps` learns the slot, to read its timestamps after."""
+        try:
+            slot = rec.slot()
+            for name, view, shape in rec.uploads:
+                v = values[name]
+                if v.shape != shape:
+                    raise BackendError(f"input {name!r} has shape {v.shape}, the plan has {shape}")
+                sends = slot.sends.get(name, ())
+                i = 0
+                for _, filled in copies.fill(view, v):
+                    while i < len(sends) and sends[i][0] <= filled:
+                        self.send(sends[i][1])
+                        i += 1
+            if stamps is not None:
+                stamps.last = slot
+            self.submit(slot.sub, functools.partial(_finish, rec, slot, values, fence))
+        except BaseException as exc:
+            fence.signal(error=exc)
+
     def send(self, sub: Submission) -> None:
         """Submit an untracked Submission. Work submitted after it completes after it where that work's
         first barrier waits for what came before (a run's inputs, sent in pieces while the host fills them:
@@ -253,3 +287,37 @@ class Queue:
         if self.semaphore is not None:
             vk.vkDestroySemaphore(self.device, self.semaphore, None)
             self.semaphore = None
+
+
+def _finish(rec: "Record", slot: "Slot", values: dict[str, Any], fence: Fence, err: BaseException | None) -> None:
+    """On the waiter thread: the segment completed; hand its outputs over (or copy them) and signal."""
+    if err is not None:
+        fence.signal(error=BackendError(f"the Vulkan run failed: {err}"))
+        return
+    try:
+        lent = slot.handover and _lend(slot, values)
+        for name, view in () if lent else slot.downloads:
+            if copies.large(view.nbytes):
+                values[name] = out = np.empty(view.shape, view.dtype)
+                copies.copy(out, view)
+            else:
+                values[name] = view.copy()
+        for name in rec.pops:
+            values.pop(name, None)
+    except BaseException as exc:
+        fence.signal(error=exc)
+        return
+    fence.signal()
+
+
+def _lend(slot: "Slot", values: dict[str, Any]) -> bool:
+    """Make the slot's outputs arrays on its own readback, as they are, within the bytes callers may hold
+    (memory.handed); the slot is free again when they are all gone."""
+    nbytes = sum(view.nbytes for _, view in slot.downloads)
+    if not handed.take(nbytes):
+        return False
+    lease = Lease(slot, nbytes, slot.returned)
+    for name, view in slot.downloads:
+        values[name] = np.asarray(HandedOver(lease, view.ctypes.data, view.shape, view.dtype))
+    slot.lent = True
+    return True

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import vulkan as vk
 
-from .kernels import CONV_REG_LOCAL
+from .program import CONV_REG_LOCAL
 from .queue import Submission
 
 if TYPE_CHECKING:
@@ -36,9 +36,9 @@ class Slot:
     """One recorded command buffer of a segment, and where its outputs land on the host (name, host view).
 
     A slot with a readback of its own (`handover`) lends its outputs to the caller as they are (the
-    backend's _finish), and is not used again until every array of that run is gone (`lent`). `sends`
+    queue's _finish), and is not used again until every array of that run is gone (`lent`). `sends`
     holds, per large input, the untracked submissions that copy its pieces to the device, each with the
-    end of its byte range (the backend sends each once the host has filled it)."""
+    end of its byte range (Queue.start sends each once the host has filled it)."""
 
     __slots__ = ("sub", "downloads", "handover", "sends", "lent")
 

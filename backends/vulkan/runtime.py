@@ -1,16 +1,16 @@
 """The Vulkan runtime: what the sessions on one device share.
 
-It owns the logical device and its compute queue (with the waiter thread), a
-submit thread for runs whose inputs are large to copy, the compiled pipelines
-and the VkPipelineCache, and the weight pool. Backends (one per pipeline) plan
-their activations into their own arena buffers.
+It owns the logical device (device.Context) and its compute queue (queue.py, with
+the waiter thread), a submit thread for runs whose inputs are large to copy, the
+kernels and the pipeline cache (program.Programs), and the weight pool
+(memory.StaticPool). Backends (one per pipeline) plan each shape into a Plan of
+their own (plan.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,10 +23,10 @@ from aiomnn.tuning import Tuner
 from . import device as vkdev
 from .backend import VulkanBackend
 from .memory import StaticPool
+from .program import Programs
 from .queue import Queue
 
 log = logging.getLogger("aiomnn.vulkan")
-PIPELINE_SUFFIX = ".vkpipelines"
 
 
 class VulkanRuntime(Runtime):
@@ -44,6 +44,7 @@ class VulkanRuntime(Runtime):
         self.ctx = vkdev.Context(info, physical)
         self.queue = Queue(self.ctx.device, self.ctx.queue_handle, self.ctx.timeline)
         self.static = StaticPool(self.ctx, self.queue)
+        self.programs = Programs(self.ctx)
         # One thread, so the submissions it makes keep their order.
         self.submitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-vulkan-submit")
         identity = (f"vulkan|{info.name}|{self.ctx.props.vendorID:04x}:{self.ctx.props.deviceID:04x}"
@@ -53,8 +54,10 @@ class VulkanRuntime(Runtime):
         #: Tune on CPU implementations too (tests use it; by default only GPUs are tuned).
         self.tune_cpu_devices = bool(os.environ.get("AIOMNN_VULKAN_TUNE_CPU"))
         self._backends: weakref.WeakSet[VulkanBackend] = weakref.WeakSet()
+        self._dry: VulkanBackend | None = None  # plans ops alone for tuning (tuning_tasks)
         self._files = _Files()  # where close() saves the pipeline cache
-        self.own(_release, self.tuner, self.submitter, self._backends, self._files, self.queue, self.static, self.ctx)
+        self.own(_release, self.tuner, self.submitter, self._backends, self._files, self.queue, self.static,
+                 self.programs, self.ctx)
         log.info("Vulkan runtime on %s (api %s, %s memory, %s, fp16 storage %s)", info.name,
                  vkdev.version_str(info.api), "unified" if self.ctx.unified else
                  "device-local, inputs mapped (resizable BAR)" if self.ctx.rebar else "device-local + staging",
@@ -86,6 +89,12 @@ class VulkanRuntime(Runtime):
 
         return tasks_for(self, backend, node, inputs, outputs)
 
+    def dry_backend(self) -> VulkanBackend:
+        """The backend tuning plans ops on alone: it plans launches only (no weight uploads, no device memory)."""
+        if self._dry is None:
+            self._dry = VulkanBackend(self, self.config.backend_config, dry=True)
+        return self._dry
+
     def measure(self, node: Node, inputs: list, outputs: list) -> bool:
         """Whether this op has launches whose workgroup size is not tuned yet (GPUs only: on CPU
         implementations such as lavapipe the size matters little, so they go straight to their defaults)."""
@@ -98,41 +107,16 @@ class VulkanRuntime(Runtime):
         super().set_cache_file(path)
         self._files.cache = self.cache_file
         self.tuner.set_cache_file(self.cache_file)
-        try:
-            with open(self.cache_file + PIPELINE_SUFFIX, "rb") as f:
-                data = f.read(256 << 20)
-        except OSError:
-            return
-        if not self.set_cache_bytes(data):
-            log.warning("ignoring %s: a pipeline cache for another device or driver", self.cache_file + PIPELINE_SUFFIX)
-
-    def save_pipeline_cache(self) -> None:
-        """Write the pipeline cache next to the tuning cache, atomically (a temporary file, then rename)."""
-        _save_pipeline_cache(self.ctx, self.cache_file)
+        self.programs.load(self.cache_file)
 
     # The pipeline cache, for the runtime's cache file ----------------------------------
     def get_cache_bytes(self) -> bytes:
         """The VkPipelineCache's data (compiled pipelines), to store in the runtime's cache file."""
-        return self.ctx.cache_bytes()
+        return self.programs.cache_bytes()
 
     def set_cache_bytes(self, data: bytes) -> bool:
         """Merge pipeline-cache data saved by an earlier process; False (and ignored) when it does not fit."""
-        if not data or not self.ctx.cache_data_fits(data):
-            return False
-        import vulkan as vk
-
-        buf = vk.ffi.new("char[]", bytes(data))
-        try:
-            src = vk.vkCreatePipelineCache(self.ctx.device, vk.VkPipelineCacheCreateInfo(
-                initialDataSize=len(data), pInitialData=buf), None)
-        except Exception as exc:
-            log.warning("ignoring unreadable Vulkan pipeline-cache data: %s", exc)
-            return False
-        try:
-            vk.vkMergePipelineCaches(self.ctx.device, self.ctx.pipeline_cache, 1, [src])
-        finally:
-            vk.vkDestroyPipelineCache(self.ctx.device, src, None)
-        return True
+        return self.programs.merge(data)
 
     def describe(self) -> dict[str, Any]:
         c = self.ctx
@@ -145,36 +129,21 @@ class VulkanRuntime(Runtime):
         pass  # weights leave the pool with their graphs; pipelines are kept for reuse
 
 
-
 class _Files:
     cache: str | None = None
 
 
 def _release(tuner: Tuner, submitter: ThreadPoolExecutor, backends: "weakref.WeakSet[VulkanBackend]", files: _Files,
-             queue: Queue, static: StaticPool, ctx: vkdev.Context) -> None:
+             queue: Queue, static: StaticPool, programs: Programs, ctx: vkdev.Context) -> None:
     """Close a runtime (on close(), when collected, at exit): stop tuning and submitting, free what open sessions
-    made, save the pipeline cache, stop the waiter thread and destroy the device (its compile threads with it)."""
+    made, save the pipeline cache, stop the waiter thread and destroy the kernels (their compile threads with
+    them) and the device."""
     tuner.close()
     submitter.shutdown(wait=True)
     for backend in list(backends):  # sessions left open: free what they made on the device
         backend.clear_buffers()
-    _save_pipeline_cache(ctx, files.cache)
+    programs.save(files.cache)
     queue.close()
     static.clear()
+    programs.destroy()
     ctx.destroy()
-
-
-def _save_pipeline_cache(ctx: vkdev.Context, cache_file: str | None) -> None:
-    if not cache_file:
-        return
-    data = ctx.cache_bytes()
-    if not data:
-        return
-    path = cache_file + PIPELINE_SUFFIX
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".vkpipelines-", dir=os.path.dirname(os.path.abspath(path)))
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        log.warning("cannot write the Vulkan pipeline cache %s: %s", path, exc)

@@ -1,4 +1,4 @@
-"""A Vulkan backend's segments as recorded command buffers (backend.py calls these).
+"""A Vulkan plan's segments as recorded command buffers (backend.py calls these).
 
 predict   at resize, records the segments the plan will most likely have (the
           pipeline's own are seen only at the first run).
@@ -32,7 +32,7 @@ from .record import (COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, 
 if TYPE_CHECKING:
     from aiomnn.segments import Segment
 
-    from .backend import VulkanBackend
+    from .plan import Plan
     from .device import Buffer
 
 F32 = np.dtype(np.float32)
@@ -42,7 +42,7 @@ CAST_LOCAL = 256
 HANDOVER_BYTES = 64 << 10
 
 
-def predict(be: "VulkanBackend") -> None:
+def predict(plan: "Plan", profiling: bool) -> None:
     """Record, at resize, the segments this plan will most likely have.
 
     The backend does not see the pipeline's segments (consecutive steps on one backend)
@@ -53,8 +53,8 @@ def predict(be: "VulkanBackend") -> None:
     """
     groups: list[list] = []
     seen: set[str] = set()
-    for exe in be._exes:
-        fresh = [n for n in exe.in_names if n in be._host_inputs and n not in seen]
+    for exe in plan.exes:
+        fresh = [n for n in exe.in_names if n in plan.host_inputs and n not in seen]
         if not groups or (fresh and any(groups)):
             groups.append([])
         seen.update(fresh)
@@ -62,78 +62,82 @@ def predict(be: "VulkanBackend") -> None:
     for exes in groups:
         made = {o for e in exes for o in e.out_names}
         needs = list(dict.fromkeys(n for e in exes for n in e.in_names if n not in made))
-        uploads = [n for n in needs if n in be._host_inputs]
-        downloads = [o for e in exes for o in e.out_names if be._locs[o].region == "io"]
-        rec = _build(be, exes, uploads, downloads, pops=None)
-        be._predicted[rec.key] = rec
+        uploads = [n for n in needs if n in plan.host_inputs]
+        downloads = [o for e in exes for o in e.out_names if plan.locs[o].region == "io"]
+        rec = _build(plan, exes, uploads, downloads, None, profiling)
+        plan.predicted[rec.key] = rec
 
-def record(be: "VulkanBackend", seg: "Segment") -> Record:
+
+def record(plan: "Plan", seg: "Segment", profiling: bool) -> Record:
+    """The segment's Record: the one predicted at resize where it matches, else recorded now."""
     freed = {x for fr in seg.frees for x in fr}
     exes = [s.execution for s in seg.steps]
-    uploads = [n for n in seg.needs if n in be._host_inputs]
+    uploads = [n for n in seg.needs if n in plan.host_inputs]
     made = [o for s in seg.steps for o in s.outputs if o]
-    downloads = [n for n in made if n not in freed and n in be._locs]
+    downloads = [n for n in made if n not in freed and n in plan.locs]
     pops = [x for x in seg.needs if x in freed]
     key = Record.key_of(exes, uploads, downloads)
-    rec = be._predicted.pop(key, None)
+    rec = plan.predicted.pop(key, None)
     if rec is not None:
         rec.pops = pops
-        be.predicted_hits += 1
+        plan.predicted_hits += 1
         return rec
-    return _build(be, exes, uploads, downloads, pops)
+    return _build(plan, exes, uploads, downloads, pops, profiling)
 
-def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_names: list[str], pops: list[str] | None) -> Record:
-    lost = [n for n in download_names if n in be._fused_away]
+
+def _build(plan: "Plan", exes: list, upload_names: list[str], download_names: list[str], pops: list[str] | None,
+           profiling: bool) -> Record:
+    lost = [n for n in download_names if n in plan.fused_away]
     if lost:  # a reader this backend never saw (fusion checks every reader it was offered)
         raise BackendError(f"values {lost} were fused away but are read outside the Vulkan segment")
-    uploads = [(n, *be._host_inputs[n]) for n in upload_names]
-    downloads = [(n, be._locs[n], be._shapes[n]) for n in download_names]
+    uploads = [(n, *plan.host_inputs[n]) for n in upload_names]
+    downloads = [(n, plan.locs[n], plan.shapes[n]) for n in download_names]
     dispatches = [d for e in exes for d in e.dispatches]
-    staged_in = not be.ctx.direct_inputs  # the device copies inputs in from host memory
-    staged = not be.ctx.unified  # the device copies outputs out to host memory
+    staged_in = not plan.ctx.direct_inputs  # the device copies inputs in from host memory
+    staged = not plan.ctx.unified  # the device copies outputs out to host memory
     cast_in: list[Dispatch] = []
     cast_out: list[Dispatch] = []
-    if be.fp16 and uploads:
-        size, offsets = _host_layout(be, [shape for *_, shape in uploads])
-        stage = be.ctx.input_buffer(size)
-        be._extra_bufs.append(stage)
+    if plan.fp16 and uploads:
+        size, offsets = _host_layout(plan, [shape for *_, shape in uploads])
+        stage = plan.ctx.input_buffer(size)
+        plan.extra_bufs.append(stage)
         up_views = [(n, stage.view(off, F32, shape), shape) for (n, _, shape), off in zip(uploads, offsets)]
-        cast_in = [_cast(be, loc, stage, off, shape, to_f32=False)
+        cast_in = [_cast(plan, loc, stage, off, shape, to_f32=False)
                    for (_, loc, shape), off in zip(uploads, offsets)]
     else:
-        up_views = [(n, be._io_host.view(loc.offset, be.store, shape), shape) for n, loc, shape in uploads]
+        up_views = [(n, plan.io_host.view(loc.offset, plan.store, shape), shape) for n, loc, shape in uploads]
     # Large inputs go to the device in pieces, each sent as soon as the host has filled it (Slot.sends).
-    in_pieces = {n: copies.pieces(loc.nbytes, be.store.itemsize) for n, loc, _ in uploads
+    in_pieces = {n: copies.pieces(loc.nbytes, plan.store.itemsize) for n, loc, _ in uploads
                  if staged_in and not cast_in and copies.sent_in_pieces(loc.nbytes)}
     readback, rb_offsets, down_views = None, [], []
     # Staged fp32 outputs land in host memory each slot imports, handed to the caller as they are; small ones
     # are copied out of one readback instead (HANDOVER_BYTES).
-    handover = (staged and not be.fp16 and bool(be.ctx.import_align)
+    handover = (staged and not plan.fp16 and bool(plan.ctx.import_align)
                 and sum(loc.nbytes for _, loc, _ in downloads) >= HANDOVER_BYTES)
-    if (staged or be.fp16) and downloads:
-        rb_size, rb_offsets = _host_layout(be, [shape for *_, shape in downloads])
+    if (staged or plan.fp16) and downloads:
+        rb_size, rb_offsets = _host_layout(plan, [shape for *_, shape in downloads])
         if not handover:
-            readback = be.ctx.host_buffer(rb_size, readback=True)
-            be._extra_bufs.append(readback)
+            readback = plan.ctx.host_buffer(rb_size, readback=True)
+            plan.extra_bufs.append(readback)
             down_views = _views(readback, downloads, rb_offsets)
-        if be.fp16:
-            cast_out = [_cast(be, loc, readback, off, shape, to_f32=True)
+        if plan.fp16:
+            cast_out = [_cast(plan, loc, readback, off, shape, to_f32=True)
                         for (_, loc, shape), off in zip(downloads, rb_offsets)]
             readback = None  # the casts fill it: nothing to copy
     else:
-        down_views = [(n, host_view(be, loc, shape)) for n, loc, shape in downloads]
-    write_descriptors(be, cast_in + cast_out)
+        down_views = [(n, host_view(plan, loc, shape)) for n, loc, shape in downloads]
+    write_descriptors(plan, cast_in + cast_out)
 
     def make() -> Slot:
         rb, views = readback, down_views  # the record's, or with handover this slot's own
         if handover:
-            rb = be.ctx.import_host(rb_size)
-            be._extra_bufs.append(rb)
+            rb = plan.ctx.import_host(rb_size)
+            plan.extra_bufs.append(rb)
             views = _views(rb, downloads, rb_offsets)
-        sends = {n: [(b, _piece(be, loc.offset + a, b - a)) for a, b in in_pieces[n]]
+        sends = {n: [(b, _piece(plan, loc.offset + a, b - a)) for a, b in in_pieces[n]]
                  for n, loc, _ in uploads if n in in_pieces}
-        cmd = be.ctx.command_buffers(1)[0]
-        be._cmds.append(cmd)
+        cmd = plan.ctx.command_buffers(1)[0]
+        plan.cmds.append(cmd)
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
         # Earlier submissions' writes (other segments, other runs, this run's input pieces) become visible here.
         everything = SHADER_RW | TRANSFER_RW
@@ -144,11 +148,11 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
         elif staged_in and whole:
             regions = [vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=loc.offset, size=max(loc.nbytes, 1))
                        for loc in whole]
-            vk.vkCmdCopyBuffer(cmd, be._io_host.handle, be._io_dev.handle, len(regions), regions)
+            vk.vkCmdCopyBuffer(cmd, plan.io_host.handle, plan.io_dev.handle, len(regions), regions)
             barrier(cmd, TRANSFER, COMPUTE, vk.VK_ACCESS_TRANSFER_WRITE_BIT, SHADER_RW)
-        timed = be.profile is not None and be.ctx.timestamps and bool(dispatches)
+        timed = profiling and plan.ctx.timestamps and bool(dispatches)
         if timed:  # profiling: each dispatch on its own, timed (record_timed)
-            pool = be.timestamps.pool(len(dispatches) + 1)
+            pool = plan.timestamps.pool(len(dispatches) + 1)
             record_timed(cmd, dispatches, pool)
             record_cmds(cmd, cast_out)
         else:
@@ -157,47 +161,51 @@ def _build(be: "VulkanBackend", exes: list, upload_names: list[str], download_na
             barrier(cmd, COMPUTE, TRANSFER, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_TRANSFER_READ_BIT)
             for (_, loc, _), off in zip(downloads, rb_offsets):
                 region = vk.VkBufferCopy(srcOffset=loc.offset, dstOffset=off, size=max(loc.nbytes, 1))
-                vk.vkCmdCopyBuffer(cmd, buffer_of(be, loc).handle, rb.handle, 1, [region])
+                vk.vkCmdCopyBuffer(cmd, buffer_of(plan, loc).handle, rb.handle, 1, [region])
             barrier(cmd, TRANSFER, HOST, vk.VK_ACCESS_TRANSFER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
         else:
             barrier(cmd, COMPUTE, HOST, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_HOST_READ_BIT)
         vk.vkEndCommandBuffer(cmd)
-        sub = Submission(be.queue, cmd)
-        be._subs.append(sub)
+        sub = Submission(plan.queue, cmd)
+        plan.subs.append(sub)
         if timed:
-            be.timestamps.add(sub, pool, len(dispatches) + 1)
+            plan.timestamps.add(sub, pool, len(dispatches) + 1)
         return Slot(sub, views, handover, sends)
 
     return Record(make, up_views, pops, Record.key_of(exes, upload_names, download_names))
 
-def _piece(be: "VulkanBackend", offset: int, nbytes: int) -> Submission:
+
+def _piece(plan: "Plan", offset: int, nbytes: int) -> Submission:
     """An untracked submission copying bytes [offset, offset + nbytes) of the inputs' staging to the device."""
-    cmd = be.ctx.command_buffers(1)[0]
-    be._cmds.append(cmd)
+    cmd = plan.ctx.command_buffers(1)[0]
+    plan.cmds.append(cmd)
     vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
     region = vk.VkBufferCopy(srcOffset=offset, dstOffset=offset, size=nbytes)
-    vk.vkCmdCopyBuffer(cmd, be._io_host.handle, be._io_dev.handle, 1, [region])
+    vk.vkCmdCopyBuffer(cmd, plan.io_host.handle, plan.io_dev.handle, 1, [region])
     vk.vkEndCommandBuffer(cmd)
-    sub = Submission(be.queue, cmd, tracked=False)
-    be._subs.append(sub)
+    sub = Submission(plan.queue, cmd, tracked=False)
+    plan.subs.append(sub)
     return sub
 
-def _host_layout(be: "VulkanBackend", shapes: list[tuple[int, ...]]) -> tuple[int, list[int]]:
+
+def _host_layout(plan: "Plan", shapes: list[tuple[int, ...]]) -> tuple[int, list[int]]:
     """The size of a host area holding a float32 tensor of each shape, and their offsets in it."""
     size, offsets = 0, []
     for shape in shapes:
-        off = align_up(size, be.align)
+        off = align_up(size, plan.align)
         offsets.append(off)
         size = off + max(int(np.prod(shape, dtype=np.int64)) * F32.itemsize, 1)
     return size, offsets
 
+
 def _views(buf: "Buffer", downloads: list, offsets: list[int]) -> list[tuple[str, np.ndarray]]:
     return [(n, buf.view(off, F32, shape)) for (n, _, shape), off in zip(downloads, offsets)]
 
-def _cast(be: "VulkanBackend", dev: Loc, host: "Buffer", offset: int, shape: tuple[int, ...], to_f32: bool) -> Dispatch:
+
+def _cast(plan: "Plan", dev: Loc, host: "Buffer", offset: int, shape: tuple[int, ...], to_f32: bool) -> Dispatch:
     """A dispatch converting a device tensor from (or to) float32 at `offset` of a host buffer."""
     n = int(np.prod(shape, dtype=np.int64))
-    k = be.ctx.kernel("cast", True, (CAST_LOCAL, 1, 1), (int(to_f32),))
-    groups = (max(1, min(-(-n // CAST_LOCAL), be.ctx.max_groups[0], 65535)), 1, 1)
+    k = plan.programs.kernel("cast", True, (CAST_LOCAL, 1, 1), (int(to_f32),))
+    groups = (max(1, min(-(-n // CAST_LOCAL), plan.ctx.max_groups[0], 65535)), 1, 1)
     return Dispatch(k, [dev, Loc("host", offset, n * F32.itemsize, host)], struct.pack("<i", n), groups)
 

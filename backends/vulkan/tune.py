@@ -33,14 +33,11 @@ FLUSH_BYTES = 128 << 20
 
 def tasks_for(runtime: Any, backend: Any, node: Node, inputs: list, outputs: list) -> list["LaunchTuneTask"]:
     """The op's launches whose workgroup size can be tuned (every GPU backend's tasks_for takes the same arguments;
-    here the op is planned on the runtime's own dry backend, not the session's)."""
-    from .backend import VulkanBackend
+    here the op is planned alone, into a plan of its own on the runtime's dry backend, not the session's)."""
     from .ops import create
 
-    dry = runtime.__dict__.get("_dry_backend")
-    if dry is None:
-        dry = runtime._dry_backend = VulkanBackend(runtime, runtime.config.backend_config, dry=True)
-    dry._reset_plan()
+    dry = runtime.dry_backend()
+    dry.clear_buffers()
     op = create(dry, node, inputs, outputs)
     if op is None:
         return []
@@ -51,7 +48,7 @@ def tasks_for(runtime: Any, backend: Any, node: Node, inputs: list, outputs: lis
     except Exception:
         return []
     finally:
-        dry._reset_plan()
+        dry.clear_buffers()
     return [LaunchTuneTask(runtime, node, launch) for launch in op.launches if launch.tunable]
 
 
@@ -71,10 +68,10 @@ class LaunchTuneTask:
         return self.tried
 
     def prepare(self, limit: int) -> list[Future]:
-        """The candidates' pipelines start compiling on the context's threads (a specialized kernel has one per
+        """The candidates' pipelines start compiling on the programs' threads (a specialized kernel has one per
         layer and candidate, each a compile in the driver)."""
         launch = self.launch
-        return [self.runtime.ctx.kernel(name, launch.fp16, local, launch.consts, launch.push).compiled
+        return [self.runtime.programs.kernel(name, launch.fp16, local, launch.consts, launch.push).compiled
                 for name, local, _ in map(launch.resolve, self.candidates(limit))]
 
     @contextlib.contextmanager
@@ -106,7 +103,7 @@ class LaunchTuneTask:
             name, local, groups = launch.resolve(candidate)
             if any(g > m for g, m in zip(groups, ctx.max_groups)):
                 raise ValueError(f"grid {groups} over the device's limit")
-            kernel = ctx.kernel(name, launch.fp16, local, launch.consts, launch.push)
+            kernel = rt.programs.kernel(name, launch.fp16, local, launch.consts, launch.push)
             vk.vkResetDescriptorPool(dev, pool, 0)
             dset = vk.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
                 descriptorPool=pool, descriptorSetCount=1, pSetLayouts=[kernel.set_layout]))[0]

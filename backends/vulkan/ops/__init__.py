@@ -1,6 +1,6 @@
 """The ops the Vulkan backend runs, one module per op family; importing this registers them all."""
 
-from . import conv, elementwise, matmul, pool, raster, reduce, resize, tensor  # noqa: F401
+from . import conv, elementwise, matmul, pool, raster, reduce, resize, tensor
 from .base import OPS, create
 
-__all__ = ["OPS", "create"]
+__all__ = ["OPS", "create", "conv", "elementwise", "matmul", "pool", "raster", "reduce", "resize", "tensor"]

@@ -1,10 +1,11 @@
 """What every Vulkan op shares: VkOp, the op registry, push-constant packing, shape helpers, activations.
 
 An op class checks the node at creation (raising Decline when a dtype, shape or
-attribute is not handled, so the CPU runs it) and, at on_resize, calls
-`self.loc(t)` for the tensors it binds and `self.dispatch(...)` for each
-shader launch. Only float32 tensors with known, non-empty shapes are taken;
-fp16 storage (precision="low") is the backend's business, not the ops'.
+attribute is not handled, so the CPU runs it) and, at on_resize, takes the
+backend's plan of the current shapes (plan.Plan, `self.plan`) and in its own
+`on_plan` calls `self.loc(t)` for the tensors it binds and `self.dispatch(...)`
+for each shader launch. Only float32 tensors with known, non-empty shapes are
+taken; fp16 storage (precision="low") is the plan's business, not the ops'.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from ..memory import Loc
 from ..record import Dispatch
 
 if TYPE_CHECKING:
+    from ..backend import VulkanBackend
+    from ..device import Context
     from ..groups import Group
+    from ..plan import Plan
 
 log = logging.getLogger("aiomnn.vulkan")
 
@@ -115,44 +119,51 @@ class VkOp(Execution):
     #: plans ops alone, timed the unfused launches. A fused launch takes the choice of the one it replaces.
     tuned_as: dict[tuple, str] = {}
 
-    def __init__(self, backend, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]):
-        self.b = backend
+    #: The plan of the shapes this op was last resized for: where its tensors live, and what it dispatches with.
+    plan: "Plan"
+
+    def __init__(self, backend: "VulkanBackend", node: Node, inputs: list[Tensor | None], outputs: list[Tensor]):
+        self.backend = backend  # whose plan on_resize takes
+        self.ctx: "Context" = backend.ctx  # the device's limits, which the op checks at creation
         self.node = node
         self.attrs = node.attrs
         self.dispatches: list[Dispatch] = []
         self.launches: list[Launch] = []
 
     def on_resize(self, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
+        plan = self.plan = self.backend.plan
         self.dispatches = []
         self.launches = []
         self.tuned_as = {}  # a group that still fuses this op sets it again, for this plan's launches
         if self.step is not None:
-            self.b.advance(self.step)
-        self.b._exes.append(self)
+            plan.advance(self.step)
+        plan.exes.append(self)
         self.in_names = [t.name for t in inputs if t is not None and t.name and not t.is_const]
         self.out_names = [t.name for t in outputs if t is not None and t.name]
-        self.out_locs = [self.b.locate_output(t) if t is not None and t.name else None for t in outputs]
-        self.plan(inputs, outputs)
+        self.out_locs = [plan.locate_output(t) if t is not None and t.name else None for t in outputs]
+        self.on_plan(inputs, outputs)
         if self.group is not None and self.group.members[-1] is self:
             self.group.apply(self)
 
-    def plan(self, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
+    def on_plan(self, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
+        """Fix this op's dispatches in self.plan (its outputs' places are self.out_locs)."""
         raise NotImplementedError
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         raise BackendError(f"{self.node} runs inside its Vulkan segment, not on its own")
 
-    # Helpers for plan() ---------------------------------------------------------------
+    # Helpers for on_plan() ------------------------------------------------------------
     def loc(self, t: Tensor) -> Loc:
-        return self.b.locate(t)
+        return self.plan.locate(t)
 
     def dispatch(self, kernel: str, locs: list[Loc], push: bytes, work: Work, consts: tuple[int, ...] = ()) -> None:
         """Launch `kernel` over `work`, with the workgroup size the tuning cache holds for it, else the default."""
-        launch = Launch(self.b.ctx, kernel, self.b.fp16, consts, push, work, locs)
+        plan = self.plan
+        launch = Launch(plan.ctx, kernel, plan.fp16, consts, push, work, locs)
         self.launches.append(launch)
-        choice = self.b.rt.tuned_choice(launch, self.tuned_as.get((kernel, work)))
+        choice = plan.runtime.tuned_choice(launch, self.tuned_as.get((kernel, work)))
         name, local, groups = launch.resolve(choice)
-        k = self.b.ctx.kernel(name, self.b.fp16, local, consts, push)
+        k = plan.programs.kernel(name, plan.fp16, local, consts, push)
         if len(locs) != k.nbind:
             raise BackendError(f"{kernel} takes {k.nbind} bindings, got {len(locs)}")
         self.dispatches.append(Dispatch(k, locs, push, groups))
@@ -183,7 +194,7 @@ def register(*names: str, since: int = 1):
     return add
 
 
-def create(backend, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> VkOp | None:
+def create(backend: "VulkanBackend", node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> VkOp | None:
     """The op's Vulkan execution, or None to leave it to the backup backend. An op that only moves data
     (geometry.OPS) that no class of its own takes runs as raster regions (raster.py) before it is left."""
     cls = OPS.lookup(node)
@@ -209,7 +220,7 @@ def create(backend, node: Node, inputs: list[Tensor | None], outputs: list[Tenso
     return None
 
 
-def data_input(t: Tensor | None, backend, what: str = "input") -> Tensor:
+def data_input(t: Tensor | None, backend: "VulkanBackend", what: str = "input") -> Tensor:
     """A float32 tensor with a known, non-empty shape that fits one binding."""
     if not is_f32(t):
         raise Decline(f"{what} is not a float32 tensor of known shape")

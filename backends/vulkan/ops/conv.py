@@ -85,7 +85,7 @@ class Conv(VkOp):
 
     @property
     def as_matmul(self) -> bool:
-        """Whether plan() runs this conv as the matmul: out[n] = W (co x c) @ X[n] (c x hw) + bias per row.
+        """Whether on_plan() runs this conv as the matmul: out[n] = W (co x c) @ X[n] (c x hw) + bias per row.
 
         Pointwise convs do, unless the matmul's 64 x 64 tiles are too few to fill a GPU (each walks all of
         k alone: latency) and k is deep enough to split: conv_gemm splits the sum instead (not on CPU
@@ -94,7 +94,7 @@ class Conv(VkOp):
         n, c, h, w, co, _, _, kernel, _, _, _, g = self.geo
         k = c // g * kernel[0] * kernel[1]
         small = k < CONV_GEMM_MIN_K or co // g < CONV_GEMM_MIN_M
-        underfills = self.b.ctx.info.is_gpu and n * -(-co // 64) * -(-h * w // 64) < CONV_BUSY
+        underfills = self.ctx.info.is_gpu and n * -(-co // 64) * -(-h * w // 64) < CONV_BUSY
         return self.pointwise and (small or not underfills or k < 2 * CONV_SLICE)
 
     def matmul(self, on: VkOp, inputs: list[Tensor | None], out: Loc, x: Loc, res: Loc | None = None,
@@ -112,7 +112,7 @@ class Conv(VkOp):
         on.dispatch("matmul", locs, push, Matmul(co, hw, n, c),
                     consts=(code, int(res is not None), int(scale is not None)))
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         n, c, h, w, co, oh, ow, kernel, strides, dils, pads, g = self.geo
         x, wt = self.loc(inputs[0]), self.loc(inputs[1])
         b = inputs[2] if len(inputs) > 2 else None
@@ -138,11 +138,11 @@ class Conv(VkOp):
         splits = max(s for s in CONV_SPLITS if s == 1 or (s * co * npix * 4 <= CONV_SCRATCH and s * 32 <= k))
         part = cnt = wt
         if splits > 1:
-            block = self.b.arena.acquire(splits * co * npix * 4)
+            block = self.plan.arena.acquire(splits * co * npix * 4)
             part = Loc("arena", block.offset, splits * co * npix * 4)
-            self.b.arena.release(block)
-            cnt = self.b.aux(np.zeros(-(-cog // 16) * -(-npix // 32) * g, np.uint32))
-        work = Convolution(cog, npix, k, g, splits, narrow_groups(self.b.ctx, self.geo))
+            self.plan.arena.release(block)
+            cnt = self.plan.aux(np.zeros(-(-cog // 16) * -(-npix // 32) * g, np.uint32))
+        work = Convolution(cog, npix, k, g, splits, narrow_groups(self.ctx, self.geo))
         self.dispatch("conv_gemm", [out, x, wt, bl, part, cnt], push, work, consts=(code,))
 
 
@@ -200,7 +200,7 @@ class ConvTranspose(VkOp):
         self.geo = (n, c, ins, co, outs, kernel, strides, dils, heads, g)
         self.act = fused(node)
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         n, c, ins, co, outs, kernel, strides, dils, heads, g = self.geo
         x, wt = self.loc(inputs[0]), self.loc(inputs[1])
         b = inputs[2] if len(inputs) > 2 else None

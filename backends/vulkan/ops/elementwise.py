@@ -24,7 +24,7 @@ def aligned4(exe: VkOp, *locs: Loc) -> bool:
     """Whether each binding starts on a 4-element boundary (16 bytes for float32 storage, 8 for float16): what a
     vec4 view of it needs. Every region's offsets are multiples of the backend's alignment (at least 64 bytes)
     today; this keeps a view that starts elsewhere on the scalar path."""
-    width = 4 * exe.b.store.itemsize
+    width = 4 * exe.plan.store.itemsize
     return all(loc.offset % width == 0 for loc in locs)
 
 
@@ -67,7 +67,7 @@ class Unary(VkOp):
         data_input(inputs[0], backend)
         self.code, self.a, self.c = activation(node.op_type, dict(node.attrs), node.opset)
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         unary(self, self.code, self.out_locs[0], self.loc(inputs[0]), numel(outputs[0].shape), self.a, self.c)
 
 
@@ -173,7 +173,7 @@ class Binary(VkOp):
     def _one(self, out: Loc, a: Loc, ash, b: Loc, bsh, oshape, act) -> None:
         binary(self, self.op, out, a, ash, b, bsh, oshape, act)
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         out = self.out_locs[0]
         oshape = tuple(outputs[0].shape)
         n = numel(oshape)
@@ -216,10 +216,11 @@ class BatchNorm(VkOp):
         self.cshape = (c,) + (1,) * (len(x.shape) - 2)
         fits(x.shape, contiguous(x.shape), broadcast_strides(self.cshape, tuple(x.shape)))
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         out = self.out_locs[0]
         oshape = tuple(outputs[0].shape)
-        kl, cl = self.b.aux(self.k.astype(self.b.store)), self.b.aux(self.c.astype(self.b.store))
+        plan = self.plan
+        kl, cl = plan.aux(self.k.astype(plan.store)), plan.aux(self.c.astype(plan.store))
         for op, a, b in ((2, self.loc(inputs[0]), kl), (0, out, cl)):
             binary_view(self, op, out, a, contiguous(oshape), b, broadcast_strides(self.cshape, oshape), oshape,
                         (0, 0.0, 0.0))

@@ -39,7 +39,7 @@ class MatMul(VkOp):
             raise Decline("output shape")
         self.geo = (m, nn, k, dims, bsa, bsb, numel(batch) if batch else 1)
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         m, n, k, dims, bsa, bsb, nb = self.geo
         a, b = self.loc(inputs[0]), self.loc(inputs[1])
         push = pack(m, n, k, len(dims), pad(dims, 3), pad(bsa, 3), pad(bsb, 3), k, 1, n, 1, 0, 0, 0,
@@ -78,7 +78,7 @@ class Gemm(VkOp):
         self.alpha, self.beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
         self.act = fused(node)
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         m, n, k = self.geo
         a, b = self.loc(inputs[0]), self.loc(inputs[1])
         cl = self.loc(inputs[2]) if self.c is not None else a

@@ -49,7 +49,7 @@ class Pool(VkOp):
         self.geo = (x.shape[0] * x.shape[1], spatial, outs, kernel, strides, dils, pads, mode, lo, hi,
                     float(a.get("p", 2)))
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         nc, sp, outs, k, s, d, p, mode, lo, hi, lp = self.geo
         push = pack(nc, sp[0], sp[1], outs[0], outs[1], k[0], k[1], s[0], s[1], d[0], d[1], p[0], p[1],
                     lo[0], hi[0], lo[1], hi[1], to_f32(lp))

@@ -12,10 +12,10 @@ storage size and never converts."""
 from __future__ import annotations
 
 from aiomnn import geometry
-from aiomnn.geometry import Raster as Plan
 
 from ..launch import Grid
 from .base import OPS, VkOp, data_input, numel, pack, to_f32
+
 
 class Raster(VkOp):
     """A node as raster regions: the output filled first where the raster has a fill (Pad's constant), then
@@ -23,15 +23,15 @@ class Raster(VkOp):
 
     def __init__(self, backend, node, inputs, outputs):
         super().__init__(backend, node, inputs, outputs)
-        self.plans: list[Plan] = geometry.of_node(node, inputs, outputs)
-        for plan, out in zip(self.plans, outputs):
+        self.rasters: list[geometry.Raster] = geometry.of_node(node, inputs, outputs)
+        for raster, out in zip(self.rasters, outputs):
             if not out.name:
                 continue
-            for region in plan.regions:  # (of_node checked the regions; storage is float32 here)
+            for region in raster.regions:  # (of_node checked the regions; storage is float32 here)
                 data_input(inputs[region.src], backend, f"input {region.src}")
 
-    def plan(self, inputs, outputs):
-        for raster, out, loc in zip(self.plans, outputs, self.out_locs):
+    def on_plan(self, inputs, outputs):
+        for raster, out, loc in zip(self.rasters, outputs, self.out_locs):
             if loc is None:
                 continue
             if raster.fill is not None:

@@ -54,7 +54,7 @@ class Reduce(VkOp):
             raise Decline("output size")
         self.geo = (outer, r, inner)
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         outer, r, inner = self.geo
         ls = local_for(r)
         self.dispatch("reduce", [self.out_locs[0], self.loc(inputs[0])], pack(outer, r, inner),
@@ -78,7 +78,7 @@ class Softmax(VkOp):
             outer, a, inner = numel(shape[:axis]), numel(shape[axis: axis + 1]), numel(shape[axis + 1:])
         self.geo = (outer, max(a, 1), inner, int(node.op_type == "LogSoftmax"))
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         outer, a, inner, lg = self.geo
         self.dispatch("softmax", [self.out_locs[0], self.loc(inputs[0])], pack(outer, a, inner),
                       Rows(outer * inner, local_for(a)), consts=(lg,))
@@ -102,7 +102,7 @@ class LayerNorm(VkOp):
             raise Decline("scale or bias shape is not the normalized shape")
         self.geo = (numel(shape[:axis]), numel(norm), float(node.attrs.get("epsilon", 1e-5)))
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         rows, n, eps = self.geo
         s = self.loc(inputs[1])
         b = inputs[2] if len(inputs) > 2 else None

@@ -23,13 +23,13 @@ class Resize(VkOp):
         consts = [None if t is None else const_value(t) for t in inputs[1:]]  # roi, scales, sizes; or scales
         try:
             spec = sampling.Resampling.of(node.op_type, node.opset, node.attrs)
-            plan = spec.plan(shape, *spec.arguments(*consts))
+            taps = spec.plan(shape, *spec.arguments(*consts))
         except ValueError as exc:
             raise Decline(str(exc)) from None
-        if tuple(plan.out_shape) != tuple(outputs[0].shape):
+        if tuple(taps.out_shape) != tuple(outputs[0].shape):
             raise Decline("output shape")
         r = len(shape)
-        axes = {p.axis: p for p in plan.axes}
+        axes = {p.axis: p for p in taps.axes}
         if any(a < r - 2 for a in axes):
             raise Decline("resizes a leading axis")
         tables = []
@@ -62,7 +62,7 @@ class Resize(VkOp):
             out.append(o // i)
         return out[0], out[1]
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         nc, h, w, oh, ow = self.geo
         parts, offs = [], []
         n = 0
@@ -71,7 +71,7 @@ class Resize(VkOp):
                 offs.append(n)
                 parts.append(arr.astype(np.int32, copy=False))
                 n += arr.size
-        table = self.b.aux(np.concatenate(parts))
+        table = self.plan.aux(np.concatenate(parts))
         th, tw = self.tables[0][0].shape[1], self.tables[1][0].shape[1]
         push = pack(nc, h, w, oh, ow, th, tw, *offs, int(self.has_ex), to_f32(self.ex_value))
         self.dispatch("resize", [self.out_locs[0], self.loc(inputs[0]), table], push, Grid(nc * oh * ow))

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aiomnn.moves import slice_span
 
 from ..memory import Loc
 from .base import (F32, Decline, VkOp, broadcast_strides, const_value, contiguous, data_input, fits, is_f32, numel,
                    register)
+
+if TYPE_CHECKING:
+    from ..plan import Plan
 
 
 @register("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "CastLike")
@@ -26,7 +31,7 @@ class Reshape(VkOp):
             raise Decline("constant input")
         self.alias_of = x
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         src = self.loc(inputs[0])
         dst = self.out_locs[0]
         if (dst.region, dst.offset) != (src.region, src.offset):
@@ -49,7 +54,7 @@ class Transpose(VkOp):
             raise Decline("output shape")
         fits(self.spec[0], self.spec[1], contiguous(tuple(self.spec[0])))
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         shape, ist = self.spec
         self.copy(self.out_locs[0], self.loc(inputs[0]), shape, ist, contiguous(tuple(shape)))
 
@@ -63,7 +68,7 @@ class Expand(VkOp):
         self.strides = broadcast_strides(tuple(x.shape), self.out_shape)
         fits(self.out_shape, self.strides, contiguous(self.out_shape))
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         self.copy(self.out_locs[0], self.loc(inputs[0]), list(self.out_shape), self.strides,
                   contiguous(self.out_shape))
 
@@ -108,7 +113,7 @@ class Slice(VkOp):
         self.spec = (out, [st * s for st, s in zip(step, ist)], sum(b * s for b, s in zip(begin, ist)))
         fits(out, self.spec[1], contiguous(tuple(out)))
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         out, ist, base = self.spec
         self.copy(self.out_locs[0], self.loc(inputs[0]), out, ist, contiguous(tuple(out)), src_base=base)
 
@@ -141,7 +146,7 @@ class Concat(VkOp):
             fits(shape, contiguous(shape), contiguous(oshape))
         self.axis = axis
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         pieces = [self.loc(inputs[i]) for i, _, _ in self.pieces]
         copy_pieces(self, self.out_locs[0], tuple(outputs[0].shape), pieces, into_whole=True)
 
@@ -171,7 +176,7 @@ class Split(VkOp):
             fits(piece, contiguous(shape), contiguous(piece))
         self.axis = axis
 
-    def plan(self, inputs, outputs):
+    def on_plan(self, inputs, outputs):
         pieces = [self.out_locs[j] for j, _, _ in self.pieces]
         copy_pieces(self, self.loc(inputs[0]), tuple(inputs[0].shape), pieces, into_whole=False)
 
@@ -182,7 +187,7 @@ def copy_pieces(op: VkOp, whole: Loc, shape: tuple[int, ...], pieces: list[Loc],
     st = contiguous(shape)
     for loc, (_, off, piece) in zip(pieces, op.pieces):
         base = off * st[op.axis]
-        if in_place(op.b, whole, loc, shape, op.axis, base):
+        if in_place(op.plan, whole, loc, shape, op.axis, base):
             continue
         if into_whole:
             op.copy(whole, loc, list(piece), contiguous(piece), st, dst_base=base)
@@ -190,8 +195,8 @@ def copy_pieces(op: VkOp, whole: Loc, shape: tuple[int, ...], pieces: list[Loc],
             op.copy(loc, whole, list(piece), st, contiguous(piece), src_base=base)
 
 
-def in_place(backend, whole: Loc, piece: Loc, shape: tuple[int, ...], axis: int, base: int) -> bool:
+def in_place(plan: "Plan", whole: Loc, piece: Loc, shape: tuple[int, ...], axis: int, base: int) -> bool:
     """Whether a Concat or Split piece already lies where it belongs in the whole, `base` elements in (the
-    backend placed them in one block): one contiguous range, nothing to copy."""
+    plan placed them in one block): one contiguous range, nothing to copy."""
     return (numel(shape[:axis]) == 1 and whole.region == piece.region == "arena"
-            and piece.offset == whole.offset + base * backend.store.itemsize)
+            and piece.offset == whole.offset + base * plan.store.itemsize)
