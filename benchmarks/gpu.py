@@ -461,7 +461,7 @@ def graph_time_us(be, n=30) -> float:
     """Median device time of a replay of the backend's recorded graph (one segment)."""
     import cupy
 
-    run = next(iter(be._runs.values()))
+    run = next(iter(be.plan.runs.values()))
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     times = []
     for _ in range(n):
@@ -477,8 +477,6 @@ async def await_lag(n=500):
     """Latency from GPU completion to the awaiting task, per AIOMNN_CUDA_WAIT mode."""
     from onnx import TensorProto, helper
 
-    from aiomnn.backends.cuda import runs
-
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "tiny",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 16))],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 16))])
@@ -492,7 +490,7 @@ async def await_lag(n=500):
         async with await net.create_session(ScheduleConfig(type="cuda", backend_config=BackendConfig(tuning="none"))) as s:
             await s.run(x)
             be = s.pipeline.main
-            run = next(iter(be._runs.values()))
+            run = next(iter(be.plan.runs.values()))
             stream = be.stream
 
             def blocking():
@@ -510,7 +508,7 @@ async def await_lag(n=500):
             for k in range(n):
                 t0 = time.perf_counter()
                 f = Fence()
-                runs.launch(be, run, f)
+                be.queue.launch(run, f)
                 await f.wait()
                 fence_t[k] = time.perf_counter() - t0
             session_ms = await time_async(lambda: s.run(x), n)

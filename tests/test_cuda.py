@@ -97,14 +97,36 @@ def test_substitute_shares_a_value_used_twice():
     assert src.count("((l0 < 0.0f) ? 0.0f : l0)") == 1  # the producer (its Relu) is computed once
 
 
-def test_waiter_follows_the_shared_schedule(monkeypatch):
+@pytest.fixture
+def cuda_queue():
+    """backends/cuda/queue.py, for its Waiter, which needs no GPU: without cupy it is imported with cupy stubbed,
+    and forgotten afterwards, so that no other test finds the stub."""
+    import importlib
+    import unittest.mock
+
+    name = "aiomnn.backends.cuda.queue"
+    stub = GPU_REASON is not None and "cupy" not in sys.modules
+    if stub:
+        sys.modules["cupy"] = unittest.mock.MagicMock()
+    try:
+        module = importlib.import_module(name)
+    finally:
+        if stub:
+            del sys.modules["cupy"]
+    yield module
+    if stub:
+        del sys.modules[name]
+        delattr(importlib.import_module("aiomnn.backends.cuda"), "queue")
+
+
+def test_waiter_follows_the_shared_schedule(monkeypatch, cuda_queue):
     """The CUDA waiter waits as aiomnn.poll says (tests/test_poll.py): on a virtual clock it sleeps until
     shortly before a run it has learned, polls its event, and catches the finish, not the driver's wake-up."""
     from types import SimpleNamespace
 
     from aiomnn import poll
-    from aiomnn.backends.cuda import waiter as cw
 
+    cw = cuda_queue
     clock = SimpleNamespace(t=0.0)
     monkeypatch.setattr(poll, "time", SimpleNamespace(perf_counter=lambda: clock.t))
 
@@ -133,14 +155,15 @@ def test_waiter_follows_the_shared_schedule(monkeypatch):
     assert w.blocks == 1 and max(delays[2:]) < 10e-6, delays
 
 
-def test_waiter_reports_errors_and_goes_on():
+def test_waiter_reports_errors_and_goes_on(cuda_queue):
     """A CUDA error reaches the run's fence as a BackendError; the next run still completes; close ends the
     thread. An event is handed back for reuse only when it completed without error."""
     import threading
 
-    from aiomnn.backends.cuda import waiter as cw
     from aiomnn.errors import BackendError
     from aiomnn.poll import Timing
+
+    cw = cuda_queue
 
     class Failing(cw.Waiter):
         def _done(self, event) -> bool:
@@ -640,11 +663,11 @@ async def test_a_failed_graph_capture_is_tried_again_then_runs_without_a_graph(f
 
     real, left = runs.capture, [failures]
 
-    def flaky(be, fns):
+    def flaky(stream, fns):
         if left[0] > 0:
             left[0] -= 1
             raise RuntimeError("operation failed due to a previous error during capture (test)")
-        return real(be, fns)
+        return real(stream, fns)
 
     monkeypatch.setattr(runs, "capture", flaky)
     data, feeds = conv_case(r(1, 8, 9, 7), r(16, 8, 3, 3), r(16), pads=[1, 1, 1, 1])
@@ -652,7 +675,7 @@ async def test_a_failed_graph_capture_is_tried_again_then_runs_without_a_graph(f
     async with await aiomnn.Interpreter.from_bytes(data).create_session(cfg) as s, \
             await aiomnn.Interpreter.from_bytes(data).create_session(aiomnn.ScheduleConfig(type="cpu")) as cpu:
         got, want = await s.run(feeds), await cpu.run(feeds)
-        run = next(iter(s.pipeline.main._runs.values()))
+        run = next(iter(s.pipeline.main.plan.runs.values()))
         assert (run.graph is not None) == (failures < runs.CAPTURE_TRIES)
         assert rel_error(got["y"], want["y"]) <= 1e-4
 
@@ -661,12 +684,11 @@ async def test_a_failed_graph_capture_is_tried_again_then_runs_without_a_graph(f
 @pytest.mark.anyio
 @pytest.mark.parametrize("split", [False, True])
 async def test_inputs_of_any_layout_reach_the_device(split, monkeypatch):
-    """runs.copy_in sends a C-contiguous input straight from the caller's array; a strided one, or a large one
+    """Queue.copy_in sends a C-contiguous input straight from the caller's array; a strided one, or a large one
     (in pieces, by the copy threads), through the pinned buffer."""
     import cupy
 
     from aiomnn import copies
-    from aiomnn.backends.cuda import runs
 
     monkeypatch.setattr(copies, "SPLIT_BYTES", 1 if split else 8 << 20)
     monkeypatch.setattr(copies, "PIECE_MIN", 4096)
@@ -679,9 +701,9 @@ async def test_inputs_of_any_layout_reach_the_device(split, monkeypatch):
     async with await aiomnn.Interpreter.from_bytes(model.SerializeToString()).create_session(cfg) as s:
         await s.run({"x": r(2, 8, 40, 37)})
         be = s.pipeline.main
-        (name, host, dst), = next(iter(be._runs.values())).inputs
+        (name, host, dst), = next(iter(be.plan.runs.values())).inputs
         for src in (r(2, 8, 40, 37), r(2, 37, 40, 8).transpose(0, 3, 2, 1)):
-            runs.copy_in(be, host, src, dst)
+            be.queue.copy_in(host, src, dst)
             be.stream.synchronize()
             back = np.empty_like(host)
             cupy.cuda.runtime.memcpy(back.ctypes.data, dst, back.nbytes, cupy.cuda.runtime.memcpyDeviceToHost)
@@ -736,7 +758,7 @@ async def test_device_inputs_stay_on_the_device(source, precision, monkeypatch):
     import cupy
 
     from aiomnn import pipeline
-    from aiomnn.backends.cuda import runs
+    from aiomnn.backends.cuda.queue import D2D, DEFAULT, H2D
 
     data, feeds = conv_case(r(2, 8, 17, 19), r(16, 8, 3, 3), r(16), pads=[1, 1, 1, 1])
     cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(precision=precision, tuning="none"))
@@ -751,10 +773,10 @@ async def test_device_inputs_stay_on_the_device(source, precision, monkeypatch):
             kinds.clear()
             got = await s.run({"x": dev}, device_outputs=True)
             assert isinstance(got["y"], cupy.ndarray)
-            assert kinds and set(kinds) <= {runs.D2D, runs.DEFAULT}, kinds
+            assert kinds and set(kinds) <= {D2D, DEFAULT}, kinds
             np.testing.assert_array_equal(cupy.asnumpy(got["y"]), want["y"])
         got = await s.run({"x": dev})  # host outputs: the input still goes device to device
-        assert runs.H2D not in kinds
+        assert H2D not in kinds
         np.testing.assert_array_equal(got["y"], want["y"])
 
 

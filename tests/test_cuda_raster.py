@@ -182,30 +182,32 @@ EMULATED = textwrap.dedent("""
         dst.reshape(-1)[d + h * d0 + j * d1 + k * d2] = src.reshape(-1)[s + h * s0 + j * s1 + k * s2]
 
     class Backend:
-        def __init__(self, half, views):
-            self.half, self.views = half, views
-            self.rt = unittest.mock.Mock(kernel=lambda source, half, name: kernel)
+        def __init__(self, half):
+            self.half = half
+            self.rt = unittest.mock.Mock(**{"programs.kernel": lambda source, half, name: kernel})
         def dev_dtype(self, dtype):
             return np.dtype(np.float16) if self.half and dtype == np.float32 else np.dtype(dtype)
+
+    class Plan:
+        def __init__(self, views):
+            self.views = views
         def view(self, name):
             return self.views[name]
-        def launcher(self, kern, total, args):
-            return lambda: kern((1,), (256,), args)
 
     def check(op_type, x, consts, out_shape, attrs, half=False):
         ins = [Tensor("x", x.dtype, x.shape)]
         ins += [Tensor(f"c{i}", c.dtype, c.shape, const=c) for i, c in enumerate(consts)]
         out = Tensor("y", x.dtype, out_shape)
-        be = Backend(half, {})
-        be.views.update({t.name: np.asarray(t.const if t.is_const else x, be.dev_dtype(t.dtype)) for t in ins})
-        be.views["y"] = np.full(out_shape, 77, be.dev_dtype(x.dtype))  # so that an element left unwritten shows
+        be = Backend(half)
+        plan = Plan({t.name: np.asarray(t.const if t.is_const else x, be.dev_dtype(t.dtype)) for t in ins})
+        plan.views["y"] = np.full(out_shape, 77, be.dev_dtype(x.dtype))  # so that an element left unwritten shows
         exe = Raster(be, Node("n", op_type, "", tuple(t.name for t in ins), ("y",), attrs, 18), ins, [out])
-        exe.bind()
+        exe.bind(plan)
         for launch in exe.launches:
             launch()
-        want = geometry.run(exe.plans[0], [be.views[t.name] for t in ins], be.dev_dtype(x.dtype))
-        np.testing.assert_array_equal(be.views["y"], want)
-        return be.views["y"]
+        want = geometry.run(exe.plans[0], [plan.views[t.name] for t in ins], be.dev_dtype(x.dtype))
+        np.testing.assert_array_equal(plan.views["y"], want)
+        return plan.views["y"]
 
     x = np.arange(120, dtype=np.float32).reshape(2, 3, 4, 5)
     y = check("Pad", x, [np.array([0, 1, 2, 0, 1, 0, 1, 3], np.int64), np.array(1.5, np.float32)], (3, 4, 7, 8), {})

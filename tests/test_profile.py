@@ -75,7 +75,7 @@ def executed_ops(session) -> int:
         elif b.type is ForwardType.VULKAN:
             n += sum(1 for s in seg.steps if s.execution.dispatches)
         elif b.type is ForwardType.CUDA:
-            run = b._runs[id(seg.steps[0].execution)]
+            run = b.plan.runs[id(seg.steps[0].execution)]
             assert run.graph is None  # profiling launches op by op
             n += len(run.spans)
         else:

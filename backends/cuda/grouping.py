@@ -1,8 +1,8 @@
 """Fusion on the CUDA backend: which steps' elementwise work joins one kernel, and that kernel's launch.
 
-A step's op offers an expression tree (its `group`: fused.py). plan() lets each consumer absorb the producers
+A step's op offers an expression tree (its `group`: fused.py). fuse() lets each consumer absorb the producers
 whose every reader it already holds, greedily in step order; launch() generates and compiles the kernel of a
-group's tree and returns the call the run records.
+group's tree and returns the call the run records. Both read the backend's plan (plan.py).
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from aiomnn.strides import collapse
 
 from . import fused
 from .fused import Inline, LeafPlan, Lit, Raw, Val, contiguous, leaves, vals
+from .program import launcher
 
 if TYPE_CHECKING:
-    from .backend import CudaBackend, Step
+    from .plan import Plan, Step
 
 
-def plan(be: "CudaBackend", kept: set[str],
+def fuse(plan: Plan, kept: set[str],
          alive: Callable[[str, int], bool]) -> tuple[dict[int, Any], dict[int, int]]:
     """Greedy fusion: each consumer absorbs producers whose every reader it already contains. Returns each
     consumer's tree (step index -> root) and where each absorbed step went (step index -> its consumer's).
@@ -31,11 +32,11 @@ def plan(be: "CudaBackend", kept: set[str],
     AIOMNN_CUDA_FUSE=0 turns fusion off (each op then runs its own kernel), for debugging.
     """
     if os.environ.get("AIOMNN_CUDA_FUSE", "1") == "0":
-        kept = set(be._producer)
+        kept = set(plan.producer)
     roots: dict[int, Any] = {}
     members: dict[int, set[int]] = {}
     absorbed: dict[int, int] = {}
-    for s in be._steps:
+    for s in plan.steps:
         exe = s.exe
         if exe is None or exe.group is None:
             continue
@@ -46,16 +47,16 @@ def plan(be: "CudaBackend", kept: set[str],
         while changed:
             changed = False
             for name in vals(root):
-                i = be._producer.get(name)
+                i = plan.producer.get(name)
                 if i is None or i in absorbed or i not in roots or i >= j:
                     continue
-                p = be._steps[i].exe
-                if not p.absorbable or be._run_of.get(i) != be._run_of.get(j):
+                p = plan.steps[i].exe
+                if not p.absorbable or plan.run_of.get(i) != plan.run_of.get(j):
                     continue
                 if name in kept or p.out_names[0] != name or tuple(p.outs[0].shape) != exe.out_shape:
                     continue
                 new_mem = mem | members.get(i, set())
-                if not be._readers.get(name, set()) <= new_mem:
+                if not plan.readers.get(name, set()) <= new_mem:
                     continue
                 if not all(alive(d, j) for d in reads(roots[i])):
                     continue
@@ -84,12 +85,12 @@ def reads(root) -> list[str]:
     return out
 
 
-def launch(be: "CudaBackend", step: "Step", root) -> Callable[[], None]:
+def launch(plan: Plan, step: Step, root) -> Callable[[], None]:
     """The call that runs a group's kernel: its tree's leaves planned (constants, inline values, strided loads),
     the kernel generated and compiled for this layer."""
     exe = step.exe
     out_name = exe.out_names[0]
-    out = be._views[out_name]
+    out = plan.views[out_name]
     shape = list(exe.out_shape)
     plans: list[LeafPlan] = []
     inline = False
@@ -98,11 +99,11 @@ def launch(be: "CudaBackend", step: "Step", root) -> Callable[[], None]:
             plans.append(LeafPlan(leaf, "lit", meta=[fused.float_bits(leaf.value)]))
         elif isinstance(leaf, Inline):
             inline = True
-            plans.append(LeafPlan(leaf, "inline", ptrs=leaf.op.inline_ptrs(), meta=leaf.op.inline_meta()))
+            plans.append(LeafPlan(leaf, "inline", ptrs=leaf.op.inline_ptrs(plan), meta=leaf.op.inline_meta()))
         elif isinstance(leaf, Raw):
-            plans.append(LeafPlan(leaf, "s", ptrs=[be._views[leaf.op.out_names[0]]], strides=leaf.op.raw_strides()))
+            plans.append(LeafPlan(leaf, "s", ptrs=[plan.views[leaf.op.out_names[0]]], strides=leaf.op.raw_strides()))
         else:
-            arr = be.view(leaf.name)
+            arr = plan.view(leaf.name)
             plans.append(LeafPlan(leaf, "s", ptrs=[arr], strides=broadcast_strides(leaf.shape, shape)))
     strided = [p for p in plans if p.mode == "s"]
     dims = shape if shape else [1]
@@ -119,15 +120,15 @@ def launch(be: "CudaBackend", step: "Step", root) -> Callable[[], None]:
             p.mode = "c"
         elif all(a == 0 for a in st):
             p.mode = "0"
-    kern = be.rt.kernel(fused.generate(root, plans, list(dims)), be.half)
+    kern = plan.rt.programs.kernel(fused.generate(root, plans, list(dims)), plan.half)
     ptrs = [a for p in plans for a in p.ptrs if p.mode != "lit"]
     total = int(np.prod(dims))
     args = (out, np.uint32(total), *ptrs)
     tiled = [p.leaf.op for p in plans if p.mode == "inline" and p.leaf.op.tiled]
     if tiled:
         grid, block = tiled[0].launch_shape()
-        return be.launcher(kern, total, args, block=block, grid=grid)
-    return be.launcher(kern, total, args)
+        return launcher(kern, total, args, block=block, grid=grid)
+    return launcher(kern, total, args)
 
 
 def _tiled(root) -> bool:

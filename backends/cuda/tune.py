@@ -77,14 +77,12 @@ class ConvAlgoTask:
     def timer(self) -> Iterator[Any]:
         from aiomnn.pipeline import Pipeline
 
-        from .backend import CudaBackend
-
         backends: list[Any] = []
         config = BackendConfig(precision="low" if self.half else "normal", tuning="none")
 
         def plan(algo: str) -> Any:
             """The candidate's backend, planned and bound: its kernels are compiling, nothing ran yet."""
-            backend = CudaBackend(self.runtime, config)
+            backend = self.runtime.new_backend(config)
             backend.record_at_resize = False
             backends.append(backend)
             p = Pipeline(self._graph(algo), backend, backend)
@@ -100,11 +98,11 @@ class ConvAlgoTask:
             backend = planned.pop(algo, None) or plan(algo)
             if isinstance(backend, Exception):
                 raise backend
-            run = next(iter(backend._runs.values()))
+            run = next(iter(backend.plan.runs.values()))
             stream = backend.stream
             with self.runtime.device:
-                runs.record(backend, run)  # the warm-up waits for this candidate's kernels
-                graph = runs.capture(backend, run.compute * REPEATS)  # each launch is idempotent
+                runs.record(backend.plan, run)  # the warm-up waits for this candidate's kernels
+                graph = runs.capture(stream, run.compute * REPEATS)  # each launch is idempotent
                 start, end = cupy.cuda.Event(), cupy.cuda.Event()
                 best = float("inf")
                 for i in range(samples + 1):  # the first is a warm-up

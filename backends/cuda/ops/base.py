@@ -1,5 +1,8 @@
 """What every CUDA op is: an Execution that plans at resize and launches into the recorded graph.
 
+An op is made with its backend, whose precision, runtime and program it reads; once the resize's memory is
+planned it binds to the backend's plan (plan.py), whose device arrays it reads.
+
 An op may carry `group`, an expression for its output 0 (fused.Term). The
 backend turns groups into generated kernels and fuses an elementwise consumer
 with its producers when nothing else reads the value in between: a
@@ -25,6 +28,7 @@ from aiomnn.graph import Node
 
 if TYPE_CHECKING:
     from ..backend import CudaBackend
+    from ..plan import Plan
 
 OPS: OpRegistry[Any] = OpRegistry("cuda")
 
@@ -83,7 +87,7 @@ class CudaOp(Execution):
     def on_resize(self, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
         self.be.op_resized(self)
 
-    def bind(self) -> None:
+    def bind(self, plan: Plan) -> None:
         """Memory exists now: make views, upload parameters, fill self.launches (main compute)."""
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
@@ -100,9 +104,9 @@ class CudaOp(Execution):
         """Values an Inline leaf of this op reads: its first input (an op that reads more says so)."""
         return [self.in_names[0]]
 
-    def inline_ptrs(self) -> list[Any]:
+    def inline_ptrs(self, plan: Plan) -> list[Any]:
         """The device arrays an Inline leaf of this op reads, as inline_deps names them."""
-        return [self.be.view(name) for name in self.inline_deps()]
+        return [plan.view(name) for name in self.inline_deps()]
 
     def inline_types(self) -> list[str] | None:
         """The C parameter types of an Inline leaf's pointers (inline_ptrs); None: all `const T*`."""

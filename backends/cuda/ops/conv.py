@@ -28,6 +28,7 @@ from aiomnn.window import window_params
 
 from .. import kernels
 from ..fused import Expr, Inline, Raw, Val
+from ..program import launcher
 from .base import CudaOp, Decline, check_tensors, float_inputs, op
 from .conv_narrow import NARROW_PIXELS, narrow_bounds, narrow_channels, narrow_code, narrow_launch
 from .elementwise import activation
@@ -164,7 +165,7 @@ class Conv(ConvBase):
         p = self.out_shape[2] * self.out_shape[3]
         return n * k * p * self.be.t_dtype.itemsize
 
-    def bind(self):
+    def bind(self, plan):
         if self.algo == "direct" or self.tiled:
             return
         be = self.be
@@ -173,39 +174,38 @@ class Conv(ConvBase):
         p = oh * ow
         if n * co * p == 0:
             return
-        x, y = be.view(self.in_names[0]), be.view(self.out_names[0])
-        wt = be.view(self.in_names[1])
+        x, y = plan.view(self.in_names[0]), plan.view(self.out_names[0])
+        wt = plan.view(self.in_names[1])
         if self.algo == "gemm":
             self.launches = [gemm_fn(be, False, False, co, p, ci, wt, ci, 0, x, p, ci * p, y, p, co * p, n)]
             return
         kh, kw = self.kernel
         k = ci * kh * kw
-        col = be.scratch(self, be.t_dtype, n * k * p)
+        col = plan.scratch(self, be.t_dtype, n * k * p)
         meta = [n, ci, h, w, oh, ow, kh, kw, self.strides[0], self.strides[1], self.pads[0], self.pads[1],
                 self.dils[0], self.dils[1]]
-        im2col = be.rt.kernel(kernels.constants(kernels.IM2COL, meta), be.half, "im2col")
+        im2col = be.rt.programs.kernel(kernels.constants(kernels.IM2COL, meta), be.half, "im2col")
         total = n * k * p
-        self.launches = [be.launcher(im2col, total, (x, col, np.uint32(total))),
+        self.launches = [launcher(im2col, total, (x, col, np.uint32(total))),
                          gemm_fn(be, False, False, co, p, k, wt, k, 0, col, p, k * p, y, p, co * p, n)]
 
     # The direct algorithm, inline in the fused kernel; the implicit GEMM, around it.
     def inline_deps(self):
         return [self.in_names[0]]
 
-    def inline_ptrs(self):
-        be = self.be
-        x = be.view(self.in_names[0])
+    def inline_ptrs(self, plan):
+        x = plan.view(self.in_names[0])
         if not self.tiled:
-            return [x, be.view(self.in_names[1])]
+            return [x, plan.view(self.in_names[1])]
         w = self.const(1)  # as [K][CO], so a tile's loads are coalesced
-        wt = be.view(be.derived(self.node, "weights_kxco", np.ascontiguousarray(w.reshape(w.shape[0], -1).T)))
+        wt = plan.view(self.be.derived(self.node, "weights_kxco", np.ascontiguousarray(w.reshape(w.shape[0], -1).T)))
         if self.splits == 1:
             return [x, wt]
         bm, bn = TILES[self.algo]
         # Per tile, how many slices have finished; the last one resets it, ready for the next run.
         counters = cupy.zeros((self.tiles(),), np.uint32)
         self.keep.append(counters)
-        return [x, wt, be.workspace(np.float32, self.tiles() * self.splits * bm * bn), counters]
+        return [x, wt, plan.workspace(np.float32, self.tiles() * self.splits * bm * bn), counters]
 
     def inline_types(self):
         if self.splits == 1:

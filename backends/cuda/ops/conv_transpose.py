@@ -38,21 +38,21 @@ class ConvTranspose(ConvBase):
         n, ci, h, w = self.in_shape(0)
         return n * self._m() * h * w * self.be.t_dtype.itemsize
 
-    def bind(self):
+    def bind(self, plan):
         be = self.be
         n, ci, h, w = self.in_shape(0)
         m = self._m()
         hw = h * w
-        self.col = be.scratch(self, be.t_dtype, n * m * hw)
+        self.col = plan.scratch(self, be.t_dtype, n * m * hw)
         if n * m * hw == 0:
             return
-        x, wt = be.view(self.in_names[0]), be.view(self.in_names[1])
+        x, wt = plan.view(self.in_names[0]), plan.view(self.in_names[1])
         self.launches = [gemm_fn(be, True, False, m, hw, ci, wt, m, 0, x, hw, ci * hw, self.col, hw, m * hw, n)]
 
     def inline_deps(self):
         return []
 
-    def inline_ptrs(self):
+    def inline_ptrs(self, plan):
         return [self.col]
 
     def inline_meta(self):

@@ -17,11 +17,11 @@ def gemm_fn(be, trans_a: bool, trans_b: bool, M: int, N: int, K: int, A, lda: in
 
     A row-major matrix is the column-major transpose, so this asks cuBLAS for
     C^T = op(B)^T @ op(A)^T with A and B swapped. The call goes straight to
-    libcublas with the backend's own handle, bound to its stream: cupy refuses
-    cuBLAS calls during stream capture, and its shared handle follows whatever
-    stream is current.
+    libcublas with the backend's own handle, bound to its stream (Queue.blas): cupy
+    refuses cuBLAS calls during stream capture, and its shared handle follows
+    whatever stream is current.
     """
-    blas = be.blas()
+    blas = be.queue.blas()
     dt = CUDA_R_16F if be.half else CUDA_R_32F
     al = np.array([alpha], np.float32)
     bt = np.array([beta], np.float32)
@@ -66,10 +66,10 @@ class MatMul(CudaOp):
             raise Decline("batch dims broadcast partially")
         return size
 
-    def bind(self):
+    def bind(self, plan):
         if self.M * self.N * self.batch == 0:
             return
-        a, b, c = (self.be.view(n) for n in (self.in_names[0], self.in_names[1], self.out_names[0]))
+        a, b, c = (plan.view(n) for n in (self.in_names[0], self.in_names[1], self.out_names[0]))
         if self.K == 0:
             raise Decline("K == 0")
         self.launches = [gemm_fn(self.be, False, False, self.M, self.N, self.K, a, self.K, self.sA, b, self.N, self.sB,
@@ -99,10 +99,10 @@ class Gemm(CudaOp):
             root = Expr("Add", (root, c if beta == 1.0 else Expr("Mul", (c, Lit(beta)))))
         self.group = activation(root, a.get("_activation"))
 
-    def bind(self):
+    def bind(self, plan):
         if self.M * self.N == 0:
             return
-        a, b, c = (self.be.view(n) for n in (self.in_names[0], self.in_names[1], self.out_names[0]))
+        a, b, c = (plan.view(n) for n in (self.in_names[0], self.in_names[1], self.out_names[0]))
         sa, sb = self.in_shape(0), self.in_shape(1)
         self.launches = [gemm_fn(self.be, self.ta, self.tb, self.M, self.N, self.K, a, sa[1], 0, b, sb[1], 0, c, self.N,
                                  0, 1, self.alpha)]

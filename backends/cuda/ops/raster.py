@@ -18,6 +18,7 @@ from aiomnn import geometry
 from aiomnn.geometry import Raster as Plan, Region
 
 from ..kernels import RASTER
+from ..program import launcher
 from .base import CudaOp, Decline, check_tensors
 
 #: The element sizes kernels.RASTER has a kernel for (raster<size>).
@@ -43,14 +44,14 @@ class Raster(CudaOp):
         # Each output's fill as one element of its storage dtype (None: no fill), made here so that a fill the
         # dtype cannot hold declines now rather than failing at bind.
         self.fills: list[np.ndarray | None] = []
-        for plan, out in zip(self.plans, outs):
+        for raster, out in zip(self.plans, outs):
             if not out.name:  # an output the model leaves out
                 self.fills.append(None)
                 continue
             dtype = be.dev_dtype(out.dtype)
             if dtype.kind not in KINDS or dtype.itemsize not in WIDTHS:
                 raise Decline(f"the raster kernel does not copy {out.dtype}")
-            self.fills.append(None if plan.fill is None else self._fill(plan.fill, dtype))
+            self.fills.append(None if raster.fill is None else self._fill(raster.fill, dtype))
 
     @staticmethod
     def _fill(value: float, dtype: np.dtype) -> np.ndarray:
@@ -59,21 +60,21 @@ class Raster(CudaOp):
         except (OverflowError, TypeError, ValueError) as exc:
             raise Decline(f"a fill of {value!r} in {dtype}: {exc}") from None
 
-    def bind(self):
+    def bind(self, plan):
         import cupy
 
         self.launches = []
-        for plan, fill, name in zip(self.plans, self.fills, self.out_names):
+        for raster, fill, name in zip(self.plans, self.fills, self.out_names):
             if not name:
                 continue
-            dst = self.be.view(name)
-            kern = self.be.rt.kernel(RASTER, False, f"raster{dst.dtype.itemsize}")
+            dst = plan.view(name)
+            kern = self.be.rt.programs.kernel(RASTER, False, f"raster{dst.dtype.itemsize}")
             if fill is not None and dst.size:
                 value = cupy.asarray(fill)
                 self.keep.append(value)
                 self.launches.append(self._launch(kern, value, dst, whole(int(dst.size))))
-            for region in plan.regions:
-                self.launches.append(self._launch(kern, self.be.view(self.in_names[region.src]), dst, region))
+            for region in raster.regions:
+                self.launches.append(self._launch(kern, plan.view(self.in_names[region.src]), dst, region))
 
     def _launch(self, kern, src, dst, r: Region):
         n1, n2 = r.size[1], r.size[2]
@@ -81,4 +82,4 @@ class Raster(CudaOp):
         args = (src, dst, np.uint32(total), np.uint32(n1), np.uint32(n2),
                 np.int64(r.src_offset), *(np.int64(v) for v in r.src_strides),
                 np.int64(r.dst_offset), *(np.int64(v) for v in r.dst_strides))
-        return self.be.launcher(kern, total, args)
+        return launcher(kern, total, args)

@@ -6,6 +6,7 @@ import numpy as np
 
 from aiomnn import shapes
 
+from ..program import launcher
 from .base import CudaOp, Decline, check_tensors, float_inputs, op
 
 REDUCE = {"ReduceSum": (0, False), "ReduceMean": (0, True), "ReduceMax": (1, False), "ReduceMin": (2, False),
@@ -24,9 +25,9 @@ def rows_launch(exe: CudaOp, name: str, rows: int, R: int, args: tuple):
     GlobalAveragePool over 768 rows of 160x160)."""
     be = exe.be
     if name == "reduce" and R >= 2048:
-        return be.launcher(be.static("reduce_block"), rows * 256, args, block=256, grid=rows)
+        return launcher(be.static("reduce_block"), rows * 256, args, block=256, grid=rows)
     kern = be.static(f"{name}_warp")
-    return be.launcher(kern, rows * 32, args, block=128)
+    return launcher(kern, rows * 32, args, block=128)
 
 
 #: Rows are reduced in slices of at least this many values where there are fewer rows than twice the SMs.
@@ -69,25 +70,25 @@ class Reduce(CudaOp):
     def workspace_bytes(self) -> int:
         return 4 * self.outer * self.slices if self.slices > 1 else 0
 
-    def bind(self):
-        x, y = self.be.view(self.in_names[0]), self.be.view(self.out_names[0])
+    def bind(self, plan):
+        x, y = plan.view(self.in_names[0]), plan.view(self.out_names[0])
         if self.outer * self.inner == 0:
             return
         if self.slices > 1:
             be, rows, s = self.be, self.outer, self.slices
-            part = be.workspace(np.float32, rows * s)
+            part = plan.workspace(np.float32, rows * s)
             self.launches = [
-                be.launcher(be.static("reduce_slices"), rows * s * 256,
-                            (x, part, np.uint32(self.R), np.uint32(s), np.int32(self.code)), block=256, grid=rows * s),
-                be.launcher(be.static("reduce_parts"), rows,
-                            (part, y, np.uint32(rows), np.uint32(s), np.int32(self.code), np.float32(self.post)))]
+                launcher(be.static("reduce_slices"), rows * s * 256,
+                         (x, part, np.uint32(self.R), np.uint32(s), np.int32(self.code)), block=256, grid=rows * s),
+                launcher(be.static("reduce_parts"), rows,
+                         (part, y, np.uint32(rows), np.uint32(s), np.int32(self.code), np.float32(self.post)))]
         elif self.inner == 1:
             args = (x, y, np.uint32(self.outer), np.uint32(self.R), np.int32(self.code), np.float32(self.post))
             self.launches = [rows_launch(self, "reduce", self.outer, self.R, args)]
         else:
             args = (x, y, np.uint32(self.outer), np.uint32(self.R), np.uint32(self.inner), np.int32(self.code),
                     np.float32(self.post))
-            self.launches = [self.be.launcher(self.be.static("reduce_cols"), self.outer * self.inner, args)]
+            self.launches = [launcher(self.be.static("reduce_cols"), self.outer * self.inner, args)]
 
 
 for _t in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2", "ReduceL1"):
@@ -113,8 +114,8 @@ class Softmax(CudaOp):
             self.outer, self.R, self.inner = prod(s[:axis]), s[axis], prod(s[axis + 1:])
         self.log = node.op_type == "LogSoftmax"
 
-    def bind(self):
-        x, y = self.be.view(self.in_names[0]), self.be.view(self.out_names[0])
+    def bind(self, plan):
+        x, y = plan.view(self.in_names[0]), plan.view(self.out_names[0])
         if self.outer * self.inner * self.R == 0:
             return
         if self.inner == 1:
@@ -122,7 +123,7 @@ class Softmax(CudaOp):
             self.launches = [rows_launch(self, "softmax", self.outer, self.R, args)]
         else:
             args = (x, y, np.uint32(self.outer), np.uint32(self.R), np.uint32(self.inner), np.int32(self.log))
-            self.launches = [self.be.launcher(self.be.static("softmax_cols"), self.outer * self.inner, args)]
+            self.launches = [launcher(self.be.static("softmax_cols"), self.outer * self.inner, args)]
 
 
 op("Softmax")(Softmax)
@@ -145,12 +146,12 @@ class LayerNorm(CudaOp):
                     raise Decline("scale and bias must cover the normalized axes")
         self.eps = float(node.attrs.get("epsilon", 1e-5))
 
-    def bind(self):
-        x, y = self.be.view(self.in_names[0]), self.be.view(self.out_names[0])
-        g = self.be.view(self.in_names[1])
-        b = self.be.view(self.in_names[2]) if len(self.in_names) > 2 and self.in_names[2] else None
+    def bind(self, plan):
+        x, y = plan.view(self.in_names[0]), plan.view(self.out_names[0])
+        g = plan.view(self.in_names[1])
+        b = plan.view(self.in_names[2]) if len(self.in_names) > 2 and self.in_names[2] else None
         if self.rows * self.R == 0:
             return
         null = np.uintp(0)
         args = (x, g, b if b is not None else null, y, np.uint32(self.rows), np.uint32(self.R), np.float32(self.eps))
-        self.launches = [self.be.launcher(self.be.static("layernorm_warp"), self.rows * 32, args, block=128)]
+        self.launches = [launcher(self.be.static("layernorm_warp"), self.rows * 32, args, block=128)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import cupy
 import numpy as np
 
 from aiomnn.graph import dtype_of
@@ -9,6 +10,7 @@ from aiomnn.moves import slice_span
 from aiomnn.strides import collapse
 
 from ..kernels import CTYPES, MAX_COPY_RANK, cast_source
+from ..program import launcher
 from .base import F32, CudaOp, Decline, check_tensors, op
 from .elementwise import Copy
 
@@ -34,10 +36,10 @@ def copy_launch(exe: CudaOp, src, dst, dims, sstr, dstr, sbase: int = 0, dbase: 
         raise Decline("copy of rank over 8")
     pad = [0] * (MAX_COPY_RANK - len(dims2))
     meta = [len(dims2)] + dims2 + pad + ss + pad + ds + pad + [int(sbase), int(dbase)]
-    be = exe.be
-    kern = be.rt.static_kernel(f"copy{src.dtype.itemsize}", False)
-    m = be.meta(meta, exe.keep)
-    return be.launcher(kern, total, (src, dst, m, np.uint32(total)))
+    kern = exe.be.rt.programs.static_kernel(f"copy{src.dtype.itemsize}", False)
+    m = cupy.asarray(np.asarray(meta, dtype=np.int32))  # the meta table, kept with the op
+    exe.keep.append(m)
+    return launcher(kern, total, (src, dst, m, np.uint32(total)))
 
 
 class Alias(CudaOp):
@@ -53,11 +55,9 @@ class Alias(CudaOp):
         if ins[0].dtype != outs[0].dtype:
             raise Decline("dtype changes")
 
-    def bind(self):
-        src, dst = self.be.view(self.in_names[0]), self.be.view(self.out_names[0])
+    def bind(self, plan):
+        src, dst = plan.view(self.in_names[0]), plan.view(self.out_names[0])
         if src.data.ptr != dst.data.ptr and dst.nbytes:
-            import cupy
-
             stream, n = self.be.stream, int(dst.nbytes)
             s, d = src.data.ptr, dst.data.ptr
 
@@ -79,11 +79,11 @@ class Transpose(CudaOp):
         s = self.in_shape(0)
         self.perm = list(self.attrs.get("perm", list(range(len(s)))[::-1]))
 
-    def bind(self):
+    def bind(self, plan):
         s = self.in_shape(0)
         st = cstrides(s)
         dims = [s[p] for p in self.perm]
-        fn = copy_launch(self, self.be.view(self.in_names[0]), self.be.view(self.out_names[0]), dims,
+        fn = copy_launch(self, plan.view(self.in_names[0]), plan.view(self.out_names[0]), dims,
                          [st[p] for p in self.perm], cstrides(dims))
         self.launches = [fn] if fn else []
 
@@ -115,8 +115,8 @@ class Slice(CudaOp):
                 self.sbase += r.start * st[ax]
             self.sstr[ax] = st[ax] * sp
 
-    def bind(self):
-        fn = copy_launch(self, self.be.view(self.in_names[0]), self.be.view(self.out_names[0]), self.dims,
+    def bind(self, plan):
+        fn = copy_launch(self, plan.view(self.in_names[0]), plan.view(self.out_names[0]), self.dims,
                          self.sstr, cstrides(self.dims), self.sbase)
         self.launches = [fn] if fn else []
 
@@ -128,8 +128,8 @@ class Concat(CudaOp):
         check_tensors(ins, outs)
         self.axis = self.attrs["axis"] % len(self.out_shape)
 
-    def bind(self):
-        out = self.be.view(self.out_names[0])
+    def bind(self, plan):
+        out = plan.view(self.out_names[0])
         ost = cstrides(self.out_shape)
         off = 0
         self.launches = []
@@ -137,7 +137,7 @@ class Concat(CudaOp):
             if t is None:
                 continue
             s = tuple(t.shape)
-            fn = copy_launch(self, self.be.view(t.name), out, list(s), cstrides(s), ost, 0, off * ost[self.axis])
+            fn = copy_launch(self, plan.view(t.name), out, list(s), cstrides(s), ost, 0, off * ost[self.axis])
             if fn:
                 self.launches.append(fn)
             off += s[self.axis]
@@ -150,17 +150,17 @@ class Split(CudaOp):
         check_tensors(ins[:1], [o for o in outs if o.name])
         self.axis = self.attrs.get("axis", 0) % len(self.in_shape(0))
 
-    def bind(self):
+    def bind(self, plan):
         s = self.in_shape(0)
         st = cstrides(s)
-        src = self.be.view(self.in_names[0])
+        src = plan.view(self.in_names[0])
         off = 0
         self.launches = []
         for t in self.outs:
             if t.shape is None:
                 raise Decline("unknown split")
             if t.name:
-                fn = copy_launch(self, src, self.be.view(t.name), list(t.shape), st, cstrides(t.shape),
+                fn = copy_launch(self, src, plan.view(t.name), list(t.shape), st, cstrides(t.shape),
                                  off * st[self.axis])
                 if fn:
                     self.launches.append(fn)
@@ -181,25 +181,23 @@ class Gather(CudaOp):
         if be.dev_dtype(ins[0].dtype).itemsize not in (1, 2, 4, 8):
             raise Decline("element size")
 
-    def bind(self):
+    def bind(self, plan):
         s = self.in_shape(0)
         outer = int(np.prod(s[: self.axis], dtype=np.int64))
         inner = int(np.prod(s[self.axis + 1:], dtype=np.int64))
         nidx = int(np.prod(self.ins[1].shape, dtype=np.int64))
         if self.ins[1].is_const:
-            import cupy
-
             idx = cupy.asarray(np.asarray(self.ins[1].const, dtype=np.int64).reshape(-1))
             self.keep.append(idx)
         else:
-            idx = self.be.view(self.in_names[1])
-        src, dst = self.be.view(self.in_names[0]), self.be.view(self.out_names[0])
+            idx = plan.view(self.in_names[1])
+        src, dst = plan.view(self.in_names[0]), plan.view(self.out_names[0])
         total = outer * nidx * inner
         if not total:
             return
-        kern = self.be.rt.static_kernel(f"copy{src.dtype.itemsize}_gather", False)
-        self.launches = [self.be.launcher(kern, total, (src, idx, dst, np.uint32(outer), np.uint32(s[self.axis]),
-                                                        np.uint32(nidx), np.uint32(inner)))]
+        kern = self.be.rt.programs.static_kernel(f"copy{src.dtype.itemsize}_gather", False)
+        self.launches = [launcher(kern, total, (src, idx, dst, np.uint32(outer), np.uint32(s[self.axis]),
+                                                np.uint32(nidx), np.uint32(inner)))]
 
 
 class CastOp(CudaOp):
@@ -210,13 +208,13 @@ class CastOp(CudaOp):
             if be.dev_dtype(t.dtype).name not in CTYPES:
                 raise Decline(f"cast of {t.dtype}")
 
-    def bind(self):
-        src, dst = self.be.view(self.in_names[0]), self.be.view(self.out_names[0])
+    def bind(self, plan):
+        src, dst = plan.view(self.in_names[0]), plan.view(self.out_names[0])
         n = int(src.size)
         if not n:
             return
-        kern = self.be.rt.kernel(cast_source(src.dtype.name, dst.dtype.name), False, "cast")
-        self.launches = [self.be.launcher(kern, n, (src, dst, np.uint32(n)))]
+        kern = self.be.rt.programs.kernel(cast_source(src.dtype.name, dst.dtype.name), False, "cast")
+        self.launches = [launcher(kern, n, (src, dst, np.uint32(n)))]
 
 
 @op("Cast")

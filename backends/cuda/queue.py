@@ -1,0 +1,281 @@
+"""The CUDA queue: a backend's stream, what a run does on it, and the waiter that signals each run's Fence.
+
+Queue    the stream (and the cuBLAS handle bound to it, blas.py); a run's inputs copied in (copy_in), its
+         recorded launches started (launch), each output's copy queued into a pinned block that becomes the
+         caller's array (memory.HandedOver, no host copy after the run), and the Fence completed when the
+         stream reaches its end (WAIT_MODES).
+Waiter   one thread per backend that learns when each run finished and signals its Fence. It follows the
+         shared schedule (aiomnn.poll): sleep until shortly before the run is expected to finish, poll its
+         blocking-sync event, then block in cudaEventSynchronize. A poll asks the driver (cuEventQuery through
+         ctypes, which leaves the GIL free during the call; cupy's query holds it, so without the driver's query
+         the poller sleeps between polls).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import cupy
+import numpy as np
+
+from aiomnn import copies
+from aiomnn.errors import BackendError
+from aiomnn.fence import Fence
+from aiomnn.memory import HandedOver, Lease, handed
+from aiomnn.poll import Poller, Timing
+
+if TYPE_CHECKING:
+    from .runs import Run
+    from .runtime import CudaRuntime
+
+log = logging.getLogger("aiomnn")
+
+H2D, D2H, D2D, DEFAULT = 1, 2, 3, 4  # cudaMemcpyKind (DEFAULT: from the pointers, across devices too)
+#: How a run's completion reaches the event loop (AIOMNN_CUDA_WAIT):
+#: "thread" (default): a waiter thread per backend (Waiter) sleeps until shortly before the
+#:     run is expected to finish, polls its event, falls back to cudaEventSynchronize on a
+#:     blocking-sync event, then signals the Fence;
+#: "hostfunc": cudaLaunchHostFunc after the run's copies signals the Fence from a driver thread.
+#: The waiter thread woke the awaiting task sooner than a host function, under uvloop and
+#: asyncio alike, and it does not hold the stream while a driver thread waits for the GIL.
+WAIT_MODES = ("thread", "hostfunc")
+
+
+class Queue:
+    """A backend's stream and the runs it submits there, in order."""
+
+    def __init__(self, runtime: CudaRuntime):
+        self.rt = runtime
+        with runtime.device:
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.wait_mode = os.environ.get("AIOMNN_CUDA_WAIT", "thread")
+        if self.wait_mode not in WAIT_MODES:
+            raise BackendError(f"AIOMNN_CUDA_WAIT must be one of {WAIT_MODES}, not {self.wait_mode!r}")
+        self._waiter: Waiter | None = None
+        self._events: list = []  # blocking-sync events the waiter is done with, to record again
+        self._blas = None
+
+    def copy_in(self, host: np.ndarray, src: Any, dst: int) -> None:
+        """An input to the device, ahead of the graph on the stream.
+
+        A large one: the copy threads fill its pinned buffer piece by piece (copies.fill), and each piece
+        goes to the device as soon as it is filled, so the host copies run in parallel and overlap the
+        transfer. Others go straight from the caller's array: the driver copies pageable memory through
+        its own staging buffers, overlapping that copy with the transfer, and returns once the array has
+        been read, which measured quicker than filling a pinned buffer and sending it (det's and
+        YOLOv8n's inputs). An array of another layout or dtype goes through the pinned buffer."""
+        if not host.size:
+            return
+        stream = self.stream.ptr
+        if isinstance(src, cupy.ndarray):  # a device input (aiomnn.feeds): copied on the device, after what made it
+            self.after_default_stream()
+            cupy.cuda.runtime.memcpyAsync(dst, src.data.ptr, host.nbytes, DEFAULT, stream)
+            return
+        src = np.asarray(src)
+        if not copies.large(host.nbytes) and src.dtype == host.dtype and src.shape == host.shape \
+                and src.flags.c_contiguous:
+            cupy.cuda.runtime.memcpyAsync(dst, src.ctypes.data, host.nbytes, H2D, stream)
+            return
+        base = host.ctypes.data
+        for a, b in copies.fill(host, src):
+            cupy.cuda.runtime.memcpyAsync(dst + a, base + a, b - a, H2D, stream)
+
+    def launch(self, run: Run, fence: Fence, device: bool = False, timed: bool = False) -> dict[str, Any]:
+        """Start the run and return its outputs, to read once the fence completes: host arrays the caller
+        owns, or with device, fresh device arrays for the graph outputs (copied on the device from the
+        plan's buffers, so the next run cannot overwrite them). With timed (profiling), the launches go
+        one by one between events (launch_timed)."""
+        stream = self.stream
+        mode = self.wait_mode
+        sent_at = time.perf_counter()
+        if timed:
+            launch_timed(stream, run)
+        elif run.graph is None:
+            with stream:
+                for fn in run.fns:
+                    fn()
+        else:
+            run.graph.launch(stream)
+        outs, held = {}, []
+        for name, src in run.outputs:
+            if device and name in run.on_device:
+                out = cupy.ndarray(src.shape, src.dtype, memptr=self.rt.malloc(src.nbytes))
+                if src.nbytes:
+                    cupy.cuda.runtime.memcpyAsync(out.data.ptr, src.data.ptr, src.nbytes, D2D, stream.ptr)
+            else:
+                out = self._to_host(src, held)
+            outs[name] = out
+        run.held = held  # until the next launch, which comes after this one ends even if its caller is gone
+        if mode == "hostfunc":
+            stream.launch_host_func(_signal, fence)
+        else:
+            events = self._events
+            event = events.pop() if events else cupy.cuda.Event(block=True, disable_timing=True)
+            event.record(stream)
+            self._wait_thread().put(event, fence, run.timing[device], sent_at, events.append)
+        return outs
+
+    def _to_host(self, src: "cupy.ndarray", held: list) -> np.ndarray:
+        """An array the caller owns, which a copy queued now on the stream fills from src: a block of cupy's
+        pinned pool, handed over with the array (it goes back to the pool when the array goes), within
+        the bytes callers may hold (memory.handed) and for dtypes the array interface carries (not ml_dtypes'
+        bfloat16)."""
+        n, dtype = src.nbytes, src.dtype
+        if not n:
+            return np.empty(src.shape, dtype)
+        mem = cupy.cuda.alloc_pinned_memory(n)
+        held.append(mem)
+        cupy.cuda.runtime.memcpyAsync(mem.ptr, src.data.ptr, n, D2H, self.stream.ptr)
+        if np.dtype(dtype.str) == dtype and handed.take(n):
+            return np.asarray(HandedOver(Lease(mem, n), mem.ptr, src.shape, dtype))
+        return np.frombuffer(mem, dtype, src.size).reshape(src.shape)  # the session copies it
+
+    def after_default_stream(self) -> None:
+        """Order the stream after the work queued so far on the default stream: where torch and cupy make
+        arrays by default, and where DLPack hands a device input over (aiomnn.feeds)."""
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record(cupy.cuda.Stream.null)
+        self.stream.wait_event(event)
+
+    def _wait_thread(self) -> Waiter:
+        if self._waiter is None:
+            self._waiter = Waiter()
+        return self._waiter
+
+    def blas(self):
+        """The cuBLAS handle on this stream (created on first use)."""
+        if self._blas is None:
+            from .blas import WORKSPACE_BYTES, Blas
+
+            with self.rt.device:
+                self._blas = Blas(self.stream.ptr, self.rt.malloc(WORKSPACE_BYTES))
+        return self._blas
+
+    def close(self) -> None:
+        """Stop the waiter once what it was given has been waited for, and free the cuBLAS handle."""
+        if self._waiter is not None:
+            self._waiter.close()
+        if self._blas is not None:
+            try:
+                self._blas.close()
+            except Exception:  # pragma: no cover - interpreter shutdown
+                pass
+
+
+def _signal(fence: Fence) -> None:
+    fence.signal()
+
+
+def launch_timed(stream: Any, run: Run) -> None:
+    """The run's launches one by one, each step's between a pair of CUDA events (profiling; read by
+    runs.profile once the run has ended)."""
+    timed = []
+    i = 0
+    with stream:
+        for step, a, b in run.spans:
+            for fn in run.fns[i:a]:
+                fn()
+            start, end = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(stream)
+            for fn in run.fns[a:b]:
+                fn()
+            end.record(stream)
+            timed.append((step, start, end, b - a))
+            i = b
+        for fn in run.fns[i:]:
+            fn()
+    run.timed = timed
+
+
+# The waiter ---------------------------------------------------------------------------------------------------
+_NOT_READY = 600  # CUDA_ERROR_NOT_READY (cudaErrorNotReady is 600 too)
+#: Sleep between polls where only cupy's query (which holds the GIL) is there.
+_CUPY_POLL_STEP_S = 20e-6
+
+
+def _driver_query() -> Callable[[int], int] | None:
+    """cuEventQuery from the driver library, called outside the GIL; None where it cannot be loaded."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuEventQuery
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class Waiter:
+    """The thread that completes a backend's fences, in launch order (one stream)."""
+
+    def __init__(self, name: str = "aiomnn-cuda-wait") -> None:
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._query = _driver_query()
+        self._primed = False
+        #: perf_counter() when the waiter last saw a run complete (a run queued behind it starts then).
+        self.last_completion = 0.0
+        self.poller = Poller(0.0 if self._query is not None else _CUPY_POLL_STEP_S)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, event: Any, fence: Fence, timing: Timing, sent_at: float,
+            done: Callable[[Any], None] | None = None) -> None:
+        """Wait for `event` (recorded after the run launched at `sent_at`), then signal `fence`.
+        `done(event)` runs first once the event has completed without error (to reuse it)."""
+        self._q.put((event, fence, timing, sent_at, done))
+
+    def close(self) -> None:
+        """Stop the thread once what was put before has been waited for."""
+        self._q.put(None)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            event, fence, timing, sent_at, done = item
+            try:
+                self._wait(event, timing, sent_at)
+            except BaseException as exc:
+                self.last_completion = time.perf_counter()
+                fence.signal(error=exc if isinstance(exc, BackendError) else BackendError(f"cuda: {exc}"))
+                continue
+            self.last_completion = time.perf_counter()
+            if done is not None:
+                try:
+                    done(event)
+                except BaseException:  # pragma: no cover - a pool that cannot take it back
+                    log.exception("cuda: returning an event failed")
+            fence.signal()
+
+    def _wait(self, event: Any, timing: Timing, sent_at: float) -> None:
+        """Return once the event has completed (raise on a CUDA error); learn timing.expect."""
+        began = max(sent_at, self.last_completion)  # it runs after what was queued before it
+        self.poller.wait(timing, began, lambda: self._done(event), lambda: self._block(event))
+
+    # What the waiter asks of the device (a test replaces them) ------------
+    def _done(self, event: Any) -> bool:
+        q = self._query
+        if q is not None and self._primed:
+            r = q(event.ptr)
+            if r == 0:
+                return True
+            if r == _NOT_READY:
+                return False
+            # An error, or a driver call that does not work from this thread: the runtime decides
+            # (its synchronize raises a CUDA error), and polls go through cupy from now on.
+            self._query = None
+            self.poller.step = _CUPY_POLL_STEP_S
+            return self._block(event)
+        self._primed = True  # a runtime call first: it makes the device's context current here
+        return bool(event.done)
+
+    def _block(self, event: Any) -> bool:
+        event.synchronize()
+        return True
