@@ -76,20 +76,28 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=["numba", "pool"])
+@pytest.fixture(params=["crew", "numba", "pool"])
 def sharing(request, monkeypatch):
-    """The work shared by numba's threads (the parallel build), or by the runtime's helper threads (as in a
-    forked child, or while the parallel build compiles). Records the thread counts the parallel build got."""
+    """The work shared by the crew of workers (crew.py), by numba's threads (the parallel build, where the crew's
+    loops are not compiled yet), or by the runtime's helper threads (as in a forked child, or while the parallel
+    build compiles). Records the thread counts that the crew or the parallel build got."""
     used: list[int] = []
-    threaded = jit.threaded
+    threaded, crew = jit.threaded, jit.crew
 
-    def recorded(name, n):
+    def recorded_threads(name, n):
         fn = threaded(name, n) if request.param == "numba" else None
         if fn is not None:
             used.append(n)
         return fn
 
-    monkeypatch.setattr(jit, "threaded", recorded)
+    def recorded_crew(n):
+        found = crew(n) if request.param == "crew" else None
+        if found is not None:
+            used.append(n)
+        return found
+
+    monkeypatch.setattr(jit, "threaded", recorded_threads)
+    monkeypatch.setattr(jit, "crew", recorded_crew)
     return used
 
 
@@ -124,9 +132,9 @@ def test_bound_call_takes_new_values(threads, sharing):
         np.testing.assert_allclose(got, run_ort(data, f)[0], rtol=1e-4, atol=1e-4)
 
 
-def test_big_convs_take_numba_threads(sharing, request):
-    if request.node.callspec.params["sharing"] != "numba":
-        pytest.skip("about the parallel build")
+def test_big_convs_take_the_crew_or_numba_threads(sharing, request):
+    if request.node.callspec.params["sharing"] == "pool":
+        pytest.skip("about the crew and the parallel build")
     xs, ws = (1, 64, 40, 40), (64, 64, 3, 3)
     x = RNG.standard_normal(xs).astype(np.float32)
     data = one_input_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], xs,

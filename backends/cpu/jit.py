@@ -89,6 +89,13 @@ def threaded(name: str, n: int) -> Callable[..., Any] | None:
     return fn
 
 
+def crew(threads: int) -> Any | None:
+    """The process's crew of workers (crew.py) with at least threads - 1 of them, or None while its loops
+    compile (and where numba is off)."""
+    module = jitted("crew")
+    return None if module is None else module.shared(threads)
+
+
 def use_threads(n: int) -> None:
     """Have the parallel builds called from this thread share their prange among n threads (numba's count is
     a thread's own): set only where it changes. A bound call of a parallel build (products.dense, split, the

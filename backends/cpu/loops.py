@@ -264,7 +264,22 @@ PARALLEL = {"conv_tiles", "conv_input", "dense", "depthwise", "erf", "gelu", "so
             "attention", "scatter_taps", "max_pool", "upsample", "softmax_axis"}
 
 
-def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry point, called by jit.py)
+#: The pieces the crew runs (crew.py): cfuncs of (address of their arguments, piece).
+PIECES = {"conv_piece": tiles.conv_piece, "conv_input_piece": planes.conv_input_piece}
+
+
+def compile(name: str) -> Any:  # noqa: A001  (the one entry point, called by jit.py)
+    if name == "crew":  # the crew's own loops; the module hands out the crew
+        from . import crew
+
+        control = types.Array(types.int64, 1, "C")
+        for fn, signature in ((crew.worker, (control,)), (crew.stop, (control,)),
+                              (crew.run, (control, types.int64, types.int64, types.int64)),
+                              (crew.alone, (types.int64, types.int64, types.int64))):
+            fn.compile(signature)
+        return crew
+    if name in PIECES:
+        return _compiled_piece(PIECES[name])
     base = name.removesuffix("_parallel")
     parallel = base != name
     if parallel and base not in PARALLEL:
@@ -290,6 +305,21 @@ def compile(name: str) -> Callable[..., Any]:  # noqa: A001  (the one entry poin
         config.SLP_VECTORIZE = 1
         try:
             return _checked(numba.njit(signature, **options)(fn), parallel)
+        finally:
+            config.SLP_VECTORIZE = before
+
+
+def _compiled_piece(fn: Callable[..., Any]) -> Any:
+    """A piece for the crew as a cfunc, compiled as the tile loops are (SLP vectorizer on, no reassociation)."""
+    from numba.core import config
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock:
+        before = config.SLP_VECTORIZE
+        config.SLP_VECTORIZE = 1
+        try:
+            return numba.cfunc(types.void(types.int64, types.int64), nogil=True, cache=True,
+                               fastmath=FAST - {"reassoc"}, error_model="numpy", boundscheck=False)(fn)
         finally:
             config.SLP_VECTORIZE = before
 

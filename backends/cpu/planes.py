@@ -9,10 +9,12 @@ from . import vectors
 
 vectors.wide()  # before numba loads: it fixes the vector width numba compiles for (vectors.py)
 
+import numba  # noqa: E402
 import numpy as np  # noqa: E402
-from numba import prange  # noqa: E402
+from numba import carray, prange  # noqa: E402
 
 from . import scalars  # noqa: E402
+from .atomics import f32_at, i64_at  # noqa: E402
 
 F = np.float32
 #: conv_input splits a plane's rows into bands where it has fewer jobs than this for numba's threads to share.
@@ -33,48 +35,76 @@ def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1):
 
     A job is one image's channel and row phase, all its column phases, or a band of its rows where that gives
     fewer than JOBS jobs: jobs of whole channels left most of numba's threads idle where a conv has few input
-    channels (3 in a first conv)."""
+    channels (3 in a first conv). The zeros past the last plane are one job more, where row1 is the last row."""
+    jobs = layout_jobs(c, s, hq, first, last, row0, row1)
+    for job in prange(jobs):  # the jobs write rows that do not overlap
+        _layout_job(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1, job)
+
+
+#: conv_input_piece's arguments, an int64 array: the addresses and shapes of x and xp, then c, h, w, pt, pl, s, hq,
+#: wq, first, last, row0, row1.
+LAYOUT_ARGS = 18
+
+
+def conv_input_piece(args, job):
+    """Job `job` of conv_input for the crew (crew.py), its arguments unpacked from the int64 array at address args
+    (LAYOUT_ARGS; ops/direct.py fills it, and its count of jobs from layout_jobs)."""
+    a = carray(i64_at(args), (LAYOUT_ARGS,))
+    x = carray(f32_at(a[0]), (a[1], a[2]))
+    xp = carray(f32_at(a[3]), (a[4], a[5]))
+    _layout_job(x, xp, a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], job)
+
+
+@numba.njit(inline="always")
+def layout_jobs(c, s, hq, first, last, row0, row1):
+    """conv_input's jobs: bands of rows of each image's channel and row phase, and the zeros after the planes."""
+    bands = max(1, min(row1 - row0, JOBS // max(1, (last - first) * c * s)))
+    return (last - first) * c * s * bands + (1 if row1 == hq else 0)
+
+
+@numba.njit(forceinline=True, nogil=True, cache=True, fastmath=scalars.FAST, error_model="numpy")
+def _layout_job(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1, job):
     U = np.uint64
     zero = F(0)
     plane = U(hq * wq)
     width = U(wq)
     rows = row1 - row0
     bands = max(1, min(rows, JOBS // max(1, (last - first) * c * s)))
-    for job in prange((last - first) * c * s * bands):  # the jobs' rows do not overlap
-        band, rest = job % bands, job // bands
-        a, rest = rest % s, rest // s
-        n, ch = first + rest // c, rest % c
-        xn, pn = x[n], xp[n]
-        for b in range(s):
-            dst0 = U(((ch * s + a) * s + b)) * plane
-            # columns qx whose input column qx * s + b - pl lies in [0, w)
-            lo = min(wq, max(0, (pl - b + s - 1) // s))
-            hi = max(lo, min(wq, (w - 1 + pl - b) // s + 1))
-            ulo, uhi = U(lo), U(hi)
-            for qy in range(row0 + band * rows // bands, row0 + (band + 1) * rows // bands):
-                d = dst0 + U(qy) * width
-                iy = qy * s + a - pt
-                if iy < 0 or iy >= h:
-                    for qx in range(width):
-                        pn[d + qx] = zero
-                    continue
-                src = U(ch * h * w + iy * w + lo * s + b - pl)
-                for qx in range(ulo):
-                    pn[d + qx] = zero
-                if s == 1:
-                    for qx in range(uhi - ulo):
-                        pn[d + ulo + qx] = xn[src + qx]
-                else:
-                    us = U(s)
-                    for qx in range(uhi - ulo):
-                        pn[d + ulo + qx] = xn[src + qx * us]
-                for qx in range(uhi, width):
-                    pn[d + qx] = zero
-    if row1 == hq:
+    if job == (last - first) * c * s * bands:  # the zeros past the last plane of each image
         for n in range(first, last):
             pn = xp[n]
             for i in range(U(c * s * s) * plane, U(pn.shape[0])):
                 pn[i] = zero
+        return
+    band, rest = job % bands, job // bands
+    a, rest = rest % s, rest // s
+    n, ch = first + rest // c, rest % c
+    xn, pn = x[n], xp[n]
+    for b in range(s):
+        dst0 = U(((ch * s + a) * s + b)) * plane
+        # columns qx whose input column qx * s + b - pl lies in [0, w)
+        lo = min(wq, max(0, (pl - b + s - 1) // s))
+        hi = max(lo, min(wq, (w - 1 + pl - b) // s + 1))
+        ulo, uhi = U(lo), U(hi)
+        for qy in range(row0 + band * rows // bands, row0 + (band + 1) * rows // bands):
+            d = dst0 + U(qy) * width
+            iy = qy * s + a - pt
+            if iy < 0 or iy >= h:
+                for qx in range(width):
+                    pn[d + qx] = zero
+                continue
+            src = U(ch * h * w + iy * w + lo * s + b - pl)
+            for qx in range(ulo):
+                pn[d + qx] = zero
+            if s == 1:
+                for qx in range(uhi - ulo):
+                    pn[d + ulo + qx] = xn[src + qx]
+            else:
+                us = U(s)
+                for qx in range(uhi - ulo):
+                    pn[d + ulo + qx] = xn[src + qx * us]
+            for qx in range(uhi, width):
+                pn[d + qx] = zero
 
 
 def depthwise(x, w, bias, y, sh, sw, pt, pl, act, alpha, beta, first, last, chunks):

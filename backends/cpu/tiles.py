@@ -31,11 +31,13 @@ from . import vectors
 
 vectors.wide()  # before numba loads: it fixes the vector width numba compiles for (vectors.py)
 
+import numba  # noqa: E402
 import numpy as np  # noqa: E402
-from numba import prange  # noqa: E402
+from numba import carray, prange  # noqa: E402
 
+from .atomics import f32_at, i64_at, u64_at  # noqa: E402
 from .sums import tile  # noqa: E402
-from .scalars import activate, borrow  # noqa: E402
+from .scalars import FAST, activate, borrow  # noqa: E402
 
 U = np.uint64
 F = np.float32
@@ -53,6 +55,40 @@ KC = U(vectors.conv_block())
 
 def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks, groups):
     x, offs, w, bias, y = borrow(x), borrow(offs), borrow(w), borrow(bias), borrow(y)  # see scalars.borrow
+    mb = U(w.shape[0])
+    sums, spans = np.empty((chunks, mb * U(MR * NR)), np.float32), np.empty((chunks, NR, 3), np.uint64)
+    for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
+        _conv_chunk(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks,
+                    groups, U(c), borrow(sums[c]), borrow(spans[c]))
+
+
+#: conv_piece's arguments, an int64 array: the addresses and shapes of x, offs, w, bias, y, the pieces' sums and
+#: spans and (alpha, beta) as float32, then xs, far, rw, wo, first, last, p_first, p_last, act, chunks, groups.
+CONV_ARGS = 29
+
+
+def conv_piece(args, c):
+    """Piece c of conv for the crew (crew.py), its arguments unpacked from the int64 array at address args
+    (CONV_ARGS; ops/direct.py fills it)."""
+    a = carray(i64_at(args), (CONV_ARGS,))
+    x = carray(f32_at(a[0]), (a[1],))
+    offs = carray(u64_at(a[2]), (a[3],))
+    w = carray(f32_at(a[4]), (a[5], a[6], a[7]))
+    bias = carray(f32_at(a[8]), (a[9],))
+    y = carray(f32_at(a[10]), (a[11], a[12], a[13]))
+    t = carray(f32_at(a[14] + c * a[15] * 4), (a[15],))
+    seg = carray(u64_at(a[16] + c * NR * 3 * 8), (NR, 3))
+    ab = carray(f32_at(a[17]), (2,))
+    _conv_chunk(x, U(a[18]), offs, U(a[19]), w, bias, y, U(a[20]), U(a[21]), U(a[22]), U(a[23]), U(a[24]), U(a[25]),
+                a[26], ab[0], ab[1], a[27], a[28], U(c), t, seg)
+
+
+@numba.njit(forceinline=True, nogil=True, cache=True, fastmath=FAST - {"reassoc"}, error_model="numpy",
+            boundscheck=False)
+def _conv_chunk(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks,
+                groups, c, t, seg):
+    """Chunk c of conv: run c // groups of the tiles, for group c % groups of the blocks of channels; t holds its
+    tile's sums, flat, and seg its output runs."""
     kk = U(offs.shape[0])
     mb = U(w.shape[0])
     m = U(y.shape[1])  # channels
@@ -60,60 +96,56 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
     per = (p_last - p_first + U(NR - 1)) // U(NR)  # tiles an image
     total = (last - first) * per
     runs = U(chunks) // U(groups)
-    sums, spans = np.empty((chunks, mb * U(MR * NR)), np.float32), np.empty((chunks, NR, 3), np.uint64)
-    for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
-        # chunk c: run c // groups of the tiles, for group c % groups of the blocks of channels
-        r, q = U(c) // U(groups), U(c) % U(groups)
-        b0, b1 = q * mb // U(groups), (q + U(1)) * mb // U(groups)
-        t, seg = borrow(sums[c]), borrow(spans[c])  # the tile's sums, flat, and its output runs
-        for g in range(r * total // runs, (r + U(1)) * total // runs):
-            n = first + g // per
-            base = n * xs
-            p = p_first + (g % per) * U(NR)
-            # A last tile that would end past p_last ends there instead, overlapping the one before (it computes
-            # some positions twice, the same values) and reading no further than they need; not before p_first,
-            # where another piece writes.
-            p0 = p_last - U(NR) if p + U(NR) > p_last and p_last >= p_first + U(NR) else p
-            safe = base + far + p0 + U(NR) <= xn
-            for k0 in range(U(0), kk, KC):
-                k1 = min(kk, k0 + KC)
-                for i0 in range(b0, b1):
-                    at = i0 * U(MR * NR)
-                    if safe:
-                        _sums(x, base + p0, offs, k0, k1, w, i0, t, at, bias, i0 * U(MR), k0 == U(0))
-                    else:  # the last tile of the last image, whose row of NR would read past x
-                        if k0 == U(0):
-                            for i in range(MR):
-                                for j in range(NR):
-                                    t[at + U(i * NR + j)] = bias[i0 * U(MR) + U(i)]
-                        for k in range(k0, k1):
-                            q = base + offs[k] + p0
-                            for i in range(MR):
-                                a = w[i0, k, U(i)]
-                                for j in range(NR):
-                                    if q + U(j) < xn:
-                                        t[at + U(i * NR + j)] += a * x[q + U(j)]
-            # The tile's positions as runs that each lie in one output row, padding columns and positions past
-            # p_last left out: (first position in the tile, first output index, length). One division a run.
-            runs_n = 0
-            j = U(0)
-            while j < U(NR):
-                pj = p0 + j
-                col = pj % rw
-                span = min(U(NR) - j, rw - col)  # to the end of this padded row
-                keep = min(span, wo - col) if col < wo else U(0)
-                keep = min(keep, p_last - pj) if pj < p_last else U(0)
-                if keep > U(0):
-                    seg[runs_n, 0], seg[runs_n, 1], seg[runs_n, 2] = j, (pj // rw) * wo + col, keep
-                    runs_n += 1
-                j += span
-            for i in range(b0 * U(MR), min(m, b1 * U(MR))):
-                row = i * U(NR)  # tile i // MR, its row i % MR
-                activate(t, row, row + U(NR), act, alpha, beta)
-                for k in range(runs_n):
-                    j0, d, length = seg[k, 0], seg[k, 1], seg[k, 2]
-                    for j in range(length):
-                        y[n, i, d + j] = t[row + j0 + j]
+    r, q = c // U(groups), c % U(groups)
+    b0, b1 = q * mb // U(groups), (q + U(1)) * mb // U(groups)
+    for g in range(r * total // runs, (r + U(1)) * total // runs):
+        n = first + g // per
+        base = n * xs
+        p = p_first + (g % per) * U(NR)
+        # A last tile that would end past p_last ends there instead, overlapping the one before (it computes
+        # some positions twice, the same values) and reading no further than they need; not before p_first,
+        # where another piece writes.
+        p0 = p_last - U(NR) if p + U(NR) > p_last and p_last >= p_first + U(NR) else p
+        safe = base + far + p0 + U(NR) <= xn
+        for k0 in range(U(0), kk, KC):
+            k1 = min(kk, k0 + KC)
+            for i0 in range(b0, b1):
+                at = i0 * U(MR * NR)
+                if safe:
+                    _sums(x, base + p0, offs, k0, k1, w, i0, t, at, bias, i0 * U(MR), k0 == U(0))
+                else:  # the last tile of the last image, whose row of NR would read past x
+                    if k0 == U(0):
+                        for i in range(MR):
+                            for j in range(NR):
+                                t[at + U(i * NR + j)] = bias[i0 * U(MR) + U(i)]
+                    for k in range(k0, k1):
+                        q = base + offs[k] + p0
+                        for i in range(MR):
+                            a = w[i0, k, U(i)]
+                            for j in range(NR):
+                                if q + U(j) < xn:
+                                    t[at + U(i * NR + j)] += a * x[q + U(j)]
+        # The tile's positions as runs that each lie in one output row, padding columns and positions past
+        # p_last left out: (first position in the tile, first output index, length). One division a run.
+        runs_n = 0
+        j = U(0)
+        while j < U(NR):
+            pj = p0 + j
+            col = pj % rw
+            span = min(U(NR) - j, rw - col)  # to the end of this padded row
+            keep = min(span, wo - col) if col < wo else U(0)
+            keep = min(keep, p_last - pj) if pj < p_last else U(0)
+            if keep > U(0):
+                seg[runs_n, 0], seg[runs_n, 1], seg[runs_n, 2] = j, (pj // rw) * wo + col, keep
+                runs_n += 1
+            j += span
+        for i in range(b0 * U(MR), min(m, b1 * U(MR))):
+            row = i * U(NR)  # tile i // MR, its row i % MR
+            activate(t, row, row + U(NR), act, alpha, beta)
+            for k in range(runs_n):
+                j0, d, length = seg[k, 0], seg[k, 1], seg[k, 2]
+                for j in range(length):
+                    y[n, i, d + j] = t[row + j0 + j]
 
 
 def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):

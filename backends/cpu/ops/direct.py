@@ -8,8 +8,9 @@ row ky and column kx is one offset into that layout, and the tile loop's sums fo
 positions (vectors.conv_tile) stay in registers over all the taps. Bias and the fused activation are applied
 as a tile leaves the registers, and the padding columns are dropped there.
 
-The loop holds no GIL, so a conv's pieces run at once: on numba's threads (the loop's parallel build), else on
-the runtime's helper threads (see run). While the loop compiles (jit.py), Conv's numpy paths serve.
+The loop holds no GIL, so a conv's pieces run at once: on the crew of workers (crew.py), else on numba's threads
+(the loop's parallel build, while the crew's loops compile), else on the runtime's helper threads (see run).
+While the loop compiles (jit.py), Conv's numpy paths serve.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ F32 = np.float32
 #: A piece of a conv holds at least this many multiply-adds: each must outlast a helper's late start
 #: (benchmarks/RESULTS.md, "Piece sizes").
 PIECE_MACS = 1 << 21
+#: A conv of this many pieces or more runs them on the crew of workers (crew.py), fewer on numba's threads.
+CREW_PIECES = 2
 #: Bytes of packed weights that a group of channels takes at most (L2 is 512 KiB a core on the 2-core VM).
 WEIGHTS_IN_L2 = 1 << 18
 
@@ -81,12 +84,13 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     """y = act(conv(x)) by the tile loop for a plan it serves. Returns the same work as a call to make again on
     the same x and y (it returns something true where it did), None (nothing done) while the loop compiles.
 
-    With the loop's parallel build, numba's threads each take an equal run of tiles (of every image) for a
-    group of the channels (groups where there are fewer tiles than threads), and they spin a while between
-    loops instead of sleeping, so the next conv finds them awake; the same threads make the layout first, in
-    jobs of rows (this thread alone, for a small input). Without it (compiling, no TBB, a forked child), pieces go to the runtime's helper threads:
-    whole images, or bands of output rows that lay out the input rows they read (rows that neighbours read too
-    are written by both, with the same values)."""
+    On the crew (_on_crew), its workers and this thread take the layout's jobs and the tiles' pieces as numba's
+    threads would. With the loop's parallel build, numba's threads each take an equal run of tiles (of every
+    image) for a group of the channels (groups where there are fewer tiles than threads), and they spin a while
+    between loops instead of sleeping, so the next conv finds them awake; the same threads make the layout first,
+    in jobs of rows (this thread alone, for a small input). Without either (compiling, no TBB, a forked child),
+    pieces go to the runtime's helper threads: whole images, or bands of output rows that lay out the input rows
+    they read (rows that neighbours read too are written by both, with the same values)."""
     d = p["direct"]
     layout = d["layout"]
     serial = jit.jitted("conv_tiles")
@@ -108,6 +112,10 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
 
     last = d["last"]
     pieces = jit.product_pieces(d["macs"] * N, PIECE_MACS)
+    crewed = _on_crew(xf, ys, w, bias, p, pieces)
+    if crewed is not None:
+        crewed()
+        return crewed
     if pieces == 1 or jit.threaded("conv_tiles", pieces) is not None:
         # One call of the loop, on numba's threads or on this one, bound to its arguments and builds: the caller
         # may repeat it for the same x and y (planned buffers) without the lookups above, as jit.split's and
@@ -164,6 +172,73 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
 
     parallel(-(-Ho // rows), band)
     return again
+
+
+def _on_crew(xf: np.ndarray, ys: np.ndarray, w: np.ndarray, bias: np.ndarray, p: dict[str, Any],
+             pieces: int) -> "_Crewed | None":
+    """The conv in `pieces` pieces on the crew of workers (crew.py: started in microseconds, where numba's
+    parallel loops took tens at 16 threads), layout and tiles, as a call to make again on the same x and y;
+    None while the crew's loops compile (or for one piece)."""
+    if pieces < CREW_PIECES:
+        return None
+    crew = jit.crew(pieces)
+    tile_piece = jit.jitted("conv_piece")
+    layout_piece = jit.jitted("conv_input_piece")
+    serial_layout = jit.jitted("conv_input")
+    if crew is None or tile_piece is None or layout_piece is None or serial_layout is None:
+        return None
+    return _Crewed(crew, tile_piece.address, layout_piece.address, serial_layout, xf, ys, w, bias, p, pieces)
+
+
+class _Crewed:
+    """A conv's layout and tiles as jobs of the crew, with the arrays whose addresses their arguments hold."""
+
+    def __init__(self, crew: Any, tile_fn: int, layout_fn: int, serial_layout: Callable[..., Any], xf: np.ndarray,
+                 ys: np.ndarray, w: np.ndarray, bias: np.ndarray, p: dict[str, Any], pieces: int):
+        from .. import planes, tiles  # loaded by now: the crew's loops were compiled from them
+
+        d, N = p["direct"], p["N"]
+        xs, offs, far = d["fixed"]
+        code, alpha, beta = p["loop_act"]
+        MR, NR = vectors.conv_tile()
+        runs = min(pieces, N * -(-d["last"] // NR))
+        groups = max(d["groups"], min(w.shape[0], pieces // runs))
+        self.chunks = runs * groups
+        sums = np.empty((self.chunks, w.shape[0] * MR * NR), F32)
+        spans = np.empty((self.chunks, NR, 3), np.uint64)
+        ab = np.array([alpha, beta], F32)
+        self.arrays = (xf, ys, w, bias, offs, sums, spans, ab)  # alive while the arguments point at them
+        self.tile_args = np.array(
+            [_at(xf), N * int(xs), _at(offs), offs.shape[0], _at(w), *w.shape, _at(bias), bias.shape[0], _at(ys),
+             *ys.shape, _at(sums), sums.shape[1], _at(spans), _at(ab), int(xs), int(far), *map(int, d["widths"]), 0, N,
+             0, d["last"], code, self.chunks, groups], np.int64)
+        assert self.tile_args.shape[0] == tiles.CONV_ARGS
+        self.layout = d["layout"]
+        self.jobs = 0
+        self.shape = (N, d["xs"])
+        if self.layout is not None:
+            self.layout_args = np.array([_at(xf), *xf.shape, 0, N, d["xs"], *self.layout, 0, N, 0, d["hq"]], np.int64)
+            assert self.layout_args.shape[0] == planes.LAYOUT_ARGS
+            self.jobs = planes.layout_jobs.py_func(self.layout[0], self.layout[5], d["hq"], 0, N, 0, d["hq"])
+        self.crew, self.tile_fn, self.layout_fn = crew, tile_fn, layout_fn
+        # An input of fewer than SLICE_ELEMENTS values is laid out by this thread alone (as in run).
+        self.serial_layout = serial_layout if xf.size < SLICE_ELEMENTS else None
+        self.xf, self.hq = xf, d["hq"]
+
+    def __call__(self) -> bool:
+        if self.layout is not None:  # the layout's scratch belongs to the calling thread, fetched each time
+            src = shared_scratch("direct", self.shape, F32)[0]
+            self.tile_args[0] = self.layout_args[3] = _at(src)
+            if self.serial_layout is not None:
+                self.serial_layout(self.xf, src, *self.layout, 0, self.shape[0], 0, self.hq)
+            else:
+                self.crew.run(self.layout_fn, _at(self.layout_args), self.jobs)
+        self.crew.run(self.tile_fn, _at(self.tile_args), self.chunks)
+        return True
+
+
+def _at(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
 
 
 def _groups(blocks: int, taps: int, threads: int) -> int:

@@ -1,0 +1,116 @@
+"""The crew of workers that runs the conv's pieces (backends/cpu/crew.py): every piece once, callers at once, a
+forked child, a clean exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from aiomnn.backends.cpu import jit
+
+pytest.importorskip("numba")
+if jit.mode() == "off":
+    pytest.skip("numba is off (AIOMNN_NUMBA=0)", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def bump():
+    """A piece that adds 1 to its run of a[1] values of the float32 array at a[0], as a cfunc's address."""
+    import numba
+    from numba import types
+
+    from aiomnn.backends.cpu.atomics import f32_at, i64_at
+
+    @numba.cfunc(types.void(types.int64, types.int64), nogil=True)
+    def piece(args, c):
+        a = numba.carray(i64_at(args), (2,))
+        y = numba.carray(f32_at(a[0]), ((c + 1) * a[1],))
+        for i in range(c * a[1], (c + 1) * a[1]):
+            y[i] += 1.0
+
+    return piece
+
+
+def crew(threads: int):
+    found = jit.crew(threads)
+    if found is None:
+        jit.wait(600)
+        found = jit.crew(threads)
+    assert found is not None, "the crew's loops did not compile"
+    return found
+
+
+def test_every_piece_runs_once(bump):
+    c = crew(3)
+    y = np.zeros(64 * 50, np.float32)
+    job = np.array([y.ctypes.data, 50], np.int64)
+    for _ in range(300):
+        c.run(bump.address, job.ctypes.data, 64)
+    assert np.all(y == 300)
+
+
+def test_callers_at_once_each_get_all_their_pieces(bump):
+    c = crew(3)
+    ys = [np.zeros(16 * 10, np.float32) for _ in range(4)]
+    jobs = [np.array([y.ctypes.data, 10], np.int64) for y in ys]
+
+    def caller(i: int) -> None:
+        for _ in range(200):
+            c.run(bump.address, jobs[i].ctypes.data, 16)  # a caller that finds the crew busy runs alone
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(np.all(y == 200) for y in ys)
+
+
+CONV = r"""
+import asyncio, os, sys, time
+import numpy as np
+from onnx import helper
+import aiomnn
+from aiomnn.backends.cpu import jit
+from tests.oracle import one_input_model
+
+rng = np.random.default_rng(0)
+x = rng.standard_normal((1, 64, 40, 40)).astype(np.float32)
+data = one_input_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], x.shape,
+                       {"w": rng.standard_normal((64, 64, 3, 3)).astype(np.float32)})
+net = aiomnn.Interpreter.from_bytes(data)
+
+async def make():
+    s = await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2))
+    for _ in range(3):
+        await s.run({"x": x})
+        jit.wait(600)
+    return s, (await s.run({"x": x}))["y"]
+
+s, want = asyncio.run(make())
+assert jit.crew(2) is not None
+if sys.argv[1] == "fork":
+    pid = os.fork()
+    if pid == 0:
+        got = asyncio.run(s.run({"x": x}))["y"]  # the conv's call bound to the parent's crew
+        os._exit(0 if np.array_equal(got, want) else 1)
+    deadline = time.monotonic() + 60
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            print("child hung")
+            sys.exit(1)
+        time.sleep(0.02)
+    np.testing.assert_array_equal(asyncio.run(s.run({"x": x}))["y"], want)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("how", ["fork", "exit"])
+def test_a_conv_on_the_crew_in_a_forked_child_and_at_exit(how):
+    r = subprocess.run([sys.executable, "-c", CONV, how], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr[-3000:]
