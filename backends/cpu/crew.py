@@ -6,8 +6,8 @@ each worker is a Python thread that enters one nogil numba function (worker) and
 stops: it spins on the control block's generation counter for SPIN_CYCLES (yielding its core to any thread
 that waits for one: numba's own threads and the runtime's helpers run other steps meanwhile), then sleeps on a
 futex, and takes a job's pieces by an atomic counter. A job is a numba cfunc's address and the address of its
-arguments, an int64 array the cfunc unpacks (tiles.conv_piece, planes.conv_input_piece): fn(args, piece) for
-piece in [0, n).
+arguments, an int64 array the cfunc unpacks (tiles.conv_piece and dense_piece, planes.conv_input_piece;
+made by Job): fn(args, piece) for piece in [0, n).
 
 The caller (run) publishes a job as a seqlock does: the generation odd while it writes, even once published,
 after waiting until no worker is still inside the job before. It takes pieces itself, then spins until every
@@ -27,6 +27,7 @@ import atexit
 import ctypes
 import os
 import threading
+from typing import Any
 
 import numba
 import numpy as np
@@ -119,6 +120,39 @@ def stop(ctl):
     syscall(ctl, SYSCALL, SYS_FUTEX, GEN, FUTEX_WAKE_PRIVATE, 0x7FFFFFFF)
 
 
+class Job:
+    """A job for a crew: the address of a piece function (a cfunc of loops.PIECES), the int64 array of its
+    arguments, and the arrays their addresses point at, kept alive with it. Its fields become the arguments in
+    order: an array as its address and then its shape, an integer as itself (a float goes in a float32 array:
+    the cfunc reads it from there)."""
+
+    def __init__(self, crew: "Crew", fn: int, fields: list, pieces: int):
+        values: list[int] = []
+        self.slots: list[int] = []  # each field's first argument
+        self.arrays = []
+        for f in fields:
+            self.slots.append(len(values))
+            if isinstance(f, np.ndarray):
+                values += [f.__array_interface__["data"][0], *f.shape]
+                self.arrays.append(f)
+            elif isinstance(f, (float, np.floating)):
+                raise TypeError("a float field goes in a float32 array")
+            else:
+                values.append(int(f))
+        self.args = np.array(values, np.int64)
+        self.at = self.args.__array_interface__["data"][0]
+        self.crew, self.fn, self.pieces = crew, fn, pieces
+
+    def point(self, field: int, array: np.ndarray) -> None:
+        """Field `field`, an array, at another array of its shape (a scratch fetched again for each run, which
+        its owner keeps alive)."""
+        self.args[self.slots[field]] = array.__array_interface__["data"][0]
+
+    def __call__(self) -> bool:
+        self.crew.run(self.fn, self.at, self.pieces)
+        return True
+
+
 class Crew:
     """The workers and their control block."""
 
@@ -136,6 +170,10 @@ class Crew:
                 t = threading.Thread(target=worker, args=(self.ctl,), name="aiomnn-crew", daemon=True)
                 t.start()
                 self.workers.append(t)
+
+    def job(self, piece: Any, fields: list, pieces: int) -> Job:
+        """`pieces` pieces of the cfunc `piece` with these fields as its arguments (Job)."""
+        return Job(self, piece.address, fields, pieces)
 
     def run(self, fn: int, args: int, n: int) -> None:
         """Pieces [0, n) of the cfunc at address fn with the arguments at address args."""

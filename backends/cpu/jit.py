@@ -89,11 +89,17 @@ def threaded(name: str, n: int) -> Callable[..., Any] | None:
     return fn
 
 
-def crew(threads: int) -> Any | None:
-    """The process's crew of workers (crew.py) with at least threads - 1 of them, or None while its loops
-    compile (and where numba is off)."""
+#: Work in this many pieces or more goes to the crew of workers (crew.py), fewer to numba's parallel loops.
+CREW_PIECES = 2
+
+
+def crew(pieces: int) -> Any | None:
+    """The process's crew of workers (crew.py) for work in `pieces` pieces, with at least pieces - 1 of them;
+    None for fewer than CREW_PIECES, while its loops compile, and where numba is off."""
+    if pieces < CREW_PIECES:
+        return None
     module = jitted("crew")
-    return None if module is None else module.shared(threads)
+    return None if module is None else module.shared(pieces)
 
 
 def use_threads(n: int) -> None:

@@ -62,25 +62,24 @@ def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act
                     groups, U(c), borrow(sums[c]), borrow(spans[c]))
 
 
-#: conv_piece's arguments, an int64 array: the addresses and shapes of x, offs, w, bias, y, the pieces' sums and
-#: spans and (alpha, beta) as float32, then xs, far, rw, wo, first, last, p_first, p_last, act, chunks, groups.
-CONV_ARGS = 29
+#: conv_piece's arguments (crew.Job's fields: an array as its address and shape): x, offs, w, bias, y, the pieces'
+#: sums and spans, (alpha, beta) as float32; then xs, far, rw, wo, first, last, p_first, p_last, act, chunks, groups.
+CONV_ARGS = 34
 
 
 def conv_piece(args, c):
-    """Piece c of conv for the crew (crew.py), its arguments unpacked from the int64 array at address args
-    (CONV_ARGS; ops/direct.py fills it)."""
+    """Piece c of conv for the crew (crew.py), its arguments unpacked from the int64 array at address args."""
     a = carray(i64_at(args), (CONV_ARGS,))
     x = carray(f32_at(a[0]), (a[1],))
     offs = carray(u64_at(a[2]), (a[3],))
     w = carray(f32_at(a[4]), (a[5], a[6], a[7]))
     bias = carray(f32_at(a[8]), (a[9],))
     y = carray(f32_at(a[10]), (a[11], a[12], a[13]))
-    t = carray(f32_at(a[14] + c * a[15] * 4), (a[15],))
-    seg = carray(u64_at(a[16] + c * NR * 3 * 8), (NR, 3))
-    ab = carray(f32_at(a[17]), (2,))
-    _conv_chunk(x, U(a[18]), offs, U(a[19]), w, bias, y, U(a[20]), U(a[21]), U(a[22]), U(a[23]), U(a[24]), U(a[25]),
-                a[26], ab[0], ab[1], a[27], a[28], U(c), t, seg)
+    sums = carray(f32_at(a[14]), (a[15], a[16]))
+    spans = carray(u64_at(a[17]), (a[18], a[19], a[20]))
+    ab = carray(f32_at(a[21]), (a[22],))
+    _conv_chunk(x, U(a[23]), offs, U(a[24]), w, bias, y, U(a[25]), U(a[26]), U(a[27]), U(a[28]), U(a[29]), U(a[30]),
+                a[31], ab[0], ab[1], a[32], a[33], U(c), sums[c], spans[c])
 
 
 @numba.njit(forceinline=True, nogil=True, cache=True, fastmath=FAST - {"reassoc"}, error_model="numpy",
@@ -155,6 +154,35 @@ def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
     `chunks` pieces (numba's threads share them in the parallel build): `cols` runs of panels, each for
     chunks // cols runs of the blocks of DR rows. A last block of rows likewise overlaps the one before (or, with
     fewer than DR rows in all, reads the last row again) and writes only its own rows."""
+    x, wp, bias, y = borrow(x), borrow(wp), borrow(bias), borrow(y)  # see scalars.borrow
+    sums, picks = np.empty((chunks, DR * DC), np.float32), np.empty((chunks, DR), np.uint64)
+    for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
+        _dense_chunk(x, wp, bias, y, act, alpha, beta, chunks, cols, U(c), borrow(sums[c]), borrow(picks[c]))
+
+
+#: dense_piece's arguments (crew.Job's fields): x, wp, bias, y, the pieces' sums and picks, (alpha, beta) as
+#: float32; then act, chunks, cols.
+DENSE_ARGS = 23
+
+
+def dense_piece(args, c):
+    """Piece c of dense for the crew (crew.py), its arguments unpacked from the int64 array at address args."""
+    a = carray(i64_at(args), (DENSE_ARGS,))
+    x = carray(f32_at(a[0]), (a[1], a[2]))
+    wp = carray(f32_at(a[3]), (a[4], a[5], a[6]))
+    bias = carray(f32_at(a[7]), (a[8],))
+    y = carray(f32_at(a[9]), (a[10], a[11]))
+    sums = carray(f32_at(a[12]), (a[13], a[14]))
+    picks = carray(u64_at(a[15]), (a[16], a[17]))
+    ab = carray(f32_at(a[18]), (a[19],))
+    _dense_chunk(x, wp, bias, y, a[20], ab[0], ab[1], a[21], a[22], U(c), sums[c], picks[c])
+
+
+@numba.njit(forceinline=True, nogil=True, cache=True, fastmath=FAST - {"reassoc"}, error_model="numpy",
+            boundscheck=False)
+def _dense_chunk(x, wp, bias, y, act, alpha, beta, chunks, cols, c, t, rs):
+    """Chunk c of dense: run c % cols of the panels, for run c // cols of the blocks of rows; t holds its tile's
+    sums and rs the rows it reads."""
     m = U(x.shape[0])
     kk = U(x.shape[1])
     n = U(y.shape[1])
@@ -162,25 +190,21 @@ def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
     blocks = (m + U(DR - 1)) // U(DR)
     biased = bias.shape[0] > 0
     runs = U(chunks) // U(cols)
-    x, wp, bias, y = borrow(x), borrow(wp), borrow(bias), borrow(y)  # see scalars.borrow
     flat = wp.reshape(-1)
-    sums, picks = np.empty((chunks, DR * DC), np.float32), np.empty((chunks, DR), np.uint64)
-    for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
-        pc, rc = U(c) % U(cols), U(c) // U(cols)
-        t, rs = borrow(sums[c]), borrow(picks[c])  # the tile's sums and the rows it reads
-        for p in range(pc * panels // U(cols), (pc + U(1)) * panels // U(cols)):
-            lo = p * U(DC)  # the first column this panel writes
-            n0 = min(lo, n - U(DC))  # the first it computes
-            for b in range(rc * blocks // runs, (rc + U(1)) * blocks // runs):
-                top = b * U(DR)  # the first row this block writes
-                m0 = top if top + U(DR) <= m or m < U(DR) else m - U(DR)
-                for i in range(DR):
-                    rs[i] = min(m0 + U(i), m - U(1))
-                _dense_sums(x, rs, wp, p, kk, t, bias, n0, biased, flat, p * kk * U(DC))
-                for i in range(DR):
-                    r = m0 + U(i)
-                    if r >= top and r < m:
-                        row = U(i * DC)
-                        activate(t, row, row + U(DC), act, alpha, beta)
-                        for j in range(lo - n0, U(DC)):
-                            y[r, n0 + j] = t[row + j]
+    pc, rc = c % U(cols), c // U(cols)
+    for p in range(pc * panels // U(cols), (pc + U(1)) * panels // U(cols)):
+        lo = p * U(DC)  # the first column this panel writes
+        n0 = min(lo, n - U(DC))  # the first it computes
+        for b in range(rc * blocks // runs, (rc + U(1)) * blocks // runs):
+            top = b * U(DR)  # the first row this block writes
+            m0 = top if top + U(DR) <= m or m < U(DR) else m - U(DR)
+            for i in range(DR):
+                rs[i] = min(m0 + U(i), m - U(1))
+            _dense_sums(x, rs, wp, p, kk, t, bias, n0, biased, flat, p * kk * U(DC))
+            for i in range(DR):
+                r = m0 + U(i)
+                if r >= top and r < m:
+                    row = U(i * DC)
+                    activate(t, row, row + U(DC), act, alpha, beta)
+                    for j in range(lo - n0, U(DC)):
+                        y[r, n0 + j] = t[row + j]

@@ -27,8 +27,6 @@ F32 = np.float32
 #: A piece of a conv holds at least this many multiply-adds: each must outlast a helper's late start
 #: (benchmarks/RESULTS.md, "Piece sizes").
 PIECE_MACS = 1 << 21
-#: A conv of this many pieces or more runs them on the crew of workers (crew.py), fewer on numba's threads.
-CREW_PIECES = 2
 #: Bytes of packed weights that a group of channels takes at most (L2 is 512 KiB a core on the 2-core VM).
 WEIGHTS_IN_L2 = 1 << 18
 
@@ -175,70 +173,51 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
 
 
 def _on_crew(xf: np.ndarray, ys: np.ndarray, w: np.ndarray, bias: np.ndarray, p: dict[str, Any],
-             pieces: int) -> "_Crewed | None":
+             pieces: int) -> Callable[[], bool] | None:
     """The conv in `pieces` pieces on the crew of workers (crew.py: started in microseconds, where numba's
     parallel loops took tens at 16 threads), layout and tiles, as a call to make again on the same x and y;
-    None while the crew's loops compile (or for one piece)."""
-    if pieces < CREW_PIECES:
-        return None
+    None while the crew's loops compile (or for few pieces: jit.crew)."""
     crew = jit.crew(pieces)
-    tile_piece = jit.jitted("conv_piece")
-    layout_piece = jit.jitted("conv_input_piece")
+    tile_piece, layout_piece = jit.jitted("conv_piece"), jit.jitted("conv_input_piece")
     serial_layout = jit.jitted("conv_input")
     if crew is None or tile_piece is None or layout_piece is None or serial_layout is None:
         return None
-    return _Crewed(crew, tile_piece.address, layout_piece.address, serial_layout, xf, ys, w, bias, p, pieces)
+    d, N = p["direct"], p["N"]
+    xs, offs, far = d["fixed"]
+    code, alpha, beta = p["loop_act"]
+    MR, NR = vectors.conv_tile()
+    runs = min(pieces, N * -(-d["last"] // NR))
+    groups = max(d["groups"], min(w.shape[0], pieces // runs))
+    chunks = runs * groups
+    sums = np.empty((chunks, w.shape[0] * MR * NR), F32)
+    spans = np.empty((chunks, NR, 3), np.uint64)
+    x = xf.reshape(-1) if d["layout"] is None else np.empty(N * d["xs"], F32)  # a stand-in for the layout's
+    tiles = crew.job(tile_piece, [x, offs, w, bias, ys, sums, spans, np.array([alpha, beta], F32), int(xs),
+                                  int(far), *map(int, d["widths"]), 0, N, 0, d["last"], code, chunks, groups], chunks)
+    layout = d["layout"]
+    if layout is None:
+        return tiles
+    shape, hq = (N, d["xs"]), d["hq"]
+    if xf.size < SLICE_ELEMENTS:  # laid out by this thread alone (as in run)
+        def lay(src: np.ndarray) -> None:
+            serial_layout(xf, src, *layout, 0, N, 0, hq)
+    else:
+        from .. import planes  # loaded by now: the crew's loops were compiled from it
 
+        job = crew.job(layout_piece, [xf, np.empty(shape, F32), *layout, 0, N, 0, hq],
+                       planes.layout_jobs.py_func(layout[0], layout[5], hq, 0, N, 0, hq))
 
-class _Crewed:
-    """A conv's layout and tiles as jobs of the crew, with the arrays whose addresses their arguments hold."""
+        def lay(src: np.ndarray) -> None:
+            job.point(1, src)
+            job()
 
-    def __init__(self, crew: Any, tile_fn: int, layout_fn: int, serial_layout: Callable[..., Any], xf: np.ndarray,
-                 ys: np.ndarray, w: np.ndarray, bias: np.ndarray, p: dict[str, Any], pieces: int):
-        from .. import planes, tiles  # loaded by now: the crew's loops were compiled from them
+    def call() -> bool:
+        src = shared_scratch("direct", shape, F32)[0]  # the calling thread's own, fetched each time
+        lay(src)
+        tiles.point(0, src.reshape(-1))
+        return tiles()
 
-        d, N = p["direct"], p["N"]
-        xs, offs, far = d["fixed"]
-        code, alpha, beta = p["loop_act"]
-        MR, NR = vectors.conv_tile()
-        runs = min(pieces, N * -(-d["last"] // NR))
-        groups = max(d["groups"], min(w.shape[0], pieces // runs))
-        self.chunks = runs * groups
-        sums = np.empty((self.chunks, w.shape[0] * MR * NR), F32)
-        spans = np.empty((self.chunks, NR, 3), np.uint64)
-        ab = np.array([alpha, beta], F32)
-        self.arrays = (xf, ys, w, bias, offs, sums, spans, ab)  # alive while the arguments point at them
-        self.tile_args = np.array(
-            [_at(xf), N * int(xs), _at(offs), offs.shape[0], _at(w), *w.shape, _at(bias), bias.shape[0], _at(ys),
-             *ys.shape, _at(sums), sums.shape[1], _at(spans), _at(ab), int(xs), int(far), *map(int, d["widths"]), 0, N,
-             0, d["last"], code, self.chunks, groups], np.int64)
-        assert self.tile_args.shape[0] == tiles.CONV_ARGS
-        self.layout = d["layout"]
-        self.jobs = 0
-        self.shape = (N, d["xs"])
-        if self.layout is not None:
-            self.layout_args = np.array([_at(xf), *xf.shape, 0, N, d["xs"], *self.layout, 0, N, 0, d["hq"]], np.int64)
-            assert self.layout_args.shape[0] == planes.LAYOUT_ARGS
-            self.jobs = planes.layout_jobs.py_func(self.layout[0], self.layout[5], d["hq"], 0, N, 0, d["hq"])
-        self.crew, self.tile_fn, self.layout_fn = crew, tile_fn, layout_fn
-        # An input of fewer than SLICE_ELEMENTS values is laid out by this thread alone (as in run).
-        self.serial_layout = serial_layout if xf.size < SLICE_ELEMENTS else None
-        self.xf, self.hq = xf, d["hq"]
-
-    def __call__(self) -> bool:
-        if self.layout is not None:  # the layout's scratch belongs to the calling thread, fetched each time
-            src = shared_scratch("direct", self.shape, F32)[0]
-            self.tile_args[0] = self.layout_args[3] = _at(src)
-            if self.serial_layout is not None:
-                self.serial_layout(self.xf, src, *self.layout, 0, self.shape[0], 0, self.hq)
-            else:
-                self.crew.run(self.layout_fn, _at(self.layout_args), self.jobs)
-        self.crew.run(self.tile_fn, _at(self.tile_args), self.chunks)
-        return True
-
-
-def _at(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
+    return call
 
 
 def _groups(blocks: int, taps: int, threads: int) -> int:
