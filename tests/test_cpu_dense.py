@@ -68,29 +68,6 @@ def test_tiles_match_numpy(loop, m, k, n, chunks, cols, biased):
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 5, 40), (3, 17, 33), (16, 384, 384), (130, 20, 97)])
-@pytest.mark.parametrize("chunks,cols", [(4, 2), (3, 3), (9, 1)])
-def test_pieces_on_the_crew_match_numpy(m, k, n, chunks, cols):
-    """The same splits as pieces of the crew of workers (tiles.dense_piece through a crew.Job)."""
-    jit.crew(2)
-    jit.jitted("dense_piece")
-    jit.wait(600)
-    crew, piece = jit.crew(2), jit.jitted("dense_piece")
-    if crew is None or piece is None:
-        pytest.skip("numba cannot compile the crew's loops here")
-    dr, dc = vectors.dense_tile()
-    x = RNG.standard_normal((m, k)).astype(np.float32)
-    w = RNG.standard_normal((k, n)).astype(np.float32)
-    bias = RNG.standard_normal(n).astype(np.float32)
-    out = np.full((m, n), np.nan, np.float32)
-    job = crew.job(piece, [x, _pack(w), bias, out, np.empty((chunks, dr * dc), np.float32),
-                           np.empty((chunks, dr), np.uint64), np.array([0.5, 0.25], np.float32), 9, chunks, cols],
-                   chunks)
-    assert job()
-    want = (x.astype(np.float64) @ w + bias) * 0.5 + 0.25  # code 9: y * alpha + beta
-    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
-
-
 def test_narrow_weights_decline():
     """Fewer columns than a panel, or another dtype: no panels, and the Dense step keeps the compiled product."""
     cols = vectors.dense_tile()[1]

@@ -6,8 +6,8 @@ each worker is a Python thread that enters one nogil numba function (worker) and
 stops: it spins on the control block's generation counter for SPIN_CYCLES (yielding its core to any thread
 that waits for one: numba's own threads and the runtime's helpers run other steps meanwhile), then sleeps on a
 futex, and takes a job's pieces by an atomic counter. A job is a numba cfunc's address and the address of its
-arguments, an int64 array the cfunc unpacks (tiles.conv_piece and dense_piece, planes.conv_input_piece;
-made by Job): fn(args, piece) for piece in [0, n).
+arguments, an int64 array the cfunc unpacks (tiles.conv_piece, planes.conv_input_piece; made
+by Job): fn(args, piece) for piece in [0, n).
 
 The caller (run) publishes a job as a seqlock does: the generation odd while it writes, even once published,
 after waiting until no worker is still inside the job before. It takes pieces itself, then spins until every

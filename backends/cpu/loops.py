@@ -265,7 +265,7 @@ PARALLEL = {"conv_tiles", "conv_input", "dense", "depthwise", "erf", "gelu", "so
 
 
 #: The pieces the crew runs (crew.py): cfuncs of (address of their arguments, piece).
-PIECES = {"conv_piece": tiles.conv_piece, "conv_input_piece": planes.conv_input_piece, "dense_piece": tiles.dense_piece}
+PIECES = {"conv_piece": tiles.conv_piece, "conv_input_piece": planes.conv_input_piece}
 
 
 def compile(name: str) -> Any:  # noqa: A001  (the one entry point, called by jit.py)

@@ -160,24 +160,6 @@ def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
         _dense_chunk(x, wp, bias, y, act, alpha, beta, chunks, cols, U(c), borrow(sums[c]), borrow(picks[c]))
 
 
-#: dense_piece's arguments (crew.Job's fields): x, wp, bias, y, the pieces' sums and picks, (alpha, beta) as
-#: float32; then act, chunks, cols.
-DENSE_ARGS = 23
-
-
-def dense_piece(args, c):
-    """Piece c of dense for the crew (crew.py), its arguments unpacked from the int64 array at address args."""
-    a = carray(i64_at(args), (DENSE_ARGS,))
-    x = carray(f32_at(a[0]), (a[1], a[2]))
-    wp = carray(f32_at(a[3]), (a[4], a[5], a[6]))
-    bias = carray(f32_at(a[7]), (a[8],))
-    y = carray(f32_at(a[9]), (a[10], a[11]))
-    sums = carray(f32_at(a[12]), (a[13], a[14]))
-    picks = carray(u64_at(a[15]), (a[16], a[17]))
-    ab = carray(f32_at(a[18]), (a[19],))
-    _dense_chunk(x, wp, bias, y, a[20], ab[0], ab[1], a[21], a[22], U(c), sums[c], picks[c])
-
-
 @numba.njit(forceinline=True, nogil=True, cache=True, fastmath=FAST - {"reassoc"}, error_model="numpy",
             boundscheck=False)
 def _dense_chunk(x, wp, bias, y, act, alpha, beta, chunks, cols, c, t, rs):

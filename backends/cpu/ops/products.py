@@ -82,7 +82,7 @@ def panels(w: np.ndarray) -> packing.Packed | None:
 def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: np.ndarray,
           activation: tuple[int, float, float]) -> Callable[[], bool] | None:
     """out = act(x @ w + bias) for float32 x (M, K), w's panels (panels) and out (M, N), by the dense tile loop:
-    the crew of workers (else numba's threads) share its panels, then its rows. Runs it, and returns the same call with its arguments bound
+    numba's threads share its panels, then its rows. Runs it, and returns the same call with its arguments bound
     (a caller that gets the same arrays again may repeat it alone; it returns True); None (nothing done) where
     it cannot serve: other dtypes or layouts, no parallel build for pieces to share, or while it compiles."""
     wp = packed["panels"]
@@ -92,17 +92,8 @@ def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: n
     (m, k), n = x.shape, out.shape[1]
     pieces = jit.product_pieces(m * n * k, DENSE_PIECE)
     cols = min(pieces, wp.shape[0])
-    DR, DC = vectors.dense_tile()
-    runs = max(1, min(pieces // cols, -(-m // DR)))
+    runs = max(1, min(pieces // cols, -(-m // vectors.dense_tile()[0])))
     b = _NO_BIAS if bias is None else bias
-    crew, piece = jit.crew(pieces), jit.jitted("dense_piece")
-    if crew is not None and piece is not None:  # the pieces on the crew of workers (crew.py)
-        code, alpha, beta = activation
-        chunks = cols * runs
-        job = crew.job(piece, [x, wp, b, out, np.empty((chunks, DR * DC), F32), np.empty((chunks, DR), np.uint64),
-                               np.array([alpha, beta], F32), code, chunks, cols], chunks)
-        job()
-        return job
     fn = jit.for_pieces("dense", pieces)
     if fn is None:
         return None
