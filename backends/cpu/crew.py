@@ -129,12 +129,12 @@ class Job:
     def __init__(self, crew: "Crew", fn: int, fields: list, pieces: int):
         values: list[int] = []
         self.slots: list[int] = []  # each field's first argument
-        self.arrays = []
-        for f in fields:
+        self.arrays: dict[int, np.ndarray] = {}  # by field
+        for i, f in enumerate(fields):
             self.slots.append(len(values))
             if isinstance(f, np.ndarray):
                 values += [f.__array_interface__["data"][0], *f.shape]
-                self.arrays.append(f)
+                self.arrays[i] = f
             elif isinstance(f, (float, np.floating)):
                 raise TypeError("a float field goes in a float32 array")
             else:
@@ -144,9 +144,9 @@ class Job:
         self.crew, self.fn, self.pieces = crew, fn, pieces
 
     def point(self, field: int, array: np.ndarray) -> None:
-        """Field `field`, an array, at another array of its shape (a scratch fetched again for each run, which
-        its owner keeps alive)."""
+        """Field `field`, an array, at another array of its shape (this call's input, a scratch fetched again)."""
         self.args[self.slots[field]] = array.__array_interface__["data"][0]
+        self.arrays[field] = array
 
     def __call__(self) -> bool:
         self.crew.run(self.fn, self.at, self.pieces)

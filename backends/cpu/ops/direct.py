@@ -176,11 +176,45 @@ def _on_crew(xf: np.ndarray, ys: np.ndarray, w: np.ndarray, bias: np.ndarray, p:
              pieces: int) -> Callable[[], bool] | None:
     """The conv in `pieces` pieces on the crew of workers (crew.py: started in microseconds, where numba's
     parallel loops took tens at 16 threads), layout and tiles, as a call to make again on the same x and y;
-    None while the crew's loops compile (or for few pieces: jit.crew)."""
+    None while the crew's loops compile (or for few pieces: jit.crew). The jobs are made once for the plan and
+    pointed at each call's x and y (a conv whose input is not a planned buffer comes here every run)."""
     crew = jit.crew(pieces)
+    if crew is None:
+        return None
+    made = p.get("crew")
+    if made is None or made[0] != (pieces, xf.shape):
+        jobs = _crew_jobs(crew, xf, ys, w, bias, p, pieces)
+        if jobs is None:
+            return None
+        made = p["crew"] = ((pieces, xf.shape), *jobs)
+    _, tiles, layout, serial_layout = made
+    shape, d, N = (p["N"], p["direct"]["xs"]), p["direct"], p["N"]
+
+    def call() -> bool:
+        tiles.point(4, ys)
+        if d["layout"] is None:
+            tiles.point(0, xf)
+        else:
+            src = shared_scratch("direct", shape, F32)[0]  # the calling thread's own, fetched each time
+            if layout is None:  # small: laid out by this thread alone (as in run)
+                serial_layout(xf, src, *d["layout"], 0, N, 0, d["hq"])
+            else:
+                layout.point(0, xf)
+                layout.point(1, src)
+                layout()
+            tiles.point(0, src)
+        return tiles()
+
+    return call
+
+
+def _crew_jobs(crew: Any, xf: np.ndarray, ys: np.ndarray, w: np.ndarray, bias: np.ndarray, p: dict[str, Any],
+               pieces: int) -> tuple[Any, Any, Any] | None:
+    """The tile loop's job, the layout's (None for none, or a small input laid out by the calling thread) and the
+    layout's serial loop, for the crew; None while their loops compile."""
     tile_piece, layout_piece = jit.jitted("conv_piece"), jit.jitted("conv_input_piece")
     serial_layout = jit.jitted("conv_input")
-    if crew is None or tile_piece is None or layout_piece is None or serial_layout is None:
+    if tile_piece is None or layout_piece is None or serial_layout is None:
         return None
     d, N = p["direct"], p["N"]
     xs, offs, far = d["fixed"]
@@ -191,33 +225,16 @@ def _on_crew(xf: np.ndarray, ys: np.ndarray, w: np.ndarray, bias: np.ndarray, p:
     chunks = runs * groups
     sums = np.empty((chunks, w.shape[0] * MR * NR), F32)
     spans = np.empty((chunks, NR, 3), np.uint64)
-    x = xf.reshape(-1) if d["layout"] is None else np.empty(N * d["xs"], F32)  # a stand-in for the layout's
+    x = np.empty(N * d["xs"], F32)  # a stand-in: each call points the job at its x or its layout
     tiles = crew.job(tile_piece, [x, offs, w, bias, ys, sums, spans, np.array([alpha, beta], F32), int(xs),
                                   int(far), *map(int, d["widths"]), 0, N, 0, d["last"], code, chunks, groups], chunks)
-    layout = d["layout"]
-    if layout is None:
-        return tiles
-    shape, hq = (N, d["xs"]), d["hq"]
-    if xf.size < SLICE_ELEMENTS:  # laid out by this thread alone (as in run)
-        def lay(src: np.ndarray) -> None:
-            serial_layout(xf, src, *layout, 0, N, 0, hq)
-    else:
-        from .. import planes  # loaded by now: the crew's loops were compiled from it
+    layout, hq = d["layout"], d["hq"]
+    if layout is None or xf.size < SLICE_ELEMENTS:
+        return tiles, None, serial_layout
+    from .. import planes  # loaded by now: the crew's loops were compiled from it
 
-        job = crew.job(layout_piece, [xf, np.empty(shape, F32), *layout, 0, N, 0, hq],
-                       planes.layout_jobs.py_func(layout[0], layout[5], hq, 0, N, 0, hq))
-
-        def lay(src: np.ndarray) -> None:
-            job.point(1, src)
-            job()
-
-    def call() -> bool:
-        src = shared_scratch("direct", shape, F32)[0]  # the calling thread's own, fetched each time
-        lay(src)
-        tiles.point(0, src.reshape(-1))
-        return tiles()
-
-    return call
+    jobs = planes.layout_jobs.py_func(layout[0], layout[5], hq, 0, N, 0, hq)
+    return tiles, crew.job(layout_piece, [xf, np.empty((N, d["xs"]), F32), *layout, 0, N, 0, hq], jobs), serial_layout
 
 
 def _groups(blocks: int, taps: int, threads: int) -> int:
