@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from aiomnn import unary
+from aiomnn import binary, unary
 
 from ..fused import EXPR, Expr, Lit, Term, Val
 from .base import F32, CudaOp, Decline, check_tensors, float_inputs, op
@@ -17,8 +17,10 @@ from .base import F32, CudaOp, Decline, check_tensors, float_inputs, op
 #: Activation (their parameters read by opset), Clip has its own bounds, and Gelu chooses its row.
 PARAMETRIZED = tuple(sorted(n for n in {*unary.VERSIONS, *unary.CHOICES} if n in unary.TABLE))
 UNARY = {name for name, row in unary.TABLE.items() if row.since is not None and name not in PARAMETRIZED} - {"Identity"}
-BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "PRelu"}
+#: The binary table's ops (aiomnn/binary.py): Max and Min, which take any number of inputs, as Variadic, with Sum
+#: and Mean (an Add of each input in turn); the rest as Binary.
 VARIADIC = {"Max": "Max", "Min": "Min", "Sum": "Add", "Mean": "Add"}
+BINARY = {name for name, row in binary.TABLE.items() if row.since is not None} - set(VARIADIC)
 
 
 def activation(x: Term, act: tuple[str, dict] | None) -> Term:

@@ -116,8 +116,9 @@ class Dropout(Unary):
 
 # ---------------------------------------------------------------------------- binary
 #: The ops Binary takes, by their code in the binary table (aiomnn/binary.py), which binary_op() switches over:
-#: Sum and Mean add.
-BINARY = {**{name: binary.TABLE[name].code for name in ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "PRelu")},
+#: the table's ONNX ops and Sum and Mean, which add; registered from opset 1 (Binary reads the legacy broadcast
+#: attributes of opsets before 7 itself).
+BINARY = {**{name: row.code for name, row in binary.TABLE.items() if row.since is not None},
           "Sum": binary.TABLE["Add"].code, "Mean": binary.TABLE["Add"].code}
 
 
@@ -141,7 +142,6 @@ def binary_view(exe: VkOp, op: int, out: Loc, a: Loc, sa: list[int], b: Loc, sb:
                  Grid(n // 4 if vec else n), consts=(op, code, len(dims), vec))
 
 
-@register(*BINARY)
 class Binary(VkOp):
     def __init__(self, backend, node, inputs, outputs):
         super().__init__(backend, node, inputs, outputs)
@@ -189,6 +189,9 @@ class Binary(VkOp):
             self._one(out, a, ash, self.loc(inputs[i]), tuple(inputs[i].shape), oshape, act)
         if mean:
             unary(self, TABLE["ScaleShift"].code, out, out, n, 1.0 / len(inputs), 0.0)
+
+
+register(*BINARY)(Binary)
 
 
 @register("BatchNormalization")
