@@ -202,7 +202,7 @@ results = {}
 for backend in sys.argv[2].split(","):
     if backend == "vulkan":
         import build_shaders
-        from aiomnn.backends.vulkan import device
+        from aiomnn.backends.vulkan import program
 
         glslang = shutil.which("glslangValidator")
         if glslang is None:
@@ -213,7 +213,7 @@ for backend in sys.argv[2].split(","):
         (folder / "unary_op.glsl").write_text(build_shaders.unary_source())
         subprocess.run([glslang, "-V", "--target-env", build_shaders.TARGET, str(folder / "unary.comp"), "-o",
                         str(folder / "unary.spv")], check=True, capture_output=True)
-        device.SHADER_DIR = folder
+        program.SHADER_DIR = folder
     results[backend] = asyncio.run(run(backend))
 print(json.dumps(results))
 """

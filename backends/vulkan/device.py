@@ -13,12 +13,10 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import vulkan as vk
-
-from .program import SHADER_DIR
 
 ffi, lib = vk.ffi, vk.lib
 
@@ -278,11 +276,11 @@ class Context:
         return Buffer(self, size, self.readback_flags, imported=(host, int(props.memoryTypeBits)))
 
     # Shaders ------------------------------------------------------------
-    def shader_module(self, name: str):
-        """A built shader (shaders/NAME.spv) as a module on this device, loaded on first use."""
+    def shader_module(self, name: str, spirv: Callable[[], bytes]):
+        """Shader `name` as a module on this device, made from spirv() (its SPIR-V) on first use."""
         mod = self._modules.get(name)
         if mod is None:
-            code = (SHADER_DIR / f"{name}.spv").read_bytes()
+            code = spirv()
             mod = vk.vkCreateShaderModule(self.device, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code),
                                           None)
             self._modules[name] = mod

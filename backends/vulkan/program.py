@@ -89,7 +89,8 @@ class Kernel:
         self.layout = vk.vkCreatePipelineLayout(
             dev, vk.VkPipelineLayoutCreateInfo(setLayoutCount=1, pSetLayouts=[self.set_layout],
                                                pushConstantRangeCount=len(push), pPushConstantRanges=push), None)
-        module = ctx.shader_module(name + ("_fp16" if fp16 else ""))
+        file = name + ("_fp16" if fp16 else "")
+        module = ctx.shader_module(file, lambda: (SHADER_DIR / f"{file}.spv").read_bytes())
         values = list(local) + list(consts)
         ids = list(range(len(values))) + [PUSH_ID + i for i in range(len(words) // 4)]
         entries = [vk.VkSpecializationMapEntry(constantID=c, offset=4 * i, size=4) for i, c in enumerate(ids)]
