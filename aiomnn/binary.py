@@ -11,9 +11,7 @@ from __future__ import annotations
 from .unary import Table
 
 #: The two-input ops' rows (unary.Row: name, code, since, expression).
-TABLE = Table()
-
-for _row in (
+TABLE = Table((
         ("Add", 7, "x + y"),
         ("Sub", 7, "x - y"),
         ("Mul", 7, "x * y"),
@@ -25,5 +23,4 @@ for _row in (
         # Forms of the kernels' own, not ONNX's ops: Mod with fmod=1, and x scaled by y plus x (a Mul and the Add
         # of its input, which Vulkan's fusion makes one).
         ("Fmod", None, "fmod(x, y)"),
-        ("Gate", None, "x + x * y")):
-    TABLE.define(*_row)
+        ("Gate", None, "x + x * y")))

@@ -58,6 +58,11 @@ class Row:
 class Table(dict[str, Row]):
     """Rows by op name, in the order of their codes: a new op goes at the end."""
 
+    def __init__(self, rows: tuple[tuple[str, int | None, str], ...] = ()):
+        super().__init__()
+        for row in rows:
+            self.define(*row)
+
     def define(self, name: str, since: int | None, expr: str) -> Row:
         """Add a row, with the next code."""
         if name in self:
@@ -67,9 +72,7 @@ class Table(dict[str, Row]):
 
 
 #: The one-input ops' rows.
-TABLE = Table()
-
-for _row in (
+TABLE = Table((
         ("Identity", 1, "x"),
         # Relu and Clip by comparisons, not max and min, so that NaN stays NaN as in numpy (C's fmax drops it).
         ("Relu", 1, "0 if x < 0 else x"),
@@ -114,8 +117,7 @@ for _row in (
         ("Sign", 9, "1 if x > 0 else (-1 if x < 0 else x)"),
         # Forms the GPU backends fuse into (a Mean's scale, an Add after HardSwish), not ops of ONNX.
         ("ScaleShift", None, "x * a + b"),
-        ("HardSwishShift", None, "x * min(max(x * 0.16666666666666666 + 0.5, 0), 1) + b")):
-    TABLE.define(*_row)
+        ("HardSwishShift", None, "x * min(max(x * 0.16666666666666666 + 0.5, 0), 1) + b")))
 
 
 def attributes(name: str, opset: int) -> tuple[tuple[str, float], ...]:

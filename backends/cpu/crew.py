@@ -38,8 +38,8 @@ from .atomics import add, call, cas, cycles, load, pause, store, syscall
 GEN, ACTIVE, NEXT, DONE, FN, ARGS, N, SLEEPERS, STOP, OWNER, SYSCALL = (8 * i for i in range(11))
 SLOTS = 8 * 11
 SYS_FUTEX, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE, SYS_SCHED_YIELD = 202, 128, 129, 24
-#: Cycles of the time-stamp counter a worker spins before it sleeps: some 20-50 us, longer than the Python
-#: between a run's loops, shorter than the gap between runs.
+#: Cycles of the time-stamp counter a worker spins before it sleeps: enough for the Python between a run's convs,
+#: not the gap between runs; longer spins cost YOLOv8n on 2 cores (benchmarks/RESULTS.md, session 25).
 SPIN_CYCLES = 100_000
 
 
@@ -120,6 +120,10 @@ def stop(ctl):
     syscall(ctl, SYSCALL, SYS_FUTEX, GEN, FUTEX_WAKE_PRIVATE, 0x7FFFFFFF)
 
 
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
 class Job:
     """A job for a crew: the address of a piece function (a cfunc of loops.PIECES), the int64 array of its
     arguments, and the arrays their addresses point at, kept alive with it. Its fields become the arguments in
@@ -133,19 +137,19 @@ class Job:
         for i, f in enumerate(fields):
             self.slots.append(len(values))
             if isinstance(f, np.ndarray):
-                values += [f.__array_interface__["data"][0], *f.shape]
+                values += [_address(f), *f.shape]
                 self.arrays[i] = f
             elif isinstance(f, (float, np.floating)):
                 raise TypeError("a float field goes in a float32 array")
             else:
                 values.append(int(f))
         self.args = np.array(values, np.int64)
-        self.at = self.args.__array_interface__["data"][0]
+        self.at = _address(self.args)
         self.crew, self.fn, self.pieces = crew, fn, pieces
 
     def point(self, field: int, array: np.ndarray) -> None:
         """Field `field`, an array, at another array of its shape (this call's input, a scratch fetched again)."""
-        self.args[self.slots[field]] = array.__array_interface__["data"][0]
+        self.args[self.slots[field]] = _address(array)
         self.arrays[field] = array
 
     def __call__(self) -> bool:
@@ -165,6 +169,8 @@ class Crew:
 
     def ensure(self, threads: int) -> None:
         """At least threads - 1 workers (the caller is the last)."""
+        if len(self.workers) >= threads - 1:  # (every run of a conv asks: no lock where there are enough)
+            return
         with self._lock:
             while len(self.workers) < threads - 1:
                 t = threading.Thread(target=worker, args=(self.ctl,), name="aiomnn-crew", daemon=True)
@@ -196,11 +202,14 @@ _lock = threading.Lock()
 def shared(threads: int) -> Crew:
     """The process's crew, with at least threads - 1 workers."""
     global _crew
-    with _lock:
-        if _crew is None:
-            _crew = Crew()
-    _crew.ensure(threads)
-    return _crew
+    crew = _crew
+    if crew is None:
+        with _lock:
+            if _crew is None:
+                _crew = Crew()
+            crew = _crew
+    crew.ensure(threads)
+    return crew
 
 
 def _close() -> None:
