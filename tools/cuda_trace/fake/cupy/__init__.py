@@ -123,13 +123,8 @@ class _Graph:
         TRACE.append(("graph_launch", self.n, self.h))
 
 
-class Stream:
-    _ids = [0]
-    null = None
-
-    def __init__(self, non_blocking=False):
-        Stream._ids[0] += 1
-        self.ptr = 1000 + Stream._ids[0]
+class _Context:
+    """A stream's or a device's with-block and synchronize, which do nothing here."""
 
     def __enter__(self):
         return self
@@ -139,6 +134,15 @@ class Stream:
 
     def synchronize(self):
         pass
+
+
+class Stream(_Context):
+    _ids = [0]
+    null = None
+
+    def __init__(self, non_blocking=False):
+        Stream._ids[0] += 1
+        self.ptr = 1000 + Stream._ids[0]
 
     def begin_capture(self, mode=None):
         self._start = len(TRACE)
@@ -171,18 +175,9 @@ class Event:
         pass
 
 
-class Device:
+class Device(_Context):
     def __init__(self, index=0):
         self.id = index
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        pass
-
-    def synchronize(self):
-        pass
 
 
 class _Pinned(bytearray):
