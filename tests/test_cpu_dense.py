@@ -62,8 +62,9 @@ def test_tiles_match_numpy(loop, m, k, n, chunks, cols, biased):
     w = RNG.standard_normal((k, n)).astype(np.float32)
     bias = RNG.standard_normal(n).astype(np.float32) if biased else np.empty(0, np.float32)
     out = np.full((m, n), np.nan, np.float32)
-    fn = loop if chunks == 1 else jit.threaded("dense", 2) or loop
-    fn(x, _pack(w), bias, out, 1, 0.0, 0.0, chunks, cols)
+    rows, width = vectors.dense_tile()
+    scratch = np.empty((chunks, rows * width), np.float32), np.empty((chunks, rows), np.uint64)
+    loop(chunks, x, _pack(w), bias, out, 1, 0.0, 0.0, cols, *scratch)
     want = np.maximum(x.astype(np.float64) @ w + (bias if biased else 0), 0)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 

@@ -76,34 +76,26 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=["crew", "numba", "pool"])
-def sharing(request, monkeypatch):
-    """The work shared by the crew of workers (crew.py), by numba's threads (the parallel build, where the crew's
-    loops are not compiled yet), or by the runtime's helper threads (as in a forked child, or while the parallel
-    build compiles). Records the thread counts that the crew or the parallel build got."""
-    used: list[int] = []
-    threaded, crew = jit.threaded, jit.crew
+@pytest.fixture
+def pieces(monkeypatch):
+    """The piece counts that each compiled loop was launched with (crew.Loop), by the loop's name."""
+    from aiomnn.backends.cpu import crew, loops
 
-    def recorded_threads(name, n):
-        fn = threaded(name, n) if request.param == "numba" else None
-        if fn is not None:
-            used.append(n)
-        return fn
+    used: dict[str, list[int]] = {}
+    call = crew.Loop.__call__
 
-    def recorded_crew(n):
-        found = crew(n) if request.param == "crew" else None
-        if found is not None:
-            used.append(n)
-        return found
+    def recorded(loop, n, *values):
+        name = next(k for k in loops.SIGNATURES if jit.jitted(k) is loop)
+        used.setdefault(name, []).append(n)
+        return call(loop, n, *values)
 
-    monkeypatch.setattr(jit, "threaded", recorded_threads)
-    monkeypatch.setattr(jit, "crew", recorded_crew)
+    monkeypatch.setattr(crew.Loop, "__call__", recorded)
     return used
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("xs,ws,attrs", CASES)
-def test_direct_matches_onnxruntime(xs, ws, attrs, threads, calls, sharing):
+def test_direct_matches_onnxruntime(xs, ws, attrs, threads, calls):
     x = RNG.standard_normal(xs).astype(np.float32)
     w = (RNG.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
     b = RNG.standard_normal(ws[0]).astype(np.float32)
@@ -114,7 +106,7 @@ def test_direct_matches_onnxruntime(xs, ws, attrs, threads, calls, sharing):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_bound_call_takes_new_values(threads, sharing):
+def test_bound_call_takes_new_values(threads):
     """A conv whose input is a planned buffer binds its tile loop call on the first run and repeats it after:
     each new input still gives its own right result."""
     xs, ws = (1, 8, 20, 20), (16, 8, 3, 3)
@@ -132,15 +124,14 @@ def test_bound_call_takes_new_values(threads, sharing):
         np.testing.assert_allclose(got, run_ort(data, f)[0], rtol=1e-4, atol=1e-4)
 
 
-def test_big_convs_take_the_crew_or_numba_threads(sharing, request):
-    if request.node.callspec.params["sharing"] == "pool":
-        pytest.skip("about the crew and the parallel build")
+def test_big_convs_take_the_crew(pieces):
+    """A conv of many multiply-adds is shared by two threads where the session has two."""
     xs, ws = (1, 64, 40, 40), (64, 64, 3, 3)
     x = RNG.standard_normal(xs).astype(np.float32)
     data = one_input_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], xs,
                            {"w": RNG.standard_normal(ws).astype(np.float32)})
     np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-3)
-    assert sharing and set(sharing) == {2}
+    assert set(pieces["conv_tiles"]) == {2}
 
 
 @pytest.mark.parametrize("act", list(ACTIVATIONS))
@@ -188,16 +179,20 @@ def test_the_sums_stamp_matches_their_files():
     assert tiles.SUMS == hashlib.sha256(texts).hexdigest()
 
 
-def test_the_scalars_stamp_matches_their_file():
-    """The loops inline scalars.py's functions: loops.py, planes.py and tiles.py each hold its SHA-256 (make_tiles.py
-    writes them), so that a change there changes them and numba's cache compiles the loops again."""
-    import hashlib
+def test_the_inlined_stamp_matches_their_files():
+    """The loops inline the functions of scalars.py, fields.py and atomics.py: each file of loops holds their
+    SHA-256 (make_tiles.py writes them), so that a change there changes them and numba's cache compiles the loops
+    again."""
+    import importlib
+    import sys
     from pathlib import Path
 
-    from aiomnn.backends.cpu import loops, planes
-
-    stamp = hashlib.sha256((Path(tiles.__file__).parent / "scalars.py").read_bytes()).hexdigest()
-    assert tiles.SCALARS == stamp and loops.SCALARS == stamp and planes.SCALARS == stamp, "run tools/make_tiles.py"
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
+    make_tiles = importlib.import_module("make_tiles")
+    stamp = make_tiles.stamp_of(Path(tiles.__file__).parent)
+    for name in make_tiles.STAMPED:
+        module = importlib.import_module(f"aiomnn.backends.cpu.{name.removesuffix('.py')}")
+        assert module.INLINED == stamp, f"{name}: run tools/make_tiles.py"
 
 
 def test_activation_codes():
@@ -209,31 +204,22 @@ def test_activation_codes():
     assert jit.loop_activation(("Tanh", {})) is None  # left to numpy after the loop
 
 
-def test_depthwise_loop_shares_its_planes(sharing, request):
-    """The depthwise loop's planes on numba's threads (its parallel build) or the helper threads."""
+def test_depthwise_loop_shares_its_planes(pieces):
+    """The depthwise loop's planes shared by two threads."""
     xs, ws = (2, 96, 80, 80), (96, 1, 5, 5)
     x = RNG.standard_normal(xs).astype(np.float32)
     data = one_input_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[2, 2, 2, 2], group=96),
                             helper.make_node("Relu", ["c"], ["y"])], xs,
                            {"w": RNG.standard_normal(ws).astype(np.float32)})
     np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
-    assert bool(sharing) == (request.node.callspec.params["sharing"] == "numba")
+    assert set(pieces["depthwise"]) == {2}
 
 
-@pytest.mark.parametrize("op,attrs,opset", [("Gelu", {}, 20), ("Softmax", {"axis": -1}, 13),
-                                            ("LayerNormalization", {"axis": -1}, 17), ("Erf", {}, 13)])
-def test_row_loops_on_numba_threads(op, attrs, opset, monkeypatch):
-    """The elementwise and row loops' parallel builds (jit.split) give what onnxruntime gives."""
-    used: list[str] = []
-    threaded = jit.threaded
-
-    def recorded(name, n):
-        fn = threaded(name, n)
-        if fn is not None:
-            used.append(name)
-        return fn
-
-    monkeypatch.setattr(jit, "threaded", recorded)
+@pytest.mark.parametrize("op,attrs,opset,loop", [("Gelu", {}, 20, "gelu"), ("Softmax", {"axis": -1}, 13, "softmax"),
+                                                 ("LayerNormalization", {"axis": -1}, 17, "layer_norm"),
+                                                 ("Erf", {}, 13, "erf")])
+def test_row_loops_share_their_rows(op, attrs, opset, loop, pieces):
+    """The elementwise and row loops (jit.split) shared by two threads give what onnxruntime gives."""
     xs = (4, 256, 384)
     x = RNG.standard_normal(xs).astype(np.float32)
     inputs, consts = ["x"], {}
@@ -242,7 +228,7 @@ def test_row_loops_on_numba_threads(op, attrs, opset, monkeypatch):
         inputs = ["x", "g", "b"]
     data = one_input_model([helper.make_node(op, inputs, ["y"], **attrs)], xs, consts, opset=opset)
     np.testing.assert_allclose(_run(data, {"x": x}, 2), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-5)
-    assert used, f"{op} did not take a parallel build"
+    assert set(pieces[loop]) == {2}
 
 
 def test_conv_block_follows_the_l1_cache(monkeypatch, tmp_path):

@@ -62,7 +62,7 @@ def test_pieces_match_numpy(gemm, images, m, k, n, rows, cols, per_row, own):
     b = RNG.standard_normal((images, k, n)).astype(np.float32)
     bias = RNG.standard_normal(m if per_row else n).astype(np.float32)
     out = np.full((images, m, n), np.nan, np.float32)
-    gemm(a, b, bias, out, per_row, 0, 0.0, 0.0, rows, cols)
+    gemm(3, a, b, bias, out, per_row, 0, 0.0, 0.0, rows, cols)  # three pieces share the parts
     want = a @ b + (bias[:, None] if per_row else bias)
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
 
@@ -77,7 +77,7 @@ def test_activation_after_the_product(gemm, code, alpha, beta, fn):
     a = RNG.standard_normal((9, 33)).astype(np.float32)
     b = RNG.standard_normal((1, 33, 70)).astype(np.float32)
     out = np.empty((1, 9, 70), np.float32)
-    gemm(a[None], b, np.empty(0, np.float32), out, False, code, alpha, beta, 2, 2)
+    gemm(1, a[None], b, np.empty(0, np.float32), out, False, code, alpha, beta, 2, 2)
     np.testing.assert_allclose(out, fn((a @ b).astype(np.float64)), rtol=1e-4, atol=1e-4)
 
 

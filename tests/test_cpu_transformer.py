@@ -81,16 +81,17 @@ async def _run(model: onnx.ModelProto, feeds_list: list[dict[str, np.ndarray]], 
     return outs, fused
 
 
-@pytest.mark.parametrize("numba", ["wait", "pool", "0"], ids=["numba", "numba-helpers", "numpy"])
+@pytest.mark.parametrize("numba", ["wait", "pool", "0"], ids=["numba", "attention-on-helpers", "numpy"])
 @pytest.mark.parametrize("order", ["torch", "halved-first"])
 def test_encoder_layer_matches_onnxruntime(monkeypatch, numba, order):
-    """Compiled loops on numba's threads; the serial loops on the helper threads (as without TBB, or in a forked
-    child: attention then takes a few heads a piece); numpy alone."""
+    """Compiled loops on the crew; the attention's numpy products on the helper threads (as while its loop
+    compiles: a few heads a piece, each normalized by the softmax loop); numpy alone."""
     from aiomnn.backends.cpu import jit
 
     monkeypatch.setenv("AIOMNN_NUMBA", "0" if numba == "0" else "wait")
     if numba == "pool":
-        monkeypatch.setattr(jit, "threaded", lambda name, n: None)
+        jitted = jit.jitted
+        monkeypatch.setattr(jit, "jitted", lambda name: None if name == "attention" else jitted(name))
     model = _encoder_layer(order)
     # New values and masks at a shape run before (the fused steps repeat their bound calls there), and shapes.
     feeds = [_feeds(), _feeds(seed=1), _feeds(1, 5), _feeds(3, 16), _feeds(seed=2)]
@@ -131,17 +132,17 @@ def test_loops_accuracy():
         pytest.skip("numba is not installed")
     x = np.concatenate([np.linspace(-6, 6, 100001, dtype=np.float32), [np.inf, -np.inf, 0.0]]).astype(np.float32)
     y = np.empty_like(x)
-    erf_loop(x, y)
+    erf_loop(1, x, y)
     assert np.abs(y - exact(x.astype(np.float64))).max() < 4e-7
     nan = np.array([np.nan], np.float32)
-    erf_loop(nan, nan)
+    erf_loop(1, nan, nan)
     assert np.isnan(nan[0])
 
     rng = np.random.default_rng(1)
     s = rng.standard_normal((6, 33)).astype(np.float32) * 5
     mask = np.where(rng.random((2, 33)) < 0.3, -1e4, 0).astype(np.float32)
     got = s.copy()
-    jit.jitted("softmax")(got, np.float32(0.25), mask, 3, 0)
+    jit.jitted("softmax")(2, got, np.float32(0.25), mask, 3, 0)  # two pieces, their rows read the mask rows
     z = s * 0.25 + np.repeat(mask, 3, axis=0)
     want = np.exp(z - z.max(-1, keepdims=True))
     want /= want.sum(-1, keepdims=True)
@@ -150,7 +151,7 @@ def test_loops_accuracy():
     x, r = rng.standard_normal((5, 40)).astype(np.float32), rng.standard_normal((5, 40)).astype(np.float32)
     g, b = rng.random(40).astype(np.float32), rng.random(40).astype(np.float32)
     out = np.empty_like(x)
-    jit.jitted("layer_norm")(x, r, g, b, np.float32(1e-5), out)
+    jit.jitted("layer_norm")(1, x, r, g, b, 1e-5, out)
     z = x + r
     want = (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + 1e-5) * g + b
     assert np.abs(out - want).max() < 1e-5

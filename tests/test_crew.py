@@ -1,11 +1,12 @@
-"""The crew of workers that runs the conv's pieces (backends/cpu/crew.py): every piece once, callers at once, a
-forked child, a clean exit."""
+"""The crew of workers that runs the compiled loops' pieces (backends/cpu/crew.py): every piece once, callers at
+once, workers held awake through a run and asleep after it, a forked child, a clean exit."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -36,12 +37,19 @@ def bump():
 
 
 def crew(threads: int):
-    found = jit.crew(threads)
-    if found is None:
+    """The process's crew with threads - 1 workers, its loops compiled."""
+    if jit.jitted("gelu") is None:
         jit.wait(600)
-        found = jit.crew(threads)
-    assert found is not None, "the crew's loops did not compile"
-    return found
+    assert jit.jitted("gelu") is not None, "the compiled loops are not available"
+    from aiomnn.backends.cpu import crew
+
+    return crew.shared(threads)
+
+
+def run(c, fn: int, args: int, n: int) -> None:
+    from aiomnn.backends.cpu import crew as module
+
+    module.run(c.control(), fn, args, n)
 
 
 def test_every_piece_runs_once(bump):
@@ -49,7 +57,7 @@ def test_every_piece_runs_once(bump):
     y = np.zeros(64 * 50, np.float32)
     job = np.array([y.ctypes.data, 50], np.int64)
     for _ in range(300):
-        c.run(bump.address, job.ctypes.data, 64)
+        run(c, bump.address, job.ctypes.data, 64)
     assert np.all(y == 300)
 
 
@@ -60,7 +68,7 @@ def test_callers_at_once_each_get_all_their_pieces(bump):
 
     def caller(i: int) -> None:
         for _ in range(200):
-            c.run(bump.address, jobs[i].ctypes.data, 16)  # a caller that finds the crew busy runs alone
+            run(c, bump.address, jobs[i].ctypes.data, 16)  # a caller that finds the crew busy runs alone
 
     threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
     for t in threads:
@@ -68,6 +76,34 @@ def test_callers_at_once_each_get_all_their_pieces(bump):
     for t in threads:
         t.join(60)
     assert all(np.all(y == 200) for y in ys)
+
+
+def test_a_held_crew_stays_awake_and_sleeps_after(bump):
+    """Workers asleep after an idle spell are woken by a run's hold and spin while it lasts, then sleep again."""
+    from aiomnn.backends.cpu import crew as module
+
+    c = crew(3)
+    workers = len(c.workers)
+
+    def sleepers() -> int:
+        return int(c.ctl[module.SLEEPERS])
+
+    deadline = time.monotonic() + 10
+    while sleepers() < workers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sleepers() == workers
+    y = np.zeros(8 * 10, np.float32)
+    job = np.array([y.ctypes.data, 10], np.int64)
+    with c.held():
+        assert c.ctl[module.HOLDS] == 1
+        time.sleep(0.05)  # far past the spin before a sleep
+        assert sleepers() == 0
+        run(c, bump.address, job.ctypes.data, 8)
+    assert c.ctl[module.HOLDS] == 0 and np.all(y == 1)
+    deadline = time.monotonic() + 10
+    while sleepers() < workers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sleepers() == workers
 
 
 CONV = r"""
@@ -92,7 +128,7 @@ async def make():
     return s, (await s.run({"x": x}))["y"]
 
 s, want = asyncio.run(make())
-assert jit.crew(2) is not None
+assert jit.jitted("conv_tiles") is not None
 if sys.argv[1] == "fork":
     pid = os.fork()
     if pid == 0:

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 import aiomnn
-from aiomnn.backends.cpu import jit, loops, tiles_exp
+from aiomnn.backends.cpu import loops, tiles_exp
 from conv_phases import KINDS, layer, planned_conv, tile_args, warm
 
 
@@ -38,19 +38,19 @@ async def main(kinds: list[str], batch: int) -> None:
         xl = xf
         if d["layout"] is not None:
             xl = np.zeros((batch, d["xs"]), np.float32)
-            jit.jitted("conv_input")(xf, xl, *d["layout"], 0, batch, 0, d["hq"])
+            loops.compile("conv_input")(1, xf, xl, *d["layout"], 0, batch, 0, d["hq"])
         ya, yb = np.zeros((batch, co, p["L"]), np.float32), np.zeros((batch, co, p["L"]), np.float32)
         a_args, b_args = tile_args(p, weights, bias, xl, ya, 1), tile_args(p, weights, bias, xl, yb, 1)
-        base(*a_args)
-        exp(*b_args)
+        base(1, *a_args)
+        exp(1, *b_args)
         assert np.array_equal(ya, yb), (kind, np.abs(ya - yb).max())
         ta, tb = [], []
         for _ in range(60):
             t = time.perf_counter()
-            base(*a_args)
+            base(1, *a_args)
             ta.append(time.perf_counter() - t)
             t = time.perf_counter()
-            exp(*b_args)
+            exp(1, *b_args)
             tb.append(time.perf_counter() - t)
         macs = co * c * k * k * batch * p["L"]
         a, b = np.median(ta) * 1e6, np.median(tb) * 1e6

@@ -3,8 +3,8 @@ the conv's own plan makes them (ops/direct.py), by thread count.
 
     python tools/conv_phases.py [--kinds pw32,s1,...] [--threads 1,2,16] [--runs 80]
 
-The kinds are benchmarks/conv_vs_ort.py's. Prints the median microseconds of each phase called directly (with
-the pieces the plan gives: the parallel builds where it takes several), and of a whole `await run()`.
+The kinds are benchmarks/conv_vs_ort.py's. Prints the median microseconds of each phase called directly (in
+the pieces the plan gives, on the crew held awake), and of a whole `await run()`.
 planned_conv and tile_args serve tools/ab_tiles.py too.
 """
 
@@ -39,15 +39,17 @@ def planned_conv(session: aiomnn.Session) -> tuple[dict[str, Any], np.ndarray, n
 
 def tile_args(p: dict[str, Any], weights: np.ndarray, bias: np.ndarray, laid: np.ndarray, y: np.ndarray,
               pieces: int) -> tuple:
-    """The tile loop's arguments for the images laid out in `laid`, into y, in `pieces` (ops/direct.run's
-    choice of runs and groups)."""
-    d, u, images = p["direct"], np.uint64, laid.shape[0]
+    """The tile loop's fields for the images laid out in `laid`, into y, in `pieces` (ops/direct.run's choice of
+    runs and groups), its scratch included."""
+    d, images = p["direct"], laid.shape[0]
     xs, offs, far = d["fixed"]
     code, alpha, beta = p["loop_act"]
-    runs = min(pieces, images * -(-d["last"] // vectors.conv_tile()[1]))
+    mr, nr = vectors.conv_tile()
+    runs = min(pieces, images * -(-d["last"] // nr))
     groups = max(d["groups"], min(weights.shape[0], pieces // runs))
-    return (laid.reshape(-1), xs, offs, far, weights, bias, y, *d["widths"], u(0), u(images), u(0), u(d["last"]),
-            code, alpha, beta, runs * groups, groups)
+    scratch = np.empty((pieces, weights.shape[0] * mr * nr), np.float32), np.empty((pieces, nr, 3), np.uint64)
+    return (laid.reshape(-1), int(xs), offs, int(far), weights, bias, y, *map(int, d["widths"]), 0, images, 0,
+            d["last"], code, alpha, beta, runs * groups, groups, *scratch)
 
 
 async def phases(kind: str, threads: int, runs: int) -> str:
@@ -58,13 +60,12 @@ async def phases(kind: str, threads: int, runs: int) -> str:
         await warm(session, {"x": x})
         p, weights, bias = planned_conv(session)
         d = p["direct"]
-        with Pool(threads).running():
+        with Pool(threads).running(), jit.crew_held(threads):
             pieces = jit.product_pieces(d["macs"], direct.PIECE_MACS)
             for name in ("conv_input", "conv_tiles"):
-                jit.for_pieces(name, pieces)
+                jit.jitted(name)
             jit.wait(300)
-            lay = jit.for_pieces("conv_input", pieces)
-            loop = jit.for_pieces("conv_tiles", pieces)
+            lay, loop = jit.jitted("conv_input"), jit.jitted("conv_tiles")
             xf = x.reshape(1, -1)
             xl = np.zeros((1, d["xs"]), np.float32) if d["layout"] is not None else xf
             args = tile_args(p, weights, bias, xl, np.zeros((1, co, p["L"]), np.float32), pieces)
@@ -72,9 +73,9 @@ async def phases(kind: str, threads: int, runs: int) -> str:
             for _ in range(runs):
                 t0 = time.perf_counter()
                 if d["layout"] is not None:
-                    lay(xf, xl, *d["layout"], 0, 1, 0, d["hq"])
+                    lay(pieces, xf, xl, *d["layout"], 0, 1, 0, d["hq"])
                 t1 = time.perf_counter()
-                loop(*args)
+                loop(pieces, *args)
                 t2 = time.perf_counter()
                 await session.run({"x": x})
                 times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))

@@ -8,17 +8,9 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 AIOMNN_MODELS="$PWD/.models" OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 # What the machine's image lacks travels as wheels in .whl (sniffio; see the device tool's README).
-# With tbb among them: its library lands in the target's lib folder, which the loader is told about (numba's
-# TBB threading layer runs the parallel conv loop; without it the runtime's helper threads share the work).
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
-  # (pip --target drops a wheel's data files, where tbb keeps its library: it is taken from the wheel itself)
-  for w in .whl/tbb-*.whl; do
-    [ -e "$w" ] && python3 -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); [z.extract(n, '/tmp/tbb') for n in z.namelist() if '/lib/libtbb' in n]" "$w"
-  done
-  tbb=$(find /tmp/tbb -name 'libtbb.so.12' 2>/dev/null | head -1)
-  [ -n "$tbb" ] && export LD_LIBRARY_PATH="$(dirname "$tbb")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
 python3 tools/stand_in_models.py .models
@@ -26,9 +18,9 @@ nproc; python3 -c "import numba, numpy, onnxruntime; print('numba', numba.__vers
 grep -o -m1 'avx512[a-z]*' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
 python3 -c "
 from aiomnn.backends.cpu import loops; import numba, llvmlite.binding as ll
-f = loops.compile('conv_tiles'); loops.compile('conv_tiles_parallel')
-asm = next(iter(f.inspect_asm().values()))
-print('cpu', ll.get_host_cpu_name(), 'threading layer', numba.threading_layer(), 'tile loop: zmm', asm.count('zmm'), 'ymm', asm.count('ymm'))"
+from aiomnn.backends.cpu import tiles
+loops.compile('conv_tiles'); asm = next(iter(tiles._conv_chunk.inspect_asm().values()))
+print('cpu', ll.get_host_cpu_name(), 'tile loop: zmm', asm.count('zmm'), 'ymm', asm.count('ymm'))"
 for p in ${PROFILE:-}; do
   for t in ${PROFILE_THREADS:-16}; do
     python3 benchmarks/cpu_ops.py "${p%%:*}" --shape "${p#*:}" --threads "$t" --runs 10 --nodes "${NODES:-0}" 2>&1 \

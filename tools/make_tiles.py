@@ -108,12 +108,22 @@ def main() -> None:
     tiles = folder / "tiles.py"
     stamp = hashlib.sha256(texts).hexdigest()
     tiles.write_text(re.sub(r'^SUMS = ".*"$', f'SUMS = "{stamp}"', tiles.read_text(), count=1, flags=re.M))
-    # The loops inline scalars.py's functions too: its stamp in each file of loops makes a change there new loops.
-    scalars = hashlib.sha256((folder / "scalars.py").read_bytes()).hexdigest()
-    for loops in (tiles, folder / "loops.py", folder / "planes.py"):
-        text = loops.read_text()
-        loops.write_text(re.sub(r'^SCALARS = ".*"$', f'SCALARS = "{scalars}"', text, count=1, flags=re.M))
-    print(f"wrote {len(TILES)} files of sums in {folder / 'sums'}, and the stamps in tiles.py, loops.py and planes.py")
+    # The loops inline the functions of INLINED too: their stamp in each file of loops makes a change there new loops.
+    inlined = stamp_of(folder)
+    for loops in STAMPED:
+        path = folder / loops
+        path.write_text(re.sub(r'^INLINED = ".*"$', f'INLINED = "{inlined}"', path.read_text(), count=1, flags=re.M))
+    print(f"wrote {len(TILES)} files of sums in {folder / 'sums'}, and the stamps in {', '.join(STAMPED)}")
+
+
+#: The modules whose functions the compiled loops inline, and the files of loops that hold their stamp.
+INLINED = ("scalars.py", "fields.py", "atomics.py")
+STAMPED = ("tiles.py", "loops.py", "planes.py", "crew.py")
+
+
+def stamp_of(folder: pathlib.Path) -> str:
+    """The SHA-256 of the INLINED modules' texts, in order."""
+    return hashlib.sha256(b"".join((folder / name).read_bytes() for name in INLINED)).hexdigest()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from aiomnn.graph import Node
 from aiomnn.memory import Block, StorageType
 from aiomnn.profile import OpEvent
 
-from . import ops  # noqa: F401  (registers every op)
+from . import jit, ops  # noqa: F401  (ops registers every op)
 from .fuse import fuse
 from .execution import OPS, CpuOp, FunctionOp, Unsupported, create
 
@@ -125,7 +125,8 @@ class CpuBackend(Backend):
         pool = self.runtime.pool
         yield_at = time.perf_counter() + YIELD_EVERY if pool.nice > 0 and _sched_yield is not None else math.inf
         plan = self._plan(segment) if self.profile is None else self._timed_plan(segment)
-        with pool.running(), np.errstate(all="ignore"):  # IEEE results (inf * 0 is nan), never a NumPy warning
+        # IEEE results (inf * 0 is nan), never a NumPy warning; the crew's workers awake from step to step.
+        with pool.running(), np.errstate(all="ignore"), jit.crew_held(pool.threads):
             for execution, inputs, outputs, frees, check_views, node in plan:
                 if time.perf_counter() >= yield_at:
                     _sched_yield()

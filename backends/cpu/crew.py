@@ -1,13 +1,13 @@
 """A crew of native workers that run the compiled loops' pieces, started in microseconds.
 
-numba's TBB layer makes a task arena for every parallel loop, some 4 + 2.3 n microseconds for n threads however
-briefly its threads were idle (benchmarks/RESULTS.md, sessions 22 and 25), so a conv could use few threads. Here
-each worker is a Python thread that enters one nogil numba function (worker) and stays in it until the crew
-stops: it spins on the control block's generation counter for SPIN_CYCLES (yielding its core to any thread
-that waits for one: numba's own threads and the runtime's helpers run other steps meanwhile), then sleeps on a
-futex, and takes a job's pieces by an atomic counter. A job is a numba cfunc's address and the address of its
-arguments, an int64 array the cfunc unpacks (tiles.conv_piece, planes.conv_input_piece; made
-by Job): fn(args, piece) for piece in [0, n).
+numba's own parallel loops (its TBB layer) made a task arena for every loop, some 4 + 2.3 n microseconds for n
+threads however briefly its threads were idle (benchmarks/RESULTS.md, sessions 22 and 25), so a small step could
+use few threads. Here each worker is a Python thread that enters one nogil numba function (worker) and stays in it
+until the crew stops: it waits on the control block's generation counter, spinning (and yielding its core to any
+thread that waits for one) while a run holds the crew (hold) and for SPIN_CYCLES after, then sleeping on a futex,
+and takes a job's pieces by an atomic counter. Every compiled loop is a cfunc of (address of its fields, piece),
+its fields an int64 array (fields.py); launch, compiled for each loop with its fields' types, writes them and runs
+fn(args, piece) for piece in [0, n); Loop is a loop as the ops call it.
 
 The caller (run) publishes a job as a seqlock does: the generation odd while it writes, even once published,
 after waiting until no worker is still inside the job before. It takes pieces itself, then spins until every
@@ -16,31 +16,37 @@ the crew busy (another session's run) does its pieces alone. The atomics, the pa
 counter and the indirect call are LLVM IR (atomics.py); futex goes through libc's syscall, whose address the
 control block holds (a ctypes function in the loop would keep numba from caching it).
 
-Imported by loops.py only (it imports numba); jit.crew() hands the process's crew out once its loops are
-compiled. A forked child gets a crew of its own on first use (the workers are not copied; a copy of the
-parent's crew runs its jobs on the calling thread alone); the workers leave at exit.
+Imported by loops.py, which compiles it (it imports numba). A forked child gets a crew of its own on first use
+(the workers are not copied; the parent's block, copied, is never used there); the workers leave at exit.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import numba
 import numpy as np
+from numba import literal_unroll
 
 from .atomics import add, call, cas, cycles, load, pause, store, syscall
+from .fields import SLOT, put
 
 #: The control block's slots, each on a cache line of its own (8 int64).
-GEN, ACTIVE, NEXT, DONE, FN, ARGS, N, SLEEPERS, STOP, OWNER, SYSCALL = (8 * i for i in range(11))
-SLOTS = 8 * 11
+GEN, ACTIVE, NEXT, DONE, FN, ARGS, N, SLEEPERS, STOP, OWNER, SYSCALL, HOLDS = (8 * i for i in range(12))
+SLOTS = 8 * 12
 SYS_FUTEX, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE, SYS_SCHED_YIELD = 202, 128, 129, 24
-#: Cycles of the time-stamp counter a worker spins before it sleeps: enough for the Python between a run's convs,
-#: not the gap between runs; longer spins cost YOLOv8n on 2 cores (benchmarks/RESULTS.md, session 25).
+#: Cycles of the time-stamp counter a worker spins before it sleeps, once no run holds the crew (hold): a short
+#: wait for the next run; between runs, a worker's spin would take a core that other work could use.
 SPIN_CYCLES = 100_000
+#: The SHA-256 of the modules whose functions the loops here inline (make_tiles.INLINED: scalars.py, fields.py,
+#: atomics.py): numba's disk cache checks only this file for changes, so a change there comes with a new stamp here
+#: (tools/make_tiles.py writes it).
+INLINED = "0ccc0e43f2dd0c416db5280197d6e4ed00d6c12f6f06d4911ef20be4f36edc14"
 
 
 @numba.njit(nogil=True, cache=True)
@@ -68,10 +74,10 @@ def worker(ctl):
                 return
             pause()
             syscall(ctl, SYSCALL, SYS_SCHED_YIELD, GEN, 0, 0)  # a thread waiting for this core takes it
-            if cycles() - start > SPIN_CYCLES:
+            if cycles() - start > SPIN_CYCLES and load(ctl, HOLDS) == 0:
                 add(ctl, SLEEPERS, 1)
                 gen = load(ctl, GEN)
-                if (gen == seen or gen % 2 == 1) and load(ctl, STOP) == 0:
+                if (gen == seen or gen % 2 == 1) and load(ctl, STOP) == 0 and load(ctl, HOLDS) == 0:
                     syscall(ctl, SYSCALL, SYS_FUTEX, GEN, FUTEX_WAIT_PRIVATE, gen & 0x7FFFFFFF)
                 add(ctl, SLEEPERS, -1)
                 start = cycles()
@@ -107,10 +113,15 @@ def run(ctl, fn, args, n):
 
 
 @numba.njit(nogil=True, cache=True)
-def alone(fn, args, n):
-    """fn(args, piece) for piece in [0, n) on this thread (a forked child's copy of a crew has no workers)."""
-    for piece in range(n):
-        call(fn, args, piece)
+def hold(ctl, change):
+    """Holds on the crew, one more (change 1) or one fewer (-1): while a run holds it, its workers spin between
+    jobs instead of sleeping, so that no job of the run waits for a worker's wake-up, and the first hold wakes
+    the sleepers, while the run's first steps go. A worker that saw no hold as it went to sleep either sees
+    this one, or is seen among the sleepers: the new generation (by two, so no job is published) stops its
+    futex wait, before or during it."""
+    if add(ctl, HOLDS, change) == 0 and change > 0 and load(ctl, SLEEPERS) > 0:
+        add(ctl, GEN, 2)
+        syscall(ctl, SYSCALL, SYS_FUTEX, GEN, FUTEX_WAKE_PRIVATE, 0x7FFFFFFF)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -120,41 +131,23 @@ def stop(ctl):
     syscall(ctl, SYSCALL, SYS_FUTEX, GEN, FUTEX_WAKE_PRIVATE, 0x7FFFFFFF)
 
 
-def _address(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]
-
-
-class Job:
-    """A job for a crew: the address of a piece function (a cfunc of loops.PIECES), the int64 array of its
-    arguments, and the arrays their addresses point at, kept alive with it. Its fields become the arguments in
-    order: an array as its address and then its shape, an integer as itself (a float goes in a float32 array:
-    the cfunc reads it from there)."""
-
-    def __init__(self, crew: "Crew", fn: int, fields: list, pieces: int):
-        values: list[int] = []
-        self.slots: list[int] = []  # each field's first argument
-        self.arrays: dict[int, np.ndarray] = {}  # by field
-        for i, f in enumerate(fields):
-            self.slots.append(len(values))
-            if isinstance(f, np.ndarray):
-                values += [_address(f), *f.shape]
-                self.arrays[i] = f
-            elif isinstance(f, (float, np.floating)):
-                raise TypeError("a float field goes in a float32 array")
-            else:
-                values.append(int(f))
-        self.args = np.array(values, np.int64)
-        self.at = _address(self.args)
-        self.crew, self.fn, self.pieces = crew, fn, pieces
-
-    def point(self, field: int, array: np.ndarray) -> None:
-        """Field `field`, an array, at another array of its shape (this call's input, a scratch fetched again)."""
-        self.args[self.slots[field]] = _address(array)
-        self.arrays[field] = array
-
-    def __call__(self) -> bool:
-        self.crew.run(self.fn, self.at, self.pieces)
-        return True
+def launch(ctl, fn, n, values):
+    """Pieces [0, n) of the cfunc at address fn, with `values` (a tuple) as the job's fields (fields.py), on the
+    crew whose control block is ctl; a single piece on this thread. Compiled for each loop with its fields' types
+    (loops.compile)."""
+    a = np.empty(1 + SLOT * len(values), np.int64)
+    a[0] = n
+    k = 0
+    for value in literal_unroll(values):
+        put(a, k, value)
+        k += 1
+    if n == 1:
+        call(fn, a.ctypes.data, 0)
+    else:
+        run(ctl, fn, a.ctypes.data, n)
+    # A use of a by name after the pieces have read it through its address: numba frees an array after its last
+    # use by name, which would otherwise come before them.
+    a[0] = 0
 
 
 class Crew:
@@ -177,16 +170,22 @@ class Crew:
                 t.start()
                 self.workers.append(t)
 
-    def job(self, piece: Any, fields: list, pieces: int) -> Job:
-        """`pieces` pieces of the cfunc `piece` with these fields as its arguments (Job)."""
-        return Job(self, piece.address, fields, pieces)
+    def control(self) -> np.ndarray:
+        """The control block to run jobs with from this process: in a forked child, a block of no workers (the
+        crew's stayed in the parent, and its block may hold a job of theirs), where the caller takes every piece."""
+        return self.ctl if self.pid == os.getpid() else np.zeros(SLOTS + 8, np.int64)
 
-    def run(self, fn: int, args: int, n: int) -> None:
-        """Pieces [0, n) of the cfunc at address fn with the arguments at address args."""
-        if self.pid == os.getpid():
-            run(self.ctl, fn, args, n)
-        else:  # a forked child: the workers stayed in the parent, and the block may hold a job of theirs
-            alone(fn, args, n)
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The workers awake between jobs for the duration (hold), in the process that started them."""
+        if self.pid != os.getpid():
+            yield
+            return
+        hold(self.ctl, 1)
+        try:
+            yield
+        finally:
+            hold(self.ctl, -1)
 
     def close(self) -> None:
         stop(self.ctl)
@@ -195,6 +194,23 @@ class Crew:
         self.workers = []
 
 
+class Loop:
+    """A compiled loop that the crew runs in pieces (loops.compile): the address of its pieces' cfunc and its launch
+    for its fields' types. loop(pieces, *values) runs pieces [0, pieces) with those fields, on this thread and up
+    to pieces - 1 workers; each piece takes its share of the loop's work (fields.share)."""
+
+    __slots__ = ("address", "launch")
+
+    def __init__(self, address: int, launch: Any):
+        self.address, self.launch = address, launch
+
+    def __call__(self, pieces: int, *values: Any) -> bool:
+        self.launch(_ALONE if pieces == 1 else shared(pieces).control(), self.address, pieces, values)
+        return True  # done (the bound calls of the ops return whether they ran)
+
+
+#: The control block a single piece is launched with (it runs on the caller, never reading the block).
+_ALONE = np.zeros(SLOTS + 8, np.int64)
 _crew: Crew | None = None
 _lock = threading.Lock()
 
@@ -210,6 +226,11 @@ def shared(threads: int) -> Crew:
             crew = _crew
     crew.ensure(threads)
     return crew
+
+
+def started() -> Crew | None:
+    """The process's crew where one has been asked for (shared), else None."""
+    return _crew
 
 
 def _close() -> None:

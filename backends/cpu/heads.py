@@ -2,7 +2,7 @@
 
 * Attention (BERT and other exported transformers): MatMul(q, k^T) -> Div or Mul by a scalar -> Add of a
   mask -> Softmax over the last axis -> MatMul with v, the scale and the mask Add optional. A piece is one
-  head of one batch item (loops.attention, its products BLAS calls, numba's threads sharing the pieces;
+  head of one batch item (loops.attention, its products BLAS calls, the crew's threads sharing the pieces;
   while that compiles, a few heads a piece on the helper threads): its scores stay in its cache, are scaled,
   masked and normalized in one pass without the GIL, and no [b, h, s, s] tensor is ever written.
 
@@ -182,14 +182,14 @@ class Attention(Fused):
         else:
             result = out = self._output(self.last.out[0], (b, h, s, e), read)
         split = _heads_last(q, k, v)
-        pieces = min(b * h, jit.product_pieces(2 * b * h * s * t * q.shape[3], 1))  # a head at most a piece
-        compiled = jit.for_pieces("attention", pieces)
+        pieces = min(b * h, jit.product_pieces(2 * b * h * s * t * q.shape[3], 1))  # a head at least a piece
+        compiled = jit.jitted("attention")
         if (compiled is not None and (split is not None or all(a.flags.c_contiguous for a in (q, k, v)))
                 and all(a.size for a in (q, k, v, out))):
-            args = (*(split or (q, k, v)), np.float32(scale), rows, result, split is not None, self.merge)
-            compiled(*args)  # a head a piece, on numba's threads
+            args = (pieces, *(split or (q, k, v)), scale, rows, result, split is not None, self.merge)
+            compiled(*args)  # the heads shared by the crew's threads
             if viewed:  # a copy would keep this run's mask
-                self._bind(inputs, result, functools.partial(self._again, compiled, args, c, pieces))
+                self._bind(inputs, result, functools.partial(self._again, compiled, args, c))
             return result
         # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).
         per = max(1, min(h, max(-(-h * b // threads()), -(-PIECE_MACS // max(1, 2 * s * t * q.shape[3])))))
@@ -204,7 +204,7 @@ class Attention(Fused):
             np.matmul(q[i, hs], k[i, hs], out=scores)
             flat = scores.reshape(-1, t)
             # Every score row of batch item i adds the same mask row (none, or one for the whole batch: rows).
-            loop(flat, f_scale, rows[i:i + 1] if rows.shape[0] > 1 else rows, flat.shape[0], 0)
+            loop(1, flat, f_scale, rows[i:i + 1] if rows.shape[0] > 1 else rows, flat.shape[0], 0)
             np.matmul(scores, v[i, hs], out=out[i, hs])
 
         parallel(b * pieces, piece)
@@ -216,11 +216,7 @@ class Attention(Fused):
             return 1.0
         return 1 / float(c.reshape(())) if self.divides else float(c.reshape(()))
 
-    def _again(self, compiled: Callable[..., Any], args: tuple[Any, ...], c: np.ndarray | None, pieces: int) -> bool:
-        """The compiled call again, on the same arrays (its build settled: only numba's thread count is checked);
-        the scale read again from its input."""
-        if pieces > 1:
-            jit.use_threads(pieces)
-        compiled(*args[:3], np.float32(self._scale(c)), *args[4:])
-        return True
+    def _again(self, compiled: Callable[..., Any], args: tuple[Any, ...], c: np.ndarray | None) -> bool:
+        """The compiled call again, on the same arrays, the scale read again from its input."""
+        return compiled(*args[:4], self._scale(c), *args[5:])
 

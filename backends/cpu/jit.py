@@ -7,8 +7,9 @@ the first time a kernel asks for a jitted function, one background thread starts
 its machine code from numba's disk cache), and the kernel's numpy path serves until it is ready, as GPU
 tuning does. Without numba, or with AIOMNN_NUMBA=0, numpy always serves.
 
-    fn = jitted("gelu")      # the compiled function, or None while it compiles
-    jit.wait()               # benchmarks and tests: block until every requested function is ready
+    loop = jitted("gelu")    # the compiled loop (crew.Loop), or None while it compiles
+    loop(pieces, y)          # its pieces, with these fields, shared by the crew's threads and this one
+    jit.wait()               # benchmarks and tests: block until every requested loop is ready
 
 AIOMNN_NUMBA=wait compiles on first use, on the calling thread (for benchmarks of the steady state).
 The loops themselves are in loops.py, which imports numba and is imported only here, off the loop.
@@ -16,19 +17,20 @@ The loops themselves are in loops.py, which imports numba and is imported only h
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 
 from aiomnn import unary
 from aiomnn.backend import Decline
 
-from .threads import SLICE_ELEMENTS, parallel, threads
+from .threads import SLICE_ELEMENTS, threads
 
 F32 = np.dtype(np.float32)
 log = logging.getLogger("aiomnn")
@@ -41,6 +43,7 @@ _idle = threading.Event()
 _idle.set()
 _worker: threading.Thread | None = None
 _no_more = False  # a child forked during a compile compiles nothing more
+_crew: Any = None  # crew.py, once a loop is compiled (it imports numba)
 
 
 def mode() -> str:
@@ -52,7 +55,7 @@ def mode() -> str:
 
 
 def jitted(name: str) -> Callable[..., Any] | None:
-    """The compiled loop `name` of loops.py, or None while it compiles (or when numba is unavailable)."""
+    """The compiled loop `name` of loops.SIGNATURES, or None while it compiles (or when numba is unavailable)."""
     how = mode()  # read each time: AIOMNN_NUMBA=0 sends even compiled kernels back to numpy
     if how == "off":
         return None
@@ -74,48 +77,15 @@ def jitted(name: str) -> Callable[..., Any] | None:
     return None
 
 
-_loop_threads = threading.local()
+def crew_held(threads: int) -> ContextManager[Any]:
+    """The crew of workers kept awake between its jobs for the duration of a run on `threads` threads (crew.hold),
+    where the crew has started; else nothing."""
+    crew = None if _crew is None or threads < 2 else _crew.started()
+    return contextlib.nullcontext() if crew is None else crew.held()
 
 
-def threaded(name: str, n: int) -> Callable[..., Any] | None:
-    """The parallel build of loop `name` (loops.PARALLEL), its prange shared by n threads when called from
-    this thread; None for n < 2, while it compiles, where no thread-safe threading layer loads, and in a
-    forked child (OpenMP's threads do not survive a fork)."""
-    if n < 2:
-        return None
-    fn = jitted(name + "_parallel")
-    if fn is not None:
-        use_threads(n)
-    return fn
-
-
-#: Work in this many pieces or more goes to the crew of workers (crew.py), fewer to numba's parallel loops.
-CREW_PIECES = 2
-
-
-def crew(pieces: int) -> Any | None:
-    """The process's crew of workers (crew.py) for work in `pieces` pieces, with at least pieces - 1 of them;
-    None for fewer than CREW_PIECES, while its loops compile, and where numba is off."""
-    if pieces < CREW_PIECES:
-        return None
-    module = jitted("crew")
-    return None if module is None else module.shared(pieces)
-
-
-def use_threads(n: int) -> None:
-    """Have the parallel builds called from this thread share their prange among n threads (numba's count is
-    a thread's own): set only where it changes. A bound call of a parallel build (products.dense, split, the
-    conv's in ops/direct.py, heads.Attention's) calls this alone before the build, not the lookups of threaded()."""
-    if getattr(_loop_threads, "n", 0) != n:
-        import numba  # loaded already: a parallel build was compiled by it
-
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-        _loop_threads.n = n
-
-
-#: Starting a parallel loop costs more the more threads share it: numba's TBB layer took about 4 + 2.3 n
-#: microseconds for n threads on the 16-core machine, however briefly they had been idle (tools/launch_cost.py,
-#: benchmarks/RESULTS.md, session 22), as long as a thread does about this many multiply-adds of a product.
+#: Starting a loop's pieces on the crew costs a few microseconds, a little more the more threads take them
+#: (benchmarks/RESULTS.md, session 25), as long as a thread does about this many multiply-adds of a product.
 LAUNCH_MACS = 1 << 17
 
 
@@ -124,12 +94,6 @@ def product_pieces(macs: int, piece: int) -> int:
     than the square root of macs / LAUNCH_MACS either, the count past which a thread more costs the loop's start
     more than it saves (n threads take about macs / n + n LAUNCH_MACS)."""
     return max(1, min(threads(), macs // piece, math.isqrt(macs // LAUNCH_MACS)))
-
-
-def for_pieces(name: str, pieces: int) -> Callable[..., Any] | None:
-    """Loop `name` for work in `pieces` pieces: its parallel build for several (None where that cannot run: the
-    caller's numpy path then shares the pieces with the helper threads), its serial build for one."""
-    return threaded(name, pieces) if pieces > 1 else jitted(name)
 
 
 def wait(timeout: float | None = None) -> bool:
@@ -159,9 +123,6 @@ def _after_fork_in_child() -> None:
     by it: there, what was compiled serves and numpy serves the rest (compiling would wait for ever)."""
     global _lock, _worker, _no_more
     _no_more = _no_more or not _idle.is_set()  # (the thread itself already reads as stopped here)
-    for name in [n for n in _ready if n.endswith("_parallel")]:  # their threads are gone in the child
-        del _ready[name]
-        _failed.add(name)
     _lock = threading.Lock()
     _worker = None
     _wanted.clear()
@@ -177,6 +138,8 @@ def _compile(name: str) -> None:
         from . import loops  # imports numba: seconds on a cold start, never on the event loop
 
         fn = loops.compile(name)
+        global _crew
+        _crew = loops.crew
     except Exception as exc:  # numba missing, or it cannot compile here: numpy keeps serving
         _failed.add(name)
         log.info("numba kernel %s is not available (%s: %s); numpy serves it", name, type(exc).__name__, exc)
@@ -184,40 +147,15 @@ def _compile(name: str) -> None:
     _ready[name] = fn
 
 
-def shared(n: int, grain: int, part: Callable[[int, int], None]) -> None:
-    """part(lo, hi) over [0, n) in pieces of `grain` items or more, shared with the runtime's helper threads
-    (threads.parallel). A compiled loop holds no GIL, so its pieces run at once on as many cores."""
-    pieces = max(1, min(n // max(1, grain), threads()))
-    step = -(-n // pieces)
-    parallel(-(-n // step), lambda k: part(k * step, min(n, (k + 1) * step)))
-
-
-def split(name: str, n: int, grain: int,
-          call: Callable[[Callable[..., Any], int, int], None]) -> Callable[[], Any] | None:
-    """call(fn, lo, hi) over [0, n) with loop `name`: its parallel build once over the whole range, where numba's
-    threads share its prange, else its serial build in pieces of `grain` items or more on the helper threads
-    (shared). Returns the same split as a call to make again (bound to the parallel build, or to the serial one
-    for one piece; on the helper threads it chooses anew, as the parallel build may be ready next time), or None
-    (nothing done) while the loop compiles."""
-    pieces = max(1, min(n // max(1, grain), threads()))
-    par = threaded(name, pieces)
-    if par is not None:
-        call(par, 0, n)
-
-        def again() -> bool:  # the choice is made: a call this size runs on numba's threads from now on
-            use_threads(pieces)
-            call(par, 0, n)
-            return True
-
-        return again
-    fn = jitted(name)
-    if fn is None:
+def split(name: str, items: int, grain: int, *values: Any) -> Callable[[], Any] | None:
+    """Loop `name` with these fields over its `items` items, in pieces of `grain` items or more, one a thread at
+    most (threads.threads); returns the same call to make again, or None (nothing done) while the loop compiles."""
+    loop = jitted(name)
+    if loop is None:
         return None
-    if pieces == 1:
-        call(fn, 0, n)
-        return lambda: call(fn, 0, n) or True  # one piece: this thread, every time
-    shared(n, grain, lambda lo, hi: call(fn, lo, hi))
-    return functools.partial(split, name, n, grain, call)  # the parallel build may be ready next time
+    pieces = max(1, min(items // max(1, grain), threads()))
+    loop(pieces, *values)
+    return functools.partial(loop, pieces, *values)
 
 
 def elementwise(name: str, x: Any, out: Any | None = None) -> bool:
@@ -226,11 +164,7 @@ def elementwise(name: str, x: Any, out: Any | None = None) -> bool:
     arrays = (x,) if out is None else (x, out)
     if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrays):
         return False
-    xs = x.reshape(-1)
-    if out is None:
-        return split(name, xs.size, SLICE_ELEMENTS, lambda fn, lo, hi: fn(xs[lo:hi]))
-    ys = out.reshape(-1)
-    return split(name, xs.size, SLICE_ELEMENTS, lambda fn, lo, hi: fn(xs[lo:hi], ys[lo:hi]))
+    return split(name, x.size, SLICE_ELEMENTS, *(a.reshape(-1) for a in arrays)) is not None
 
 
 #: Fused activations that the compiled loops apply themselves (scalars.activate), by their code there.

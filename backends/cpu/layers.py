@@ -2,11 +2,11 @@
 
 * Dense: MatMul by a 2-D weight -> Add of a bias row -> GELU (optional) as one product: with a constant weight, the
   dense tile loop over the weight packed once (products.dense); else products.compiled, each piece a BLAS call
-  whose bias and GELU are applied while it is in cache. numba's threads share the pieces. Where a Reshape and a
+  whose bias and GELU are applied while it is in cache. The crew's threads share the pieces. Where a Reshape and a
   Transpose then split the result into attention heads, it goes straight into the Transpose's buffer (heads.py).
 
 * Projections: an attention's q, k and v are three Dense steps in a row over the same input, each split into
-  heads. At few rows each product is short and its start (numba's threads woken, the step's own work) costs as
+  heads. At few rows each product is short and its start (the crew's threads taking it, the step's own work) costs as
   much as its sums, so the three run as one product over their weights side by side (packed once), whose
   column blocks are then copied into the three heads' buffers. At more rows (MERGED_ROWS) those copies would
   cost more than the starts they save, and the three run one after the other.
@@ -21,7 +21,6 @@ import numpy as np
 
 from . import heads, jit
 from .fused import Fused, Step, outside, reads
-from .threads import threads
 from .ops.activations import gelu_
 from .ops.dtypes import F32
 from .ops.elementwise import Add
@@ -112,9 +111,8 @@ class Dense(Fused):
 
 
 def _dense_ready() -> bool:
-    """Whether the dense tile loop's builds can serve (both are asked for at once): weights are packed for it
-    only then."""
-    return jit.jitted("dense") is not None and (threads() == 1 or jit.threaded("dense", threads()) is not None)
+    """Whether the dense tile loop can serve: weights are packed for it only then."""
+    return jit.jitted("dense") is not None
 
 
 def projections(plan: list[Step], i: int, gives: Collection[str] = ()) -> list[Step] | None:

@@ -9,11 +9,6 @@ sums are generated. This module compiles them all (compile).
 
 from __future__ import annotations
 
-import ctypes
-import os
-import site
-import sys
-from types import FunctionType
 from typing import Any, Callable
 
 from . import vectors
@@ -22,72 +17,81 @@ vectors.wide()  # before numba loads: it fixes the vector width numba compiles f
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
-from numba import prange, types  # noqa: E402
+from numba import types  # noqa: E402
 
-from . import planes, scalars, tiles  # noqa: E402
-from .scalars import FAST, NEG_INF, exp_neg
+from . import crew, planes, scalars, tiles  # noqa: E402
+from .fields import f32, f32_1, f32_2, f32_3, f32_4, fields, i64, share  # noqa: E402
+from .scalars import FAST, NEG_INF, exp_neg  # noqa: E402
 
 F = np.float32
-#: The SHA-256 of scalars.py, whose functions these loops inline: numba's disk cache checks only this file for
-#: changes, so a change there comes with a new stamp here (tools/make_tiles.py writes it, in tiles.py too).
-SCALARS = "902653d4138d67e076f6deba016da5075f34ee0095fe226b1c7c88bef3b11a7d"
+#: The SHA-256 of the modules whose functions the loops here inline (make_tiles.INLINED: scalars.py, fields.py,
+#: atomics.py): numba's disk cache checks only this file for changes, so a change there comes with a new stamp here
+#: (tools/make_tiles.py writes it).
+INLINED = "0ccc0e43f2dd0c416db5280197d6e4ed00d6c12f6f06d4911ef20be4f36edc14"
 
 
-def erf(x, y):
-    for i in prange(x.size):
+def erf(args, c):
+    """y = erf(x) elementwise: fields x, y (flat)."""
+    a = fields(args, 2)
+    x, y = f32_1(a, 0), f32_1(a, 1)
+    for i in range(*share(a, c, x.shape[0])):
         y[i] = scalars.erf(x[i])
 
 
-def gelu(y):
-    """y = y/2 (1 + erf(y / sqrt 2)), in place."""
-    for i in prange(y.size):
+def gelu(args, c):
+    """y = y/2 (1 + erf(y / sqrt 2)), in place: field y (flat)."""
+    a = fields(args, 1)
+    y = f32_1(a, 0)
+    for i in range(*share(a, c, y.shape[0])):
         v = y[i]
         y[i] = F(0.5) * v * (F(1) + scalars.erf(v * F(0.7071067811865476)))
 
 
-def softmax(y, scale, mask, group, first):
+def softmax(args, c):
     """y[r] = softmax(y[r] * scale + mask[(first + r) // group]) over rows of y (R, C), in place; an empty
-    mask adds nothing."""
-    rows = y.shape[0]
+    mask adds nothing. Fields y, scale, mask, group, first."""
+    a = fields(args, 5)
+    y, scale, mask, group, first = f32_2(a, 0), f32(a, 1), f32_2(a, 2), i64(a, 3), i64(a, 4)
     masked = mask.shape[0] > 0
-    for r in prange(rows):
+    for r in range(*share(a, c, y.shape[0])):
         _softmax_row(y[r], scale, mask[(first + r) // group] if masked else mask[0:0].reshape(-1), masked)
 
 
-def softmax_axis(x, y, sums, width, first, last):
-    """y = softmax(x) over axis 1 of x and y (O, N, I), for blocks [first, last) of `width` columns of the last
-    axis (O * ceil(I / width) blocks in all; sums holds a row of `width` for each): the reduction runs along rows
-    of the block, so that every pass vectorizes over its columns. A block a piece, which the parallel build's
-    threads share. y[o, 0] holds the block's maxima until its own exps are taken, last."""
+def softmax_axis(args, c):
+    """y = softmax(x) over axis 1 of x and y (O, N, I), in blocks of `width` columns of the last axis (O *
+    ceil(I / width) blocks in all; sums holds a row of `width` for each): the reduction runs along rows of the
+    block, so that every pass vectorizes over its columns. y[o, 0] holds the block's maxima until its own exps
+    are taken, last. Fields x, y, sums, width."""
+    a = fields(args, 4)
+    x, y, sums, width = f32_3(a, 0), f32_3(a, 1), f32_2(a, 2), i64(a, 3)
     O, N, I = x.shape
     per = (I + width - 1) // width
-    for job in prange(last - first):
-        b = first + job
+    for b in range(*share(a, c, O * per)):
         o, c0 = b // per, (b % per) * width
         n = min(I, c0 + width) - c0
         xo, yo, s = x[o], y[o], sums[b]
         top = yo[0, c0:c0 + n]
         row = xo[0, c0:c0 + n]
-        for c in range(n):
-            top[c] = row[c]
+        for i in range(n):
+            top[i] = row[i]
         for k in range(1, N):
             row = xo[k, c0:c0 + n]
-            for c in range(n):
-                top[c] = max(top[c], row[c])
-        for c in range(n):
-            s[c] = F(0)
+            for i in range(n):
+                top[i] = max(top[i], row[i])
+        for i in range(n):
+            s[i] = F(0)
         for k in range(N - 1, -1, -1):  # row 0 last: it holds the maxima
             row, out = xo[k, c0:c0 + n], yo[k, c0:c0 + n]
-            for c in range(n):
-                e = exp_neg(row[c] - top[c])
-                out[c] = e
-                s[c] += e
-        for c in range(n):
-            s[c] = F(1) / s[c]
+            for i in range(n):
+                e = exp_neg(row[i] - top[i])
+                out[i] = e
+                s[i] += e
+        for i in range(n):
+            s[i] = F(1) / s[i]
         for k in range(N):
             out = yo[k, c0:c0 + n]
-            for c in range(n):
-                out[c] *= s[c]
+            for i in range(n):
+                out[i] *= s[i]
 
 
 @numba.njit(inline="always", fastmath=FAST, error_model="numpy")
@@ -114,13 +118,16 @@ def _softmax_row(yr, scale, mr, masked):
         yr[c] *= inv
 
 
-def attention(q, k, v, scale, mask, out, heads_in, heads_out):
+def attention(args, c):
     """out[i, j] = softmax(q[i, j] @ k[i, j] * scale + mask[i]) @ v[i, j] for q (b, h, s, d), k (b, h, d, t),
-    v (b, h, t, e), mask (b or 1, t) or empty; one head of one batch item a piece, which the parallel build's
-    threads share: both products are calls of numpy's BLAS, and the head's scores, made, normalized and read
-    in one piece, stay in its cache. With heads_in, q, k and v come as the [b, s, h, d], [b, t, h, d] and
-    [b, t, h, e] arrays of each head's rows side by side (heads.py), k's read transposed; with heads_out, out
-    is [b, s, h, e] likewise."""
+    v (b, h, t, e), mask (b or 1, t) or empty; the heads of the batch items shared by the pieces: both products
+    are calls of numpy's BLAS, and the head's scores, made, normalized and read in one piece, stay in its cache.
+    With heads_in, q, k and v come as the [b, s, h, d], [b, t, h, d] and [b, t, h, e] arrays of each head's rows
+    side by side (heads.py), k's read transposed; with heads_out, out is [b, s, h, e] likewise. Fields q, k, v,
+    scale, mask, out, heads_in, heads_out."""
+    a = fields(args, 8)
+    q, k, v, scale, mask, out = f32_4(a, 0), f32_4(a, 1), f32_4(a, 2), f32(a, 3), f32_2(a, 4), f32_4(a, 5)
+    heads_in, heads_out = i64(a, 6) != 0, i64(a, 7) != 0
     if heads_in:
         b, s, h, d = q.shape
         t = k.shape[1]
@@ -132,9 +139,9 @@ def attention(q, k, v, scale, mask, out, heads_in, heads_out):
     # Each head's rows lie their leading dimension apart: all heads' widths in the heads' layout, one's else.
     lq, lk, lv = (h * d, h * d, h * e) if heads_in else (d, t, e)
     lo = h * e if heads_out else e
-    for piece in prange(b * h):
+    scores = np.empty((s, t), np.float32)
+    for piece in range(*share(a, c, b * h)):
         i, j = piece // h, piece % h
-        scores = np.empty((s, t), np.float32)
         if heads_in:
             pq, pk, pv = q[i, 0, j].ctypes.data, k[i, 0, j].ctypes.data, v[i, 0, j].ctypes.data
         else:
@@ -147,40 +154,41 @@ def attention(q, k, v, scale, mask, out, heads_in, heads_out):
             _softmax_row(scores[r], scale, mr, masked)
         _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, s, e, t, F(1), np.int64(scores.ctypes.data), t,
                np.int64(pv), lv, F(0), np.int64(po), lo)
-        # A use of scores by name after BLAS has read it through its address: numba frees an array after its
-        # last use by name, which would otherwise come before that product (another thread could take the
-        # memory meanwhile, or a large array go back to the system).
-        scores[0, 0] = F(0)
+    # A use of scores by name after BLAS has read it through its address: numba frees an array after its last use
+    # by name, which would otherwise come before the products.
+    scores[0, 0] = F(0)
 
 
-def layer_norm(x, residual, gamma, beta, eps, y):
+def layer_norm(args, c):
     """y[r] = (z - mean) / sqrt(var + eps) * gamma + beta over rows of z = x (+ residual, when it has rows).
-    y must not overlap x or residual."""
+    y must not overlap x or residual. Fields x, residual, gamma, beta, eps, y."""
+    a = fields(args, 6)
+    x, residual, gamma, beta, eps, y = f32_2(a, 0), f32_2(a, 1), f32_1(a, 2), f32_1(a, 3), f32(a, 4), f32_2(a, 5)
     rows, cols = x.shape
     added = residual.shape[0] > 0
     n = F(cols)
-    for r in prange(rows):
+    for r in range(*share(a, c, rows)):
         xr, yr = x[r], y[r]
         s = F(0)
         if added:
             rr = residual[r]
-            for c in range(cols):
-                v = xr[c] + rr[c]
-                yr[c] = v
+            for i in range(cols):
+                v = xr[i] + rr[i]
+                yr[i] = v
                 s += v
         else:
-            for c in range(cols):
-                v = xr[c]
-                yr[c] = v
+            for i in range(cols):
+                v = xr[i]
+                yr[i] = v
                 s += v
         mean = s / n
         q = F(0)
-        for c in range(cols):
-            d = yr[c] - mean
+        for i in range(cols):
+            d = yr[i] - mean
             q += d * d
         inv = F(1) / np.sqrt(q / n + eps)
-        for c in range(cols):
-            yr[c] = (yr[c] - mean) * inv * gamma[c] + beta[c]
+        for i in range(cols):
+            yr[i] = (yr[i] - mean) * inv * gamma[i] + beta[i]
 
 
 #: numpy's cblas_sgemm, whose address compile() gives LLVM under this name before it compiles or loads gemm:
@@ -191,23 +199,27 @@ _sgemm = types.ExternalFunction(_SGEMM, types.void(*[_I8] * 6, types.float32, *[
 _ROW_MAJOR, _NO_TRANSPOSE, _TRANSPOSE = 101, 111, 112
 
 
-def gemm(a, b, bias, out, per_row, act, alpha, beta, row_pieces, col_pieces):
+def gemm(args, c):
     """out[i] = act(a[i % A] @ b[i] + bias) for a (A, m, k), A being 1 (weights that every image shares) or one
-    matrix an image, and each b[i] (k, n) into out[i] (m, n), with bias a column
-    (one value a row of the product) when per_row, else a row, or empty; in row_pieces x col_pieces pieces of
-    each product, which the parallel build's threads share. Each piece is one call of numpy's BLAS, then
-    its bias and activation while it is in cache: pieces of columns read only their own columns of b (a
-    layer's weights, at few rows, where its time goes in reading them)."""
+    matrix an image, and each b[i] (k, n) into out[i] (m, n), with bias a column (one value a row of the product)
+    when per_row, else a row, or empty; in row_pieces x col_pieces parts of each product, which the pieces share.
+    Each part is one call of numpy's BLAS, then its bias and activation while it is in cache: parts of columns
+    read only their own columns of b (a layer's weights, at few rows, where its time goes in reading them).
+    Fields a, b, bias, out, per_row, act, alpha, beta, row_pieces, col_pieces."""
+    f = fields(args, 10)
+    a, b, bias, out = f32_3(f, 0), f32_3(f, 1), f32_1(f, 2), f32_3(f, 3)
+    per_row, act, alpha, beta = i64(f, 4) != 0, i64(f, 5), f32(f, 6), f32(f, 7)
+    row_pieces, col_pieces = i64(f, 8), i64(f, 9)
     A, m, k = a.shape
     images, _, n = b.shape
     width = ((n + col_pieces - 1) // col_pieces + 15) // 16 * 16  # whole vectors
     cols = (n + width - 1) // width
     pa, pb, po = np.int64(a.ctypes.data), np.int64(b.ctypes.data), np.int64(out.ctypes.data)
     biased = bias.shape[0] > 0
-    for piece in prange(images * row_pieces * cols):
-        i = piece // (row_pieces * cols)
-        r = piece // cols % row_pieces
-        c0 = piece % cols * width
+    for part in range(*share(f, c, images * row_pieces * cols)):
+        i = part // (row_pieces * cols)
+        r = part // cols % row_pieces
+        c0 = part % cols * width
         c1 = min(n, c0 + width)
         r0, r1 = r * m // row_pieces, (r + 1) * m // row_pieces
         if r0 == r1:
@@ -227,99 +239,73 @@ def gemm(a, b, bias, out, per_row, act, alpha, beta, row_pieces, col_pieces):
             scalars.activate(y, 0, c1 - c0, act, alpha, beta)
 
 
-_IN = types.Array(types.float32, 1, "C", readonly=True)  # read-only inputs take writable arrays too
-_OUT = types.Array(types.float32, 1, "C")
-_IN2 = types.Array(types.float32, 2, "C", readonly=True)
-_OUT2 = types.Array(types.float32, 2, "C")
-_IN3 = types.Array(types.float32, 3, "C", readonly=True)
-_OUT3 = types.Array(types.float32, 3, "C")
-SIGNATURES: dict[str, tuple[Callable[..., Any], Any]] = {
-    "erf": (erf, types.void(_IN, _OUT)),
-    "gelu": (gelu, types.void(_OUT)),
-    "softmax_axis": (softmax_axis, types.void(_IN3, _OUT3, _OUT2, *[types.int64] * 3)),
-    "softmax": (softmax, types.void(_OUT2, types.float32, _IN2, types.int64, types.int64)),
-    "layer_norm": (layer_norm, types.void(_IN2, _IN2, _IN, _IN, types.float32, _OUT2)),
-    "depthwise": (planes.depthwise, types.void(_IN3, _IN3, _IN, _OUT3, *[types.int64] * 5, types.float32,
-                                               types.float32, *[types.int64] * 3)),
-    "attention": (attention, types.void(*[types.Array(types.float32, 4, "C", readonly=True)] * 3, types.float32, _IN2,
-                                        types.Array(types.float32, 4, "C"), types.boolean, types.boolean)),
-    "gemm": (gemm, types.void(_IN3, _IN3, _IN, _OUT3, types.boolean, types.int64, types.float32, types.float32,
-                              types.int64, types.int64)),
-    "conv_input": (planes.conv_input, types.void(_IN2, _OUT2, *[types.int64] * 12)),
-    "upsample": (planes.upsample, types.void(_IN3, _IN3, _OUT3, *[types.int64] * 4)),
-    "max_pool": (planes.max_pool, types.void(_IN3, _OUT3, *[types.int64] * 6)),
-    "scatter_taps": (planes.scatter_taps, types.void(types.Array(types.float32, 4, "C", readonly=True), _OUT3,
-                                                     types.int64, types.int64)),
-    "conv_tiles": (tiles.conv, types.void(_IN, types.uint64, types.Array(types.uint64, 1, "C", readonly=True),
-                                          types.uint64, _IN3, _IN, _OUT3, *[types.uint64] * 6, types.int64,
-                                          types.float32, types.float32, types.int64, types.int64)),
-    "dense": (tiles.dense, types.void(_IN2, _IN3, _IN, _OUT2, types.int64, types.float32, types.float32, types.int64,
-                                      types.int64)),
+def _array(ndim: int, readonly: bool = False, dtype: Any = types.float32) -> Any:
+    return types.Array(dtype, ndim, "C", readonly=readonly)  # read-only inputs take writable arrays too
+
+
+_IN, _IN2, _IN3, _IN4 = (_array(n, True) for n in (1, 2, 3, 4))
+_OUT, _OUT2, _OUT3, _OUT4 = (_array(n) for n in (1, 2, 3, 4))
+_I, _F, _B = types.int64, types.float64, types.boolean  # a float field is float32 in the job (fields.py)
+#: Each loop's pieces, and the types of its fields, in order (what a caller hands jit.Loop after the piece count).
+SIGNATURES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
+    "erf": (erf, (_IN, _OUT)),
+    "gelu": (gelu, (_OUT,)),
+    "softmax_axis": (softmax_axis, (_IN3, _OUT3, _OUT2, _I)),
+    "softmax": (softmax, (_OUT2, _F, _IN2, _I, _I)),
+    "layer_norm": (layer_norm, (_IN2, _IN2, _IN, _IN, _F, _OUT2)),
+    "depthwise": (planes.depthwise, (_IN3, _IN3, _IN, _OUT3, *[_I] * 5, _F, _F, _I, _I)),
+    "attention": (attention, (_IN4, _IN4, _IN4, _F, _IN2, _OUT4, _B, _B)),
+    "gemm": (gemm, (_IN3, _IN3, _IN, _OUT3, _B, _I, _F, _F, _I, _I)),
+    "conv_input": (planes.conv_input, (_IN2, _OUT2, *[_I] * 12)),
+    "upsample": (planes.upsample, (_IN3, _IN3, _OUT3, _I, _I)),
+    "max_pool": (planes.max_pool, (_IN3, _OUT3, *[_I] * 4)),
+    "scatter_taps": (planes.scatter_taps, (_IN4, _OUT3, _I, _I)),
+    "conv_tiles": (tiles.conv, (_IN, _I, _array(1, True, types.uint64), _I, _IN3, _IN, _OUT3, *[_I] * 7, _F, _F, _I,
+                                _I, _OUT2, _array(3, False, types.uint64))),
+    "dense": (tiles.dense, (_IN2, _IN3, _IN, _OUT2, _I, _F, _F, _I, _OUT2, _array(2, False, types.uint64))),
 }
 #: Compiled with LLVM's SLP vectorizer, which packs a tile's scalar sums into vectors (numba leaves it off).
 SLP = {"conv_tiles", "dense"}
-#: Loops with a prange that also have a parallel build, "NAME_parallel": numba's threads share the prange,
-#: and spin a while between loops where a helper thread of threads.Pool would go to sleep and wake late.
-PARALLEL = {"conv_tiles", "conv_input", "dense", "depthwise", "erf", "gelu", "softmax", "layer_norm", "gemm",
-            "attention", "scatter_taps", "max_pool", "upsample", "softmax_axis"}
-
-
-#: The pieces the crew runs (crew.py): cfuncs of (address of their arguments, piece).
-PIECES = {"conv_piece": tiles.conv_piece, "conv_input_piece": planes.conv_input_piece}
+_CONTROL = _array(1, False, types.int64)
 
 
 def compile(name: str) -> Any:  # noqa: A001  (the one entry point, called by jit.py)
-    if name == "crew":  # the crew's own loops; the module hands out the crew
-        from . import crew
-
-        control = types.Array(types.int64, 1, "C")
-        for fn, signature in ((crew.worker, (control,)), (crew.stop, (control,)),
-                              (crew.run, (control, types.int64, types.int64, types.int64)),
-                              (crew.alone, (types.int64, types.int64, types.int64))):
-            fn.compile(signature)
-        return crew
-    if name in PIECES:
-        return _compiled_piece(PIECES[name])
-    base = name.removesuffix("_parallel")
-    parallel = base != name
-    if parallel and base not in PARALLEL:
-        raise KeyError(name)
-    fn, signature = SIGNATURES[base]
-    if base in ("gemm", "attention"):
+    """Loop `name` (SIGNATURES) as a crew.Loop: its pieces as a cfunc, and the launch for its fields' types."""
+    fn, values = SIGNATURES[name]
+    if name in ("gemm", "attention"):
         _link_blas()
-    options: dict[str, Any] = dict(nogil=True, cache=True, fastmath=FAST, error_model="numpy", parallel=parallel)
-    if parallel:
-        _threadsafe_layer()
-        fn = _renamed(fn, fn.__name__ + "_parallel")
-    if base not in SLP:
-        return _checked(numba.njit(signature, **options)(fn), parallel)
-    # No reassociation: with it, LLVM vectorizes the sum over taps (a reduction of gathered values) instead
-    # of the tile's rows. The vectorizer setting is numba's global, read while compiling: it is switched on
-    # for this compile only, under numba's compiler lock.
+    _compile_crew()
+    piece = _compiled_piece(fn, name in SLP)
+    launch = numba.njit(types.void(_CONTROL, types.int64, types.int64, types.Tuple(values)), nogil=True,
+                        cache=True)(crew.launch)
+    return crew.Loop(piece.address, launch)
+
+
+def _compile_crew() -> None:
+    """The crew's own loops, compiled (or loaded from the disk cache) once, before a worker starts."""
+    for fn, signature in ((crew.worker, (_CONTROL,)), (crew.stop, (_CONTROL,)), (crew.hold, (_CONTROL, types.int64)),
+                          (crew.run, (_CONTROL, types.int64, types.int64, types.int64))):
+        if not fn.signatures:
+            fn.compile(signature)
+
+
+def _compiled_piece(fn: Callable[..., Any], slp: bool) -> Any:
+    """A loop's pieces as a cfunc of (address of their fields, piece). The tile loops are compiled with LLVM's SLP
+    vectorizer on and no reassociation: with it, LLVM vectorizes the sum over taps (a reduction of gathered values)
+    instead of the tile's rows. The vectorizer setting is numba's global, read while compiling: it is switched on
+    for this compile only, under numba's compiler lock."""
     from numba.core import config
     from numba.core.compiler_lock import global_compiler_lock
 
+    options: dict[str, Any] = dict(nogil=True, cache=True, fastmath=FAST, error_model="numpy")
+    if not slp:
+        return numba.cfunc(types.void(types.int64, types.int64), **options)(fn)
     options.update(fastmath=FAST - {"reassoc"}, boundscheck=False)
     with global_compiler_lock:
         before = config.SLP_VECTORIZE
         config.SLP_VECTORIZE = 1
         try:
-            return _checked(numba.njit(signature, **options)(fn), parallel)
-        finally:
-            config.SLP_VECTORIZE = before
-
-
-def _compiled_piece(fn: Callable[..., Any]) -> Any:
-    """A piece for the crew as a cfunc, compiled as the tile loops are (SLP vectorizer on, no reassociation)."""
-    from numba.core import config
-    from numba.core.compiler_lock import global_compiler_lock
-
-    with global_compiler_lock:
-        before = config.SLP_VECTORIZE
-        config.SLP_VECTORIZE = 1
-        try:
-            return numba.cfunc(types.void(types.int64, types.int64), nogil=True, cache=True,
-                               fastmath=FAST - {"reassoc"}, error_model="numpy", boundscheck=False)(fn)
+            return numba.cfunc(types.void(types.int64, types.int64), **options)(fn)
         finally:
             config.SLP_VECTORIZE = before
 
@@ -335,47 +321,3 @@ def _link_blas() -> None:
     if address is None:
         raise RuntimeError("numpy's BLAS library has no cblas_sgemm that the compiled loops can call")
     ll.add_symbol(_SGEMM, address)
-
-
-def _renamed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """fn under another name. numba's disk cache files a function by its name and source line, not by its
-    options: the parallel build of a loop, compiled from the same function, would load the serial one's
-    machine code (or the serial build the parallel one's)."""
-    code = fn.__code__.replace(co_name=name, co_qualname=name)
-    return FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-
-
-def _threadsafe_layer() -> None:
-    """Parallel loops are launched from several threads at once (sessions run side by side), and services
-    fork: of numba's threading layers only TBB allows both (workqueue aborts on concurrent launches, GNU
-    OpenMP kills a forked child), so TBB is asked for, unless the user chose a layer. pip's tbb puts its
-    library in the environment's lib folder, off the loader's path: it is loaded from there first."""
-    from numba.core import config
-
-    if config.THREADING_LAYER != "default":
-        return
-    for folder in (sys.prefix, sys.base_prefix, site.getuserbase()):
-        path = os.path.join(folder, "lib", "libtbb.so.12")
-        if os.path.exists(path):
-            try:
-                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-            except OSError:
-                continue
-            break
-    config.THREADING_LAYER = "safe"
-
-
-def _checked(fn: Callable[..., Any], parallel: bool) -> Callable[..., Any]:
-    """fn, once its threading layer has started (a parallel build); raises where no safe one can."""
-    if parallel:
-        from numba.core import config
-
-        try:
-            numba.get_num_threads()  # starts the threading layer: raises where it cannot be loaded
-        except Exception:
-            if config.THREADING_LAYER == "safe":
-                config.THREADING_LAYER = "default"  # the user's own parallel loops keep numba's default
-            raise
-        if numba.threading_layer() == "workqueue":
-            raise RuntimeError("only numba's workqueue threading layer is loaded, which is not thread-safe")
-    return fn

@@ -11,48 +11,38 @@ vectors.wide()  # before numba loads: it fixes the vector width numba compiles f
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
-from numba import carray, prange  # noqa: E402
 
 from . import scalars  # noqa: E402
-from .atomics import f32_at, i64_at  # noqa: E402
+from .fields import f32, f32_1, f32_2, f32_3, f32_4, fields, i64, share  # noqa: E402
 
 F = np.float32
-#: conv_input splits a plane's rows into bands where it has fewer jobs than this for numba's threads to share.
+#: conv_input splits a plane's rows into bands where it has fewer jobs than this for its pieces to share.
 JOBS = 64
-#: The SHA-256 of scalars.py, whose functions these loops inline: numba's disk cache checks only this file for
-#: changes, so a change there comes with a new stamp here (tools/make_tiles.py writes it, in loops.py and tiles.py
-#: too).
-SCALARS = "902653d4138d67e076f6deba016da5075f34ee0095fe226b1c7c88bef3b11a7d"
+#: The SHA-256 of the modules whose functions the loops here inline (make_tiles.INLINED: scalars.py, fields.py,
+#: atomics.py): numba's disk cache checks only this file for changes, so a change there comes with a new stamp here
+#: (tools/make_tiles.py writes it).
+INLINED = "0ccc0e43f2dd0c416db5280197d6e4ed00d6c12f6f06d4911ef20be4f36edc14"
 
 
-def conv_input(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1):
+def conv_input(args, piece):
     """The layout tiles.conv reads, rows [row0, row1) of each plane, for images [first, last) of x (N x c*h*w)
     (pieces of a conv that split its output rows lay out the input rows they read): each channel's input with pt
     rows and pl columns of zeros before it (and zeros after, to hq * s rows and wq * s columns), split into its
     s x s stride phases, phase (a, b) holding rows a, a + s, ... and columns b, b + s, ... as an hq x wq plane.
     Planes follow one another by channel, then a, then b; the rest of each row of xp is zeros. With s = 1 this
-    is the zero-padded input, whose taps are then plain shifts. Indices are unsigned, as in tiles.py.
+    is the zero-padded input, whose taps are then plain shifts. Indices are unsigned, as in tiles.py. Fields x,
+    xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1.
 
     A job is one image's channel and row phase, all its column phases, or a band of its rows where that gives
-    fewer than JOBS jobs: jobs of whole channels left most of numba's threads idle where a conv has few input
-    channels (3 in a first conv). The zeros past the last plane are one job more, where row1 is the last row."""
-    jobs = layout_jobs(c, s, hq, first, last, row0, row1)
-    for job in prange(jobs):  # the jobs write rows that do not overlap
+    fewer than JOBS jobs: jobs of whole channels left most threads idle where a conv has few input channels (3 in
+    a first conv). The zeros past the last plane are one job more, where row1 is the last row. The pieces share
+    the jobs."""
+    a = fields(args, 14)
+    x, xp = f32_2(a, 0), f32_2(a, 1)
+    c, h, w, pt, pl, s, hq, wq = i64(a, 2), i64(a, 3), i64(a, 4), i64(a, 5), i64(a, 6), i64(a, 7), i64(a, 8), i64(a, 9)
+    first, last, row0, row1 = i64(a, 10), i64(a, 11), i64(a, 12), i64(a, 13)
+    for job in range(*share(a, piece, layout_jobs(c, s, hq, first, last, row0, row1))):  # rows that do not overlap
         _layout_job(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1, job)
-
-
-#: conv_input_piece's arguments, an int64 array: the addresses and shapes of x and xp, then c, h, w, pt, pl, s, hq,
-#: wq, first, last, row0, row1.
-LAYOUT_ARGS = 18
-
-
-def conv_input_piece(args, job):
-    """Job `job` of conv_input for the crew (crew.py), its arguments unpacked from the int64 array at address args
-    (LAYOUT_ARGS; ops/direct.py fills it, and its count of jobs from layout_jobs)."""
-    a = carray(i64_at(args), (LAYOUT_ARGS,))
-    x = carray(f32_at(a[0]), (a[1], a[2]))
-    xp = carray(f32_at(a[3]), (a[4], a[5]))
-    _layout_job(x, xp, a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16], a[17], job)
 
 
 @numba.njit(inline="always")
@@ -107,81 +97,86 @@ def _layout_job(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1, job)
                 pn[d + qx] = zero
 
 
-def depthwise(x, w, bias, y, sh, sw, pt, pl, act, alpha, beta, first, last, chunks):
+def depthwise(args, chunk):
     """A depthwise 2-D conv over planes [first, last) of x (N*C planes of H x W): plane p of y (Ho x Wo) is
     the conv of plane p with w[p % C] (kh x kw; stride sh x sw, padding pt above and pl left, dilation 1)
     plus bias[p % C], then the activation (scalars.activate: act, alpha, beta) on each row as it is made; the
-    planes in `chunks` runs, which the parallel build's threads share.
+    pieces share the planes. Fields x, w, bias, y, sh, sw, pt, pl, act, alpha, beta, first, last.
 
     Each plane is first copied between zero columns (its left and right padding), so a kernel tap adds to a
     whole output row with no test in the inner loop, whose indices LLVM can then prove non-negative (numba
     tests every possibly negative index for wrap-around, and that keeps LLVM from vectorizing); kernel rows
     that fall in the top or bottom padding are skipped."""
+    a = fields(args, 13)
+    x, w, bias, y = f32_3(a, 0), f32_3(a, 1), f32_1(a, 2), f32_3(a, 3)
+    sh, sw, pt, pl, act, alpha, beta = i64(a, 4), i64(a, 5), i64(a, 6), i64(a, 7), i64(a, 8), f32(a, 9), f32(a, 10)
+    first, last = i64(a, 11), i64(a, 12)
     C, kh, kw = w.shape
     H, W = x.shape[1], x.shape[2]
     Ho, Wo = y.shape[1], y.shape[2]
     Wp = (Wo - 1) * sw + kw
     inner = max(0, min(W, Wp - pl))
-    for chunk in prange(chunks):
-        buf = np.zeros((H, Wp), np.float32)  # its padding columns stay zero
-        lo, hi = first + chunk * (last - first) // chunks, first + (chunk + 1) * (last - first) // chunks
-        for plane in range(lo, hi):
-            c = plane % C
-            xp, yp = x[plane], y[plane]
-            for r in range(H):
-                src, dst = xp[r], buf[r, pl:]  # a view from pl: indices from 0, which vectorize (see below)
-                for t in range(inner):
-                    dst[t] = src[t]
-            for oh in range(Ho):
-                row = yp[oh]
-                b = bias[c]
-                for ow in range(Wo):
-                    row[ow] = b
-                for i in range(kh):
-                    ih = oh * sh - pt + i
-                    if ih < 0 or ih >= H:
-                        continue
-                    xrow = buf[ih]
-                    if kw == 3 and sw == 1:  # a kernel row's taps at once: the output row is read and written once
-                        w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
-                        for ow in range(Wo):
-                            row[ow] += w0 * xrow[ow] + w1 * xrow[ow + 1] + w2 * xrow[ow + 2]
-                    elif kw == 5 and sw == 1:
-                        w0, w1, w2, w3, w4 = w[c, i, 0], w[c, i, 1], w[c, i, 2], w[c, i, 3], w[c, i, 4]
-                        for ow in range(Wo):
-                            row[ow] += (w0 * xrow[ow] + w1 * xrow[ow + 1] + w2 * xrow[ow + 2] + w3 * xrow[ow + 3]
-                                        + w4 * xrow[ow + 4])
-                    elif kw == 3 and sw == 2:
-                        w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
-                        for ow in range(Wo):
-                            row[ow] += w0 * xrow[2 * ow] + w1 * xrow[2 * ow + 1] + w2 * xrow[2 * ow + 2]
-                    elif kw == 5 and sw == 2:  # PP-OCRv4's downsampling depthwise convs
-                        w0, w1, w2, w3, w4 = w[c, i, 0], w[c, i, 1], w[c, i, 2], w[c, i, 3], w[c, i, 4]
-                        for ow in range(Wo):
-                            row[ow] += (w0 * xrow[2 * ow] + w1 * xrow[2 * ow + 1] + w2 * xrow[2 * ow + 2]
-                                        + w3 * xrow[2 * ow + 3] + w4 * xrow[2 * ow + 4])
-                    else:
-                        for j in range(kw):
-                            wv = w[c, i, j]
-                            if sw == 1:
-                                for ow in range(Wo):
-                                    row[ow] += wv * xrow[ow + j]
-                            elif sw == 2:  # a stride known to LLVM: the loads vectorize
-                                for ow in range(Wo):
-                                    row[ow] += wv * xrow[2 * ow + j]
-                            else:
-                                for ow in range(Wo):
-                                    row[ow] += wv * xrow[ow * sw + j]
-                scalars.activate(row, 0, Wo, act, alpha, beta)
+    buf = np.zeros((H, Wp), np.float32)  # its padding columns stay zero
+    lo, hi = share(a, chunk, last - first)
+    for plane in range(first + lo, first + hi):
+        c = plane % C
+        xp, yp = x[plane], y[plane]
+        for r in range(H):
+            src, dst = xp[r], buf[r, pl:]  # a view from pl: indices from 0, which vectorize (see below)
+            for t in range(inner):
+                dst[t] = src[t]
+        for oh in range(Ho):
+            row = yp[oh]
+            b = bias[c]
+            for ow in range(Wo):
+                row[ow] = b
+            for i in range(kh):
+                ih = oh * sh - pt + i
+                if ih < 0 or ih >= H:
+                    continue
+                xrow = buf[ih]
+                if kw == 3 and sw == 1:  # a kernel row's taps at once: the output row is read and written once
+                    w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
+                    for ow in range(Wo):
+                        row[ow] += w0 * xrow[ow] + w1 * xrow[ow + 1] + w2 * xrow[ow + 2]
+                elif kw == 5 and sw == 1:
+                    w0, w1, w2, w3, w4 = w[c, i, 0], w[c, i, 1], w[c, i, 2], w[c, i, 3], w[c, i, 4]
+                    for ow in range(Wo):
+                        row[ow] += (w0 * xrow[ow] + w1 * xrow[ow + 1] + w2 * xrow[ow + 2] + w3 * xrow[ow + 3]
+                                    + w4 * xrow[ow + 4])
+                elif kw == 3 and sw == 2:
+                    w0, w1, w2 = w[c, i, 0], w[c, i, 1], w[c, i, 2]
+                    for ow in range(Wo):
+                        row[ow] += w0 * xrow[2 * ow] + w1 * xrow[2 * ow + 1] + w2 * xrow[2 * ow + 2]
+                elif kw == 5 and sw == 2:  # PP-OCRv4's downsampling depthwise convs
+                    w0, w1, w2, w3, w4 = w[c, i, 0], w[c, i, 1], w[c, i, 2], w[c, i, 3], w[c, i, 4]
+                    for ow in range(Wo):
+                        row[ow] += (w0 * xrow[2 * ow] + w1 * xrow[2 * ow + 1] + w2 * xrow[2 * ow + 2]
+                                    + w3 * xrow[2 * ow + 3] + w4 * xrow[2 * ow + 4])
+                else:
+                    for j in range(kw):
+                        wv = w[c, i, j]
+                        if sw == 1:
+                            for ow in range(Wo):
+                                row[ow] += wv * xrow[ow + j]
+                        elif sw == 2:  # a stride known to LLVM: the loads vectorize
+                            for ow in range(Wo):
+                                row[ow] += wv * xrow[2 * ow + j]
+                        else:
+                            for ow in range(Wo):
+                                row[ow] += wv * xrow[ow * sw + j]
+            scalars.activate(row, 0, Wo, act, alpha, beta)
 
 
-def max_pool(x, y, kh, kw, sh, sw, first, last):
-    """y[p] = the max over each kh x kw window of x[p], stride sh x sw, no padding, for planes [first, last) of x
-    (P, H, W) into y (P, Ho, Wo), the windows inside each plane; a plane a piece, which the parallel build's
-    threads share. A kernel row's taps go along whole output rows, so that each vectorizes."""
+def max_pool(args, piece):
+    """y[p] = the max over each kh x kw window of x[p], stride sh x sw, no padding, for the planes of x (P, H, W)
+    into y (P, Ho, Wo), the windows inside each plane; the pieces share the planes. A kernel row's taps go along
+    whole output rows, so that each vectorizes. Fields x, y, kh, kw, sh, sw."""
+    a = fields(args, 6)
+    x, y, kh, kw, sh, sw = f32_3(a, 0), f32_3(a, 1), i64(a, 2), i64(a, 3), i64(a, 4), i64(a, 5)
     Ho, Wo = y.shape[1], y.shape[2]
-    for job in prange(last - first):
-        xp, yp = x[first + job], y[first + job]
+    for p in range(*share(a, piece, x.shape[0])):
+        xp, yp = x[p], y[p]
         for oh in range(Ho):
             row = yp[oh]
             top = xp[oh * sh]
@@ -194,14 +189,16 @@ def max_pool(x, y, kh, kw, sh, sw, first, last):
                         row[ow] = max(row[ow], xr[ow * sw + j])
 
 
-def upsample(x, z, y, fy, fx, first, last):
+def upsample(args, piece):
     """y[p, i, j] = x[p, i // fy, j // fx] (+ z[p, i, j] where z has planes: an Add after the upsampling) for
-    planes [first, last) of x (P, H, W) into y (P, H * fy, W * fx): a nearest upscale by whole factors, a row of
-    x a piece, which the parallel build's threads share."""
+    the planes of x (P, H, W) into y (P, H * fy, W * fx): a nearest upscale by whole factors, the rows of x
+    shared by the pieces. Fields x, z, y, fy, fx."""
+    f = fields(args, 5)
+    x, z, y, fy, fx = f32_3(f, 0), f32_3(f, 1), f32_3(f, 2), i64(f, 3), i64(f, 4)
     H, W = x.shape[1], x.shape[2]
     added = z.shape[0] > 0
-    for job in prange((last - first) * H):
-        p, i = first + job // H, job % H
+    for job in range(*share(f, piece, x.shape[0] * H)):
+        p, i = job // H, job % H
         xr = x[p, i]
         for a in range(fy):
             row = y[p, i * fy + a]
@@ -225,12 +222,14 @@ def upsample(x, z, y, fy, fx, first, last):
                         row[j * fx + b] = xr[j]
 
 
-def scatter_taps(cols, y, kh, kw):
+def scatter_taps(args, piece):
     """y[p, h * kh + a, w * kw + b] = cols[p, a * kw + b, h, w] for cols (P, kh * kw, H, W) and y (P, H * kh,
     W * kw): the taps of a ConvTranspose whose stride is its kernel put in place (each output element comes from
-    one tap), a row of the input a piece."""
+    one tap), the rows of the input shared by the pieces. Fields cols, y, kh, kw."""
+    f = fields(args, 4)
+    cols, y, kh, kw = f32_4(f, 0), f32_3(f, 1), i64(f, 2), i64(f, 3)
     P, _, H, W = cols.shape
-    for i in prange(P * H):
+    for i in range(*share(f, piece, P * H)):
         p, h = i // H, i % H
         for a in range(kh):
             row = y[p, h * kh + a]

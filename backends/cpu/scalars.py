@@ -6,7 +6,7 @@ around them. erf is a rational function of x^2 fitted for this file
 (relative error about 1e-6 over the range the loops use); exp (the sigmoid's) by range reduction.
 
 numba's disk cache checks only the file of each compiled loop for changes, not the files of what it inlines: after
-a change here, tools/make_tiles.py writes this file's new SHA-256 into loops.py and tiles.py (SCALARS; a test checks
+a change here, tools/make_tiles.py writes a new stamp into the files of the loops (INLINED; a test checks
 it), or their cached loops would keep the old code.
 """
 
@@ -148,20 +148,4 @@ def prefetch(typingctx, array, index):
         return context.get_dummy_value()
 
     return types.void(array, index), codegen
-
-
-@intrinsic
-def borrow(typingctx, array):
-    """A view of array that owns no reference to its memory (its meminfo is null): numba counts references to
-    an array at every call that takes it, with an atomic add and subtract, and in a loop over small tiles those
-    took a third of a conv's time. The caller keeps array itself alive meanwhile."""
-
-    def codegen(context, builder, signature, args):
-        src = context.make_array(signature.args[0])(context, builder, args[0])
-        view = context.make_array(signature.return_type)(context, builder)
-        context.populate_array(view, data=src.data, shape=src.shape, strides=src.strides, itemsize=src.itemsize,
-                               meminfo=None, parent=None)
-        return view._getvalue()
-
-    return array(array), codegen
 

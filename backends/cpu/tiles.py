@@ -1,14 +1,13 @@
 """The tile loops, compiled by numba (loops.py): the conv's and a dense product's. Their blocks of sums (sums/)
 are written by tools/make_tiles.py.
 
-conv(x, ...) computes y[n, m, oy * wo + ox] = act(bias[m] + sum over k of w[m, k] * x[n * xs + offs[k] + p]),
-act being scalars.activate's (a code with alpha and beta: an activation, then perhaps a scale and shift), for the
-output positions p = oy * rw + ox of images [first, last) and positions [p_first, p_last), in `chunks`
-pieces: runs of tiles, each for one of `groups` groups of channels (the threads of numba's parallel loops share
-them, in the parallel build; groups let a conv of few positions and many channels use many threads): x holds
-each image's input laid out so that every tap k of a kernel reads a contiguous run of positions (ops/direct.py
-makes that layout with loops.conv_input: padded rows, split into stride phases), and positions with ox >= wo
-are the padding columns, computed and dropped.
+conv computes y[n, m, oy * wo + ox] = act(bias[m] + sum over k of w[m, k] * x[n * xs + offs[k] + p]), act being
+scalars.activate's (a code with alpha and beta: an activation, then perhaps a scale and shift), for the output
+positions p = oy * rw + ox of images [first, last) and positions [p_first, p_last), in chunks (which the crew's
+pieces share, crew.py): runs of tiles, each for one of `groups` groups of channels (groups let a conv of few
+positions and many channels use many threads): x holds each image's input laid out so that every tap k of a kernel
+reads a contiguous run of positions (ops/direct.py makes that layout with planes.conv_input: padded rows, split
+into stride phases), and positions with ox >= wo are the padding columns, computed and dropped.
 
 The sums of one tile, MR output channels x NR positions, are scalars that LLVM keeps in registers and
 vectorizes along the positions, over the taps in blocks of KC (so a block's inputs stay in L1 while every
@@ -18,11 +17,8 @@ all of x's columns. The tile shapes follow the vector width (vectors.py). Indice
 signed ones for wrap-around, which keeps LLVM from vectorizing. The blocks of sums (sums/, one
 module a tile shape) are written by tools/make_tiles.py and inlined here (LLVM's alwaysinline). numba's disk cache checks only this file for changes:
 SUMS is the SHA-256 of those files, which make_tiles.py writes here with them, so that new sums make new loops.
-The loops work on borrowed views of their arrays (scalars.borrow): numba counted references at every call and view
-inside them, atomic operations that took a third of a small conv's time. Their scratch arrays, one per piece,
-are made before the parallel loop, never inside it: a borrowed view holds no reference, and numba freed an
-array made inside a parallel loop right after its last use by name (the borrow), so the loop wrote freed memory
-that other threads' allocations could take (a use after free, seen as rare wrong results under load).
+A piece's arrays are views without references (fields.py), as numba's reference counts at every call and view
+took a third of a small conv's time; the pieces' scratch arrays come from the caller, which keeps them alive.
 """
 
 from __future__ import annotations
@@ -33,11 +29,10 @@ vectors.wide()  # before numba loads: it fixes the vector width numba compiles f
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
-from numba import carray, prange  # noqa: E402
 
-from .atomics import f32_at, i64_at, u64_at  # noqa: E402
+from .fields import f32, f32_1, f32_2, f32_3, fields, i64, pieces, share, u64_1, u64_2, u64_3  # noqa: E402
 from .sums import tile  # noqa: E402
-from .scalars import FAST, activate, borrow  # noqa: E402
+from .scalars import FAST, activate  # noqa: E402
 
 U = np.uint64
 F = np.float32
@@ -47,39 +42,26 @@ _sums = tile("conv", MR, NR)
 _dense_sums = tile("dense", DR, DC)
 #: The SHA-256 of the files of sums/, in make_tiles.TILES's order (tools/make_tiles.py writes them and this).
 SUMS = "ac3073006b20fbceaa7ea336f52f236268cf96943de0a9a12eaa21d96823f1c6"
-#: The SHA-256 of scalars.py, whose functions the loops inline (tools/make_tiles.py writes it, in loops.py too).
-SCALARS = "902653d4138d67e076f6deba016da5075f34ee0095fe226b1c7c88bef3b11a7d"
+#: The SHA-256 of the modules whose functions the loops here inline (make_tiles.INLINED: scalars.py, fields.py,
+#: atomics.py): numba's disk cache checks only this file for changes, so a change there comes with a new stamp here
+#: (tools/make_tiles.py writes it).
+INLINED = "0ccc0e43f2dd0c416db5280197d6e4ed00d6c12f6f06d4911ef20be4f36edc14"
 #: Taps a block: a block's inputs and weights stay in L1 (vectors.conv_block).
 KC = U(vectors.conv_block())
 
 
-def conv(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks, groups):
-    x, offs, w, bias, y = borrow(x), borrow(offs), borrow(w), borrow(bias), borrow(y)  # see scalars.borrow
-    mb = U(w.shape[0])
-    sums, spans = np.empty((chunks, mb * U(MR * NR)), np.float32), np.empty((chunks, NR, 3), np.uint64)
-    for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
-        _conv_chunk(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_last, act, alpha, beta, chunks,
-                    groups, U(c), borrow(sums[c]), borrow(spans[c]))
-
-
-#: conv_piece's arguments (crew.Job's fields: an array as its address and shape): x, offs, w, bias, y, the pieces'
-#: sums and spans, (alpha, beta) as float32; then xs, far, rw, wo, first, last, p_first, p_last, act, chunks, groups.
-CONV_ARGS = 34
-
-
-def conv_piece(args, c):
-    """Piece c of conv for the crew (crew.py), its arguments unpacked from the int64 array at address args."""
-    a = carray(i64_at(args), (CONV_ARGS,))
-    x = carray(f32_at(a[0]), (a[1],))
-    offs = carray(u64_at(a[2]), (a[3],))
-    w = carray(f32_at(a[4]), (a[5], a[6], a[7]))
-    bias = carray(f32_at(a[8]), (a[9],))
-    y = carray(f32_at(a[10]), (a[11], a[12], a[13]))
-    sums = carray(f32_at(a[14]), (a[15], a[16]))
-    spans = carray(u64_at(a[17]), (a[18], a[19], a[20]))
-    ab = carray(f32_at(a[21]), (a[22],))
-    _conv_chunk(x, U(a[23]), offs, U(a[24]), w, bias, y, U(a[25]), U(a[26]), U(a[27]), U(a[28]), U(a[29]), U(a[30]),
-                a[31], ab[0], ab[1], a[32], a[33], U(c), sums[c], spans[c])
+def conv(args, piece):
+    """A piece of the conv for the crew (crew.py): its share of the chunks. Fields x, xs, offs, far, w, bias, y, rw,
+    wo, first, last, p_first, p_last, act, alpha, beta, chunks, groups, and the pieces' scratch: sums (a row of a
+    tile's sums for each channel block) and spans (its output runs), one of each a piece."""
+    a = fields(args, 20)
+    x, offs, w, bias, y = f32_1(a, 0), u64_1(a, 2), f32_3(a, 4), f32_1(a, 5), f32_3(a, 6)
+    sums, spans = f32_2(a, 18)[piece], u64_3(a, 19)[piece]
+    chunks = i64(a, 16)
+    for c in range(*share(a, piece, chunks)):
+        _conv_chunk(x, U(i64(a, 1)), offs, U(i64(a, 3)), w, bias, y, U(i64(a, 7)), U(i64(a, 8)), U(i64(a, 9)),
+                    U(i64(a, 10)), U(i64(a, 11)), U(i64(a, 12)), i64(a, 13), f32(a, 14), f32(a, 15), chunks,
+                    i64(a, 17), U(c), sums, spans)
 
 
 @numba.njit(forceinline=True, nogil=True, cache=True, fastmath=FAST - {"reassoc"}, error_model="numpy",
@@ -147,17 +129,17 @@ def _conv_chunk(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_la
                     y[n, i, d + j] = t[row + j0 + j]
 
 
-def dense(x, wp, bias, y, act, alpha, beta, chunks, cols):
-    """y = act(x @ w + bias) for x (M, K) and the weights packed in panels of DC columns, wp (P, K, DC): panel p
-    holds columns c .. c + DC of w, c = min(p DC, N - DC), so the last panel overlaps the one before it rather
-    than run past N; it writes only the columns the others leave. An empty bias adds nothing. The work is
-    `chunks` pieces (numba's threads share them in the parallel build): `cols` runs of panels, each for
-    chunks // cols runs of the blocks of DR rows. A last block of rows likewise overlaps the one before (or, with
-    fewer than DR rows in all, reads the last row again) and writes only its own rows."""
-    x, wp, bias, y = borrow(x), borrow(wp), borrow(bias), borrow(y)  # see scalars.borrow
-    sums, picks = np.empty((chunks, DR * DC), np.float32), np.empty((chunks, DR), np.uint64)
-    for c in prange(chunks):  # in parallel where compiled so (loops.py), else one after another
-        _dense_chunk(x, wp, bias, y, act, alpha, beta, chunks, cols, U(c), borrow(sums[c]), borrow(picks[c]))
+def dense(args, c):
+    """Chunk c of y = act(x @ w + bias) for x (M, K) and the weights packed in panels of DC columns, wp (P, K, DC):
+    panel p holds columns c .. c + DC of w, c = min(p DC, N - DC), so the last panel overlaps the one before it
+    rather than run past N; it writes only the columns the others leave. An empty bias adds nothing. The pieces are
+    the chunks: `cols` runs of panels, each for chunks // cols runs of the blocks of DR rows. A last block of rows
+    likewise overlaps the one before (or, with fewer than DR rows in all, reads the last row again) and writes only
+    its own rows. Fields x, wp, bias, y, act, alpha, beta, cols, and the pieces' scratch: sums and picks (the rows
+    a tile reads), one row of each a chunk."""
+    a = fields(args, 10)
+    _dense_chunk(f32_2(a, 0), f32_3(a, 1), f32_1(a, 2), f32_2(a, 3), i64(a, 4), f32(a, 5), f32(a, 6), pieces(a),
+                 i64(a, 7), U(c), f32_2(a, 8)[c], u64_2(a, 9)[c])
 
 
 @numba.njit(forceinline=True, nogil=True, cache=True, fastmath=FAST - {"reassoc"}, error_model="numpy",

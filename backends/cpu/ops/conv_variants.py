@@ -162,21 +162,20 @@ class ConvTranspose(CpuOp):
     def _compiled(self, x: np.ndarray, y: np.ndarray, packed: dict, p: dict) -> bool:
         """A 2-D float32 ConvTranspose whose stride is its kernel (det's upsampling), by compiled loops: one
         product for every tap of every channel with the bias and activation (products.compiled), then the taps
-        put in place; numba's threads share both. False (nothing done) where they cannot serve."""
+        put in place; the crew's threads share both. False (nothing done) where they cannot serve."""
         if not (p["tiles"] and p["exact"] and p["n"] == 2 and self.group == 1 and p["cdt"] == np.float32
                 and self.loop_activation is not None and x.flags.c_contiguous and y.flags.c_contiguous):
             return False
         (N, ci, H, W), (kh, kw), co = x.shape, p["kernel"], p["co"]
         pieces = max(1, min(threads(), y.size // SCATTER_PIECE))
-        scatter = jit.for_pieces("scatter_taps", pieces)
+        scatter = jit.jitted("scatter_taps")
         if scatter is None:
             return False
         cols, _ = shared_scratch("convt.cols", (N, co * kh * kw, H * W), np.float32)
         if not compiled(packed["wt"][0], x.reshape(N, ci, H * W), cols, packed["b_taps"], True,
                         self.loop_activation):
             return False
-        scatter(cols.reshape(N * co, kh * kw, H, W), y.reshape(N * co, H * kh, W * kw), kh, kw)
-        return True
+        return scatter(pieces, cols.reshape(N * co, kh * kw, H, W), y.reshape(N * co, H * kh, W * kw), kh, kw)
 
     def _part(self, x: np.ndarray, y: np.ndarray, packed: dict, p: dict, c0: int, c1: int) -> None:
         """Output channels [c0, c1) of one image: their GEMM rows, the taps added (or copied) into place, then

@@ -61,18 +61,17 @@ def loop_serves(p: dict[str, Any]) -> bool:
     return p["n"] == 2 and p["cg"] == 1 and p["cog"] == 1 and p["dils"] == [1, 1] and p["cdt"] == np.float32
 
 
-#: The loop's planes are shared with the helper threads in pieces of about this many multiply-adds.
+#: The loop's planes are shared by the crew's threads in pieces of this many multiply-adds at least.
 LOOP_PIECE = 1 << 20
 
 
 def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any], act) -> bool:
-    """y = conv(x) by loops.depthwise, its planes shared among numba's threads (or the helper threads, without
-    its parallel build), for a plan it serves (loop_serves); False (nothing done) while it compiles, or for
-    other layouts."""
+    """y = conv(x) by planes.depthwise, its planes shared among the crew's threads, for a plan it serves
+    (loop_serves); False (nothing done) while it compiles, or for other layouts."""
     if x.dtype != np.float32 or not x.flags.c_contiguous or not y.flags.c_contiguous:
         return False
-    fn = jit.jitted("depthwise")
-    if fn is None:
+    loop = jit.jitted("depthwise")
+    if loop is None:
         return False
     w = packed.get("loop_w")
     if w is None:
@@ -86,12 +85,7 @@ def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, An
     b, pt, pl = packed["loop_b"], p["pads"][0], p["pads"][1]
     each = Ho * Wo * w.shape[1] * w.shape[2]
     pieces = max(1, min(threads(), planes, planes * each // LOOP_PIECE))
-    par = jit.threaded("depthwise", pieces)
-    if par is not None:  # numba's threads, awake between loops (see direct.py)
-        par(xs, w, b, ys, sh, sw, pt, pl, *loop_act, 0, planes, pieces)
-    else:
-        jit.shared(planes, max(1, LOOP_PIECE // max(1, each)),
-                   lambda lo, hi: fn(xs, w, b, ys, sh, sw, pt, pl, *loop_act, lo, hi, 1))
+    loop(pieces, xs, w, b, ys, sh, sw, pt, pl, *loop_act, 0, planes)
     if p["loop_act"] is None and act is not None:
         act(y)
     return True

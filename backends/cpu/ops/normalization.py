@@ -183,9 +183,7 @@ def layer_norm_rows(x: np.ndarray, residual: np.ndarray | None, scale: np.ndarra
     rs = NO_ROWS if residual is None else residual.reshape(-1, cols)
     g = np.ascontiguousarray(scale)
     b = np.zeros(cols, F32) if bias is None else np.ascontiguousarray(bias)
-    e = np.float32(eps)
-    return jit.split("layer_norm", xs.shape[0], max(1, SLICE_ELEMENTS // cols),
-                     lambda fn, lo, hi: fn(xs[lo:hi], rs[lo:hi] if residual is not None else rs, g, b, e, ys[lo:hi]))
+    return jit.split("layer_norm", xs.shape[0], max(1, SLICE_ELEMENTS // cols), xs, rs, g, b, float(eps), ys)
 
 
 def _normalize_groups(x: np.ndarray, groups: int, eps: float, cdt) -> np.ndarray:

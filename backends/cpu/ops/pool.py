@@ -137,15 +137,14 @@ def _max_flat(x: np.ndarray, p: dict, out: np.ndarray) -> np.ndarray:
 
 def _max_compiled(x: np.ndarray, p: dict, planned: np.ndarray | None) -> np.ndarray | None:
     """2-D float32 max pooling with no padding, no dilation and every window inside the input (cls's 2 x 2 of
-    stride 2), by loops.max_pool, a plane a piece; None (nothing done) where it cannot serve or compiles."""
+    stride 2), by planes.max_pool, planes shared by the pieces; None (nothing done) where it cannot serve or compiles."""
     if (p["n"] != 2 or x.dtype != np.float32 or not x.flags.c_contiguous or any(p["pads"])
             or any(d != 1 for d in p["dils"]) or any((o - 1) * s + k > L for o, s, k, L in zip(p["outs"], p["strides"], p["kernel"], x.shape[2:]))):
         return None
     out = out_buffer(planned, p["out_shape"], x.dtype)
     (H, W), (kh, kw), (sh, sw) = x.shape[2:], p["kernel"], p["strides"]
     xs, ys = x.reshape(-1, H, W), out.reshape((-1,) + tuple(p["outs"]))
-    done = jit.split("max_pool", xs.shape[0], max(1, SLICE_ELEMENTS // max(1, H * W)),
-                     lambda fn, lo, hi: fn(xs, ys, kh, kw, sh, sw, lo, hi))
+    done = jit.split("max_pool", xs.shape[0], max(1, SLICE_ELEMENTS // max(1, H * W)), xs, ys, kh, kw, sh, sw)
     return out if done is not None else None
 
 

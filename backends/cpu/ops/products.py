@@ -5,6 +5,7 @@ shared out: runs of images per numpy call (image_runs), tiles over threads (spli
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -42,10 +43,9 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
     """out[i] = act(a @ b[i] + bias) for float32 a (m, k), or a[i] for a (N, m, k) (weights of each image's own),
     b (N, k, n), out (N, m, n), by loops.gemm: the bias a value per row of the product (per_row) or per column,
     the activation a loop code (jit.loop_activation).
-    Its pieces are shared by numba's threads, whole products where there are images enough, else columns of
-    b (of a layer's weights, which each thread then reads alone) and then rows. False (nothing done) where it
-    cannot serve: other dtypes or layouts, no parallel build for pieces to share (there the numpy path shares
-    its tiles with the helper threads), or while it compiles."""
+    The crew's threads share its parts, whole products where there are images enough, else columns of b (of a
+    layer's weights, which each thread then reads alone) and then rows. False (nothing done) where it cannot
+    serve: other dtypes or layouts, or while it compiles."""
     arrays = (a, b, out) if bias is None else (a, b, out, bias)
     if any(x.dtype != F32 or not x.flags.c_contiguous for x in arrays):
         return False
@@ -54,13 +54,12 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
     if not (m and k and n and N) or a.shape[0] not in (1, N):  # BLAS refuses a leading dimension of 0
         return False
     pieces = jit.product_pieces(N * m * n * k, GEMM_PIECE)
-    fn = jit.for_pieces("gemm", pieces)
-    if fn is None:
+    loop = jit.jitted("gemm")
+    if loop is None:
         return False
     cols = 1 if N >= pieces else max(1, min(pieces, n // GEMM_COLUMNS))
     rows = 1 if N >= pieces else max(1, min(pieces // cols, m // 16))
-    fn(a, b, _NO_BIAS if bias is None else bias, out, per_row, *activation, rows, cols)
-    return True
+    return loop(pieces, a, b, _NO_BIAS if bias is None else bias, out, per_row, *activation, rows, cols)
 
 
 def panels(w: np.ndarray) -> packing.Packed | None:
@@ -82,9 +81,9 @@ def panels(w: np.ndarray) -> packing.Packed | None:
 def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: np.ndarray,
           activation: tuple[int, float, float]) -> Callable[[], bool] | None:
     """out = act(x @ w + bias) for float32 x (M, K), w's panels (panels) and out (M, N), by the dense tile loop:
-    numba's threads share its panels, then its rows. Runs it, and returns the same call with its arguments bound
+    the crew's threads share its panels, then its rows. Runs it, and returns the same call with its arguments bound
     (a caller that gets the same arrays again may repeat it alone; it returns True); None (nothing done) where
-    it cannot serve: other dtypes or layouts, no parallel build for pieces to share, or while it compiles."""
+    it cannot serve: other dtypes or layouts, or while it compiles."""
     wp = packed["panels"]
     arrays = (x, out) if bias is None else (x, out, bias)
     if any(a.dtype != F32 or not a.flags.c_contiguous for a in arrays) or not x.shape[0]:
@@ -93,19 +92,14 @@ def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: n
     pieces = jit.product_pieces(m * n * k, DENSE_PIECE)
     cols = min(pieces, wp.shape[0])
     runs = max(1, min(pieces // cols, -(-m // vectors.dense_tile()[0])))
-    b = _NO_BIAS if bias is None else bias
-    fn = jit.for_pieces("dense", pieces)
-    if fn is None:
+    loop = jit.jitted("dense")
+    if loop is None:
         return None
-    args = (x, wp, b, out, *activation, cols * runs, cols)
-
-    def call() -> bool:
-        if pieces > 1:
-            jit.use_threads(pieces)  # numba's thread count is the calling thread's own
-        fn(*args)
-        return True
-
-    fn(*args)
+    rows, width = vectors.dense_tile()
+    chunks = cols * runs
+    scratch = np.empty((chunks, rows * width), F32), np.empty((chunks, rows), np.uint64)  # a tile's sums and rows
+    call = functools.partial(loop, chunks, x, wp, _NO_BIAS if bias is None else bias, out, *activation, cols, *scratch)
+    call()
     return call
 
 

@@ -100,7 +100,7 @@ _NOTHING = np.empty((0, 0, 0), F32)
 def upsample(x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
              reps: dict[int, int]) -> Callable[[], Any] | None:
     """out = a nearest upscale of x by whole factors (reps: axis -> factor) of its last two axes (+ z, of out's
-    shape), for float32, by loops.upsample, a row of x a piece. Returns the same work as a call to make again
+    shape), for float32, by planes.upsample, rows of x shared by the pieces. Returns the same work as a call to make again
     (jit.split's), or None (nothing done) where it cannot serve or compiles."""
     arrays = (x, out) if z is None else (x, z, out)
     if x.ndim < 3 or not set(reps) <= {x.ndim - 2, x.ndim - 1} or any(
@@ -110,8 +110,7 @@ def upsample(x: np.ndarray, z: np.ndarray | None, out: np.ndarray,
     xs, ys = x.reshape(-1, H, W), out.reshape(-1, H * reps.get(x.ndim - 2, 1), W * reps.get(x.ndim - 1, 1))
     zs = _NOTHING if z is None else z.reshape(ys.shape)
     fy, fx = reps.get(x.ndim - 2, 1), reps.get(x.ndim - 1, 1)
-    return jit.split("upsample", xs.shape[0], max(1, SLICE_ELEMENTS // max(1, ys[0].size)),
-                     lambda fn, lo, hi: fn(xs, zs, ys, fy, fx, lo, hi))
+    return jit.split("upsample", xs.shape[0], max(1, SLICE_ELEMENTS // max(1, ys[0].size)), xs, zs, ys, fy, fx)
 
 
 def repeat(x: np.ndarray, out: np.ndarray, reps: dict[int, int]) -> None:

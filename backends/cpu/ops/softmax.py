@@ -31,8 +31,8 @@ def softmax_axis(x: np.ndarray, out: np.ndarray, axis: int) -> bool:
     blocks = O * -(-I // AXIS_BLOCK)
     sums = np.empty((blocks, AXIS_BLOCK), F32)
     xs, ys = x.reshape(O, N, I), out.reshape(O, N, I)
-    return jit.split("softmax_axis", blocks, max(1, SLICE_ELEMENTS // (N * AXIS_BLOCK)),
-                     lambda fn, lo, hi: fn(xs, ys, sums, AXIS_BLOCK, lo, hi)) is not None
+    return jit.split("softmax_axis", blocks, max(1, SLICE_ELEMENTS // (N * AXIS_BLOCK)), xs, ys, sums,
+                     AXIS_BLOCK) is not None
 
 
 def softmax_rows(x: np.ndarray, out: np.ndarray) -> bool:
@@ -45,9 +45,7 @@ def softmax_rows(x: np.ndarray, out: np.ndarray) -> bool:
     cols = x.shape[-1]
     np.copyto(out, x)
     ys = out.reshape(-1, cols)
-    one = np.float32(1)
-    return jit.split("softmax", ys.shape[0], max(1, SLICE_ELEMENTS // cols),
-                     lambda fn, lo, hi: fn(ys[lo:hi], one, NO_ROWS, 1, 0)) is not None
+    return jit.split("softmax", ys.shape[0], max(1, SLICE_ELEMENTS // cols), ys, 1.0, NO_ROWS, 1, 0) is not None
 
 
 class SoftmaxBase(CpuOp):
