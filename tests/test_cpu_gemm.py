@@ -150,7 +150,8 @@ def test_pointwise_convs_match_onnxruntime(gemm, xs, co, bias, activation, threa
     nodes = [helper.make_node("Conv", inputs, ["c" if tail else "y"])] + tail
     data = one_input_model(nodes, xs, consts)
     np.testing.assert_allclose(_run(data, {"x": x}, threads), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
-    assert calls["compiled"] >= 1
+    # A batch takes the compiled product; one image the conv tile loop (conv.Conv._compiled_serves).
+    assert calls["compiled"] >= 1 if xs[0] > 1 else calls["compiled"] == 0
 
 
 def test_numpy_serves_where_it_declines(monkeypatch, calls):

@@ -285,7 +285,12 @@ class Conv(CpuOp):
         return y
 
     def _compiled_serves(self, p: dict[str, Any]) -> bool:
-        return p["path"] == "pointwise" and self.group == 1 and p["cdt"] == F32 and p["loop_act"] is not None
+        """Whether a pointwise conv takes products.compiled: for a batch, whose BLAS products are shared an image or
+        more a piece. One image takes the tile loop (direct.py), which shares its positions: on the 2-core VM
+        YOLOv8n and rec at batch 1 ran 4-7% faster so, cls at batch 8 4-8% slower (benchmarks/RESULTS.md,
+        session 26)."""
+        return (p["path"] == "pointwise" and self.group == 1 and p["cdt"] == F32 and p["loop_act"] is not None
+                and (p["N"] > 1 or not p["tiles"]))
 
     def _compiled(self, x, y, p, packed) -> bool:
         """A pointwise conv as products.compiled: one BLAS call a piece, its bias and activation fused."""
