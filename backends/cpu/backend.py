@@ -125,8 +125,9 @@ class CpuBackend(Backend):
         pool = self.runtime.pool
         yield_at = time.perf_counter() + YIELD_EVERY if pool.nice > 0 and _sched_yield is not None else math.inf
         plan = self._plan(segment) if self.profile is None else self._timed_plan(segment)
-        # IEEE results (inf * 0 is nan), never a NumPy warning; the crew's workers awake from step to step.
-        with pool.running(), np.errstate(all="ignore"), jit.crew_held(pool.threads):
+        # The crew's workers awake from step to step (stepping aside while helpers share a step's numpy work);
+        # IEEE results (inf * 0 is nan), never a NumPy warning.
+        with jit.crew_held(pool.threads) as aside, pool.running(aside), np.errstate(all="ignore"):
             for execution, inputs, outputs, frees, check_views, node in plan:
                 if time.perf_counter() >= yield_at:
                     _sched_yield()

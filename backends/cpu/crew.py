@@ -27,7 +27,7 @@ import contextlib
 import ctypes
 import os
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import numba
 import numpy as np
@@ -176,16 +176,27 @@ class Crew:
         return self.ctl if self.pid == os.getpid() else np.zeros(SLOTS + 8, np.int64)
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """The workers awake between jobs for the duration (hold), in the process that started them."""
+    def held(self) -> Iterator[Callable[[], ContextManager[None]] | None]:
+        """The workers awake between jobs for the duration (hold), in the process that started them; gives the
+        context that lifts the hold meanwhile (released)."""
         if self.pid != os.getpid():
-            yield
+            yield None
             return
         hold(self.ctl, 1)
         try:
-            yield
+            yield self.released
         finally:
             hold(self.ctl, -1)
+
+    @contextlib.contextmanager
+    def released(self) -> Iterator[None]:
+        """A run's hold lifted for the duration (held): the workers sleep after their spin, leaving their cores
+        to other threads (the runtime's helpers, sharing a step's numpy work), and are woken at its end."""
+        hold(self.ctl, -1)
+        try:
+            yield
+        finally:
+            hold(self.ctl, 1)
 
     def close(self) -> None:
         stop(self.ctl)

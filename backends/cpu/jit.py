@@ -79,7 +79,8 @@ def jitted(name: str) -> Callable[..., Any] | None:
 
 def crew_held(threads: int) -> ContextManager[Any]:
     """The crew of workers kept awake between its jobs for the duration of a run on `threads` threads (crew.hold),
-    where the crew has started; else nothing."""
+    where the crew has started; else nothing. It gives the context to lift the hold with meanwhile
+    (crew.Crew.released), or None."""
     crew = None if _crew is None or threads < 2 else _crew.started()
     return contextlib.nullcontext() if crew is None else crew.held()
 

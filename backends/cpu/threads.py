@@ -10,7 +10,7 @@ import os
 import queue
 import threading
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import numpy as np
 
@@ -87,16 +87,19 @@ class Pool:
         return self._state.helpers
 
     @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
-        """Mark this thread as running kernels that may call parallel()."""
+    def running(self, aside: Callable[[], ContextManager[Any]] | None = None) -> Iterator[None]:
+        """Mark this thread as running kernels that may call parallel(). aside() is held while helpers share a
+        job: the crew's workers, held awake through a run, step aside then (crew.Crew.released), so that the
+        helpers find free cores."""
         state = self._state
         with state.lock:
             state.busy += 1
-        outer, _LOCAL.pool = getattr(_LOCAL, "pool", None), self
+        outer = getattr(_LOCAL, "pool", None), getattr(_LOCAL, "aside", None)
+        _LOCAL.pool, _LOCAL.aside = self, aside
         try:
             yield
         finally:
-            _LOCAL.pool = outer
+            _LOCAL.pool, _LOCAL.aside = outer
             with state.lock:
                 state.busy -= 1
 
@@ -109,10 +112,12 @@ class Pool:
                 while state.helpers < min(tickets, state.threads - 1):
                     threading.Thread(target=_help, args=(state,), name="aiomnn-cpu-helper", daemon=True).start()
                     state.helpers += 1
-        for _ in range(max(0, tickets)):
-            state.queue.put(job)
-        job.work()
-        job.finished.wait()
+        aside = getattr(_LOCAL, "aside", None)
+        with aside() if aside is not None and tickets > 0 else contextlib.nullcontext():
+            for _ in range(max(0, tickets)):
+                state.queue.put(job)
+            job.work()
+            job.finished.wait()
         if job.error is not None:
             raise job.error
 
