@@ -188,12 +188,16 @@ def test_the_other_vector_width():
 
 
 def test_threads_grow_with_the_square_root_of_the_work(monkeypatch):
-    """A product takes no more threads than sqrt(macs / LAUNCH_MACS): on 16 threads, minilm's 16-row products
-    take a few (each thread more costs the loop's start more than it saves), a large one all of them."""
+    """A product takes no more threads than sqrt(macs / LAUNCH_MACS), and as many as that where the threads and the
+    piece size allow: on 16 threads, minilm's 16-row products take some (each thread more costs the loop's start
+    more than it saves), a large one all of them."""
     monkeypatch.setattr(jit, "threads", lambda: 16)
     small, large = 16 * 384 * 384, 128 * 384 * 1536
-    assert jit.product_pieces(small, products.DENSE_PIECE) == 4
-    assert jit.product_pieces(16 * 384 * 1536, products.DENSE_PIECE) == 8
+    for macs in (small, 16 * 384 * 1536, large):
+        n = jit.product_pieces(macs, products.DENSE_PIECE)
+        assert n * n * jit.LAUNCH_MACS <= macs and n <= macs // products.DENSE_PIECE
+        assert n == 16 or n == macs // products.DENSE_PIECE or (n + 1) ** 2 * jit.LAUNCH_MACS > macs
+    assert 1 < jit.product_pieces(small, products.DENSE_PIECE) < 16
     assert jit.product_pieces(large, products.DENSE_PIECE) == 16
     assert jit.product_pieces(small, small * 2) == 1  # the piece size still bounds it
     monkeypatch.setattr(jit, "threads", lambda: 2)

@@ -85,9 +85,10 @@ def crew_held(threads: int) -> ContextManager[Any]:
     return contextlib.nullcontext() if crew is None else crew.held()
 
 
-#: Starting a loop's pieces on the crew costs a few microseconds, a little more the more threads take them
-#: (benchmarks/RESULTS.md, session 25), as long as a thread does about this many multiply-adds of a product.
-LAUNCH_MACS = 1 << 17
+#: Starting a loop's pieces on the crew held through a run costs a few microseconds, a little more the more
+#: threads take them (tools/launch_cost.py; benchmarks/RESULTS.md, session 26), as long as a thread does about this
+#: many multiply-adds of a product.
+LAUNCH_MACS = 1 << 15
 
 
 def product_pieces(macs: int, piece: int) -> int:

@@ -61,8 +61,9 @@ def loop_serves(p: dict[str, Any]) -> bool:
     return p["n"] == 2 and p["cg"] == 1 and p["cog"] == 1 and p["dils"] == [1, 1] and p["cdt"] == np.float32
 
 
-#: The loop's planes are shared by the crew's threads in pieces of this many multiply-adds at least.
-LOOP_PIECE = 1 << 20
+#: The loop's planes are shared by the crew's threads in pieces of this many multiply-adds at least (a quarter of
+#: the earlier 1 << 20: cls at batch 8 and 16 threads ran faster so; benchmarks/RESULTS.md, session 26).
+LOOP_PIECE = 1 << 18
 
 
 def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any], act) -> bool:

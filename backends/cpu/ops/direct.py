@@ -22,8 +22,9 @@ from .. import jit, vectors
 from ..threads import SLICE_ELEMENTS, shared_scratch
 
 F32 = np.float32
-#: A piece of a conv holds at least this many multiply-adds (benchmarks/RESULTS.md, "Piece sizes").
-PIECE_MACS = 1 << 21
+#: A piece of a conv holds at least this many multiply-adds: on the crew held through a run, pieces of a quarter
+#: of the earlier 1 << 21 let YOLOv8n's small convs take more of 16 threads (benchmarks/RESULTS.md, session 26).
+PIECE_MACS = 1 << 19
 #: Bytes of packed weights that a group of channels takes at most (L2 is 512 KiB a core on the 2-core VM).
 WEIGHTS_IN_L2 = 1 << 18
 

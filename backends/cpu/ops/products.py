@@ -26,11 +26,10 @@ def product(w: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray | None
         act(y)
 
 
-#: A piece of a compiled product holds at least this many multiply-adds (tens of microseconds of BLAS). numba's
-#: threads spin a while between loops, so a piece can be smaller than the helper threads' (PIECE_MACS in
-#: matmul.py), but on cls's small convs, pieces of a quarter of this ran slower on 2 threads than one piece
-#: (benchmarks/RESULTS.md).
-GEMM_PIECE = 1 << 20
+#: A piece of a compiled product holds at least this many multiply-adds (some microseconds of BLAS): the crew's
+#: threads, held awake through a run, start a job in a few, and at 16 threads cls at batch 8 ran faster with pieces
+#: a quarter of the earlier 1 << 20 (benchmarks/RESULTS.md, session 26).
+GEMM_PIECE = 1 << 18
 #: The same for the dense tile loop, smaller: at few rows a product's time goes in reading its weights from
 #: memory, which more pieces read side by side (benchmarks/RESULTS.md, "A compiled product on BLAS").
 DENSE_PIECE = 1 << 18
