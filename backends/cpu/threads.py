@@ -88,9 +88,9 @@ class Pool:
 
     @contextlib.contextmanager
     def running(self, aside: Callable[[], ContextManager[Any]] | None = None) -> Iterator[None]:
-        """Mark this thread as running kernels that may call parallel(). aside() is held while helpers share a
-        job: the crew's workers, held awake through a run, step aside then (crew.Crew.released), so that the
-        helpers find free cores."""
+        """Mark this thread as running kernels that may call parallel(). aside() is held while several helpers
+        share a job: the crew's workers, held awake through a run, step aside then (crew.Crew.released), so that
+        the helpers find free cores."""
         state = self._state
         with state.lock:
             state.busy += 1
@@ -112,8 +112,11 @@ class Pool:
                 while state.helpers < min(tickets, state.threads - 1):
                     threading.Thread(target=_help, args=(state,), name="aiomnn-cpu-helper", daemon=True).start()
                     state.helpers += 1
+        # A lone helper gets a core from the crew's yielding workers well enough: on the 2-core VM, stepping aside
+        # for it cost 3-6% (the workers' wake-up after); with many, at 16 threads, it saved a fifth of det's
+        # batch-8 run (benchmarks/RESULTS.md, session 26).
         aside = getattr(_LOCAL, "aside", None)
-        with aside() if aside is not None and tickets > 0 else contextlib.nullcontext():
+        with aside() if aside is not None and tickets > 1 else contextlib.nullcontext():
             for _ in range(max(0, tickets)):
                 state.queue.put(job)
             job.work()
