@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import jit, vectors
-from ..threads import SLICE_ELEMENTS, shared_scratch
+from ..threads import shared_scratch
 
 F32 = np.float32
 #: A piece of a conv holds at least this many multiply-adds: on the crew held through a run, pieces of a quarter
@@ -27,6 +27,10 @@ F32 = np.float32
 PIECE_MACS = 1 << 19
 #: Bytes of packed weights that a group of channels takes at most (L2 is 512 KiB a core on the 2-core VM).
 WEIGHTS_IN_L2 = 1 << 18
+#: An input of fewer values than this is laid out by the calling thread alone: on the crew held through a run,
+#: YOLOv8n at 2 threads ran 5-7% faster with its inputs above this laid out by every thread, than above the
+#: earlier 1 << 17 (benchmarks/RESULTS.md, session 26).
+LAYOUT_ELEMENTS = 1 << 14
 
 
 def plan(p: dict[str, Any], group: int) -> bool:
@@ -81,8 +85,8 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
 
     The crew's threads and this one lay the input out, in jobs of rows, then share the chunks of the tile loop:
     runs of tiles (of every image), each for a group of the channels (groups where there are fewer tiles than
-    threads). An input of fewer than SLICE_ELEMENTS values is laid out by this thread alone: more threads took
-    longer over it than one (benchmarks/RESULTS.md, session 23), where the tiles still gain."""
+    threads). An input of fewer than LAYOUT_ELEMENTS values is laid out by this thread alone: more threads take
+    longer over it than one, where the tiles still gain."""
     d = p["direct"]
     layout = d["layout"]
     tiles = jit.jitted("conv_tiles")
@@ -101,7 +105,7 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     groups = max(d["groups"], min(w.shape[0], pieces // runs))
     scratch = np.empty((pieces, w.shape[0] * MR * NR), F32), np.empty((pieces, NR, 3), np.uint64)
     rest = (ys, *map(int, d["widths"]), 0, N, 0, d["last"], code, alpha, beta, runs * groups, groups, *scratch)
-    lay_pieces = pieces if x.size >= SLICE_ELEMENTS else 1
+    lay_pieces = pieces if x.size >= LAYOUT_ELEMENTS else 1
     shape = (N, d["xs"])
 
     def call() -> bool:
