@@ -24,12 +24,12 @@ def bump():
     import numba
     from numba import types
 
-    from aiomnn.backends.cpu.atomics import f32_at, i64_at
+    from aiomnn.backends.cpu.atomics import at
 
     @numba.cfunc(types.void(types.int64, types.int64), nogil=True)
     def piece(args, c):
-        a = numba.carray(i64_at(args), (2,))
-        y = numba.carray(f32_at(a[0]), ((c + 1) * a[1],))
+        a = numba.carray(at(args, np.int64), (2,))
+        y = numba.carray(at(a[0], np.float32), ((c + 1) * a[1],))
         for i in range(c * a[1], (c + 1) * a[1]):
             y[i] += 1.0
 

@@ -1,7 +1,7 @@
 """What numba lacks for a crew of workers (crew.py) and the pieces it runs, as LLVM IR: atomic operations on an
 int64 array's slots (sequentially consistent: the crew's protocol is written for that order), the pause
 instruction, the time-stamp counter, a call through a cfunc's address, a syscall through an address held in an
-array slot, and typed pointers from addresses (numba.carray makes arrays of them)."""
+array slot, and a typed pointer from an address (numba.carray makes arrays of them)."""
 
 from __future__ import annotations
 
@@ -95,15 +95,11 @@ def syscall(typingctx, array, at, number, index, op, value):
     return types.int64(array, at, number, index, op, value), codegen
 
 
-def _pointer(numba_type, llvm_type):
-    @intrinsic
-    def pointer(typingctx, address):
-        def codegen(context, builder, signature, args):
-            return builder.inttoptr(args[0], llvm_type.as_pointer())
-        return types.CPointer(numba_type)(types.int64), codegen
-    return pointer
+@intrinsic
+def at(typingctx, address, dtype):
+    """The address as a typed pointer to values of dtype, a numpy scalar type (np.float32, np.uint64, ...)."""
+    kind = dtype.instance_type
 
-
-f32_at = _pointer(types.float32, ir.FloatType())
-u64_at = _pointer(types.uint64, I64)
-i64_at = _pointer(types.int64, I64)
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_data_type(kind).as_pointer())
+    return types.CPointer(kind)(types.int64, dtype), codegen

@@ -46,7 +46,7 @@ SPIN_CYCLES = 100_000
 #: The SHA-256 of the modules whose functions the loops here inline (make_tiles.INLINED: scalars.py, fields.py,
 #: atomics.py): numba's disk cache checks only this file for changes, so a change there comes with a new stamp here
 #: (tools/make_tiles.py writes it).
-INLINED = "0ccc0e43f2dd0c416db5280197d6e4ed00d6c12f6f06d4911ef20be4f36edc14"
+INLINED = "ff13fcca88cb2dca9e99f3efeda14490f0ca0eab82e9c345a13a915825d47139"
 
 
 @numba.njit(nogil=True, cache=True)

@@ -6,12 +6,12 @@ shape, an integer or a flag its value, a float its float32 bits. A piece reads f
 
     def softmax(args, c):                          # piece c of a job, its fields at address args
         a = fields(args, 5)
-        y, scale, mask = f32_2(a, 0), f32(a, 1), f32_2(a, 2)
+        y, scale, mask = array2(a, 0, F), f32(a, 1), array2(a, 2, F)
         for r in range(*share(a, c, y.shape[0])):  # its rows of y
             ...
 
-The arrays a piece makes from addresses hold no reference to their memory (a null meminfo, as scalars.borrow's
-views): the caller keeps them alive for the call.
+The arrays a piece makes from addresses hold no reference to their memory (a null meminfo): numba counts no
+references on them, and the caller keeps them alive for the call.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import numpy as np
 from numba import carray, types
 from numba.extending import overload
 
-from .atomics import f32_at, i64_at, u64_at
+from .atomics import at
+
+F32 = np.float32
 
 #: Slots a field takes: an array's address and up to four dimensions.
 SLOT = 5
@@ -35,14 +37,14 @@ def put(a, k, value):
 def _put(a, k, value):
     if isinstance(value, types.Array):
         def array(a, k, value):
-            at = 1 + SLOT * k
-            a[at] = value.ctypes.data
+            i = 1 + SLOT * k
+            a[i] = value.ctypes.data
             for d in range(value.ndim):
-                a[at + 1 + d] = value.shape[d]
+                a[i + 1 + d] = value.shape[d]
         return array
     if isinstance(value, types.Float):
         def number(a, k, value):
-            carray(f32_at(a.ctypes.data + 8 * (1 + SLOT * k)), (1,))[0] = np.float32(value)
+            carray(at(a.ctypes.data + 8 * (1 + SLOT * k), F32), (1,))[0] = F32(value)
         return number
     if isinstance(value, (types.Integer, types.Boolean)):
         def integer(a, k, value):
@@ -57,7 +59,7 @@ _inline = numba.njit(inline="always")
 @_inline
 def fields(args, n):
     """The slots of a job of n fields at address args."""
-    return carray(i64_at(args), (1 + SLOT * n,))
+    return carray(at(args, np.int64), (1 + SLOT * n,))
 
 
 @_inline
@@ -80,46 +82,29 @@ def i64(a, k):
 @_inline
 def f32(a, k):
     """A float field (its float32 bits), read where its slot lies in the job's array."""
-    return carray(f32_at(a.ctypes.data + 8 * (1 + SLOT * k)), (1,))[0]
+    return carray(at(a.ctypes.data + 8 * (1 + SLOT * k), F32), (1,))[0]
+
+
+# An array field of 1 to 4 dimensions, its values of dtype (np.float32, np.uint64).
+@_inline
+def array1(a, k, dtype):
+    i = 1 + SLOT * k
+    return carray(at(a[i], dtype), (a[i + 1],))
 
 
 @_inline
-def f32_1(a, k):
-    at = 1 + SLOT * k
-    return carray(f32_at(a[at]), (a[at + 1],))
+def array2(a, k, dtype):
+    i = 1 + SLOT * k
+    return carray(at(a[i], dtype), (a[i + 1], a[i + 2]))
 
 
 @_inline
-def f32_2(a, k):
-    at = 1 + SLOT * k
-    return carray(f32_at(a[at]), (a[at + 1], a[at + 2]))
+def array3(a, k, dtype):
+    i = 1 + SLOT * k
+    return carray(at(a[i], dtype), (a[i + 1], a[i + 2], a[i + 3]))
 
 
 @_inline
-def f32_3(a, k):
-    at = 1 + SLOT * k
-    return carray(f32_at(a[at]), (a[at + 1], a[at + 2], a[at + 3]))
-
-
-@_inline
-def f32_4(a, k):
-    at = 1 + SLOT * k
-    return carray(f32_at(a[at]), (a[at + 1], a[at + 2], a[at + 3], a[at + 4]))
-
-
-@_inline
-def u64_1(a, k):
-    at = 1 + SLOT * k
-    return carray(u64_at(a[at]), (a[at + 1],))
-
-
-@_inline
-def u64_2(a, k):
-    at = 1 + SLOT * k
-    return carray(u64_at(a[at]), (a[at + 1], a[at + 2]))
-
-
-@_inline
-def u64_3(a, k):
-    at = 1 + SLOT * k
-    return carray(u64_at(a[at]), (a[at + 1], a[at + 2], a[at + 3]))
+def array4(a, k, dtype):
+    i = 1 + SLOT * k
+    return carray(at(a[i], dtype), (a[i + 1], a[i + 2], a[i + 3], a[i + 4]))

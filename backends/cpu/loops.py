@@ -20,20 +20,20 @@ import numpy as np  # noqa: E402
 from numba import types  # noqa: E402
 
 from . import crew, planes, scalars, tiles  # noqa: E402
-from .fields import f32, f32_1, f32_2, f32_3, f32_4, fields, i64, share  # noqa: E402
+from .fields import array1, array2, array3, array4, f32, fields, i64, share  # noqa: E402
 from .scalars import FAST, NEG_INF, exp_neg  # noqa: E402
 
 F = np.float32
 #: The SHA-256 of the modules whose functions the loops here inline (make_tiles.INLINED: scalars.py, fields.py,
 #: atomics.py): numba's disk cache checks only this file for changes, so a change there comes with a new stamp here
 #: (tools/make_tiles.py writes it).
-INLINED = "0ccc0e43f2dd0c416db5280197d6e4ed00d6c12f6f06d4911ef20be4f36edc14"
+INLINED = "ff13fcca88cb2dca9e99f3efeda14490f0ca0eab82e9c345a13a915825d47139"
 
 
 def erf(args, c):
     """y = erf(x) elementwise: fields x, y (flat)."""
     a = fields(args, 2)
-    x, y = f32_1(a, 0), f32_1(a, 1)
+    x, y = array1(a, 0, F), array1(a, 1, F)
     for i in range(*share(a, c, x.shape[0])):
         y[i] = scalars.erf(x[i])
 
@@ -41,7 +41,7 @@ def erf(args, c):
 def gelu(args, c):
     """y = y/2 (1 + erf(y / sqrt 2)), in place: field y (flat)."""
     a = fields(args, 1)
-    y = f32_1(a, 0)
+    y = array1(a, 0, F)
     for i in range(*share(a, c, y.shape[0])):
         v = y[i]
         y[i] = F(0.5) * v * (F(1) + scalars.erf(v * F(0.7071067811865476)))
@@ -51,7 +51,7 @@ def softmax(args, c):
     """y[r] = softmax(y[r] * scale + mask[(first + r) // group]) over rows of y (R, C), in place; an empty
     mask adds nothing. Fields y, scale, mask, group, first."""
     a = fields(args, 5)
-    y, scale, mask, group, first = f32_2(a, 0), f32(a, 1), f32_2(a, 2), i64(a, 3), i64(a, 4)
+    y, scale, mask, group, first = array2(a, 0, F), f32(a, 1), array2(a, 2, F), i64(a, 3), i64(a, 4)
     masked = mask.shape[0] > 0
     for r in range(*share(a, c, y.shape[0])):
         _softmax_row(y[r], scale, mask[(first + r) // group] if masked else mask[0:0].reshape(-1), masked)
@@ -63,7 +63,7 @@ def softmax_axis(args, c):
     block, so that every pass vectorizes over its columns. y[o, 0] holds the block's maxima until its own exps
     are taken, last. Fields x, y, sums, width."""
     a = fields(args, 4)
-    x, y, sums, width = f32_3(a, 0), f32_3(a, 1), f32_2(a, 2), i64(a, 3)
+    x, y, sums, width = array3(a, 0, F), array3(a, 1, F), array2(a, 2, F), i64(a, 3)
     O, N, I = x.shape
     per = (I + width - 1) // width
     for b in range(*share(a, c, O * per)):
@@ -126,7 +126,7 @@ def attention(args, c):
     side by side (heads.py), k's read transposed; with heads_out, out is [b, s, h, e] likewise. Fields q, k, v,
     scale, mask, out, heads_in, heads_out."""
     a = fields(args, 8)
-    q, k, v, scale, mask, out = f32_4(a, 0), f32_4(a, 1), f32_4(a, 2), f32(a, 3), f32_2(a, 4), f32_4(a, 5)
+    q, k, v, scale, mask, out = array4(a, 0, F), array4(a, 1, F), array4(a, 2, F), f32(a, 3), array2(a, 4, F), array4(a, 5, F)
     heads_in, heads_out = i64(a, 6) != 0, i64(a, 7) != 0
     if heads_in:
         b, s, h, d = q.shape
@@ -163,7 +163,7 @@ def layer_norm(args, c):
     """y[r] = (z - mean) / sqrt(var + eps) * gamma + beta over rows of z = x (+ residual, when it has rows).
     y must not overlap x or residual. Fields x, residual, gamma, beta, eps, y."""
     a = fields(args, 6)
-    x, residual, gamma, beta, eps, y = f32_2(a, 0), f32_2(a, 1), f32_1(a, 2), f32_1(a, 3), f32(a, 4), f32_2(a, 5)
+    x, residual, gamma, beta, eps, y = array2(a, 0, F), array2(a, 1, F), array1(a, 2, F), array1(a, 3, F), f32(a, 4), array2(a, 5, F)
     rows, cols = x.shape
     added = residual.shape[0] > 0
     n = F(cols)
@@ -207,7 +207,7 @@ def gemm(args, c):
     read only their own columns of b (a layer's weights, at few rows, where its time goes in reading them).
     Fields a, b, bias, out, per_row, act, alpha, beta, row_pieces, col_pieces."""
     f = fields(args, 10)
-    a, b, bias, out = f32_3(f, 0), f32_3(f, 1), f32_1(f, 2), f32_3(f, 3)
+    a, b, bias, out = array3(f, 0, F), array3(f, 1, F), array1(f, 2, F), array3(f, 3, F)
     per_row, act, alpha, beta = i64(f, 4) != 0, i64(f, 5), f32(f, 6), f32(f, 7)
     row_pieces, col_pieces = i64(f, 8), i64(f, 9)
     A, m, k = a.shape

@@ -13,7 +13,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 from . import scalars  # noqa: E402
-from .fields import f32, f32_1, f32_2, f32_3, f32_4, fields, i64, share  # noqa: E402
+from .fields import array1, array2, array3, array4, f32, fields, i64, share  # noqa: E402
 
 F = np.float32
 #: conv_input splits a plane's rows into bands where it has fewer jobs than this for its pieces to share.
@@ -21,7 +21,7 @@ JOBS = 64
 #: The SHA-256 of the modules whose functions the loops here inline (make_tiles.INLINED: scalars.py, fields.py,
 #: atomics.py): numba's disk cache checks only this file for changes, so a change there comes with a new stamp here
 #: (tools/make_tiles.py writes it).
-INLINED = "0ccc0e43f2dd0c416db5280197d6e4ed00d6c12f6f06d4911ef20be4f36edc14"
+INLINED = "ff13fcca88cb2dca9e99f3efeda14490f0ca0eab82e9c345a13a915825d47139"
 
 
 def conv_input(args, piece):
@@ -38,7 +38,7 @@ def conv_input(args, piece):
     a first conv). The zeros past the last plane are one job more, where row1 is the last row. The pieces share
     the jobs."""
     a = fields(args, 14)
-    x, xp = f32_2(a, 0), f32_2(a, 1)
+    x, xp = array2(a, 0, F), array2(a, 1, F)
     c, h, w, pt, pl, s, hq, wq = i64(a, 2), i64(a, 3), i64(a, 4), i64(a, 5), i64(a, 6), i64(a, 7), i64(a, 8), i64(a, 9)
     first, last, row0, row1 = i64(a, 10), i64(a, 11), i64(a, 12), i64(a, 13)
     for job in range(*share(a, piece, layout_jobs(c, s, hq, first, last, row0, row1))):  # rows that do not overlap
@@ -108,7 +108,7 @@ def depthwise(args, chunk):
     tests every possibly negative index for wrap-around, and that keeps LLVM from vectorizing); kernel rows
     that fall in the top or bottom padding are skipped."""
     a = fields(args, 13)
-    x, w, bias, y = f32_3(a, 0), f32_3(a, 1), f32_1(a, 2), f32_3(a, 3)
+    x, w, bias, y = array3(a, 0, F), array3(a, 1, F), array1(a, 2, F), array3(a, 3, F)
     sh, sw, pt, pl, act, alpha, beta = i64(a, 4), i64(a, 5), i64(a, 6), i64(a, 7), i64(a, 8), f32(a, 9), f32(a, 10)
     first, last = i64(a, 11), i64(a, 12)
     C, kh, kw = w.shape
@@ -173,7 +173,7 @@ def max_pool(args, piece):
     into y (P, Ho, Wo), the windows inside each plane; the pieces share the planes. A kernel row's taps go along
     whole output rows, so that each vectorizes. Fields x, y, kh, kw, sh, sw."""
     a = fields(args, 6)
-    x, y, kh, kw, sh, sw = f32_3(a, 0), f32_3(a, 1), i64(a, 2), i64(a, 3), i64(a, 4), i64(a, 5)
+    x, y, kh, kw, sh, sw = array3(a, 0, F), array3(a, 1, F), i64(a, 2), i64(a, 3), i64(a, 4), i64(a, 5)
     Ho, Wo = y.shape[1], y.shape[2]
     for p in range(*share(a, piece, x.shape[0])):
         xp, yp = x[p], y[p]
@@ -194,7 +194,7 @@ def upsample(args, piece):
     the planes of x (P, H, W) into y (P, H * fy, W * fx): a nearest upscale by whole factors, the rows of x
     shared by the pieces. Fields x, z, y, fy, fx."""
     f = fields(args, 5)
-    x, z, y, fy, fx = f32_3(f, 0), f32_3(f, 1), f32_3(f, 2), i64(f, 3), i64(f, 4)
+    x, z, y, fy, fx = array3(f, 0, F), array3(f, 1, F), array3(f, 2, F), i64(f, 3), i64(f, 4)
     H, W = x.shape[1], x.shape[2]
     added = z.shape[0] > 0
     for job in range(*share(f, piece, x.shape[0] * H)):
@@ -227,7 +227,7 @@ def scatter_taps(args, piece):
     W * kw): the taps of a ConvTranspose whose stride is its kernel put in place (each output element comes from
     one tap), the rows of the input shared by the pieces. Fields cols, y, kh, kw."""
     f = fields(args, 4)
-    cols, y, kh, kw = f32_4(f, 0), f32_3(f, 1), i64(f, 2), i64(f, 3)
+    cols, y, kh, kw = array4(f, 0, F), array3(f, 1, F), i64(f, 2), i64(f, 3)
     P, _, H, W = cols.shape
     for i in range(*share(f, piece, P * H)):
         p, h = i // H, i % H

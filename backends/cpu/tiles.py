@@ -30,7 +30,7 @@ vectors.wide()  # before numba loads: it fixes the vector width numba compiles f
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .fields import f32, f32_1, f32_2, f32_3, fields, i64, pieces, share, u64_1, u64_2, u64_3  # noqa: E402
+from .fields import array1, array2, array3, f32, fields, i64, pieces, share  # noqa: E402
 from .sums import tile  # noqa: E402
 from .scalars import FAST, activate  # noqa: E402
 
@@ -45,7 +45,7 @@ SUMS = "ac3073006b20fbceaa7ea336f52f236268cf96943de0a9a12eaa21d96823f1c6"
 #: The SHA-256 of the modules whose functions the loops here inline (make_tiles.INLINED: scalars.py, fields.py,
 #: atomics.py): numba's disk cache checks only this file for changes, so a change there comes with a new stamp here
 #: (tools/make_tiles.py writes it).
-INLINED = "0ccc0e43f2dd0c416db5280197d6e4ed00d6c12f6f06d4911ef20be4f36edc14"
+INLINED = "ff13fcca88cb2dca9e99f3efeda14490f0ca0eab82e9c345a13a915825d47139"
 #: Taps a block: a block's inputs and weights stay in L1 (vectors.conv_block).
 KC = U(vectors.conv_block())
 
@@ -55,8 +55,8 @@ def conv(args, piece):
     wo, first, last, p_first, p_last, act, alpha, beta, chunks, groups, and the pieces' scratch: sums (a row of a
     tile's sums for each channel block) and spans (its output runs), one of each a piece."""
     a = fields(args, 20)
-    x, offs, w, bias, y = f32_1(a, 0), u64_1(a, 2), f32_3(a, 4), f32_1(a, 5), f32_3(a, 6)
-    sums, spans = f32_2(a, 18)[piece], u64_3(a, 19)[piece]
+    x, offs, w, bias, y = array1(a, 0, F), array1(a, 2, U), array3(a, 4, F), array1(a, 5, F), array3(a, 6, F)
+    sums, spans = array2(a, 18, F)[piece], array3(a, 19, U)[piece]
     chunks = i64(a, 16)
     for c in range(*share(a, piece, chunks)):
         _conv_chunk(x, U(i64(a, 1)), offs, U(i64(a, 3)), w, bias, y, U(i64(a, 7)), U(i64(a, 8)), U(i64(a, 9)),
@@ -138,8 +138,8 @@ def dense(args, c):
     its own rows. Fields x, wp, bias, y, act, alpha, beta, cols, and the pieces' scratch: sums and picks (the rows
     a tile reads), one row of each a chunk."""
     a = fields(args, 10)
-    _dense_chunk(f32_2(a, 0), f32_3(a, 1), f32_1(a, 2), f32_2(a, 3), i64(a, 4), f32(a, 5), f32(a, 6), pieces(a),
-                 i64(a, 7), U(c), f32_2(a, 8)[c], u64_2(a, 9)[c])
+    _dense_chunk(array2(a, 0, F), array3(a, 1, F), array1(a, 2, F), array2(a, 3, F), i64(a, 4), f32(a, 5), f32(a, 6), pieces(a),
+                 i64(a, 7), U(c), array2(a, 8, F)[c], array2(a, 9, U)[c])
 
 
 @numba.njit(forceinline=True, nogil=True, cache=True, fastmath=FAST - {"reassoc"}, error_model="numpy",
