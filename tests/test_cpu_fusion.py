@@ -67,18 +67,32 @@ def _run(model: bytes, xs: list[np.ndarray], monkeypatch, threads: int = 1) -> t
 @pytest.mark.parametrize("project", [True, False])
 @pytest.mark.parametrize("scale_first", [False, True])
 @pytest.mark.parametrize("batch", [1, 2])
-@pytest.mark.parametrize("how", ["numpy", "compiled", "compiled-shared"])
+@pytest.mark.parametrize("how", ["numpy", "product", "product-shared", "loop", "loop-parts"])
 def test_squeeze_excite_fuses(project, scale_first, batch, how, monkeypatch):
     """Through numpy alone; through the compiled product (the projection's weights scaled for one image, its
-    input for more); and with the scaling of the input shared among threads."""
+    input for more), with the scaling of the input shared among threads; and through loops.squeeze_excite, the
+    whole block in one call, its columns in parts shared by three pieces."""
+    from aiomnn.backends.cpu import jit
+
     monkeypatch.setenv("AIOMNN_NUMBA", "0" if how == "numpy" else "wait")
-    if how == "compiled-shared":
+    if how.startswith("product"):
+        jitted = jit.jitted
+        monkeypatch.setattr(jit, "jitted", lambda name: None if name == "squeeze_excite" else jitted(name))
+    if how == "product-shared":
         monkeypatch.setattr(fuse, "SLICE_ELEMENTS", 16)
+    if how == "loop-parts":
+        monkeypatch.setattr(fuse, "SE_PIECE", 1)
+        monkeypatch.setattr(jit, "LAUNCH_MACS", 1)
+    looped = []
+    loop_way = fuse.SqueezeExcite._looped
+    monkeypatch.setattr(fuse.SqueezeExcite, "_looped", lambda self, x: looped.append(loop_way(self, x))
+                        or looped[-1])
     model = _se_model(16, project=project, scale_first=scale_first)
-    x = _rand(batch, 16, 3, 20)
-    got, fused_runs = _run(model, [x], monkeypatch, threads=3 if how == "compiled-shared" else 1)
+    x = _rand(batch, 16, 4, 50)  # 200 columns: three parts of 80, 80 and 40 in loop-parts
+    got, fused_runs = _run(model, [x], monkeypatch, threads=3 if how in ("product-shared", "loop-parts") else 1)
     expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert fused_runs == 2
+    assert all(r is not None for r in looped) == how.startswith("loop")
     for out in got:
         np.testing.assert_allclose(out[0], expected[0], rtol=1e-4, atol=1e-5)
 

@@ -8,7 +8,9 @@ in arithmetic.
 * Squeeze-and-excitation (MobileNetV3, PP-OCR cls): GlobalAveragePool -> 1x1 Conv -> 1x1 Conv -> Mul
   of the pool's input by the result. The pooled vector goes through both convs as matrix-vector
   products. Where a small 1x1 conv then reads the product, the scale goes into that conv's weights
-  (W @ (x * s) = (W * s) @ x) instead of over the input; otherwise the input is scaled in one pass.
+  (W @ (x * s) = (W * s) @ x) instead of over the input; otherwise the input is scaled in one pass. The
+  whole block is one call of a compiled loop (loops.squeeze_excite) where its activations allow; its
+  dozen numpy calls took twice as long on cls at batch 1.
 
 * Attention (BERT and other exported transformers): heads.py.
 
@@ -30,7 +32,7 @@ from typing import Any, Collection
 
 import numpy as np
 
-from . import conv_affine, heads, layers, upsample_add
+from . import conv_affine, heads, jit, layers, upsample_add
 from .fused import Fused, Step, feeds, outside
 from .threads import SLICE_ELEMENTS, parallel_slices, threads
 from .ops import direct
@@ -151,11 +153,15 @@ class SqueezeExcite(Fused):
         # Taken now: running unfused on other shapes re-plans the conv.
         self.plan = None if self.project is None else self.project._plan
         self.out_shape = None if self.plan is None else self.plan["out_shape"]
+        self._rows: np.ndarray | None = None  # loops.squeeze_excite's scratch
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         x = inputs[0]
         if x.shape != self.shape or x.dtype != self.dtype:  # not what was planned
             return self._unfused(dict(zip(self.names, inputs)))
+        looped = self._looped(x)
+        if looped is not None:
+            return looped
         n, c = self.shape[:2]
         flat = x.reshape(n, c, -1)
         # Column vectors, one product per image as the unfused convs do: a batch's results do not depend on
@@ -190,6 +196,49 @@ class SqueezeExcite(Fused):
         bias = None if packed["b"] is None else bias_tile(packed, flat.shape[2])
         product(packed["w"][0] * s.transpose(0, 2, 1), flat, y.reshape(n, self.out_shape[1], -1), bias, conv.activation)
         return y
+
+
+    def _looped(self, x: np.ndarray) -> np.ndarray | None:
+        """The block by loops.squeeze_excite, in one call: float32, activations that the loops apply (and the 1x1
+        conv after it applied to its output by one product with its weights scaled); None where that cannot serve
+        (numpy then does, step by step) or while it compiles."""
+        loop = jit.jitted("squeeze_excite")
+        acts = [self.conv1.loop_act, self.conv2.loop_act, (0, 0.0, 0.0) if self.project is None else self.plan["loop_act"]]
+        if loop is None or x.dtype != F32 or not x.flags.c_contiguous or any(a is None for a in acts):
+            return None
+        n, c = self.shape[:2]
+        L = math.prod(self.shape[2:])
+        w1, b1 = self.conv1._packed["w"][0], self.conv1._packed["b"]
+        w2, b2 = self.conv2._packed["w"][0], self.conv2._packed["b"]
+        if self.project is None:
+            wp, bp = _NO_WEIGHTS, None
+            out = self._output(self.mul.out[0], self.shape, (x,))  # pieces read all of x for the means
+        else:
+            wp, bp = self.project._packed["w"][0], self.project._packed["b"]
+            out = self._output(self.project.out[0], self.out_shape, (x,))
+        macs = n * L * c * max(1, wp.shape[0])
+        pieces = jit.product_pieces(macs, SE_PIECE)
+        parts = 1 if n >= pieces else max(1, min(pieces, L // 64))
+        scratch = self._scratch(pieces, c + w1.shape[0] + wp.shape[0] * c)
+        loop(pieces, x.reshape(n, c, L), w1, _bias(b1), *acts[0], w2, _bias(b2), *acts[1], wp, _bias(bp), *acts[2],
+             out.reshape(n, out.shape[1], L), parts, scratch)
+        return out
+
+    def _scratch(self, pieces: int, size: int) -> np.ndarray:
+        """The loop's scratch, a row a piece, kept from run to run."""
+        if self._rows is None or self._rows.shape != (pieces, size):
+            self._rows = np.empty((pieces, size), F32)
+        return self._rows
+
+
+#: A piece of loops.squeeze_excite holds at least this many multiply-adds of its product (or of the scaling).
+SE_PIECE = 1 << 18
+_NO_WEIGHTS = np.empty((0, 0), F32)
+_NO_BIAS = np.empty(0, F32)
+
+
+def _bias(b: np.ndarray | None) -> np.ndarray:
+    return _NO_BIAS if b is None else b
 
 
 def _scaled(x: np.ndarray, scale: np.ndarray, planned: np.ndarray | None) -> np.ndarray:

@@ -239,6 +239,70 @@ def gemm(args, c):
             scalars.activate(y, 0, c1 - c0, act, alpha, beta)
 
 
+def squeeze_excite(args, c):
+    """A squeeze-and-excitation for x (N, C, L): per image, s = act2(w2 @ act1(w1 @ mean(x) + b1) + b2), a value
+    a channel; then out = act(wp @ (x * s) + bp) by a product of numpy's BLAS with wp's columns scaled by s (a 1x1
+    conv after the block; empty wp and bp where it has none: out = x * s). The pieces share (image, part) pairs,
+    `parts` runs of whole vectors of each image's columns; each recomputes its image's s (C x L additions, 1 / CO
+    of its product). An empty b1, b2 or bp adds nothing; each activation is a loop code with its two values.
+    Fields x, w1, b1, act1, alpha1, beta1, w2, b2, act2, alpha2, beta2, wp, bp, act, alpha, beta, out, parts,
+    scratch (a row a piece: C values of s, C1 of the hidden layer, and CO x C scaled weights)."""
+    f = fields(args, 19)
+    x, w1, b1, w2, b2, wp, bp = (array3(f, 0, F), array2(f, 1, F), array1(f, 2, F), array2(f, 6, F),
+                                 array1(f, 7, F), array2(f, 11, F), array1(f, 12, F))
+    out, parts, scratch = array3(f, 16, F), i64(f, 17), array2(f, 18, F)[c]
+    N, C, L = x.shape
+    C1, CO = w1.shape[0], wp.shape[0]
+    sv, h, ws = scratch[:C], scratch[C:C + C1], scratch[C + C1:C + C1 + CO * C]
+    width = ((L + parts - 1) // parts + 15) // 16 * 16
+    inv = F(1) / F(L)
+    for item in range(*share(f, c, N * parts)):
+        n, part = item // parts, item % parts
+        c0 = min(L, part * width)
+        c1 = min(L, c0 + width)
+        if c0 == c1:
+            continue
+        xn = x[n]
+        for ch in range(C):
+            acc = F(0)
+            row = xn[ch]
+            for p in range(L):
+                acc += row[p]
+            sv[ch] = acc * inv
+        for i in range(C1):
+            acc = b1[i] if b1.shape[0] > 0 else F(0)
+            wr = w1[i]
+            for ch in range(C):
+                acc += wr[ch] * sv[ch]
+            h[i] = acc
+        scalars.activate(h, 0, C1, i64(f, 3), f32(f, 4), f32(f, 5))
+        for ch in range(C):
+            acc = b2[ch] if b2.shape[0] > 0 else F(0)
+            wr = w2[ch]
+            for i in range(C1):
+                acc += wr[i] * h[i]
+            sv[ch] = acc
+        scalars.activate(sv, 0, C, i64(f, 8), f32(f, 9), f32(f, 10))
+        if CO == 0:
+            for ch in range(C):
+                v, xr, yr = sv[ch], xn[ch], out[n, ch]
+                for p in range(c0, c1):
+                    yr[p] = xr[p] * v
+            continue
+        for o in range(CO):
+            for ch in range(C):
+                ws[o * C + ch] = wp[o, ch] * sv[ch]
+        _sgemm(_ROW_MAJOR, _NO_TRANSPOSE, _NO_TRANSPOSE, CO, c1 - c0, C, F(1), np.int64(ws.ctypes.data), C,
+               np.int64(xn.ctypes.data) + 4 * c0, L, F(0), np.int64(out[n].ctypes.data) + 4 * c0, L)
+        for o in range(CO):
+            y = out[n, o, c0:c1]
+            if bp.shape[0] > 0:
+                v = bp[o]
+                for p in range(c1 - c0):
+                    y[p] += v
+            scalars.activate(y, 0, c1 - c0, i64(f, 13), f32(f, 14), f32(f, 15))
+
+
 def _array(ndim: int, readonly: bool = False, dtype: Any = types.float32) -> Any:
     return types.Array(dtype, ndim, "C", readonly=readonly)  # read-only inputs take writable arrays too
 
@@ -256,6 +320,8 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "depthwise": (planes.depthwise, (_IN3, _IN3, _IN, _OUT3, *[_I] * 5, _F, _F, _I, _I)),
     "attention": (attention, (_IN4, _IN4, _IN4, _F, _IN2, _OUT4, _B, _B)),
     "gemm": (gemm, (_IN3, _IN3, _IN, _OUT3, _B, _I, _F, _F, _I, _I)),
+    "squeeze_excite": (squeeze_excite, (_IN3, _IN2, _IN, _I, _F, _F, _IN2, _IN, _I, _F, _F, _IN2, _IN, _I, _F, _F, _OUT3,
+                                        _I, _OUT2)),
     "conv_input": (planes.conv_input, (_IN2, _OUT2, *[_I] * 12)),
     "upsample": (planes.upsample, (_IN3, _IN3, _OUT3, _I, _I)),
     "max_pool": (planes.max_pool, (_IN3, _OUT3, *[_I] * 4)),
@@ -272,7 +338,7 @@ _CONTROL = _array(1, False, types.int64)
 def compile(name: str) -> Any:  # noqa: A001  (the one entry point, called by jit.py)
     """Loop `name` (SIGNATURES) as a crew.Loop: its pieces as a cfunc, and the launch for its fields' types."""
     fn, values = SIGNATURES[name]
-    if name in ("gemm", "attention"):
+    if name in ("gemm", "attention", "squeeze_excite"):
         _link_blas()
     _compile_crew()
     piece = _compiled_piece(fn, name in SLP)
