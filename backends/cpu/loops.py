@@ -269,20 +269,8 @@ def squeeze_excite(args, c):
             for p in range(L):
                 acc += row[p]
             sv[ch] = acc * inv
-        for i in range(C1):
-            acc = b1[i] if b1.shape[0] > 0 else F(0)
-            wr = w1[i]
-            for ch in range(C):
-                acc += wr[ch] * sv[ch]
-            h[i] = acc
-        scalars.activate(h, 0, C1, i64(f, 3), f32(f, 4), f32(f, 5))
-        for ch in range(C):
-            acc = b2[ch] if b2.shape[0] > 0 else F(0)
-            wr = w2[ch]
-            for i in range(C1):
-                acc += wr[i] * h[i]
-            sv[ch] = acc
-        scalars.activate(sv, 0, C, i64(f, 8), f32(f, 9), f32(f, 10))
+        _layer(w1, b1, sv, h, i64(f, 3), f32(f, 4), f32(f, 5))
+        _layer(w2, b2, h, sv, i64(f, 8), f32(f, 9), f32(f, 10))
         if CO == 0:
             for ch in range(C):
                 v, xr, yr = sv[ch], xn[ch], out[n, ch]
@@ -301,6 +289,18 @@ def squeeze_excite(args, c):
                 for p in range(c1 - c0):
                     y[p] += v
             scalars.activate(y, 0, c1 - c0, i64(f, 13), f32(f, 14), f32(f, 15))
+
+
+@numba.njit(inline="always", fastmath=FAST, error_model="numpy")
+def _layer(w, b, v, out, act, alpha, beta):
+    """out = act(w @ v + b) for a small matrix w, an empty b adding nothing (out must not be v)."""
+    for i in range(w.shape[0]):
+        acc = b[i] if b.shape[0] > 0 else F(0)
+        wr = w[i]
+        for j in range(w.shape[1]):
+            acc += wr[j] * v[j]
+        out[i] = acc
+    scalars.activate(out, 0, w.shape[0], act, alpha, beta)
 
 
 def _array(ndim: int, readonly: bool = False, dtype: Any = types.float32) -> Any:
