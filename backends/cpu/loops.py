@@ -324,7 +324,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
                                         _I, _OUT2)),
     "conv_input": (planes.conv_input, (_IN2, _OUT2, *[_I] * 12)),
     "upsample": (planes.upsample, (_IN3, _IN3, _OUT3, _I, _I)),
-    "max_pool": (planes.max_pool, (_IN3, _OUT3, *[_I] * 4)),
+    "max_pool": (planes.max_pool, (_IN3, _OUT3, *[_I] * 8)),
     "scatter_taps": (planes.scatter_taps, (_IN4, _OUT3, _I, _I)),
     "conv_tiles": (tiles.conv, (_IN, _I, _array(1, True, types.uint64), _I, _IN3, _IN, _OUT3, *[_I] * 7, _F, _F, _I,
                                 _I, _OUT2, _array(3, False, types.uint64))),

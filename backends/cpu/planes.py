@@ -13,6 +13,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 from . import scalars  # noqa: E402
+from .scalars import NEG_INF  # noqa: E402
 from .fields import array1, array2, array3, array4, f32, fields, i64, share  # noqa: E402
 
 F = np.float32
@@ -169,14 +170,29 @@ def depthwise(args, chunk):
 
 
 def max_pool(args, piece):
-    """y[p] = the max over each kh x kw window of x[p], stride sh x sw, no padding, for the planes of x (P, H, W)
-    into y (P, Ho, Wo), the windows inside each plane; the pieces share the planes. A kernel row's taps go along
-    whole output rows, so that each vectorizes. Fields x, y, kh, kw, sh, sw."""
-    a = fields(args, 6)
+    """y[p] = the max over each kh x kw window of x[p], stride sh x sw, for the planes of x (P, H, W) into y (P,
+    Ho, Wo); the pieces share the planes. With padding (pt rows above, pl columns left, and whatever more the
+    windows reach: hp x wp in all), each plane is first copied into a buffer of -inf around it. A kernel row's taps
+    go along whole output rows, so that each vectorizes. Fields x, y, kh, kw, sh, sw, pt, pl, hp, wp."""
+    a = fields(args, 10)
     x, y, kh, kw, sh, sw = array3(a, 0, F), array3(a, 1, F), i64(a, 2), i64(a, 3), i64(a, 4), i64(a, 5)
+    pt, pl, hp, wp = i64(a, 6), i64(a, 7), i64(a, 8), i64(a, 9)
+    H, W = x.shape[1], x.shape[2]
     Ho, Wo = y.shape[1], y.shape[2]
+    padded = hp != H or wp != W
+    buf = np.empty((hp, wp) if padded else (0, 0), np.float32)
     for p in range(*share(a, piece, x.shape[0])):
         xp, yp = x[p], y[p]
+        if padded:
+            for r in range(hp):
+                row = buf[r]
+                for c in range(wp):
+                    row[c] = NEG_INF
+            for r in range(H):
+                src, dst = xp[r], buf[pt + r, pl:]
+                for c in range(W):
+                    dst[c] = src[c]
+            xp = buf
         for oh in range(Ho):
             row = yp[oh]
             top = xp[oh * sh]

@@ -136,15 +136,15 @@ def _max_flat(x: np.ndarray, p: dict, out: np.ndarray) -> np.ndarray:
 
 
 def _max_compiled(x: np.ndarray, p: dict, planned: np.ndarray | None) -> np.ndarray | None:
-    """2-D float32 max pooling with no padding, no dilation and every window inside the input (cls's 2 x 2 of
-    stride 2), by planes.max_pool, planes shared by the pieces; None (nothing done) where it cannot serve or compiles."""
-    if (p["n"] != 2 or x.dtype != np.float32 or not x.flags.c_contiguous or any(p["pads"])
-            or any(d != 1 for d in p["dils"]) or any((o - 1) * s + k > L for o, s, k, L in zip(p["outs"], p["strides"], p["kernel"], x.shape[2:]))):
+    """2-D float32 max pooling without dilation (cls's 2 x 2 of stride 2; padding and windows past the edge too) by
+    planes.max_pool, planes shared by the pieces; None (nothing done) where it cannot serve or compiles."""
+    if p["n"] != 2 or x.dtype != np.float32 or not x.flags.c_contiguous or any(d != 1 for d in p["dils"]):
         return None
     out = out_buffer(planned, p["out_shape"], x.dtype)
-    (H, W), (kh, kw), (sh, sw) = x.shape[2:], p["kernel"], p["strides"]
+    (H, W), (kh, kw), (sh, sw), (hp, wp) = x.shape[2:], p["kernel"], p["strides"], p["need"]
     xs, ys = x.reshape(-1, H, W), out.reshape((-1,) + tuple(p["outs"]))
-    done = jit.split("max_pool", xs.shape[0], max(1, SLICE_ELEMENTS // max(1, H * W)), xs, ys, kh, kw, sh, sw)
+    done = jit.split("max_pool", xs.shape[0], max(1, SLICE_ELEMENTS // max(1, H * W)), xs, ys, kh, kw, sh, sw,
+                     p["pads"][0], p["pads"][1], hp, wp)
     return out if done is not None else None
 
 
@@ -166,6 +166,8 @@ class _WindowPool(_Pool):
                                                                        "outs", "need"))
         if self.reduce == "max" and self.want_indices:
             return self._max_with_indices(x, p)
+        # Stride 1 the flat way: on YOLOv8n's padded 5 x 5 pools over 10 x 10 maps its long numpy calls took a third
+        # of the compiled loop's time, whose rows are as short as the maps' (benchmarks/RESULTS.md, session 26).
         if self.reduce == "max" and all(s_ == 1 for s_ in strides) and x.dtype.kind == "f" and x.ndim > 2:
             return _max_flat(x, p, out_buffer(self.out[0], p["out_shape"], x.dtype))
         if self.reduce == "max":
