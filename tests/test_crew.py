@@ -49,7 +49,7 @@ def crew(threads: int):
 def run(c, fn: int, args: int, n: int) -> None:
     from aiomnn.backends.cpu import crew as module
 
-    module.run(c.control(), fn, args, n)
+    module.run(c.ctl, fn, args, n)
 
 
 def test_every_piece_runs_once(bump):

@@ -16,8 +16,9 @@ the crew busy (another session's run) does its pieces alone. The atomics, the pa
 counter and the indirect call are LLVM IR (atomics.py); futex goes through libc's syscall, whose address the
 control block holds (a ctypes function in the loop would keep numba from caching it).
 
-Imported by loops.py, which compiles it (it imports numba). A forked child gets a crew of its own on first use
-(the workers are not copied; the parent's block, copied, is never used there); the workers leave at exit.
+Imported by loops.py, which compiles it (it imports numba). A forked child gets a crew of its own on first use:
+the process's crew is forgotten at the fork (the workers are not copied), and nothing else keeps one (a Loop asks
+for it at every call), so the parent's block, copied, is never used there. The workers leave at exit.
 """
 
 from __future__ import annotations
@@ -158,7 +159,6 @@ class Crew:
         self.ctl[SYSCALL] = ctypes.cast(ctypes.CDLL(None).syscall, ctypes.c_void_p).value
         self.workers: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self.pid = os.getpid()
 
     def ensure(self, threads: int) -> None:
         """At least threads - 1 workers (the caller is the last)."""
@@ -170,18 +170,10 @@ class Crew:
                 t.start()
                 self.workers.append(t)
 
-    def control(self) -> np.ndarray:
-        """The control block to run jobs with from this process: in a forked child, a block of no workers (the
-        crew's stayed in the parent, and its block may hold a job of theirs), where the caller takes every piece."""
-        return self.ctl if self.pid == os.getpid() else np.zeros(SLOTS + 8, np.int64)
-
     @contextlib.contextmanager
-    def held(self) -> Iterator[Callable[[], ContextManager[None]] | None]:
-        """The workers awake between jobs for the duration (hold), in the process that started them; gives the
-        context that lifts the hold meanwhile (released)."""
-        if self.pid != os.getpid():
-            yield None
-            return
+    def held(self) -> Iterator[Callable[[], ContextManager[None]]]:
+        """The workers awake between jobs for the duration (hold); gives the context that lifts the hold meanwhile
+        (released)."""
         hold(self.ctl, 1)
         try:
             yield self.released
@@ -216,7 +208,7 @@ class Loop:
         self.address, self.launch = address, launch
 
     def __call__(self, pieces: int, *values: Any) -> bool:
-        self.launch(_ALONE if pieces == 1 else shared(pieces).control(), self.address, pieces, values)
+        self.launch(_ALONE if pieces == 1 else shared(pieces).ctl, self.address, pieces, values)
         return True  # done (the bound calls of the ops return whether they ran)
 
 
