@@ -34,14 +34,14 @@ import numpy as np
 
 from . import conv_affine, heads, jit, layers, upsample_add
 from .fused import Fused, Step, feeds, outside
-from .threads import SLICE_ELEMENTS, parallel_slices, threads
+from .threads import SLICE_ELEMENTS, parallel_slices, shared_scratch, threads
 from .ops import direct
 from .ops.conv import Conv
 from .ops.dtypes import F32, out_buffer
 from .ops.elementwise import Add, Mul
 from .ops.normalization import LayerNormalization, layer_norm_rows
 from .ops.pool import GlobalAveragePool
-from .ops.products import bias_tile, compiled, product
+from .ops.products import bias_tile, compiled, loop_bias, product
 
 
 def fuse(plan: list[Step], gives: Collection[str] = ()) -> list[Step]:
@@ -153,7 +153,6 @@ class SqueezeExcite(Fused):
         # Taken now: running unfused on other shapes re-plans the conv.
         self.plan = None if self.project is None else self.project._plan
         self.out_shape = None if self.plan is None else self.plan["out_shape"]
-        self._rows: np.ndarray | None = None  # loops.squeeze_excite's scratch
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         x = inputs[0]
@@ -197,7 +196,6 @@ class SqueezeExcite(Fused):
         product(packed["w"][0] * s.transpose(0, 2, 1), flat, y.reshape(n, self.out_shape[1], -1), bias, conv.activation)
         return y
 
-
     def _looped(self, x: np.ndarray) -> np.ndarray | None:
         """The block by loops.squeeze_excite, in one call: float32, activations that the loops apply (and the 1x1
         conv after it applied to its output by one product with its weights scaled); None where that cannot serve
@@ -219,26 +217,15 @@ class SqueezeExcite(Fused):
         macs = n * L * c * max(1, wp.shape[0])
         pieces = jit.product_pieces(macs, SE_PIECE)
         parts = 1 if n >= pieces else max(1, min(pieces, L // 64))
-        scratch = self._scratch(pieces, c + w1.shape[0] + wp.shape[0] * c)
-        loop(pieces, x.reshape(n, c, L), w1, _bias(b1), *acts[0], w2, _bias(b2), *acts[1], wp, _bias(bp), *acts[2],
-             out.reshape(n, out.shape[1], L), parts, scratch)
+        scratch = shared_scratch("squeeze_excite", (pieces, c + w1.shape[0] + wp.shape[0] * c), F32)[0]
+        loop(pieces, x.reshape(n, c, L), w1, loop_bias(b1), *acts[0], w2, loop_bias(b2), *acts[1], wp, loop_bias(bp),
+             *acts[2], out.reshape(n, out.shape[1], L), parts, scratch)
         return out
-
-    def _scratch(self, pieces: int, size: int) -> np.ndarray:
-        """The loop's scratch, a row a piece, kept from run to run."""
-        if self._rows is None or self._rows.shape != (pieces, size):
-            self._rows = np.empty((pieces, size), F32)
-        return self._rows
 
 
 #: A piece of loops.squeeze_excite holds at least this many multiply-adds of its product (or of the scaling).
 SE_PIECE = 1 << 18
 _NO_WEIGHTS = np.empty((0, 0), F32)
-_NO_BIAS = np.empty(0, F32)
-
-
-def _bias(b: np.ndarray | None) -> np.ndarray:
-    return _NO_BIAS if b is None else b
 
 
 def _scaled(x: np.ndarray, scale: np.ndarray, planned: np.ndarray | None) -> np.ndarray:

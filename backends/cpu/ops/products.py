@@ -17,6 +17,11 @@ F32 = np.dtype(np.float32)
 _NO_BIAS = np.empty(0, F32)
 
 
+def loop_bias(bias: np.ndarray | None) -> np.ndarray:
+    """A bias as the compiled loops take it: an empty array for none."""
+    return _NO_BIAS if bias is None else bias
+
+
 def product(w: np.ndarray, x: np.ndarray, y: np.ndarray, bias: np.ndarray | None, act) -> None:
     """y = act(w @ x + bias), the bias shaped as y's last two axes."""
     np.matmul(w, x, out=y)
@@ -62,7 +67,7 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
         return False
     cols = 1 if N >= pieces else max(1, min(pieces, n // GEMM_COLUMNS))
     rows = 1 if N >= pieces else max(1, min(pieces // cols, m // 16))
-    return loop(pieces, a, b, _NO_BIAS if bias is None else bias, out, per_row, *activation, rows, cols)
+    return loop(pieces, a, b, loop_bias(bias), out, per_row, *activation, rows, cols)
 
 
 def panels(w: np.ndarray) -> packing.Packed | None:
@@ -105,7 +110,7 @@ def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: n
     rows, width = vectors.dense_tile()
     chunks = cols * runs
     scratch = np.empty((chunks, rows * width), F32), np.empty((chunks, rows), np.uint64)  # a tile's sums and rows
-    call = functools.partial(loop, chunks, x, wp, _NO_BIAS if bias is None else bias, out, *activation, cols, *scratch)
+    call = functools.partial(loop, chunks, x, wp, loop_bias(bias), out, *activation, cols, *scratch)
     call()
     return call
 
