@@ -364,12 +364,11 @@ def _compiled_piece(fn: Callable[..., Any], slp: bool) -> Any:
     from numba.core.compiler_lock import global_compiler_lock
 
     options: dict[str, Any] = dict(nogil=True, cache=True, fastmath=FAST, error_model="numpy")
-    if not slp:
-        return numba.cfunc(types.void(types.int64, types.int64), **options)(fn)
-    options.update(fastmath=FAST - {"reassoc"}, boundscheck=False)
+    if slp:
+        options.update(fastmath=FAST - {"reassoc"}, boundscheck=False)
     with global_compiler_lock:
         before = config.SLP_VECTORIZE
-        config.SLP_VECTORIZE = 1
+        config.SLP_VECTORIZE = 1 if slp else before
         try:
             return numba.cfunc(types.void(types.int64, types.int64), **options)(fn)
         finally:

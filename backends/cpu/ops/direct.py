@@ -52,12 +52,11 @@ def plan(p: dict[str, Any], group: int) -> bool:
         xs = -(-max(C * s * s * hq * wq, int(offs[-1]) + Ho * wq + NR) // NR) * NR
         layout = (C, H, W, pt, pl, s, hq, wq)
     macs = p["co"] * offs.shape[0] * Ho * Wo
-    u = np.uint64
     last = (Ho - 1) * rw + Wo
     p["direct"] = dict(
         offs=offs, layout=layout, hq=hq, macs=macs, rw=rw, last=last, xs=xs,
         # the loop's fixed arguments: the layout's image stride, the farthest tap, row and output widths
-        fixed=(u(xs), offs, u(offs.max())), widths=(u(rw), u(Wo)),
+        fixed=(xs, offs, int(offs.max())), widths=(rw, Wo),
         groups=_groups(-(-p["co"] // MR), offs.shape[0], 1))
     return True
 
@@ -103,8 +102,10 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     pieces = jit.product_pieces(d["macs"] * N, PIECE_MACS)
     runs = min(pieces, N * -(-d["last"] // NR))
     groups = max(d["groups"], min(w.shape[0], pieces // runs))
-    scratch = np.empty((pieces, w.shape[0] * MR * NR), F32), np.empty((pieces, NR, 3), np.uint64)
-    rest = (ys, *map(int, d["widths"]), 0, N, 0, d["last"], code, alpha, beta, runs * groups, groups, *scratch)
+    scratch = d.get("scratch")  # each piece's tile of sums and output runs, kept with the plan
+    if scratch is None or scratch[1].shape[0] != pieces:
+        scratch = d["scratch"] = np.empty((pieces, w.shape[0] * MR * NR), F32), np.empty((pieces, NR, 3), np.uint64)
+    rest = (ys, *d["widths"], 0, N, 0, d["last"], code, alpha, beta, runs * groups, groups, *scratch)
     lay_pieces = pieces if x.size >= LAYOUT_ELEMENTS else 1
     shape = (N, d["xs"])
 
@@ -113,7 +114,7 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
         if layout is not None:
             src = shared_scratch("direct", shape, F32)[0]  # the calling thread's own, fetched each time
             lay(lay_pieces, xf, src, *layout, 0, N, 0, d["hq"])
-        return tiles(pieces, src.reshape(-1), int(xs), offs, int(far), w, bias, *rest)
+        return tiles(pieces, src.reshape(-1), xs, offs, far, w, bias, *rest)
 
     call()
     return call
