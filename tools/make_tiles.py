@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import pathlib
 import re
+from typing import Callable
 
 #: The tiles written, as (loop, rows, columns): each tile loop's shape for narrow (256-bit) and wide (512-bit)
 #: vectors, as backends/cpu/vectors.py chooses them. A narrow conv tile is 6 x 16 sums in 12 AVX registers (with 2
@@ -50,22 +51,29 @@ def conv(mr: int, nr: int) -> str:
     lines = [DECORATOR,
              f"def conv_{mr}x{nr}(x, q0, offs, k0, k1, w, b, t, at, bias, c0, fresh):",
              "    if fresh:"]
-    lines += [f"        s{i}_{j} = bias[c0 + U({i})]" for i in range(mr) for j in range(nr)]
+    lines += _rows(8, mr, nr, lambda i, j: f"s{i}_{j} = bias[c0 + U({i})]")
     lines += ["    else:"]
-    lines += [f"        s{i}_{j} = t[at + U({i * nr + j})]" for i in range(mr) for j in range(nr)]
+    lines += _rows(8, mr, nr, lambda i, j: f"s{i}_{j} = t[at + U({i * nr + j})]")
     lines += ["    for k in range(k0, k1):", "        q = offs[k] + q0"]
     lines += _step(mr, nr, "x{j} = x[q + U({j})]", "w[b, k, U({i})]", "x")
-    lines += [f"    t[at + U({i * nr + j})] = s{i}_{j}" for i in range(mr) for j in range(nr)]
+    lines += _rows(4, mr, nr, lambda i, j: f"t[at + U({i * nr + j})] = s{i}_{j}")
     return "\n".join(lines) + "\n"
+
+
+def _rows(indent: int, mr: int, nr: int, statement: Callable[[int, int], str]) -> list[str]:
+    """`statement(i, j)` for each of the tile's mr x nr sums, a line a row of the tile:
+    Python compiles statements joined by semicolons to the same bytecode as statements a line each, so numba
+    makes the same machine code, and the file stays short enough to read."""
+    return [" " * indent + "; ".join(statement(i, j) for j in range(nr)) for i in range(mr)]
 
 
 def _step(mr: int, nr: int, load: str, row_value: str, name: str) -> list[str]:
     """One step of a block of sums: the nr values of the vectorized side loaded (`load`, formatted with j, into
     {name}{j}), then each row's value (`row_value`, formatted with i) times them, added into row i's sums."""
-    lines = ["        " + load.format(j=j) for j in range(nr)]
+    lines = ["        " + "; ".join(load.format(j=j) for j in range(nr))]
     for i in range(mr):
         lines += [f"        a = {row_value.format(i=i)}"]
-        lines += [f"        s{i}_{j} += a * {name}{j}" for j in range(nr)]
+        lines += ["        " + "; ".join(f"s{i}_{j} += a * {name}{j}" for j in range(nr))]
     return lines
 
 
@@ -81,15 +89,15 @@ def dense(mr: int, nr: int) -> str:
     the panel starts at `at`."""
     lines = [DECORATOR,
              f"def dense_{mr}x{nr}(x, rs, wp, p, kk, t, bias, n0, biased, flat, at):"]
-    lines += [f"    r{i} = rs[{i}]" for i in range(mr)]
+    lines += ["    " + "; ".join(f"r{i} = rs[{i}]" for i in range(mr))]
     lines += ["    if biased:"]
-    lines += [f"        s{i}_{j} = bias[n0 + U({j})]" for i in range(mr) for j in range(nr)]
+    lines += _rows(8, mr, nr, lambda i, j: f"s{i}_{j} = bias[n0 + U({j})]")
     lines += ["    else:"]
-    lines += [f"        s{i}_{j} = np.float32(0)" for i in range(mr) for j in range(nr)]
+    lines += _rows(8, mr, nr, lambda i, j: f"s{i}_{j} = np.float32(0)")
     lines += ["    for k in range(U(0), kk):"]
     lines += [f"        prefetch(flat, at + k * U({nr}) + U({AHEAD + line}))" for line in range(0, nr, 16)]
     lines += _step(mr, nr, "w{j} = wp[p, k, U({j})]", "x[r{i}, k]", "w")
-    lines += [f"    t[U({i * nr + j})] = s{i}_{j}" for i in range(mr) for j in range(nr)]
+    lines += _rows(4, mr, nr, lambda i, j: f"t[U({i * nr + j})] = s{i}_{j}")
     return "\n".join(lines) + "\n"
 
 
