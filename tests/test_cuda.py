@@ -495,11 +495,16 @@ async def test_declined_op_runs_on_cpu_between_gpu_segments():
     assert summary["declined"] == {"Where": 1} and summary["segments"] == 2, summary
 
 
+@pytest.fixture(params=["hostfunc", "thread"])
+def wait_mode(request, monkeypatch):
+    """A test run under each way the CUDA backend waits for the GPU (AIOMNN_CUDA_WAIT)."""
+    monkeypatch.setenv("AIOMNN_CUDA_WAIT", request.param)
+    return request.param
+
+
 @needs_gpu
 @pytest.mark.anyio
-@pytest.mark.parametrize("mode", ["hostfunc", "thread"])
-async def test_wait_modes(mode, monkeypatch):
-    monkeypatch.setenv("AIOMNN_CUDA_WAIT", mode)
+async def test_wait_modes(wait_mode):
     data, feeds = fused_block()
     await check(data, feeds)
 
@@ -588,13 +593,11 @@ async def test_resize_to_new_shapes():
 
 @needs_gpu
 @pytest.mark.anyio
-@pytest.mark.parametrize("mode", ["hostfunc", "thread"])
 @pytest.mark.parametrize("precision", ["normal", "low"])
-async def test_large_inputs_are_copied_in_pieces(mode, precision, monkeypatch):
+async def test_large_inputs_are_copied_in_pieces(wait_mode, precision, monkeypatch):
     """Large inputs go to the device outside the graph, in pieces filled by threads."""
     from aiomnn import copies
 
-    monkeypatch.setenv("AIOMNN_CUDA_WAIT", mode)
     monkeypatch.setattr(copies, "SPLIT_BYTES", 1)
     monkeypatch.setattr(copies, "PIECE_MIN", 4096)
     monkeypatch.setattr(copies, "THREADS", max(2, copies.THREADS))
@@ -712,12 +715,10 @@ async def test_inputs_of_any_layout_reach_the_device(split, monkeypatch):
 
 @needs_gpu
 @pytest.mark.anyio
-@pytest.mark.parametrize("mode", ["hostfunc", "thread"])
 @pytest.mark.parametrize("precision", ["normal", "low"])
-async def test_device_outputs_stay_on_the_gpu_and_are_not_overwritten(mode, precision, monkeypatch):
+async def test_device_outputs_stay_on_the_gpu_and_are_not_overwritten(wait_mode, precision):
     import cupy
 
-    monkeypatch.setenv("AIOMNN_CUDA_WAIT", mode)
     data, feeds = mixed_model()  # "y" is made on the GPU after a CPU segment; "a" on the GPU, for both
     other = {"x": -feeds["x"]}
     cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(precision=precision, tuning="none"))

@@ -154,14 +154,20 @@ class Gate:
 X = np.random.default_rng(1).standard_normal((1, 3, 12, 12)).astype(np.float32)
 
 
+@contextlib.contextmanager
 def _gated(kind: ForwardType):
-    """The test model, its config, a runtime, and a Gate that holds the runtime's tuning job."""
+    """The test model, its config, a runtime, and a Gate that holds the runtime's tuning job; at the block's end
+    the gate opens and the runtime closes."""
     net = aiomnn.Interpreter.from_bytes(_model())
     config = _config(kind)
     info = aiomnn.create_runtime(config)
     gate = Gate()
     info.runtimes[kind].tuner.add_progress_callback(gate)
-    return net, config, info, gate
+    try:
+        yield net, config, info, gate
+    finally:
+        gate.release.set()
+        info.close()
 
 
 @pytest.mark.anyio
@@ -169,14 +175,8 @@ async def test_cpu_first_then_gpu_then_warm_cache(kind, tmp_path):
     pytest.importorskip("onnxruntime")
     want = _reference(X)
     path = tmp_path / "tuning.json"
-    net = aiomnn.Interpreter.from_bytes(_model())
-    config = _config(kind)
-
-    info = aiomnn.create_runtime(config)
-    info.set_cache_file(path)
-    gate = Gate()
-    info.runtimes[kind].tuner.add_progress_callback(gate)
-    try:
+    with _gated(kind) as (net, config, info, gate):
+        info.set_cache_file(path)
         session = await net.create_session(config, info)
         assert session.has_async_work()
         out = await session.run({"x": X})  # served at once, on the CPU
@@ -193,9 +193,6 @@ async def test_cpu_first_then_gpu_then_warm_cache(kind, tmp_path):
         np.testing.assert_allclose(out["y"], want, rtol=1e-4, atol=1e-5)
         assert gate.reports and gate.reports[-1].done == gate.reports[-1].total
         await session.close()
-    finally:
-        gate.release.set()
-        info.close()
 
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     doc = json.loads(path.read_text())
@@ -262,9 +259,8 @@ async def test_corrupt_cache_is_ignored_and_rewritten(kind, tmp_path, caplog):
 
 @pytest.mark.anyio
 async def test_sessions_share_one_tuning_job(kind, tmp_path):
-    net, config, info, gate = _gated(kind)
-    tuner = info.runtimes[kind].tuner
-    try:
+    with _gated(kind) as (net, config, info, gate):
+        tuner = info.runtimes[kind].tuner
         first = await net.create_session(config, info)
         second = await net.create_session(config, info)
         assert first._tuning.job is second._tuning.job  # one job per runtime
@@ -274,17 +270,13 @@ async def test_sessions_share_one_tuning_job(kind, tmp_path):
         await second.wait_async_resize()
         assert second.backend_types == [kind] and len(tuner.cache) == 2
         await second.close()
-    finally:
-        gate.release.set()
-        info.close()
 
 
 @pytest.mark.anyio
 async def test_closing_the_session_cancels_tuning(kind, tmp_path):
-    net, config, info, gate = _gated(kind)
-    info.set_cache_file(tmp_path / "tuning.json")
-    tuner = info.runtimes[kind].tuner
-    try:
+    with _gated(kind) as (net, config, info, gate):
+        info.set_cache_file(tmp_path / "tuning.json")
+        tuner = info.runtimes[kind].tuner
         session = await net.create_session(config, info)
         assert session.has_async_work()
         job = session._tuning.job
@@ -294,21 +286,18 @@ async def test_closing_the_session_cancels_tuning(kind, tmp_path):
         job.join(30)
         assert job.done and not job.succeeded
         assert len(tuner.cache) < 2  # it stopped before the second op
-    finally:
-        gate.release.set()
-        info.close()
 
 
 @pytest.mark.anyio
 async def test_closing_the_runtime_cancels_tuning(kind, tmp_path):
-    net, config, info, gate = _gated(kind)
-    session = await net.create_session(config, info)
-    job = session._tuning.job
-    threading.Timer(0.5, gate.release.set).start()
-    info.close()  # cancels, and waits for the job's thread
-    assert job.done and job.cancelled.is_set()
-    gate.release.set()
-    await session.close()
+    with _gated(kind) as (net, config, info, gate):
+        session = await net.create_session(config, info)
+        job = session._tuning.job
+        threading.Timer(0.5, gate.release.set).start()
+        info.close()  # cancels, and waits for the job's thread
+        assert job.done and job.cancelled.is_set()
+        gate.release.set()
+        await session.close()
 
 
 @pytest.mark.anyio

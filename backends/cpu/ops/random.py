@@ -39,22 +39,29 @@ def _dtype(code: int | None, what: str, floats_only: bool = True) -> np.dtype | 
     return dt
 
 
-def _like_dtype(kernel: CpuOp, x: np.ndarray) -> np.dtype:
+def _shape(shape) -> tuple[int, ...]:
+    """RandomNormal's and RandomUniform's `shape` attribute, checked."""
+    if shape is None or any(int(d) < 0 for d in shape):
+        raise Unsupported(f"shape {shape} must be a list of non-negative sizes")
+    return tuple(int(d) for d in shape)
+
+
+def _like(kernel: CpuOp, x) -> tuple[tuple[int, ...], np.dtype]:
+    """A -Like form's output shape and dtype: the input's shape, and the dtype attribute's type, else the input's."""
+    x = np.asarray(x)
     if kernel.dtype is not None:
-        return kernel.dtype
+        return x.shape, kernel.dtype
     if x.dtype.name not in _FLOATS:
         raise BackendError(f"{kernel.node}: without a dtype attribute the output takes the input's type, "
                            f"and {x.dtype} is not a floating-point type")
-    return x.dtype
+    return x.shape, x.dtype
 
 
 @op("RandomNormal", 1)
 class RandomNormal(CpuOp):
     def __init__(self, node, inputs, outputs, shape=None, dtype=1, mean=0.0, scale=1.0, seed=None):
         super().__init__(node, inputs, outputs)
-        if shape is None or any(int(d) < 0 for d in shape):
-            raise Unsupported(f"shape {shape} must be a list of non-negative sizes")
-        self.shape = tuple(int(d) for d in shape)
+        self.shape = _shape(shape)
         self.dtype = _dtype(dtype, "dtype")
         self.mean, self.scale = float(mean), float(scale)
         self.rng = _generator(seed)
@@ -67,9 +74,7 @@ class RandomNormal(CpuOp):
 class RandomUniform(CpuOp):
     def __init__(self, node, inputs, outputs, shape=None, dtype=1, low=0.0, high=1.0, seed=None):
         super().__init__(node, inputs, outputs)
-        if shape is None or any(int(d) < 0 for d in shape):
-            raise Unsupported(f"shape {shape} must be a list of non-negative sizes")
-        self.shape = tuple(int(d) for d in shape)
+        self.shape = _shape(shape)
         self.dtype = _dtype(dtype, "dtype")
         self.low, self.high = float(low), float(high)
         self.rng = _generator(seed)
@@ -87,9 +92,8 @@ class RandomNormalLike(CpuOp):
         self.rng = _generator(seed)
 
     def run(self, x):
-        x = np.asarray(x)
-        dt = _like_dtype(self, x)
-        return (self.rng.standard_normal(x.shape) * self.scale + self.mean).astype(dt)
+        shape, dt = _like(self, x)
+        return (self.rng.standard_normal(shape) * self.scale + self.mean).astype(dt)
 
 
 @op("RandomUniformLike", 1)
@@ -101,9 +105,8 @@ class RandomUniformLike(CpuOp):
         self.rng = _generator(seed)
 
     def run(self, x):
-        x = np.asarray(x)
-        dt = _like_dtype(self, x)
-        return self.rng.uniform(self.low, self.high, x.shape).astype(dt)
+        shape, dt = _like(self, x)
+        return self.rng.uniform(self.low, self.high, shape).astype(dt)
 
 
 @op("Bernoulli", 15)

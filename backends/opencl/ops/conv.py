@@ -36,6 +36,14 @@ def _bias(node, ins, oc: int) -> Const | In:
     return Const(("zeros", oc), lambda: np.zeros(oc, np.float32), floats=True)
 
 
+def _operands(node, ins, outs) -> tuple:
+    """Conv's and ConvTranspose's input, weights and output (float, else declined), the weights' values where they
+    are a constant (else None), and the fused activation."""
+    x, wt, y = ins[0], ins[1], outs[0]
+    require_float(x, wt, y, ins[2] if len(ins) > 2 else None)
+    return x, wt, y, None if wt.const is None else np.asarray(wt.const), activation(node.attrs)
+
+
 def _as_2d(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
     if len(shape) == 4:
         return shape  # type: ignore[return-value]
@@ -46,10 +54,7 @@ def _as_2d(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
 
 @op("Conv", 1)
 def conv(ctx, node, ins, outs):
-    x, wt, y = ins[0], ins[1], outs[0]
-    require_float(x, wt, y, ins[2] if len(ins) > 2 else None)
-    w = None if wt.const is None else np.asarray(wt.const)
-    act = activation(node.attrs)
+    x, wt, y, w, act = _operands(node, ins, outs)
     extra = set(node.attrs) - {"kernel_shape", "strides", "dilations", "pads", "auto_pad", "group", "_activation"}
     if extra:
         raise Decline(f"attributes {sorted(extra)}")
@@ -100,10 +105,7 @@ def conv(ctx, node, ins, outs):
 
 @op("ConvTranspose", 1)
 def conv_transpose(ctx, node, ins, outs):
-    x, wt, y = ins[0], ins[1], outs[0]
-    require_float(x, wt, y, ins[2] if len(ins) > 2 else None)
-    w = None if wt.const is None else np.asarray(wt.const)
-    act = activation(node.attrs)
+    x, wt, y, w, act = _operands(node, ins, outs)
     rank = len(x.shape) - 2
     if rank not in (1, 2):
         raise Decline("only 1-D and 2-D")

@@ -140,10 +140,7 @@ class Concat(VkOp):
             data_input(t, backend)
             self.pieces.append((i, off, tuple(t.shape)))
             off += t.shape[axis]
-        if off != oshape[axis]:
-            raise Decline("sizes")
-        for _, _, shape in self.pieces:
-            fits(shape, contiguous(shape), contiguous(oshape))
+        check_pieces(self.pieces, oshape, axis, off, into_whole=True)
         self.axis = axis
 
     def on_plan(self, inputs, outputs):
@@ -170,15 +167,24 @@ class Split(VkOp):
             elif o.name:
                 raise Decline("empty output")
             off += o.shape[axis]
-        if off != shape[axis]:
-            raise Decline("sizes")
-        for _, _, piece in self.pieces:
-            fits(piece, contiguous(shape), contiguous(piece))
+        check_pieces(self.pieces, shape, axis, off, into_whole=False)
         self.axis = axis
 
     def on_plan(self, inputs, outputs):
         pieces = [self.out_locs[j] for j, _, _ in self.pieces]
         copy_pieces(self, self.loc(inputs[0]), tuple(inputs[0].shape), pieces, into_whole=False)
+
+
+def check_pieces(pieces: list[tuple[int, int, tuple[int, ...]]], shape: tuple[int, ...], axis: int, end: int,
+                 into_whole: bool) -> None:
+    """Concat's pieces (into_whole) or Split's ((index, offset along axis, shape)), ending at `end` along `axis`,
+    must fill the whole `shape`, and each copy into the whole or out of it must be one the shaders can walk."""
+    if end != shape[axis]:
+        raise Decline("sizes")
+    st = contiguous(shape)
+    for _, _, piece in pieces:
+        src, dst = (contiguous(piece), st) if into_whole else (st, contiguous(piece))
+        fits(piece, src, dst)
 
 
 def copy_pieces(op: VkOp, whole: Loc, shape: tuple[int, ...], pieces: list[Loc], into_whole: bool) -> None:
