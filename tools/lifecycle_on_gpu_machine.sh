@@ -1,19 +1,8 @@
 #!/usr/bin/env bash
-# Issue 25's lifecycle proofs on the lent GPU machine, through the device tool. Carry .cache/lc: gl/ holds the
-# loader debs (libvulkan1, ocl-icd-libopencl1, and libglvnd0 libegl1 libopengl0 libgl1 libglx0 libgles2, which
-# the NVIDIA Vulkan driver needs: without them VkErrorIncompatibleDriver on the H200) and whl/ the cp312 wheels the image lacks (pyopencl, vulkan, cffi, pycparser, pytools,
-# platformdirs, siphash24, sniffio, typing_extensions), fetched as the device tool's README says.
+# Issue 25's lifecycle proofs on the lent GPU machine, through the device tool, carrying .cache/lc (what
+# tools/gpu_setup.sh installs).
 set -u
-for f in .cache/lc/gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-# The NVIDIA Vulkan driver's manifest: the H200 machines keep a working one in /usr/share (the copy under
-# /usr/local/nvidia gave VkErrorIncompatibleDriver there).
-for f in /usr/share/vulkan/icd.d/nvidia_icd.json /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; do
-  [ -e "$f" ] && export VK_DRIVER_FILES="$f" && break
-done
-export OUT="${OUT:-/tmp/out}" PYTHONUNBUFFERED=1
-mkdir -p /tmp/icd "$OUT" && echo libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd && export OCL_ICD_VENDORS=/tmp/icd
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .cache/lc/whl/*.whl && export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "install failed"
+source tools/gpu_setup.sh
 aiomnn info
 # KIND:COUNT:SECONDS for each backend, where a leak is being hunted: sessions dropped without close, with the
 # object types that grew (tools/leak_probe.py), e.g. LEAKS="cuda:1000:300 vulkan:300:120".
