@@ -71,13 +71,9 @@ def test_selu_defaults_on_every_backend(backend, opset):
     data = one_input_model([helper.make_node("Selu", ["x"], ["y"])], x.shape, opset=opset)
     alpha, gamma = unary.params("Selu", opset, {})
 
-    async def run() -> np.ndarray:
-        net = aiomnn.Interpreter.from_bytes(data)
-        config = aiomnn.ScheduleConfig(type=backend, backup_type="cpu")
-        async with await net.create_session(config) as session:
-            return (await session.run({"x": x}))["y"]
-
-    np.testing.assert_allclose(asyncio.run(run()), _selu(x, alpha, gamma), rtol=1e-5, atol=1e-6)
+    got, placed = asyncio.run(_run(data, {"x": x}, backend))
+    assert placed == [backend], placed
+    np.testing.assert_allclose(got["y"], _selu(x, alpha, gamma), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -91,13 +87,9 @@ def test_omitted_clip_bounds_are_the_finite_limits(backend, opset):
     consts = {} if opset < 11 else {"lo": np.array(-1.0, np.float32)}
     data = one_input_model([helper.make_node("Clip", inputs, ["y"], **attrs)], x.shape, consts, opset=opset)
 
-    async def run() -> np.ndarray:
-        net = aiomnn.Interpreter.from_bytes(data)
-        config = aiomnn.ScheduleConfig(type=backend, backup_type="cpu")
-        async with await net.create_session(config) as session:
-            return (await session.run({"x": x}))["y"]
-
-    np.testing.assert_array_equal(asyncio.run(run()), [[-1.0, -1.0, 0.5, unary.FLT_MAX]])
+    got, placed = asyncio.run(_run(data, {"x": x}, backend))
+    assert placed == [backend], placed
+    np.testing.assert_array_equal(got["y"], [[-1.0, -1.0, 0.5, unary.FLT_MAX]])
 
 
 # ---------------------------------------------------------------- the table's expressions, on every GPU backend
@@ -129,6 +121,7 @@ def _every_row_model() -> tuple[bytes, dict[str, np.ndarray]]:
 async def _run(data: bytes, feeds: dict[str, np.ndarray], backend: str) -> tuple[dict[str, np.ndarray], list]:
     net = aiomnn.Interpreter.from_bytes(data)
     async with await net.create_session(aiomnn.ScheduleConfig(type=backend, backup_type="cpu")) as session:
+        await session.wait_async_resize()  # a real GPU tunes first, while the CPU serves
         return await session.run(feeds), sorted({s.backend.type.value for s in session.pipeline.segments})
 
 
@@ -194,6 +187,7 @@ data = one_input_model([helper.make_node("Toy", ["x"], ["y"])], x.shape)
 async def run(backend):
     net = aiomnn.Interpreter.from_bytes(data)
     async with await net.create_session(aiomnn.ScheduleConfig(type=backend, backup_type="cpu")) as session:
+        await session.wait_async_resize()
         y = (await session.run({"x": x}))["y"]
         return sorted({s.backend.type.value for s in session.pipeline.segments}), y.tolist()
 
