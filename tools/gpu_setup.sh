@@ -3,7 +3,8 @@
 # .cache/lc/gl holds the loader debs (libvulkan1, ocl-icd-libopencl1, and libglvnd0 libegl1 libopengl0 libgl1
 # libglx0 libgles2, which the NVIDIA Vulkan driver needs: without them VkErrorIncompatibleDriver on the H200);
 # .cache/lc/whl the cp312 wheels the image lacks (pyopencl, vulkan, cffi, pycparser, pytools, platformdirs,
-# siphash24, sniffio, typing_extensions, pytest-asyncio), fetched as the device tool's README says.
+# siphash24, sniffio, typing_extensions, pytest-asyncio; trio, outcome, sortedcontainers, attrs, idna for the
+# tests under trio), fetched as the device tool's README says.
 # After it: CUDA, OpenCL (NVIDIA's driver through the ICD loader) and Vulkan see the GPU, aiomnn is installed
 # from this tree, and OUT exists.
 for f in .cache/lc/gl/*.deb; do dpkg -x "$f" /; done
