@@ -12,7 +12,7 @@ from onnx import helper
 
 import aiomnn
 from aiomnn.backends.cpu import jit, tiles, vectors
-from aiomnn.backends.cpu.ops import conv, direct
+from aiomnn.backends.cpu.ops import conv, direct, winograd
 from tests.oracle import counting, one_input_model, run_ort
 
 pytest.importorskip("onnxruntime")
@@ -24,9 +24,11 @@ RNG = np.random.default_rng(23)
 @pytest.fixture(autouse=True)
 def compiled(monkeypatch):
     """The loop compiled on first use, taking pointwise convs too (the compiled BLAS product takes those first;
-    tests/test_cpu_gemm.py has its tests)."""
+    tests/test_cpu_gemm.py has its tests), and the big 3x3 convs that the compiled Winograd loops would take
+    (tests/test_cpu_winograd.py has theirs)."""
     monkeypatch.setenv("AIOMNN_NUMBA", "wait")
     monkeypatch.setattr(conv, "compiled", lambda *args: False)
+    monkeypatch.setattr(winograd, "LOOPED_CHANNELS", 1 << 30)
 
 
 @pytest.fixture

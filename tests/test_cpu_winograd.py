@@ -146,6 +146,23 @@ def test_winograd_matches_reference_and_im2col(xs, ws, pads, group, bias, act, m
     check(got, im2col, 1e-5)
 
 
+@pytest.mark.parametrize("act", [None, "SiLU"])
+@pytest.mark.parametrize("xs,ws,pads,group", SMALL + BIG)
+def test_compiled_loops_match_reference(xs, ws, pads, group, act, monkeypatch):
+    """The compiled transforms and products (winograd.looped) where they serve: one group; groups keep numpy's
+    way."""
+    monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+    for name, value in (("MIN_SIDE", 1), ("MIN_CHANNELS", 0), ("LOOPED_CHANNELS", 0)):
+        monkeypatch.setattr(winograd, name, value)
+    served = []
+    looped = winograd.looped
+    monkeypatch.setattr(winograd, "looped", lambda *a: served.append(looped(*a)) or served[-1])
+    data, feeds, w, b = conv_model(xs, ws, pads, group, True, act)
+    got, paths = run(data, feeds)
+    assert paths == ["winograd"] and served and all(served) == (group == 1), served
+    check(got, reference(feeds["x"], w, b, pads, group, act), 1e-5)
+
+
 def test_float16_rounds_once():
     data, feeds, w, b = conv_model((1, 40, 20, 21), (40, 40, 3, 3), [1, 1, 1, 1], dtype=np.float16)
     got, paths = run(data, feeds)

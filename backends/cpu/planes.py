@@ -259,3 +259,110 @@ def scatter_taps(args, piece):
                     c = cols[p, a * kw + b, h]
                     for w in range(W):
                         row[w * kw + b] = c[w]
+
+
+
+def winograd_layout(args, piece):
+    """Winograd's input channel-last: xt[n, py, px * c + ch] = x[n, ch, py - pt, px - pl], zero outside x, for
+    the hp x wp padded positions, so that the transforms read every channel of a position as one run. Fields x
+    (N, c, h * w), xt (N, hp, wp * c), h, w, pt, pl. The pieces share the rows."""
+    a = fields(args, 6)
+    x, xt = array3(a, 0, F), array3(a, 1, F)
+    h, w, pt, pl = i64(a, 2), i64(a, 3), i64(a, 4), i64(a, 5)
+    c, hp = x.shape[1], xt.shape[1]
+    wp = xt.shape[2] // c
+    for job in range(*share(a, piece, x.shape[0] * hp)):
+        py, n = job % hp, job // hp
+        out = xt[n, py]
+        iy = py - pt
+        if iy < 0 or iy >= h:
+            out[:] = F(0)
+            continue
+        for px in range(wp):
+            ix = px - pl
+            if ix < 0 or ix >= w:
+                out[px * c:(px + 1) * c] = F(0)
+            else:
+                for ch in range(c):
+                    out[px * c + ch] = x[n, ch, iy * w + ix]
+
+
+def winograd_in(args, piece):
+    """Winograd F(4x4, 3x3)'s input tiles transformed (ops/winograd.py has the method and its matrices): for each
+    tile (n, ty, tx), numbered (n * th + ty) * tw + tx, BT d BT' of its 6 x 6 positions from (4 ty, 4 tx) of the
+    channel-last input xt (winograd_layout), into v[a * 6 + b, tile, :], a run over the channels. Fields xt (N,
+    hp, wp * c), v (36, N * th * tw, c), scratch (36 c a piece), th, tw. The pieces share the tiles."""
+    a = fields(args, 5)
+    xt, v, scratch = array3(a, 0, F), array3(a, 1, F), array2(a, 2, F)
+    th, tw = i64(a, 3), i64(a, 4)
+    c = v.shape[2]
+    r = scratch[piece]
+    for t in range(*share(a, piece, v.shape[1])):
+        tx, ty, n = t % tw, t // tw % th, t // (tw * th)
+        for l in range(6):  # BT down each column of the tile: r[a * 6 + l]
+            at = (4 * tx + l) * c
+            d0, d1, d2 = xt[n, 4 * ty, at:at + c], xt[n, 4 * ty + 1, at:at + c], xt[n, 4 * ty + 2, at:at + c]
+            d3, d4, d5 = xt[n, 4 * ty + 3, at:at + c], xt[n, 4 * ty + 4, at:at + c], xt[n, 4 * ty + 5, at:at + c]
+            for ch in range(c):
+                r[l * c + ch] = F(4) * d0[ch] - F(5) * d2[ch] + d4[ch]
+                r[(6 + l) * c + ch] = F(4) * (d1[ch] + d2[ch]) - d3[ch] - d4[ch]
+                r[(12 + l) * c + ch] = F(4) * (d2[ch] - d1[ch]) + d3[ch] - d4[ch]
+                r[(18 + l) * c + ch] = F(2) * (d3[ch] - d1[ch]) + d4[ch] - d2[ch]
+                r[(24 + l) * c + ch] = F(2) * (d1[ch] - d3[ch]) + d4[ch] - d2[ch]
+                r[(30 + l) * c + ch] = F(4) * d1[ch] - F(5) * d3[ch] + d5[ch]
+        for k in range(6):  # then BT along its rows
+            e = r[6 * k * c:6 * (k + 1) * c]
+            for ch in range(c):
+                e0, e1, e2, e3, e4, e5 = e[ch], e[c + ch], e[2 * c + ch], e[3 * c + ch], e[4 * c + ch], e[5 * c + ch]
+                v[6 * k, t, ch] = F(4) * e0 - F(5) * e2 + e4
+                v[6 * k + 1, t, ch] = F(4) * (e1 + e2) - e3 - e4
+                v[6 * k + 2, t, ch] = F(4) * (e2 - e1) + e3 - e4
+                v[6 * k + 3, t, ch] = F(2) * (e3 - e1) + e4 - e2
+                v[6 * k + 4, t, ch] = F(2) * (e1 - e3) + e4 - e2
+                v[6 * k + 5, t, ch] = F(4) * e1 - F(5) * e3 + e5
+
+
+def winograd_out(args, piece):
+    """Winograd F(4x4, 3x3)'s output tiles: for each image n and row of tiles ty, AT m AT' of every tile of the
+    row plus the bias (an empty bias adds nothing), channel-last in the piece's scratch, then channel by channel
+    activated (scalars.activate) into rows 4 ty .. 4 ty + 3 of y, cut at ho rows and wo columns. Fields m (36, N *
+    th * tw, co), bias, y (N, co, ho * wo), scratch (24 co + 16 tw co a piece), act, alpha, beta, ho, wo,
+    th, tw. The pieces share the rows of tiles."""
+    a = fields(args, 11)
+    m, bias, y, scratch = array3(a, 0, F), array1(a, 1, F), array3(a, 2, F), array2(a, 3, F)
+    act, alpha, beta = i64(a, 4), f32(a, 5), f32(a, 6)
+    ho, wo, th, tw = i64(a, 7), i64(a, 8), i64(a, 9), i64(a, 10)
+    co = y.shape[1]
+    wt = 4 * tw
+    s = scratch[piece]
+    out = s[24 * co:24 * co + 4 * wt * co]
+    biased = bias.shape[0] > 0
+    for job in range(*share(a, piece, y.shape[0] * th)):
+        ty, n = job % th, job // th
+        for tx in range(tw):
+            t = (n * th + ty) * tw + tx
+            for b in range(6):  # AT down each column: s[i * 6 + b]
+                m0, m1, m2, m3, m4, m5 = m[b, t], m[6 + b, t], m[12 + b, t], m[18 + b, t], m[24 + b, t], m[30 + b, t]
+                for ch in range(co):
+                    s[b * co + ch] = m0[ch] + m1[ch] + m2[ch] + m3[ch] + m4[ch]
+                    s[(6 + b) * co + ch] = m1[ch] - m2[ch] + F(2) * (m3[ch] - m4[ch])
+                    s[(12 + b) * co + ch] = m1[ch] + m2[ch] + F(4) * (m3[ch] + m4[ch])
+                    s[(18 + b) * co + ch] = m1[ch] - m2[ch] + F(8) * (m3[ch] - m4[ch]) + m5[ch]
+            for i in range(4):  # then along each row, into out[i, 4 tx + j, :]
+                q = s[6 * i * co:6 * (i + 1) * co]
+                at = (i * wt + 4 * tx) * co
+                for ch in range(co):
+                    s0, s1, s2, s3, s4, s5 = q[ch], q[co + ch], q[2 * co + ch], q[3 * co + ch], q[4 * co + ch], \
+                        q[5 * co + ch]
+                    add = bias[ch] if biased else F(0)
+                    out[at + ch] = s0 + s1 + s2 + s3 + s4 + add
+                    out[at + co + ch] = s1 - s2 + F(2) * (s3 - s4) + add
+                    out[at + 2 * co + ch] = s1 + s2 + F(4) * (s3 + s4) + add
+                    out[at + 3 * co + ch] = s1 - s2 + F(8) * (s3 - s4) + s5 + add
+        rows = min(4, ho - 4 * ty)
+        scalars.activate(out, 0, rows * wt * co, act, alpha, beta)
+        for ch in range(co):
+            for i in range(rows):
+                dst = y[n, ch, (4 * ty + i) * wo:(4 * ty + i + 1) * wo]
+                for x in range(wo):
+                    dst[x] = out[(i * wt + x) * co + ch]

@@ -213,6 +213,11 @@ class Conv(CpuOp):
                 if self._compiled(x, y, p, packed):
                     return y
                 return self.run(x, self.w_const, self.b_const)  # still compiling
+        elif p["path"] == "winograd":
+            def fast(x):
+                if winograd.looped(x, y, p, packed):
+                    return y
+                return self.run(x, self.w_const, self.b_const)  # still compiling
         elif p["tiles"]:
             last: list[Any] = [None, None]  # the x of the last run and the tile loop's call for it
 
@@ -263,6 +268,8 @@ class Conv(CpuOp):
         xc = x if native else x.astype(cdt)
         y = out_buffer(self.out[0], p["out_shape"], cdt) if native else np.empty(p["out_shape"], cdt)
         if self._compiled_serves(p) and self._compiled(xc, y, p, packed):
+            pass
+        elif p["path"] == "winograd" and winograd.looped(xc, y, p, packed):
             pass
         elif p["tiles"] and direct.run(xc, y, p, packed):
             pass

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .. import jit
 from ..threads import parallel, shared_scratch
 from .products import SILU_CHUNK, silu_negated
 
@@ -50,6 +51,9 @@ BIAS_AT = 1 * T + 1
 #: 10x10 1.16-1.36, 256->64 10x10 1.13-1.46, 64->64 10x10 1.54-1.69. yolov8n took 0.88x the time, det 0.94x.
 MIN_SIDE = 20
 MIN_CHANNELS = 19
+#: The compiled loops (looped) take the convs of this path whose ci * co / (ci + co) is at least this: 64 -> 64
+#: channels over 40 x 40 and 20 x 20 maps ran faster than the tile loop, 48 -> 48 slower.
+LOOPED_CHANNELS = 32
 
 
 @functools.cache
@@ -189,3 +193,39 @@ def _views(p: dict[str, Any], xp: np.ndarray, xp_token: int, i0: int, i1: int) -
              pu.reshape(M, T, -1).transpose(0, 2, 1), q, q.reshape(M, -1, M), chunks)
     mine[(i0, i1)] = (token, views)
     return views
+
+
+def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> bool:
+    """y = act(conv(x) + bias) for a conv this path serves, by the compiled loops: the input channel-last
+    (planes.winograd_layout), its tiles transformed (planes.winograd_in), the 36 products of every tile by numpy's
+    BLAS (loops.gemm), the output tiles transformed, with the bias and the activation (planes.winograd_out); each
+    shared by the crew. False (nothing done) while the loops compile, for an activation they do not apply, for
+    groups, and for convs with fewer channels than LOOPED_CHANNELS."""
+    loops = [jit.jitted(name) for name in ("winograd_layout", "winograd_in", "gemm", "winograd_out")]
+    if (None in loops or p["loop_act"] is None or not x.flags.c_contiguous or p["cg"] != p["C"]
+            or p["cg"] * p["cog"] < LOOPED_CHANNELS * (p["cg"] + p["cog"])):
+        return False
+    layout, into, gemm, out = loops
+    N, C, co = p["N"], p["C"], p["co"]
+    (h, w), (ho, wo), (pt, pl) = p["spatial"], p["outs"], p["pads"][:2]
+    th, tw = -(-ho // M), -(-wo // M)
+    hp, wp = M * th + 2, M * tw + 2
+    tiles = N * th * tw
+    threads = jit.threads()
+    rows = min(threads, N * th)
+    xt = shared_scratch("winograd.xt", (N, hp, wp * C), np.float32)[0]
+    v = shared_scratch("winograd.v", (T * T, tiles, C), np.float32)[0]
+    m = shared_scratch("winograd.m", (T * T, tiles, co), np.float32)[0]
+    scratch_in = shared_scratch("winograd.in", (threads, T * T * C), np.float32)[0]
+    scratch_out = shared_scratch("winograd.out", (rows, 24 * co + 4 * M * tw * co), np.float32)[0]
+    ut, bias = packed.get("winograd.looped", (None, None))
+    if ut is None:
+        ut = np.ascontiguousarray(filters(packed, C, False)[0].transpose(0, 2, 1))
+        bias = np.zeros(0, np.float32) if packed["b"] is None else np.ascontiguousarray(packed["b"], np.float32)
+        packed["winograd.looped"] = ut, bias
+    code, alpha, beta = p["loop_act"]
+    layout(min(threads, N * hp), x.reshape(N, C, -1), xt, h, w, pt, pl)
+    into(min(threads, tiles), xt, v, scratch_in, th, tw)
+    gemm(min(threads, T * T), v, ut, bias[:0], m, False, 0, 0.0, 0.0, 1, 1)
+    out(rows, m, bias, y.reshape(N, co, -1), scratch_out, code, alpha, beta, ho, wo, th, tw)
+    return True
