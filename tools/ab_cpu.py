@@ -37,8 +37,8 @@ async def main(name: str, shape: tuple[int, ...], threads: int, target: str, val
         await s.run(feeds)
         jit.wait(300)
         await s.run(feeds)
-    for _ in range(8):
-        for v in values:
+    for round_ in range(8):
+        for v in values if round_ % 2 == 0 else values[::-1]:  # each value first in half the rounds
             setattr(mod, attr, kind(v))
             for _ in range(10):
                 t = time.perf_counter()

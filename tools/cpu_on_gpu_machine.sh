@@ -16,10 +16,11 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/n
 python3 tools/stand_in_models.py .models
 nproc; python3 -c "import numba, numpy, onnxruntime; print('numba', numba.__version__, 'numpy', numpy.__version__, 'ort', onnxruntime.__version__)"
 grep -o -m1 'avx512[a-z]*' /proc/cpuinfo | sort -u | tr '\n' ' '; echo
-python3 -c "
+# The tile loop's vector registers, compiled into a fresh cache (numba shows no assembly of cached code).
+NUMBA_CACHE_DIR=$(mktemp -d) python3 -c "
 from aiomnn.backends.cpu import loops; import numba, llvmlite.binding as ll
 from aiomnn.backends.cpu import tiles
-loops.compile('conv_tiles'); asm = next(iter(tiles._conv_chunk.inspect_asm().values()))
+asm = loops._compiled_piece(tiles.conv, True)._library.get_asm_str()
 print('cpu', ll.get_host_cpu_name(), 'tile loop: zmm', asm.count('zmm'), 'ymm', asm.count('ymm'))"
 for p in ${PROFILE:-}; do
   for t in ${PROFILE_THREADS:-16}; do

@@ -213,7 +213,7 @@ class Conv(CpuOp):
                 if self._compiled(x, y, p, packed):
                     return y
                 return self.run(x, self.w_const, self.b_const)  # still compiling
-        elif p["path"] == "winograd":
+        elif p["path"] == "winograd" and p["cg"] == p["C"]:
             def fast(x):
                 if winograd.looped(x, y, p, packed):
                     return y
