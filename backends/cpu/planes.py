@@ -295,31 +295,45 @@ def winograd_in(args, piece):
     a = fields(args, 5)
     xt, v, scratch = array3(a, 0, F), array3(a, 1, F), array2(a, 2, F)
     th, tw = i64(a, 3), i64(a, 4)
-    c = v.shape[2]
-    r = scratch[piece]
-    for t in range(*share(a, piece, v.shape[1])):
+    c, tiles = v.shape[2], v.shape[1]
+    r, flat = scratch[piece], v.reshape(-1)
+    for t in range(*share(a, piece, tiles)):
         tx, ty, n = t % tw, t // tw % th, t // (tw * th)
-        for l in range(6):  # BT down each column of the tile: r[a * 6 + l]
+        # BT down each column of the tile, into r[a * 6 + l], then along its rows; each loop over the channels
+        # writes one run (LLVM checks a few runs against each other, not many, before it vectorizes a loop).
+        for l in range(6):
             at = (4 * tx + l) * c
             d0, d1, d2 = xt[n, 4 * ty, at:at + c], xt[n, 4 * ty + 1, at:at + c], xt[n, 4 * ty + 2, at:at + c]
             d3, d4, d5 = xt[n, 4 * ty + 3, at:at + c], xt[n, 4 * ty + 4, at:at + c], xt[n, 4 * ty + 5, at:at + c]
-            for ch in range(c):
-                r[l * c + ch] = F(4) * d0[ch] - F(5) * d2[ch] + d4[ch]
-                r[(6 + l) * c + ch] = F(4) * (d1[ch] + d2[ch]) - d3[ch] - d4[ch]
-                r[(12 + l) * c + ch] = F(4) * (d2[ch] - d1[ch]) + d3[ch] - d4[ch]
-                r[(18 + l) * c + ch] = F(2) * (d3[ch] - d1[ch]) + d4[ch] - d2[ch]
-                r[(24 + l) * c + ch] = F(2) * (d1[ch] - d3[ch]) + d4[ch] - d2[ch]
-                r[(30 + l) * c + ch] = F(4) * d1[ch] - F(5) * d3[ch] + d5[ch]
-        for k in range(6):  # then BT along its rows
+            _bt(d0, d1, d2, d3, d4, d5, r, l * c, 6 * c)
+        for k in range(6):
             e = r[6 * k * c:6 * (k + 1) * c]
-            for ch in range(c):
-                e0, e1, e2, e3, e4, e5 = e[ch], e[c + ch], e[2 * c + ch], e[3 * c + ch], e[4 * c + ch], e[5 * c + ch]
-                v[6 * k, t, ch] = F(4) * e0 - F(5) * e2 + e4
-                v[6 * k + 1, t, ch] = F(4) * (e1 + e2) - e3 - e4
-                v[6 * k + 2, t, ch] = F(4) * (e2 - e1) + e3 - e4
-                v[6 * k + 3, t, ch] = F(2) * (e3 - e1) + e4 - e2
-                v[6 * k + 4, t, ch] = F(2) * (e1 - e3) + e4 - e2
-                v[6 * k + 5, t, ch] = F(4) * e1 - F(5) * e3 + e5
+            _bt(e[:c], e[c:2 * c], e[2 * c:3 * c], e[3 * c:4 * c], e[4 * c:5 * c], e[5 * c:], flat,
+                (6 * k * tiles + t) * c, tiles * c)
+
+
+@numba.njit(inline="always")
+def _bt(d0, d1, d2, d3, d4, d5, out, at, step):
+    """BT (d0 .. d5), over runs of channels, into out[at + a * step:][:len(d0)] for a = 0 .. 5: a loop a row."""
+    c = d0.shape[0]
+    o = out[at:]
+    for ch in range(c):
+        o[ch] = F(4) * d0[ch] - F(5) * d2[ch] + d4[ch]
+    o = out[at + step:]
+    for ch in range(c):
+        o[ch] = F(4) * (d1[ch] + d2[ch]) - d3[ch] - d4[ch]
+    o = out[at + 2 * step:]
+    for ch in range(c):
+        o[ch] = F(4) * (d2[ch] - d1[ch]) + d3[ch] - d4[ch]
+    o = out[at + 3 * step:]
+    for ch in range(c):
+        o[ch] = F(2) * (d3[ch] - d1[ch]) + d4[ch] - d2[ch]
+    o = out[at + 4 * step:]
+    for ch in range(c):
+        o[ch] = F(2) * (d1[ch] - d3[ch]) + d4[ch] - d2[ch]
+    o = out[at + 5 * step:]
+    for ch in range(c):
+        o[ch] = F(4) * d1[ch] - F(5) * d3[ch] + d5[ch]
 
 
 def winograd_out(args, piece):
@@ -336,29 +350,18 @@ def winograd_out(args, piece):
     wt = 4 * tw
     s = scratch[piece]
     out = s[24 * co:24 * co + 4 * wt * co]
-    biased = bias.shape[0] > 0
+    none = bias[:0]
     for job in range(*share(a, piece, y.shape[0] * th)):
         ty, n = job % th, job // th
-        for tx in range(tw):
+        for tx in range(tw):  # AT down each column of the tile (into s[i * 6 + b]), then along its rows
             t = (n * th + ty) * tw + tx
-            for b in range(6):  # AT down each column: s[i * 6 + b]
-                m0, m1, m2, m3, m4, m5 = m[b, t], m[6 + b, t], m[12 + b, t], m[18 + b, t], m[24 + b, t], m[30 + b, t]
-                for ch in range(co):
-                    s[b * co + ch] = m0[ch] + m1[ch] + m2[ch] + m3[ch] + m4[ch]
-                    s[(6 + b) * co + ch] = m1[ch] - m2[ch] + F(2) * (m3[ch] - m4[ch])
-                    s[(12 + b) * co + ch] = m1[ch] + m2[ch] + F(4) * (m3[ch] + m4[ch])
-                    s[(18 + b) * co + ch] = m1[ch] - m2[ch] + F(8) * (m3[ch] - m4[ch]) + m5[ch]
-            for i in range(4):  # then along each row, into out[i, 4 tx + j, :]
+            for b in range(6):
+                _at(m[b, t], m[6 + b, t], m[12 + b, t], m[18 + b, t], m[24 + b, t], m[30 + b, t], none, s, b * co,
+                    6 * co)
+            for i in range(4):
                 q = s[6 * i * co:6 * (i + 1) * co]
-                at = (i * wt + 4 * tx) * co
-                for ch in range(co):
-                    s0, s1, s2, s3, s4, s5 = q[ch], q[co + ch], q[2 * co + ch], q[3 * co + ch], q[4 * co + ch], \
-                        q[5 * co + ch]
-                    add = bias[ch] if biased else F(0)
-                    out[at + ch] = s0 + s1 + s2 + s3 + s4 + add
-                    out[at + co + ch] = s1 - s2 + F(2) * (s3 - s4) + add
-                    out[at + 2 * co + ch] = s1 + s2 + F(4) * (s3 + s4) + add
-                    out[at + 3 * co + ch] = s1 - s2 + F(8) * (s3 - s4) + s5 + add
+                _at(q[:co], q[co:2 * co], q[2 * co:3 * co], q[3 * co:4 * co], q[4 * co:5 * co], q[5 * co:], bias, out,
+                    (i * wt + 4 * tx) * co, co)
         rows = min(4, ho - 4 * ty)
         scalars.activate(out, 0, rows * wt * co, act, alpha, beta)
         for ch in range(co):
@@ -366,3 +369,27 @@ def winograd_out(args, piece):
                 dst = y[n, ch, (4 * ty + i) * wo:(4 * ty + i + 1) * wo]
                 for x in range(wo):
                     dst[x] = out[(i * wt + x) * co + ch]
+
+
+@numba.njit(inline="always")
+def _at(m0, m1, m2, m3, m4, m5, bias, out, at, step):
+    """AT (m0 .. m5) plus the bias (an empty bias adds nothing), over runs of channels, into out[at + i * step:]
+    [:len(m0)] for i = 0 .. 3: a loop a row, as in _bt."""
+    c = m0.shape[0]
+    o = out[at:]
+    for ch in range(c):
+        o[ch] = m0[ch] + m1[ch] + m2[ch] + m3[ch] + m4[ch]
+    o = out[at + step:]
+    for ch in range(c):
+        o[ch] = m1[ch] - m2[ch] + F(2) * (m3[ch] - m4[ch])
+    o = out[at + 2 * step:]
+    for ch in range(c):
+        o[ch] = m1[ch] + m2[ch] + F(4) * (m3[ch] + m4[ch])
+    o = out[at + 3 * step:]
+    for ch in range(c):
+        o[ch] = m1[ch] - m2[ch] + F(8) * (m3[ch] - m4[ch]) + m5[ch]
+    if bias.shape[0] > 0:
+        for i in range(4):
+            o = out[at + i * step:]
+            for ch in range(c):
+                o[ch] += bias[ch]
