@@ -51,9 +51,10 @@ BIAS_AT = 1 * T + 1
 #: 10x10 1.16-1.36, 256->64 10x10 1.13-1.46, 64->64 10x10 1.54-1.69. yolov8n took 0.88x the time, det 0.94x.
 MIN_SIDE = 20
 MIN_CHANNELS = 19
-#: The compiled loops (looped) take the convs of this path whose ci * co / (ci + co) is at least this: 64 -> 64
-#: channels over 40 x 40 and 20 x 20 maps ran faster than the tile loop, 48 -> 48 slower.
-LOOPED_CHANNELS = 32
+#: The compiled loops (looped) take the convs of this path whose ci * co / (ci + co) is at least this: on one thread
+#: they took 0.6-0.7 of the tile loop's time for 64 -> 64 and 128 -> 128 channels, 0.82 for 48 -> 48, and 1.0-1.1
+#: for 32 -> 32 (benchmarks/RESULTS.md, session 27).
+LOOPED_CHANNELS = 24
 
 
 @functools.cache
