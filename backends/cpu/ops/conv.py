@@ -164,6 +164,8 @@ class Conv(CpuOp):
         # One channel per group, float32: the compiled depthwise loop serves whichever numpy way was planned
         # (det's 5x5 depthwise convs over 40 x 40 maps took im2col, far slower than the loop).
         plan["loop"] = not pointwise and depthwise.loop_serves(plan)
+        # 3x3 convs of enough channels: Winograd's compiled loops (winograd.looped), once they are compiled.
+        plan["winograd_loops"] = plan["path"] == "winograd" and winograd.loops_serve(plan)
         # Other convs of one group in float32: the compiled tile loop, once it is compiled (direct.py).
         plan["tiles"] = not plan["loop"] and direct.plan(plan, g)
         self._plan, self._plan_key = plan, (xs, ws, dtype)
@@ -213,7 +215,7 @@ class Conv(CpuOp):
                 if self._compiled(x, y, p, packed):
                     return y
                 return self.run(x, self.w_const, self.b_const)  # still compiling
-        elif p["path"] == "winograd" and p["cg"] == p["C"]:
+        elif p["winograd_loops"]:
             def fast(x):
                 if winograd.looped(x, y, p, packed):
                     return y
@@ -269,7 +271,7 @@ class Conv(CpuOp):
         y = out_buffer(self.out[0], p["out_shape"], cdt) if native else np.empty(p["out_shape"], cdt)
         if self._compiled_serves(p) and self._compiled(xc, y, p, packed):
             pass
-        elif p["path"] == "winograd" and winograd.looped(xc, y, p, packed):
+        elif p["winograd_loops"] and winograd.looped(xc, y, p, packed):
             pass
         elif p["tiles"] and direct.run(xc, y, p, packed):
             pass

@@ -196,15 +196,24 @@ def _views(p: dict[str, Any], xp: np.ndarray, xp_token: int, i0: int, i1: int) -
     return views
 
 
+#: The compiled loops of looped(), in the order it runs them.
+LOOPS = ("winograd_layout", "winograd_in", "gemm", "winograd_out")
+
+
+def loops_serve(p: dict[str, Any]) -> bool:
+    """Whether looped() takes the conv this path planned in p: one group, an activation the loops apply, and
+    LOOPED_CHANNELS."""
+    return (p["cg"] == p["C"] and p["loop_act"] is not None
+            and p["cg"] * p["cog"] >= LOOPED_CHANNELS * (p["cg"] + p["cog"]))
+
+
 def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> bool:
     """y = act(conv(x) + bias) for a conv this path serves, by the compiled loops: the input channel-last
     (planes.winograd_layout), its tiles transformed (planes.winograd_in), the 36 products of every tile by numpy's
     BLAS (loops.gemm), the output tiles transformed, with the bias and the activation (planes.winograd_out); each
-    shared by the crew. False (nothing done) while the loops compile, for an activation they do not apply, for
-    groups, and for convs with fewer channels than LOOPED_CHANNELS."""
-    loops = [jit.jitted(name) for name in ("winograd_layout", "winograd_in", "gemm", "winograd_out")]
-    if (None in loops or p["loop_act"] is None or not x.flags.c_contiguous or p["cg"] != p["C"]
-            or p["cg"] * p["cog"] < LOOPED_CHANNELS * (p["cg"] + p["cog"])):
+    shared by the crew, for a conv they serve (loops_serve). False (nothing done) while the loops compile."""
+    loops = [jit.jitted(name) for name in LOOPS]
+    if None in loops or not x.flags.c_contiguous:
         return False
     layout, into, gemm, out = loops
     N, C, co = p["N"], p["C"], p["co"]
