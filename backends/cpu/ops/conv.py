@@ -165,7 +165,7 @@ class Conv(CpuOp):
         # (det's 5x5 depthwise convs over 40 x 40 maps took im2col, far slower than the loop).
         plan["loop"] = not pointwise and depthwise.loop_serves(plan)
         # 3x3 convs of enough channels: Winograd's compiled loops (winograd.looped), once they are compiled.
-        plan["winograd_loops"] = plan["path"] == "winograd" and winograd.loops_serve(plan)
+        plan["winograd_loops"] = winograd.loops_serve(plan)
         # Other convs of one group in float32: the compiled tile loop, once it is compiled (direct.py).
         plan["tiles"] = not plan["loop"] and direct.plan(plan, g)
         self._plan, self._plan_key = plan, (xs, ws, dtype)
