@@ -20,6 +20,7 @@ way of learning that the GPU finished (AIOMNN_CUDA_WAIT).
 
     python benchmarks/gpu.py [--backends cuda,opencl,vulkan] [--models det,cls] [--batches 1,8]
                              [--precisions fp32,fp16] [--tuning normal] [--no-compile] [--out DIR]
+                             [--tokens 128]
 """
 
 from __future__ import annotations
@@ -534,6 +535,7 @@ async def main(argv=None):
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--skip-extra", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--tokens", type=int, default=None, help="minilm's sequence length (its first sample shape's else)")
     args = ap.parse_args(argv)
     here = {t.value: names for t, names in aiomnn.available_backends().items()}
     backends = [b for b in args.backends.split(",") if b in here]
@@ -566,7 +568,7 @@ async def main(argv=None):
     rows = []
     for name in args.models.split(","):
         spec = MODELS[name]
-        base = spec.shapes[0]
+        base = spec.shapes[0] if name != "minilm" or args.tokens is None else (1, args.tokens)
         oracle = ort.InferenceSession(str(models.path(name)), providers=["CPUExecutionProvider"])
         for b in [int(v) for v in args.batches.split(",")]:
             shape = (b,) + tuple(base[1:])
