@@ -152,7 +152,7 @@ def test_compiled_loops_match_reference(xs, ws, pads, group, act, monkeypatch):
     """The compiled transforms and products (winograd.looped) where they serve: one group; groups keep numpy's
     way."""
     monkeypatch.setenv("AIOMNN_NUMBA", "wait")
-    for name, value in (("MIN_SIDE", 1), ("MIN_CHANNELS", 0), ("LOOPED_CHANNELS", 0), ("LOOPED_SIDE", 1)):
+    for name, value in (("MIN_SIDE", 1), ("MIN_CHANNELS", 0), ("LOOPED_CHANNELS", 0), ("LOOPED_TILES", 1)):
         monkeypatch.setattr(winograd, name, value)
     served = []
     looped = winograd.looped

@@ -55,8 +55,9 @@ MIN_CHANNELS = 19
 #: they took 0.6-0.7 of the tile loop's time for 64 -> 64 and 128 -> 128 channels, 0.82 for 48 -> 48, and 1.0-1.1
 #: for 32 -> 32 (benchmarks/RESULTS.md, session 27).
 LOOPED_CHANNELS = 24
-#: ... and outputs of at least this many a side.
-LOOPED_SIDE = MIN_SIDE
+#: ... and at least this many tiles of 4 x 4 outputs in all (the products' rows): YOLOv8n's 10 x 10 maps (9 tiles an
+#: image) ran 3% slower through the loops at batch 1, 1-2.5% faster at batch 8 (benchmarks/RESULTS.md, session 27).
+LOOPED_TILES = 16
 
 
 @functools.cache
@@ -204,10 +205,11 @@ LOOPS = ("winograd_layout", "winograd_in", "gemm", "winograd_out")
 
 def loops_serve(p: dict[str, Any]) -> bool:
     """Whether looped() takes the conv planned in p (conv.py's plan): a 2-D 3x3 conv of stride and dilation 1 and
-    one group in float32, an activation the loops apply, LOOPED_CHANNELS, and outputs of LOOPED_SIDE a side."""
+    one group in float32, an activation the loops apply, LOOPED_CHANNELS and LOOPED_TILES."""
     return (p["n"] == 2 and p["kernel"] == [3, 3] and p["strides"] == [1, 1] and p["dils"] == [1, 1]
             and p["cdt"] == np.float32 and p["cg"] == p["C"] and p["loop_act"] is not None
-            and min(p["outs"]) >= LOOPED_SIDE and p["cg"] * p["cog"] >= LOOPED_CHANNELS * (p["cg"] + p["cog"]))
+            and p["N"] * -(-p["outs"][0] // M) * -(-p["outs"][1] // M) >= LOOPED_TILES
+            and p["cg"] * p["cog"] >= LOOPED_CHANNELS * (p["cg"] + p["cog"]))
 
 
 def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> bool:
