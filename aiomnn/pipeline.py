@@ -28,7 +28,7 @@ from .constants import const_tensor, is_nondeterministic, readonly
 from .graph import Graph, Node
 from .placement import Placer, keep_viewed
 from .profile import Profile
-from .segments import Segment, Step, segments_of
+from .segments import Segment, Step, inputs_first, segments_of
 
 log = logging.getLogger("aiomnn")
 
@@ -239,6 +239,8 @@ class Pipeline:
                 raise UnsupportedOpError(f"{node}, opset {node.opset}: no backend supports this op "
                                          f"with inputs {[t and (t.dtype, t.shape) for t in ins]}")
             steps.append(Step(node, backend, exe, node.inputs + node.implicit, node.outputs))
+        if main is not self.backup:
+            steps = inputs_first(steps, self.backup)
 
         # Reference counts: where each value is last read.
         last_use: dict[str, int] = {}

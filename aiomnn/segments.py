@@ -36,6 +36,24 @@ class Segment:
     gives: list[str] = field(default_factory=list)  # values it makes that later segments read or are outputs
 
 
+def inputs_first(steps: list[Step], backup: Backend) -> list[Step]:
+    """The steps with the backup's steps that read only the model's inputs and constants (or what such steps make)
+    moved ahead of the rest, each group in its order: a GPU session whose backend declines, say, the Gather of token
+    ids and the Cast of an attention mask then starts with one CPU segment for them, instead of coming back to the
+    CPU for each."""
+    made = {o for s in steps for o in s.outputs if o}
+    ahead: list[Step] = []
+    early: set[str] = set()
+    for s in steps:
+        if s.backend is backup and all(not x or x not in made or x in early for x in s.inputs):
+            ahead.append(s)
+            early.update(o for o in s.outputs if o)
+    if not ahead:
+        return steps
+    moved = set(map(id, ahead))
+    return ahead + [s for s in steps if id(s) not in moved]
+
+
 def segments_of(steps: list[Step], last_use: dict[str, int], keep: set[str]) -> list[Segment]:
     """The plan's steps cut where the backend changes, each segment with the values it frees a step (their last
     use, unless kept: the model's outputs), needs from outside and gives to later segments or as outputs."""

@@ -1582,3 +1582,30 @@ def test_arena_reuses_oldest():
     assert got == b  # best fit
     got, (a, b) = freed_then_take(oldest=True)
     assert got == a  # freed first
+
+
+def test_steps_of_the_inputs_alone_run_first_on_the_cpu():
+    """A step the GPU declines (Vulkan keeps float32 tensors only: a Cast of an int64 mask) that reads only the
+    model's inputs runs ahead of the GPU's steps, so the run makes one CPU segment, then one GPU segment, even where
+    it comes after a GPU step in the graph."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["r", "m"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8]),
+                                           helper.make_tensor_value_info("mask", TensorProto.INT64, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = np.linspace(-2, 2, 8, dtype=np.float32).reshape(1, 8)
+    mask = np.array([[1, 1, 1, 0, 1, 0, 0, 1]], np.int64)
+
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(model.SerializeToString())
+        async with await net.create_session(aiomnn.ScheduleConfig(type="vulkan", backup_type="cpu")) as s:
+            await s.wait_async_resize()
+            y = (await s.run({"x": x, "mask": mask}))["y"]
+            return y, [[st.node.op_type for st in seg.steps] for seg in s.pipeline.segments], \
+                [seg.backend.type.value for seg in s.pipeline.segments]
+
+    y, steps, places = anyio.run(go)
+    assert places == ["cpu", "vulkan"] and steps == [["Cast"], ["Relu", "Add"]], (places, steps)
+    np.testing.assert_array_equal(y, np.maximum(x, 0) + mask.astype(np.float32))
