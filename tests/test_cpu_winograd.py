@@ -163,6 +163,18 @@ def test_compiled_loops_match_reference(xs, ws, pads, group, act, monkeypatch):
     check(got, reference(feeds["x"], w, b, pads, group, act), 1e-5)
 
 
+def test_compiled_loops_leave_big_maps_to_the_tile_loop(monkeypatch):
+    """Maps whose transformed tiles would take more than LOOPED_BYTES keep the tile loop (memory that grows with
+    the map, held at once)."""
+    monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+    data, feeds, w, b = conv_model((1, 64, 40, 40), (64, 64, 3, 3), [1, 1, 1, 1], act="SiLU")
+    _, plans = run_plans(data, feeds)
+    assert plans[0]["winograd_loops"]
+    monkeypatch.setattr(winograd, "LOOPED_BYTES", 36 * 100 * 128 * 4 - 1)  # 100 tiles of 64 + 64 channels
+    _, plans = run_plans(data, feeds)
+    assert not plans[0]["winograd_loops"]
+
+
 def test_float16_rounds_once():
     data, feeds, w, b = conv_model((1, 40, 20, 21), (40, 40, 3, 3), [1, 1, 1, 1], dtype=np.float16)
     got, paths = run(data, feeds)

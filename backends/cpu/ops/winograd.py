@@ -58,6 +58,9 @@ LOOPED_CHANNELS = 24
 #: ... and at least this many tiles of 4 x 4 outputs in all (the products' rows): YOLOv8n's 10 x 10 maps (9 tiles an
 #: image) ran 3% slower through the loops at batch 1, 1-2.5% faster at batch 8 (benchmarks/RESULTS.md, session 27).
 LOOPED_TILES = 16
+#: ... and whose transformed tiles and products (36 x tiles x (ci + co) floats, held at once) take at most this
+#: many bytes: bigger maps keep the tile loop, whose memory does not grow with them.
+LOOPED_BYTES = 1 << 25
 
 
 @functools.cache
@@ -205,11 +208,13 @@ LOOPS = ("winograd_layout", "winograd_in", "gemm", "winograd_out")
 
 def loops_serve(p: dict[str, Any]) -> bool:
     """Whether looped() takes the conv planned in p (conv.py's plan): a 2-D 3x3 conv of stride and dilation 1 and
-    one group in float32, an activation the loops apply, LOOPED_CHANNELS and LOOPED_TILES."""
-    return (p["n"] == 2 and p["kernel"] == [3, 3] and p["strides"] == [1, 1] and p["dils"] == [1, 1]
+    one group in float32, an activation the loops apply, LOOPED_CHANNELS, LOOPED_TILES and LOOPED_BYTES."""
+    if not (p["n"] == 2 and p["kernel"] == [3, 3] and p["strides"] == [1, 1] and p["dils"] == [1, 1]
             and p["cdt"] == np.float32 and p["cg"] == p["C"] and p["loop_act"] is not None
-            and p["N"] * -(-p["outs"][0] // M) * -(-p["outs"][1] // M) >= LOOPED_TILES
-            and p["cg"] * p["cog"] >= LOOPED_CHANNELS * (p["cg"] + p["cog"]))
+            and p["cg"] * p["cog"] >= LOOPED_CHANNELS * (p["cg"] + p["cog"])):
+        return False
+    tiles = p["N"] * -(-p["outs"][0] // M) * -(-p["outs"][1] // M)
+    return LOOPED_TILES <= tiles and T * T * tiles * (p["C"] + p["co"]) * 4 <= LOOPED_BYTES
 
 
 def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> bool:
