@@ -261,7 +261,6 @@ def scatter_taps(args, piece):
                         row[w * kw + b] = c[w]
 
 
-
 def winograd_layout(args, piece):
     """Winograd's input channel-last: xt[n, py, px * c + ch] = x[n, ch, py - pt, px - pl], zero outside x, for
     the hp x wp padded positions, so that the transforms read every channel of a position as one run. Fields x
@@ -338,10 +337,10 @@ def _bt(d0, d1, d2, d3, d4, d5, out, at, step):
 
 def winograd_out(args, piece):
     """Winograd F(4x4, 3x3)'s output tiles: for each image n and row of tiles ty, AT m AT' of every tile of the
-    row plus the bias (an empty bias adds nothing), channel-last in the piece's scratch, then channel by channel
-    activated (scalars.activate) into rows 4 ty .. 4 ty + 3 of y, cut at ho rows and wo columns. Fields m (36, N *
-    th * tw, co), bias, y (N, co, ho * wo), scratch (24 co + 16 tw co a piece), act, alpha, beta, ho, wo,
-    th, tw. The pieces share the rows of tiles."""
+    row plus the bias (an empty bias adds nothing), channel-last in the piece's scratch, activated there
+    (scalars.activate), then copied channel by channel into rows 4 ty .. 4 ty + 3 of y, cut at ho rows and wo
+    columns. Fields m (36, N * th * tw, co), bias, y (N, co, ho * wo), scratch (24 co + 16 tw co a piece), act,
+    alpha, beta, ho, wo, th, tw. The pieces share the rows of tiles."""
     a = fields(args, 11)
     m, bias, y, scratch = array3(a, 0, F), array1(a, 1, F), array3(a, 2, F), array2(a, 3, F)
     act, alpha, beta = i64(a, 4), f32(a, 5), f32(a, 6)

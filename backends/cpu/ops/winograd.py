@@ -93,12 +93,17 @@ def filters(packed: dict[str, Any], cg: int, negate: bool) -> np.ndarray:
     return u
 
 
+def _fits(p: dict[str, Any]) -> bool:
+    """A conv (conv.py's plan) that F(4x4, 3x3) computes: 2-D, 3x3, stride and dilation 1, in float32."""
+    return (p["n"] == 2 and p["kernel"] == [3, 3] and p["strides"] == [1, 1] and p["dils"] == [1, 1]
+            and p["cdt"] == np.float32)
+
+
 def plan(p: dict[str, Any], tile: int) -> bool:
     """Take this path for the conv planned in p (conv.py's plan) if it fits and gains: sets p["path"], the GEMM
     work per image p["work"] and the blocks of tile rows, whose largest buffer holds about `tile` elements."""
     cg, cog, C = p["cg"], p["cog"], p["C"]
-    if not (p["n"] == 2 and p["kernel"] == [3, 3] and p["strides"] == [1, 1] and p["dils"] == [1, 1]
-            and p["cdt"] == np.float32 and min(p["outs"]) >= MIN_SIDE and cg * cog >= MIN_CHANNELS * (cg + cog)):
+    if not (_fits(p) and min(p["outs"]) >= MIN_SIDE and cg * cog >= MIN_CHANNELS * (cg + cog)):
         return False
     ho, wo = p["outs"]
     th, tq = -(-ho // M), -(-wo // M) + 1  # tile rows, tiles per row with the one that wraps
@@ -209,8 +214,7 @@ LOOPS = ("winograd_layout", "winograd_in", "gemm", "winograd_out")
 def loops_serve(p: dict[str, Any]) -> bool:
     """Whether looped() takes the conv planned in p (conv.py's plan): a 2-D 3x3 conv of stride and dilation 1 and
     one group in float32, an activation the loops apply, LOOPED_CHANNELS, LOOPED_TILES and LOOPED_BYTES."""
-    if not (p["n"] == 2 and p["kernel"] == [3, 3] and p["strides"] == [1, 1] and p["dils"] == [1, 1]
-            and p["cdt"] == np.float32 and p["cg"] == p["C"] and p["loop_act"] is not None
+    if not (_fits(p) and p["cg"] == p["C"] and p["loop_act"] is not None
             and p["cg"] * p["cog"] >= LOOPED_CHANNELS * (p["cg"] + p["cog"])):
         return False
     tiles = p["N"] * -(-p["outs"][0] // M) * -(-p["outs"][1] // M)
