@@ -1065,6 +1065,18 @@ FUSION_CASES = [
     (Case("matmul_bias_then_residual", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["c", "mm"], ["s"]),
                                         n("Add", ["s", "a2"], ["y"])], {"a": (3, 8), "a2": (3, 5)},
           ("MatMul", "Add"), {"w": r(8, 5, seed=1), "c": r(1, 5, seed=2)}), ["matmul_bias"]),
+    # A Gelu after the bias (fuse_activations leaves it apart): the matmul applies it, as BERT's dense layers.
+    (Case("matmul_bias_gelu", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["c", "mm"], ["s"]), n("Gelu", ["s"], ["y"])],
+          {"a": (2, 5, 9)}, ("MatMul", "Add", "Gelu"), {"w": r(9, 12, seed=1), "c": r(12, seed=2)}, opset=20),
+     ["matmul_bias"]),
+    # The exporter's spelled-out GELU, x * 0.5 * (1 + erf(x / sqrt 2)), which the core makes one Gelu.
+    (Case("matmul_bias_erf_gelu", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["c", "mm"], ["s"]),
+                                   n("Div", ["s", "r2"], ["e0"]), n("Erf", ["e0"], ["e1"]),
+                                   n("Add", ["e1", "one"], ["e2"]), n("Mul", ["s", "e2"], ["e3"]),
+                                   n("Mul", ["e3", "half"], ["y"])],
+          {"a": (3, 8)}, ("MatMul", "Add"), {"w": r(8, 6, seed=1), "c": r(6, seed=2),
+                                             "r2": np.float32(1.4142135381698608), "one": np.float32(1.0),
+                                             "half": np.float32(0.5)}, opset=13), ["matmul_bias"]),
     # The product is read twice: no fusion.
     (Case("matmul_bias_product_read", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["mm", "c"], ["s"]),
                                        n("Mul", ["s", "mm"], ["y"])], {"a": (4, 6)}, ("MatMul", "Add"),
@@ -1159,6 +1171,7 @@ async def test_fusion(case, kinds, runtime):
     # pointwise conv's matmul (the last Relu is the conv's activation) after the Relu (and the Sigmoid), or the Mul.
     want_dispatches = {"se_block": 2, "se_block_wide": 2, "se_pool_large": 3, "upsample_add": 2,
                        "upsample_add_first": 2, "upsample_linear_add": 3, "ln_decomposed": 2, "ln_decomposed_noaffine": 3, "matmul_bias_swish": 1,
+                       "matmul_bias_gelu": 1, "matmul_bias_erf_gelu": 1,
                        "matmul_bias_then_residual": 2, "pointwise_scale_residual": 3, "pointwise_scale": 2,
                        "pointwise_scaled_read": 3, "scale_shift": 2, "gate": 3, "conv_shift_hardswish": 1,
                        "conv_shift_depthwise": 1, "conv_shift_relu": 2}
@@ -1185,6 +1198,169 @@ async def test_se_needs_subgroup_shuffles(runtime, monkeypatch):
     want, _, _ = await run(data, feeds, CPU)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+# Attention: MatMul(q, k^T), scale, mask, Softmax, MatMul(., v) as one dispatch ----------------------------------
+def _attn_nodes(scale="div", mask=True, heads=True, out_transpose=True):
+    """A BERT layer's attention from q, k, v of (B, S, H * D) (heads: reshaped to (B, S, H, D) and transposed, as
+    the exporter does; else q, k, v come as (B*H, S, D) and k is transposed alone), its scale a Div or Mul by a
+    constant, its mask an input added to the scores."""
+    nodes = []
+    if heads:
+        for x, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+            nodes += [n("Reshape", [x, "heads"], [x + "r"]), n("Transpose", [x + "r"], [x + "t"], perm=perm)]
+    else:
+        nodes += [n("Identity", ["q"], ["qt"]), n("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+                  n("Identity", ["v"], ["vt"])]
+    nodes.append(n("MatMul", ["qt", "kt"], ["s"]))
+    last = "s"
+    if scale == "div":
+        nodes.append(n("Div", [last, "c"], ["sc"]))
+        last = "sc"
+    elif scale == "mul":
+        nodes.append(n("Mul", ["c", last], ["sc"]))
+        last = "sc"
+    if mask:
+        nodes.append(n("Add", [last, "mask"], ["sm"]))
+        last = "sm"
+    nodes += [n("Softmax", [last], ["p"], axis=-1), n("MatMul", ["p", "vt"], ["o"])]
+    if heads and out_transpose:
+        nodes += [n("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]), n("Reshape", ["ot", "hidden"], ["y"])]
+    else:
+        nodes.append(n("Relu", ["o"], ["y"]))
+    return nodes
+
+
+def attn_case(cid, b, s, h, d, t=None, scale="div", mask=(1, 1), heads=True, out_transpose=True, mask_values=None):
+    """An attention case: batch b, s queries, t keys (s by default), h heads of d; the mask (b, 1, 1 or s, t),
+    mask[1] > 1 for one per query, of 0 and -10000 (or mask_values) when mask is given."""
+    t = t or s
+    c = np.float32(math.sqrt(d)) if scale == "div" else np.float32(1 / math.sqrt(d))
+    inits = {"c": c, "heads": np.array([b, -1, h, d], np.int64), "hidden": np.array([b, s, h * d], np.int64)}
+    rng = np.random.default_rng(len(cid))
+    shape = (b, s, h * d) if heads else (b * h, s, d)
+    kshape = (b, t, h * d) if heads else (b * h, t, d)
+    inputs = {"q": rng.standard_normal(shape).astype(np.float32),
+              "k": rng.standard_normal(kshape).astype(np.float32),
+              "v": rng.standard_normal(kshape).astype(np.float32)}
+    if mask:
+        m = mask_values if mask_values is not None else \
+            np.where(rng.random((b, 1, mask[1] if mask[1] > 1 else 1, t)) < 0.3, -10000.0, 0.0).astype(np.float32)
+        m = np.broadcast_to(m, (b, 1, m.shape[2], t)).astype(np.float32)
+        inputs["mask"] = m if heads else m[0]  # rank 3: one mask for every sequence and head
+    if not heads:
+        del inits["heads"], inits["hidden"]
+    nodes = _attn_nodes(scale, bool(mask), heads, out_transpose)
+    return Case(cid, nodes, inputs, ("MatMul", "Softmax"), inits, opset=13)
+
+
+def _masked_rows(b, s, t):
+    """A mask with a row of -inf (softmax of NaN, as onnxruntime gives), a row of float32's lowest (a uniform
+    average of v) and one key masked out of every other row."""
+    m = np.zeros((b, 1, s, t), np.float32)
+    m[0, 0, 1] = -np.inf
+    m[-1, 0, 2] = np.finfo(np.float32).min
+    m[:, :, :, -1] = -np.inf
+    return m
+
+
+MAX_KEYS = 1024  # attention.MAX_KEYS
+ATTN_CASES = [
+    # (case, fused groups, dispatches)
+    # BERT's: reshapes, transposes, Div by sqrt(d), a padding mask per sequence, the output transposed back: the
+    # transposes are strides of the one dispatch (the output Reshape to a graph output is a copy).
+    (attn_case("attn_bert", 2, 5, 2, 8), ["attention"], 2),
+    # Several query blocks (the last one partial), a Mul by a constant before the scores, no mask.
+    (attn_case("attn_mul_nomask", 2, 37, 3, 16, scale="mul", mask=None), ["attention"], 2),
+    # No scale, a mask per query row, a head size the shader pads (12 -> 16), more keys than queries.
+    (attn_case("attn_rowmask_pad", 1, 6, 2, 12, t=70, scale=None, mask=(1, 6)), ["attention"], 2),
+    # Rank 3 (batch of heads), k transposed alone, the output read by a Relu; a head of 20 (padded to 32).
+    (attn_case("attn_rank3", 3, 9, 2, 20, t=11, heads=False), ["attention"], 2),
+    # A fully masked row (-inf: NaN, as unfused) and one of float32's lowest (uniform), a key masked everywhere.
+    (attn_case("attn_masked_rows", 2, 4, 1, 8, mask=(1, 4), mask_values=_masked_rows(2, 4, 4)), ["attention"], 2),
+    # The output not transposed back (its Relu reads it): the group ends at the second MatMul.
+    (attn_case("attn_out_plain", 1, 8, 2, 8, out_transpose=False), ["attention"], 2),
+    # As many keys as the shader holds, with a head of 4.
+    (attn_case("attn_keys_at_limit", 1, 3, 1, 4, t=MAX_KEYS), ["attention"], 2),
+    # One key more: the ops run unfused (with the transposes, the Div, the Add, the Softmax).
+    (attn_case("attn_keys_over_limit", 1, 3, 1, 4, t=MAX_KEYS + 1), [], 10),
+    # A head larger than the shader takes: unfused.
+    (attn_case("attn_head_too_large", 1, 4, 1, 132, mask=None), [], 9),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case,kinds,dispatches", ATTN_CASES, ids=[c.id for c, _, _ in ATTN_CASES])
+async def test_attention(case, kinds, dispatches, runtime):
+    """The attention chain is one attention dispatch (or, where the shader cannot take it, the ops as they were),
+    with onnxruntime's result to float rounding."""
+    data, feeds, got, again, fused, steps = await run_twice(case, runtime)
+    assert fused == kinds
+    kernels = [k for _, _, ks in steps for k in ks]
+    assert len(kernels) == dispatches, steps
+    assert ("attention" in kernels) == bool(kinds)
+    assert {kind for op, kind, _ in steps if op in case.on_vulkan} == {"vulkan"}
+    np.testing.assert_array_equal(again["y"], got["y"])
+    if ort is not None:
+        [want] = oracle(data, feeds)
+    else:
+        want = (await run(data, feeds, CPU))[0]["y"]
+    assert np.isnan(got["y"]).sum() == np.isnan(want).sum()
+    np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.anyio
+async def test_attention_fp16_storage():
+    """The attention shader's float16-storage build, against the CPU."""
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
+    info = aiomnn.create_runtime(config)
+    try:
+        if not info.runtimes[ForwardType.VULKAN].supports_fp16:
+            pytest.skip("the device has no 16-bit storage buffers")
+        case = attn_case("attn_fp16", 2, 21, 2, 16)
+        data, feeds = case.model(), case.feeds()
+        async with await aiomnn.Interpreter.from_bytes(data).create_session(config, info) as s:
+            got = await s.run(feeds)
+            assert list(s.pipeline.main.plan.fused) == ["attention"]
+        want, _, _ = await run(data, feeds, CPU)
+        err = np.linalg.norm(got["y"] - want["y"]) / np.linalg.norm(want["y"])
+        assert err < 5e-3, f"fp16 relative error {err:.2e}"
+    finally:
+        info.close()
+
+
+@pytest.mark.models
+@pytest.mark.anyio
+@pytest.mark.parametrize("shape", [(1, 128), (2, 40)], ids=["1x128", "2x40"])
+async def test_minilm_attention_fused(shape, runtime):
+    """minilm on Vulkan: each layer's attention (with its transposes) one dispatch, each dense layer's MatMul, bias
+    and GELU one matmul; the outputs onnxruntime's (row 0 of a batch is padded: its mask matters)."""
+    path = model_path("minilm")
+    feeds = sample_feeds("minilm", shape)
+    net = aiomnn.Interpreter.from_file(path)
+    async with await net.create_session(CONFIG, runtime) as s:
+        got = await s.run(feeds)
+        fused = list(s.pipeline.main.plan.fused)
+        kernels = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps
+                   for d in getattr(st.execution, "dispatches", [])]
+        on = {seg.backend.type for seg in s.pipeline.segments for st in seg.steps if st.node.op_type == "MatMul"}
+    assert on == {ForwardType.VULKAN}
+    assert fused.count("attention") == 6 and fused.count("matmul_bias") == 36, fused
+    assert kernels.count("attention") == 6 and "softmax" not in kernels
+    assert kernels.count("unary") <= 1, kernels  # the GELUs are in their matmuls
+    assert len(kernels) == MINILM_DISPATCHES, len(kernels)
+    if ort is None:
+        pytest.skip("onnxruntime is not installed")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    want = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for k, w in zip(net.output_names, want):
+        err = float(np.linalg.norm(got[k].astype(np.float64) - w) / np.linalg.norm(w))
+        assert err <= 1e-5, f"{k}: relative error {err:.2e} vs onnxruntime"
+
+
+#: A minilm run's dispatches on Vulkan: 134 before attention and GELU were fused.
+MINILM_DISPATCHES = 80
 
 
 #: The tiled matmul's register-blocked tiles (launch.REG_TILES).

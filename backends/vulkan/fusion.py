@@ -5,7 +5,10 @@ knows every reader of each value. plan_fusions then finds:
 
 - a LayerNorm that an exporter spelled out (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, then
   Mul and Add by constants), as one layernorm dispatch (layernorm.py);
-- a MatMul followed by an Add of a constant bias (with the Add's fused activation), as one matmul;
+- scaled dot-product attention (MatMul, scale, mask Add, Softmax, MatMul, with the Transposes around it) as
+  one attention dispatch (attention.py);
+- a MatMul followed by an Add of a constant bias (with the Add's fused activation, or the unary op, such as
+  Gelu, that alone reads the Add), as one matmul;
 - a pointwise Conv run as the matmul, with the Mul that scales its input per channel before it (a
   squeeze-and-excitation block's) and the residual Add after it, as one matmul;
 - a squeeze-and-excitation block's squeeze: GlobalAveragePool, then two pointwise Convs on its (N, C, 1, 1)
@@ -24,13 +27,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from .attention import attention_at
 from .epilogues import conv_shift_at, gate_at, scale_shift_at
 from .groups import Group, Steps, const_array
 from .layernorm import layernorm_at
 from .launch import Blocks, Matmul, few_tiles
 from .ops.base import VkOp, is_f32, pack, pad, to_f32
 from .ops.conv import Conv
-from .ops.elementwise import Binary, aligned4, binary_view
+from .ops.elementwise import Binary, Unary, aligned4, binary_view
 from .ops.matmul import MatMul
 from .ops.reduce import Reduce
 from .ops.resize import Resize
@@ -42,7 +46,8 @@ log = logging.getLogger("aiomnn.vulkan")
 
 
 def _matmul_bias_at(st: Steps, i: int, taken: set[int]) -> Group | None:
-    """MatMul, then Add of a constant along its columns (and the Add's fused activation): one matmul."""
+    """MatMul, then Add of a constant along its columns (and the Add's fused activation, or else the unary op
+    that alone reads the Add, _unary_after): one matmul."""
     steps = st.steps
     node, exe, ins, outs = steps[i]
     if not isinstance(exe, MatMul) or len(ins) != 2 or len(ins[1].shape) < 2 or len(outs[0].shape) < 2:
@@ -65,10 +70,16 @@ def _matmul_bias_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         return None
     if any(d != 1 for d in a.shape[:-1]) or (a.ndim and a.shape[-1] not in (1, oshape[-1])):
         return None
-    if any(steps[k][1] is None for k in range(i, ka + 1)):
+    chain, act = [i, ka], ae.act
+    ku = _unary_after(st, ka, taken) if act[0] == 0 else None
+    if ku is not None:
+        ue = steps[ku][1]
+        chain.append(ku)
+        act = (ue.code, ue.a, ue.c)
+    if any(steps[k][1] is None for k in range(i, chain[-1] + 1)):
         return None
     ccs = int(a.ndim > 0 and a.shape[-1] != 1)
-    code, a1, a2 = ae.act
+    code, a1, a2 = act
     reads = [t.name for t in ins if not t.is_const]
 
     def build(final: VkOp) -> None:
@@ -80,8 +91,23 @@ def _matmul_bias_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         final.dispatch("matmul", [final.out_locs[0], a, plan.locate(ins[1]), plan.locate(ct), a, a], push,
                        Matmul(m, n, nb, k), consts=(code,))
 
-    taken.update((i, ka))
-    return Group("matmul_bias", [exe, ae], [mm], reads, build)
+    taken.update(chain)
+    inner = [steps[k][3][0].name for k in chain[:-1]]
+    return Group("matmul_bias", [steps[k][1] for k in chain], inner, reads, build)
+
+
+def _unary_after(st: Steps, k: int, taken: set[int]) -> int | None:
+    """The one reader of step k's output, if it is a unary op on this backend of the output's shape: the matmul
+    applies it too. (fuse_activations attaches to an Add only the activations every backend's Add applies: not
+    BERT's Gelu, say.)"""
+    out = st.steps[k][3][0]
+    rs = st.readers.get(out.name, [])
+    if len(rs) != 1 or rs[0] in taken:
+        return None
+    _, ue, _, uouts = st.steps[rs[0]]
+    if not isinstance(ue, Unary) or ue.code == 0 or tuple(uouts[0].shape) != tuple(out.shape):
+        return None
+    return rs[0]
 
 
 def _pointwise_at(st: Steps, i: int, taken: set[int]) -> Group | None:
@@ -268,7 +294,7 @@ def plan_fusions(plan: "Plan", created: list[tuple]) -> None:
             if node.op_type == "ReduceMean":
                 group = layernorm_at(st, i, taken)
             elif node.op_type == "MatMul":
-                group = _matmul_bias_at(st, i, taken)
+                group = attention_at(st, i, taken) or _matmul_bias_at(st, i, taken)
             elif node.op_type == "Conv":
                 group = _pointwise_at(st, i, taken) or conv_shift_at(st, i, taken)
             elif node.op_type == "GlobalAveragePool":

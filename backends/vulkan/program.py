@@ -36,9 +36,10 @@ KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "conv": 4, "convt": 4, "m
                    "conv_gemm": 6,  # out, x, w, bias, partial sums, tile counters
                    "conv_narrow": 6,  # conv_gemm's bindings (it reads the first four)
                    "cast": 2,  # the device tensor, the float32 host staging
-                   "raster": 2}  # the output, then the input a region reads
+                   "raster": 2,  # the output, then the input a region reads
+                   "attention": 5}  # out, q, k, v, mask
 #: Kernels whose workgroup size is fixed in the shader (tiles in shared memory).
-FIXED_LOCAL = {"matmul": (16, 16, 1)}
+FIXED_LOCAL = {"matmul": (16, 16, 1), "attention": (128, 1, 1)}
 #: matmul's register-blocked tiles (launch.REG_TILES: rows x columns), kernels of their own from matmul.comp,
 #: with its bindings, specialization and their fixed workgroup size.
 REG_TILE_LOCAL = {"matmul_128x64": (16, 16, 1), "matmul_64x128": (16, 16, 1), "matmul_64x64": (16, 8, 1),
@@ -56,7 +57,7 @@ PUSH_BYTES = 128  # the minimum every device guarantees
 #: code (the divisions by them, the loop counts) and each layer gets its own pipeline. Their shaders declare
 #: `layout(constant_id = 16 + i)` in the push block's order and have no push block.
 SPECIALIZED = {"conv", "conv_gemm", "conv_narrow", "convt", "matmul", "matmul_direct", "matmul_small", "se",
-               *REG_TILE_LOCAL, *CONV_REG_LOCAL}
+               "attention", *REG_TILE_LOCAL, *CONV_REG_LOCAL}
 PUSH_ID = 16
 
 
