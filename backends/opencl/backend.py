@@ -19,6 +19,7 @@ from aiomnn.profile import OpEvent
 # Importing the package ops/ registers every op.
 from .ops.base import Alias, ClExecution, Decline, OpContext, launches_for
 from .plan import Plan
+from .tune import settle
 
 if TYPE_CHECKING:
     from aiomnn.segments import Segment
@@ -57,7 +58,8 @@ class OpenclBackend(Backend):
             return ClExecution(node, list(inputs), list(outputs), [], alias=launches.index, backend=self)
         try:  # built already when the session prepared this plan on a worker thread
             for launch in launches:
-                self.runtime.programs.build(launch.program, self.ctx.options + launch.options)
+                run = settle(self.runtime, self.ctx, launch)
+                self.runtime.programs.build(run.program, self.ctx.options + run.options)
         except BackendError:
             return None
         return ClExecution(node, list(inputs), list(outputs), launches, backend=self)

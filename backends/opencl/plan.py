@@ -26,7 +26,7 @@ from aiomnn.memory import Arena, Block, SharedArena, StorageType
 
 from .ops.base import ClExecution, Const, In, Launch, OpContext, Out, Scratch
 from .ops.layout import contiguous_copy
-from .tune import cached_local_size
+from .tune import cached_local_size, settle
 
 if TYPE_CHECKING:
     from aiomnn.segments import Segment
@@ -149,13 +149,14 @@ class Plan:
                     self.arena.release(block)
                 elif isinstance(a, Const):
                     exe.locations[(Const, id(a))] = self.weight(a.key, a)
-            program = runtime.programs.build(launch.program, self.ctx.options + launch.options)
-            launch.cl_kernel = cl.Kernel(program, launch.kernel)
-            lws = launch.local
-            if launch.tune and lws is None:
-                lws = cached_local_size(runtime, runtime.tuner, self.ctx, launch)
-            launch.lws = lws or runtime.default_local(launch.size)
-            launch.gws = runtime.global_size(launch.size, launch.lws)
+            run = settle(runtime, self.ctx, launch)  # with tiles, the kernel and tile chosen (tiles.py)
+            program = runtime.programs.build(run.program, self.ctx.options + run.options)
+            launch.cl_kernel = cl.Kernel(program, run.kernel)
+            lws = run.local
+            if run.tune and lws is None:
+                lws = cached_local_size(runtime, runtime.tuner, self.ctx, run)
+            launch.lws = lws or runtime.default_local(run.size)
+            launch.gws = runtime.global_size(run.size, launch.lws)
             launch.enqueue = runtime.queue.launcher(launch.cl_kernel, launch.gws, launch.lws)
         self.recorded.append(exe)
 

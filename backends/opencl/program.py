@@ -12,7 +12,7 @@ import logging
 import threading
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyopencl as cl
 
@@ -20,7 +20,7 @@ from aiomnn import binary
 from aiomnn.errors import BackendError
 from aiomnn.expressions import Dialect, switch
 
-from .ops.base import Alias, Decline, OpContext, launches_for
+from .ops.base import Alias, Decline, Launch, OpContext, launches_for
 from .ops.layout import contiguous_copy
 
 log = logging.getLogger("aiomnn.opencl")
@@ -75,8 +75,9 @@ class Programs:
             raise prg
         return prg
 
-    def build_for(self, ctx: OpContext, ops: list) -> None:
-        """Build every program these ops need; called on a worker thread before a plan is made."""
+    def build_for(self, ctx: OpContext, ops: list, settle: Callable[[Launch], Launch]) -> None:
+        """Build every program these ops need, each launch as `settle` makes it (its choice of tiles); called on a
+        worker thread before a plan is made."""
         for node, inputs, outputs in ops:
             try:
                 launches = launches_for(ctx, node, inputs, outputs)
@@ -84,7 +85,7 @@ class Programs:
                 continue
             if isinstance(launches, Alias):  # becomes a copy when its output is a graph output
                 launches = [contiguous_copy(ctx, inputs[launches.index], outputs[0])]
-            for launch in launches:
+            for launch in map(settle, launches):
                 try:
                     self.build(launch.program, ctx.options + launch.options)
                 except BackendError:

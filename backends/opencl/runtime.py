@@ -24,7 +24,7 @@ from aiomnn.tuning import Tuner
 from .backend import OpenclBackend
 from .program import Programs
 from .queue import Queue
-from .tune import tasks_for
+from .tune import settle, tasks_for
 
 log = logging.getLogger("aiomnn.opencl")
 
@@ -118,6 +118,7 @@ class OpenclRuntime(Runtime):
         self.queue = Queue(self.context, d)
         self.max_work_group = int(d.max_work_group_size)
         self.max_work_items = tuple(int(s) for s in d.max_work_item_sizes)
+        self.local_memory = int(d.local_mem_size)
         self.align = max(64, int(d.mem_base_addr_align) // 8)
         #: fp16 storage (precision="low") where the device has cl_khr_fp16. The storage path itself
         #: (vload_half/vstore_half) is core OpenCL, but on NVIDIA, which lacks the extension, it
@@ -161,8 +162,9 @@ class OpenclRuntime(Runtime):
 
     # Programs ----------------------------------------------------------------------------------
     def compile(self, backend: Any, ops: list) -> None:
-        """Build every program these ops need; called on a worker thread before a plan is made."""
-        self.programs.build_for(backend.ctx, ops)
+        """Build every program these ops need (as their tuned choices, or defaults, run them); called on a worker
+        thread before a plan is made."""
+        self.programs.build_for(backend.ctx, ops, lambda launch: settle(self, backend.ctx, launch))
 
     # Work sizes --------------------------------------------------------------------------------
     def default_local(self, size: tuple[int, ...]) -> tuple[int, ...]:

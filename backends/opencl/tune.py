@@ -1,10 +1,12 @@
-"""Local-size tuning for OpenCL kernels, as aiomnn.tuning TuneTasks.
+"""Tuning for OpenCL kernels, as aiomnn.tuning TuneTasks: a launch's local size, or, for a launch with tiles
+(Conv, MatMul, Gemm: tiles.py), its kernel, tile and split.
 
-A kernel's key names the kernel and a hash of its source, its build options,
-its work size and its integer arguments (the shapes it works on). Timing runs
-the kernel on zero-filled buffers of the real sizes (index tables and weights
-are the real ones) on a queue of its own, with profiling events, and drops
-the first sample of each candidate: a new program's first launch is slow.
+A kernel's key names the kernel and a hash of its source (of every program its
+tiles may run), its build options, its work size and its integer arguments (the
+shapes it works on). Timing runs the kernel on zero-filled buffers of the real
+sizes (index tables and weights are the real ones) on a queue of its own, with
+profiling events, and drops the first sample of each candidate: a new program's
+first launch is slow.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from aiomnn.graph import Node
 from aiomnn.tuning import Tuner
 
 from .ops.base import Const, Decline, In, Launch, OpContext, Out, Scratch, launches_for
+from .tiles import local_bytes
 
 
 def launch_key(runtime: Any, ctx: OpContext, launch: Launch) -> str:
-    _, src_hash = runtime.programs.source(launch.program)
+    programs = [launch.program] + [p for p in getattr(launch.tiles, "programs", ()) if p != launch.program]
+    src_hash = "+".join(runtime.programs.source(p)[1] for p in programs)
     ints = [int(a) for a in launch.args if isinstance(a, np.integer)]
     digest = hashlib.sha1(repr(ints).encode()).hexdigest()[:12]
     options = " ".join(ctx.options + launch.options)
@@ -43,6 +47,38 @@ def cached_local_size(runtime: Any, tuner: Tuner, ctx: OpContext, launch: Launch
     return None
 
 
+def fits(runtime: Any, launch: Launch) -> bool:
+    """Whether the device takes this concrete launch's fixed local size (and a tile's local memory)."""
+    if launch.local is None:
+        return True
+    if int(np.prod(launch.local)) > runtime.max_work_group:
+        return False
+    if any(v > m for v, m in zip(launch.local, runtime.max_work_items)):
+        return False
+    tile = [o for o in launch.options if o.startswith(("-DBM=", "-DBN="))]
+    return not tile or local_bytes(tuple(int(o.split("=")[1]) for o in tile)) <= runtime.local_memory
+
+
+def choices(runtime: Any, launch: Launch) -> list[Any]:
+    """A tiled launch's choices that this device takes, the default first (where it takes it)."""
+    return [c for c in launch.tiles.choices() if fits(runtime, launch.tiles.apply(launch, c))]
+
+
+def settle(runtime: Any, ctx: OpContext, launch: Launch) -> Launch:
+    """The launch as it runs: for one with tiles, its tuned choice (cached), else its default, made concrete
+    (where the device cannot take the default, the first choice it takes); any other launch as it is."""
+    tiles = launch.tiles
+    if tiles is None:
+        return launch
+    entry = runtime.tuner.cache.get(launch_key(runtime, ctx, launch))
+    choice = entry and entry.get("choice")
+    if tiles.valid(choice) and fits(runtime, tiles.apply(launch, choice)):
+        return tiles.apply(launch, choice)
+    if fits(runtime, tiles.apply(launch, tiles.default())):
+        return tiles.apply(launch, tiles.default())
+    return tiles.apply(launch, choices(runtime, launch)[0])
+
+
 def tasks_for(runtime: Any, backend: Any, node: Node, inputs: list, outputs: list) -> list["KernelTuneTask"]:
     """The op's launches whose local size can be tuned, planned in the backend's context (every GPU backend's
     tasks_for takes the same arguments)."""
@@ -57,7 +93,8 @@ def tasks_for(runtime: Any, backend: Any, node: Node, inputs: list, outputs: lis
 
 
 class KernelTuneTask:
-    """Which local size runs this launch fastest on this device."""
+    """Which local size, or for a launch with tiles which choice of them, runs this launch fastest on this
+    device."""
 
     def __init__(self, runtime: Any, ctx: OpContext, node: Node, inputs: list, outputs: list, launch: Launch):
         self.runtime = runtime
@@ -67,15 +104,33 @@ class KernelTuneTask:
         self.launch = launch
         self.key = launch_key(runtime, ctx, launch)
         self.label = f"{node} {launch.kernel} {launch.size}"
+        self.tried: list[Any] = []  # the candidates asked for last
 
     def candidates(self, limit: int) -> list[Any]:
-        return [list(c) for c in self.runtime.local_candidates(self.launch.size, limit)]
+        if self.launch.tiles is not None:
+            self.tried = choices(self.runtime, self.launch)[:max(1, limit)]
+        else:
+            self.tried = [list(c) for c in self.runtime.local_candidates(self.launch.size, limit)]
+        return self.tried
+
+    def _concrete(self, candidate: Any) -> tuple[Launch, tuple[int, ...]]:
+        """The launch a candidate runs, and its local size."""
+        if self.launch.tiles is not None:
+            run = self.launch.tiles.apply(self.launch, candidate)
+            return run, run.local or self.runtime.default_local(run.size)
+        return self.launch, tuple(candidate)
+
+    def _kernel(self, run: Launch) -> "cl.Kernel":
+        return cl.Kernel(self.runtime.programs.build(run.program, self.ctx.options + run.options), run.kernel)
 
     @contextlib.contextmanager
     def timer(self) -> Iterator[Any]:
         rt, launch = self.runtime, self.launch
         queue = cl.CommandQueue(rt.context, rt.cl_device, properties=cl.command_queue_properties.PROFILING_ENABLE)
-        kernel = cl.Kernel(rt.programs.build(launch.program, self.ctx.options + launch.options), launch.kernel)
+        if launch.tiles is not None:  # build the candidates first: their timing then runs back to back
+            for c in self.tried:
+                with contextlib.suppress(Exception):  # a candidate that cannot build fails when timed
+                    self._kernel(self._concrete(c)[0])
         buffers = []
 
         def zeros(nbytes: int) -> cl.Buffer:
@@ -101,11 +156,12 @@ class KernelTuneTask:
                 args += [buf, np.int32(0)]
             else:
                 args.append(a)
-        kernel.set_args(*args)
 
         def time(candidate: Any, samples: int) -> float:
-            lws = tuple(candidate)
-            gws = rt.global_size(launch.size, lws)
+            run, lws = self._concrete(candidate)
+            kernel = self._kernel(run)
+            kernel.set_args(*args)
+            gws = rt.global_size(run.size, lws)
             best = float("inf")
             for i in range(samples + 1):
                 ev = cl.enqueue_nd_range_kernel(queue, kernel, gws, lws)

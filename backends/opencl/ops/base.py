@@ -15,7 +15,10 @@ A Launch names a kernel in kernels/<program>.cl, its arguments and the work
 items it needs. Buffer arguments are In(i), Out(i) (the node's tensors),
 Const(...) (host data uploaded once: repacked weights, index tables) and
 Scratch(nbytes). Each buffer becomes two kernel arguments, the cl.Buffer and
-its offset in elements, which the kernel adds (`SHIFT(x)`).
+its offset in elements, which the kernel adds (`SHIFT(x)`). A Launch with
+tiles (Conv, MatMul, Gemm: ../tiles.py) names the work rather than one
+kernel: tuning chooses its kernel and tile, and the plan runs that choice, or
+the default (tune.settle).
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ class Launch:
     options: tuple[str, ...] = ()
     tune: bool = False  # is its local size worth tuning?
     local: tuple[int, ...] | None = None  # a fixed local size the kernel needs (it uses local memory)
+    # The kernels and tiles its work may run (tiles.py: ConvTiles, MatmulTiles): tuning chooses one of them, and
+    # the choice makes the launch that runs (tune.settle).
+    tiles: Any = None
     # Filled when recorded:
     cl_kernel: Any = None
     gws: tuple[int, ...] | None = None

@@ -1,7 +1,11 @@
 """Conv and ConvTranspose (1-D and 2-D, NCHW), with bias and a fused activation.
 
-Weights must be constants: they are repacked once so that four output
-channels load together (kernels/conv.cl). Every launch here is tuned.
+Conv runs kernels/gemm.cl's implicit GEMM (conv_gemm), or conv.cl's direct
+conv2d where the sums are shallow or the output channels few: tuning chooses
+the kernel, its tile and how many ways its sums split (tiles.ConvTiles);
+depthwise convs run conv.cl's depthwise. Weights of Conv are read as ONNX
+lays them out; ConvTranspose's are repacked so that four output channels
+load together. Every launch here is tuned.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import numpy as np
 from aiomnn.graph import text
 from aiomnn.window import window_params
 
+from ..tiles import ConvTiles, conv_counts, conv_splits
 from .base import F32, Const, Decline, In, Launch, Out, Scratch, act_options, f32, i32, op, require_float
 from .elementwise import activation
 
@@ -74,33 +79,20 @@ def conv(ctx, node, ins, outs):
         wk = In(1) if w is None else _weights(node, w, "dw", lambda: np.ascontiguousarray(w, dtype=np.float32))
         args = [In(0), wk, bias, Out(0), *i32(n * c, c, h, wd, oh, ow, kh, kw, *st, pads[0], pads[1], *dil), *tail]
         return [Launch("conv", "depthwise", args, (-(-ow // 4), oh, n * c), options, tune=True)]
-    ocb = -(-ocg // 4)
-    if kh == kw == 1 and st == [1, 1] and not any(pads) and g == 1:
-        def pack_1x1() -> np.ndarray:
-            wp = np.zeros((ocb * 4, c), np.float32)
-            wp[:oc] = w.reshape(oc, c)
-            return np.ascontiguousarray(wp.reshape(ocb, 4, c).transpose(0, 2, 1))
-
-        p = h * wd
-        pre, wk = [], _weights(node, w, "1x1", pack_1x1) if w is not None else None
-        if w is None:
-            launch, wk = _packed_on_device(ctx, "pack_oc4", ocb * c * 4, 1, oc, ocb, c)
-            pre = [launch]
-        args = [In(0), wk, bias, Out(0), *i32(n, c, oc, ocb, p), *tail]
-        return pre + [Launch("conv", "conv1x1", args, (-(-p // 4), ocb, n), options, tune=True)]
-
-    def pack() -> np.ndarray:
-        wp = np.zeros((g, ocb * 4, icg, kh, kw), np.float32)
-        wp[:, :ocg] = w.reshape(g, ocg, icg, kh, kw)
-        return np.ascontiguousarray(wp.reshape(g, ocb, 4, icg, kh, kw).transpose(0, 1, 3, 4, 5, 2))
-
-    pre, wk = [], _weights(node, w, "oc4", pack) if w is not None else None
-    if w is None:
-        launch, wk = _packed_on_device(ctx, "pack_oc4", g * ocb * icg * kh * kw * 4, g, ocg, ocb, icg * kh * kw)
-        pre = [launch]
-    args = [In(0), wk, bias, Out(0),
-            *i32(n, g, icg, h, wd, ocg, ocb, oh, ow, kh, kw, *st, pads[0], pads[1], *dil), *tail]
-    return pre + [Launch("conv", "conv2d", args, (-(-ow // 4), oh, n * g * ocb), options, tune=True)]
+    k, npix = icg * kh * kw, n * oh * ow
+    wk = In(1) if w is None else _weights(node, w, "oihw", lambda: np.ascontiguousarray(w, dtype=np.float32))
+    # Per step of the sums, the offset of each k = (ci, kh, kw) from a pixel's first tap, and the tap's (dh, dw).
+    ci, ky, kx = (a.reshape(-1) for a in np.meshgrid(np.arange(icg), np.arange(kh), np.arange(kw), indexing="ij"))
+    taps = np.stack([ci * h * wd + ky * dil[0] * wd + kx * dil[1], ky * dil[0], kx * dil[1], 0 * ci], 1)
+    taps = np.ascontiguousarray(taps, dtype=np.int32)
+    splits = conv_splits(k, oc, npix)
+    counts = conv_counts(ocg, npix, g) if splits > 1 else 1
+    tiles = ConvTiles(ocg, npix, k, g, splits, (-(-ow // 4), oh, n * g * -(-ocg // 4)))
+    args = [In(0), wk, bias, Out(0), Const(("taps", icg, kh, kw, h, wd, *dil), lambda: taps),
+            Scratch(4 * oc * npix * splits if splits > 1 else 4),
+            Const(("counts", counts), lambda: np.zeros(counts, np.uint32)),
+            *i32(n, c, h, wd, oc, oh, ow, g, kh, kw, *st, pads[0], pads[1], *dil), *tail]
+    return [Launch("gemm", "conv_gemm", args, (npix, ocg, g), options, tune=True, tiles=tiles)]
 
 
 @op("ConvTranspose", 1)

@@ -1,4 +1,5 @@
-"""MatMul (batched, broadcasting) and Gemm, on one tiled kernel (kernels/matmul.cl)."""
+"""MatMul (batched, broadcasting) and Gemm: kernels/gemm.cl's tiled matmul, or matmul.cl's matmul_small for
+products of a few tiles; tuning chooses the kernel and its tile (tiles.MatmulTiles)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 
 from aiomnn.strides import collapse
 
+from ..tiles import MatmulTiles
 from .base import Const, Decline, In, Launch, Out, act_options, f32, i32, meta, op, require_float, strides
 from .elementwise import activation
 
@@ -39,7 +41,7 @@ def matmul(ctx, node, ins, outs):
     batches = math.prod(batch)
     args = [In(0), In(1), _zeros(), Out(0), meta(("mm",), dims, ba, bb),
             *i32(m, n, k, k, 1, n, 1, 0, 0, batches, len(dims)), *f32(1.0, 0.0, 0.0, 0.0)]
-    return [Launch("matmul", "gemm", args, (-(-n // 4), -(-m // 4), batches), tune=True)]
+    return [Launch("gemm", "matmul", args, (n, m, batches), tune=True, tiles=MatmulTiles(m, n, k, batches))]
 
 
 @op("Gemm", 7)
@@ -65,4 +67,4 @@ def gemm(ctx, node, ins, outs):
         cbuf, scm, scn = In(2), (0 if cs[0] == 1 else cs[1]), (0 if cs[1] == 1 else 1)
     args = [In(0), In(1), cbuf, Out(0), meta(("mm",), [1], [0], [0]),
             *i32(m, n, k, sam, sak, sbk, sbn, scm, scn, 1, 1), *f32(alpha, beta, act[1], act[2])]
-    return [Launch("matmul", "gemm", args, (-(-n // 4), -(-m // 4), 1), act_options(act[0]), tune=True)]
+    return [Launch("gemm", "matmul", args, (n, m, 1), act_options(act[0]), tune=True, tiles=MatmulTiles(m, n, k, 1))]
