@@ -1062,9 +1062,19 @@ FUSION_CASES = [
     (Case("matmul_bias_swish", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["mm", "c"], ["s"]),
                                 n("Sigmoid", ["s"], ["sg"]), n("Mul", ["s", "sg"], ["y"])],
           {"a": (2, 7, 9)}, ("MatMul", "Add"), {"w": r(9, 13, seed=1), "c": r(13, seed=2)}), ["matmul_bias"]),
+    # The residual after the bias, added in the matmul (BERT's before each LayerNorm).
     (Case("matmul_bias_then_residual", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["c", "mm"], ["s"]),
                                         n("Add", ["s", "a2"], ["y"])], {"a": (3, 8), "a2": (3, 5)},
           ("MatMul", "Add"), {"w": r(8, 5, seed=1), "c": r(1, 5, seed=2)}), ["matmul_bias"]),
+    # A broadcast one is no residual: its Add keeps its own dispatch.
+    (Case("matmul_bias_then_broadcast", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["c", "mm"], ["s"]),
+                                         n("Add", ["a2", "s"], ["y"])], {"a": (3, 8), "a2": (1, 5)},
+          ("MatMul", "Add"), {"w": r(8, 5, seed=1), "c": r(1, 5, seed=2)}), ["matmul_bias"]),
+    # Batched, with its Gelu, then the residual: one matmul.
+    (Case("matmul_bias_gelu_residual", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["mm", "c"], ["s"]),
+                                        n("Gelu", ["s"], ["g"]), n("Add", ["x", "g"], ["y"])],
+          {"a": (2, 5, 9), "x": (2, 5, 12)}, ("MatMul", "Add", "Gelu"), {"w": r(9, 12, seed=1), "c": r(12, seed=2)},
+          opset=20), ["matmul_bias"]),
     # A Gelu after the bias (fuse_activations leaves it apart): the matmul applies it, as BERT's dense layers.
     (Case("matmul_bias_gelu", [n("MatMul", ["a", "w"], ["mm"]), n("Add", ["c", "mm"], ["s"]), n("Gelu", ["s"], ["y"])],
           {"a": (2, 5, 9)}, ("MatMul", "Add", "Gelu"), {"w": r(9, 12, seed=1), "c": r(12, seed=2)}, opset=20),
@@ -1167,12 +1177,14 @@ async def test_fusion(case, kinds, runtime):
     for op in case.on_vulkan:
         assert ops.get(op) == "vulkan", ops
     assert fused == kinds
-    # Relu, layernorm (and Relu); the matmul with its bias and the Swish fused into the Add (and an Add); the
-    # pointwise conv's matmul (the last Relu is the conv's activation) after the Relu (and the Sigmoid), or the Mul.
+    # Relu, layernorm (and Relu); the matmul with its bias and the Swish fused into the Add, or its Gelu, and its
+    # residual (a broadcast Add apart); the pointwise conv's matmul (the last Relu is the conv's activation) after the Relu (and the Sigmoid), or the Mul.
     want_dispatches = {"se_block": 2, "se_block_wide": 2, "se_pool_large": 3, "upsample_add": 2,
-                       "upsample_add_first": 2, "upsample_linear_add": 3, "ln_decomposed": 2, "ln_decomposed_noaffine": 3, "matmul_bias_swish": 1,
+                       "upsample_add_first": 2, "upsample_linear_add": 3, "ln_decomposed": 2,
+                       "ln_decomposed_noaffine": 3, "matmul_bias_swish": 1,
                        "matmul_bias_gelu": 1, "matmul_bias_erf_gelu": 1,
-                       "matmul_bias_then_residual": 2, "pointwise_scale_residual": 3, "pointwise_scale": 2,
+                       "matmul_bias_then_residual": 1,
+                       "matmul_bias_then_broadcast": 2, "matmul_bias_gelu_residual": 1, "pointwise_scale_residual": 3, "pointwise_scale": 2,
                        "pointwise_scaled_read": 3, "scale_shift": 2, "gate": 3, "conv_shift_hardswish": 1,
                        "conv_shift_depthwise": 1, "conv_shift_relu": 2}
     if case.id in want_dispatches:
@@ -1359,8 +1371,8 @@ async def test_minilm_attention_fused(shape, runtime):
         assert err <= 1e-5, f"{k}: relative error {err:.2e} vs onnxruntime"
 
 
-#: A minilm run's dispatches on Vulkan: 134 before attention and GELU were fused.
-MINILM_DISPATCHES = 80
+#: A minilm run's dispatches on Vulkan: 134 before attention, GELU and the residuals were fused.
+MINILM_DISPATCHES = 68
 
 
 #: The tiled matmul's register-blocked tiles (launch.REG_TILES).

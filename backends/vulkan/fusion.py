@@ -8,7 +8,7 @@ knows every reader of each value. plan_fusions then finds:
 - scaled dot-product attention (MatMul, scale, mask Add, Softmax, MatMul, with the Transposes around it) as
   one attention dispatch (attention.py);
 - a MatMul followed by an Add of a constant bias (with the Add's fused activation, or the unary op, such as
-  Gelu, that alone reads the Add), as one matmul;
+  Gelu, that alone reads the Add), and the Add of a residual after that, as one matmul;
 - a pointwise Conv run as the matmul, with the Mul that scales its input per channel before it (a
   squeeze-and-excitation block's) and the residual Add after it, as one matmul;
 - a squeeze-and-excitation block's squeeze: GlobalAveragePool, then two pointwise Convs on its (N, C, 1, 1)
@@ -47,7 +47,8 @@ log = logging.getLogger("aiomnn.vulkan")
 
 def _matmul_bias_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """MatMul, then Add of a constant along its columns (and the Add's fused activation, or else the unary op
-    that alone reads the Add, _unary_after): one matmul."""
+    that alone reads the Add, _unary_after), then the Add of a residual of the output's shape (BERT's, before
+    each LayerNorm): one matmul."""
     steps = st.steps
     node, exe, ins, outs = steps[i]
     if not isinstance(exe, MatMul) or len(ins) != 2 or len(ins[1].shape) < 2 or len(outs[0].shape) < 2:
@@ -76,11 +77,20 @@ def _matmul_bias_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         ue = steps[ku][1]
         chain.append(ku)
         act = (ue.code, ue.a, ue.c)
+    res = None
+    kr = st.only(steps[chain[-1]][3][0].name, "Add", taken)
+    if kr is not None:
+        rn, re_, rins, routs = steps[kr]
+        other = [t for t in rins if t is not None and t.name != steps[chain[-1]][3][0].name]
+        if (isinstance(re_, Binary) and not rn.attrs and len(rins) == 2 and len(other) == 1 and is_f32(other[0])
+                and not other[0].is_const and tuple(other[0].shape) == tuple(routs[0].shape) == oshape):
+            chain.append(kr)
+            res = other[0]
     if any(steps[k][1] is None for k in range(i, chain[-1] + 1)):
         return None
     ccs = int(a.ndim > 0 and a.shape[-1] != 1)
     code, a1, a2 = act
-    reads = [t.name for t in ins if not t.is_const]
+    reads = [t.name for t in [*ins, res] if t is not None and not t.is_const]
 
     def build(final: VkOp) -> None:
         m, n, k, dims, bsa, bsb, nb = exe.geo
@@ -88,8 +98,9 @@ def _matmul_bias_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         push = pack(m, n, k, len(dims), pad(dims, 3), pad(bsa, 3), pad(bsb, 3), k, 1, n, 1, 1, 0, ccs,
                     to_f32(1.0), to_f32(1.0), to_f32(a1), to_f32(a2))
         a = plan.locate(ins[0])
-        final.dispatch("matmul", [final.out_locs[0], a, plan.locate(ins[1]), plan.locate(ct), a, a], push,
-                       Matmul(m, n, nb, k), consts=(code,))
+        r = plan.locate(res) if res is not None else a
+        final.dispatch("matmul", [final.out_locs[0], a, plan.locate(ins[1]), plan.locate(ct), r, a], push,
+                       Matmul(m, n, nb, k), consts=(code, int(res is not None)))
 
     taken.update(chain)
     inner = [steps[k][3][0].name for k in chain[:-1]]
