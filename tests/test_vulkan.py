@@ -1371,6 +1371,32 @@ async def test_minilm_attention_fused(shape, runtime):
         assert err <= 1e-5, f"{k}: relative error {err:.2e} vs onnxruntime"
 
 
+@pytest.mark.models
+@pytest.mark.anyio
+async def test_minilm_fp16_storage():
+    """minilm with float16 storage: its mask's scale, float32's lowest, is stored saturated (as -inf, the unmasked
+    entries would be 0 * -inf = NaN), and the fused attention reads the mask in float16."""
+    if ort is None:
+        pytest.skip("onnxruntime is not installed")
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
+    info = aiomnn.create_runtime(config)
+    try:
+        if not info.runtimes[ForwardType.VULKAN].supports_fp16:
+            pytest.skip("the device has no 16-bit storage buffers")
+        path = model_path("minilm")
+        feeds = sample_feeds("minilm", (2, 24))
+        net = aiomnn.Interpreter.from_file(path)
+        async with await net.create_session(config, info) as s:
+            got = await s.run(feeds)
+            assert list(s.pipeline.main.plan.fused).count("attention") == 6
+        want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+        for k, w in zip(net.output_names, want):
+            err = float(np.linalg.norm(got[k] - w) / np.linalg.norm(w))
+            assert err < 5e-3, f"{k}: fp16 relative error {err:.2e}"
+    finally:
+        info.close()
+
+
 #: A minilm run's dispatches on Vulkan: 134 before attention, GELU and the residuals were fused.
 MINILM_DISPATCHES = 68
 

@@ -93,7 +93,13 @@ class StaticPool:
             hit = self._entries.get(key)
             if hit is not None:
                 return hit[0]
-        data = np.ascontiguousarray(np.asarray(array), dtype=dtype)
+        data = np.asarray(array)
+        if dtype == np.float16 and data.dtype == np.float32:
+            # Saturate finite values outside float16's range: a BERT mask's scale (float32's lowest) would become
+            # -inf, and its unmasked entries 0 * -inf = NaN.
+            top = float(np.finfo(np.float16).max)
+            data = np.where(np.isfinite(data), np.clip(data, -top, top), data)
+        data = np.ascontiguousarray(data, dtype=dtype)
         loc, chunk = self._place(data.nbytes)
         upload(self.ctx, self.queue, loc.buffer, loc.offset, data)
         with self._lock:
