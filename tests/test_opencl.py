@@ -415,6 +415,166 @@ async def test_concurrent_sessions_share_the_runtime(runtime):
         await s.close()
 
 
+# The tiled kernels (tiles.py) with each of their choices forced -------------------------------------
+from aiomnn.backends.opencl import tiles as cl_tiles  # noqa: E402
+from aiomnn.backends.opencl.tune import launch_key  # noqa: E402
+
+TILED_CONV = [
+    conv_case("tiled_k27", (1, 3, 10, 11), (8, 3, 3, 3), pads=[1, 1, 1, 1]),
+    conv_case("tiled_stride2_asym_odd", (2, 13, 9, 7), (19, 13, 3, 3), strides=[2, 2], pads=[0, 1, 2, 1]),
+    conv_case("tiled_groups_dilated", (1, 8, 12, 12), (12, 4, 3, 3), group=2, dilations=[2, 2], pads=[2, 2, 2, 2]),
+    conv_case("tiled_groups3_3x1", (1, 48, 9, 7), (72, 16, 3, 1), group=3, strides=[2, 1], pads=[1, 0, 1, 0]),
+    conv_case("tiled_1d", (2, 5, 30), (21, 5, 5), pads=[2, 1], dilations=[2]),
+    conv_case("tiled_pointwise_batch", (2, 37, 5, 6), (40, 37, 1, 1)),
+    conv_case("tiled_pointwise_stride2", (1, 24, 9, 7), (40, 24, 1, 1), strides=[2, 2], bias=False),
+    conv_case("tiled_deep_relu", (1, 200, 4, 5), (24, 200, 3, 3), pads=[1, 1, 1, 1], act=("Relu", {})),
+    conv_case("tiled_weights_input", (1, 16, 6, 6), (20, 16, 3, 3), const_w=False, pads=[1, 1, 1, 1]),
+]
+TILED_MATMUL = [
+    MATMUL[0], MATMUL[1], MATMUL[2], MATMUL[7],
+    Case("tiled_matmul_wide", [node("MatMul", ["a", "b"], ["y"])], {"a": (1, 130, 70), "b": (70, 150)}, {"y": F},
+         "MatMul"),
+    Case("tiled_gemm_trans", [node("Gemm", ["a", "b", "c"], ["y"], transA=1, transB=1, alpha=0.5, beta=2.0)],
+         {"a": (50, 33), "b": (70, 50), "c": (70,)}, {"y": F}, "Gemm"),
+]
+
+
+def tiled_launch(session):
+    """The launch with tiles that the session's first tiled op runs, with its backend's context."""
+    for seg in session.pipeline.segments:
+        for s in seg.steps:
+            for launch in getattr(s.execution, "launches", []):
+                if launch.tiles is not None:
+                    return launch, seg.backend.ctx
+    raise AssertionError("no tiled launch")
+
+
+async def forced_runs(case: Case, runtime, monkeypatch, pick, config=CONFIG, rtol=1e-4, atol=1e-4) -> list:
+    """Run the case once with each of its tiled launch's choices that `pick(tiles, choices)` keeps, each forced as
+    the default; checks each run against onnxruntime and that the choice's kernel and sizes ran. Returns the
+    choices run."""
+    net = aiomnn.Interpreter.from_bytes(case.model())
+    feeds = case.feeds()
+    want = ort.InferenceSession(case.model(), providers=["CPUExecutionProvider"]).run(list(case.outputs), feeds)
+    async with await net.create_session(config, runtime) as session:
+        launch, _ = tiled_launch(session)
+    kind = type(launch.tiles)
+    chosen = pick(launch.tiles, launch.tiles.choices())
+    assert chosen
+    for choice in chosen:
+        assert launch.tiles.valid(choice)
+        monkeypatch.setattr(kind, "default", lambda self, c=choice: c)
+        async with await net.create_session(config, runtime) as session:
+            got = await session.run(feeds)
+            again = await session.run(feeds)
+            ran, _ = tiled_launch(session)
+            run = ran.tiles.apply(ran, choice)
+            assert ran.cl_kernel.function_name == run.kernel
+            assert ran.lws == (run.local or ran.lws) and ran.gws == runtime.runtimes[ForwardType.OPENCL].global_size(
+                run.size, ran.lws)
+        for name, w in zip(case.outputs, want):
+            np.testing.assert_allclose(got[name], w, rtol=rtol, atol=atol, err_msg=f"{case.id} {choice}")
+            np.testing.assert_array_equal(again[name], got[name])  # counters were left at zero
+    return chosen
+
+
+def _tiles_split_one_and_most(tiles, choices):
+    """Every tile unsplit and split the most ways it may be, and the direct kernel."""
+    most = {}
+    for c in choices:
+        if c[0] == "gemm":
+            most[tuple(c[1:5])] = max(most.get(tuple(c[1:5]), 1), c[5])
+    return [["direct"]] + [["gemm", *t, s] for t in cl_tiles.CONV_TILES for s in sorted({1, most[t]})]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", TILED_CONV, ids=[c.id for c in TILED_CONV])
+async def test_conv_every_tile(case, runtime, monkeypatch):
+    await forced_runs(case, runtime, monkeypatch, _tiles_split_one_and_most)
+
+
+@pytest.mark.anyio
+async def test_conv_every_split(runtime, monkeypatch):
+    case = TILED_CONV[7]
+    chosen = await forced_runs(case, runtime, monkeypatch,
+                               lambda tiles, cs: [c for c in cs if c[0] == "gemm" and tuple(c[1:5]) == (32, 64, 4, 4)])
+    assert sorted(c[5] for c in chosen) == list(cl_tiles.SPLITS)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", TILED_MATMUL, ids=[c.id for c in TILED_MATMUL])
+async def test_matmul_every_tile(case, runtime, monkeypatch):
+    chosen = await forced_runs(case, runtime, monkeypatch, lambda tiles, cs: cs)
+    assert len(chosen) == len(cl_tiles.MATMUL_TILES) + len(cl_tiles.SMALL_SHAPES)
+
+
+@pytest.mark.anyio
+async def test_tiles_in_fp16_storage(runtime, monkeypatch):
+    monkeypatch.setattr(runtime.runtimes[ForwardType.OPENCL], "half_ok", True)
+    config = aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
+    some = [["direct"], ["gemm", 32, 64, 4, 4, 1], ["gemm", 64, 128, 4, 8, 4], ["gemm", 16, 128, 4, 4, 16]]
+    await forced_runs(TILED_CONV[7], runtime, monkeypatch, lambda tiles, cs: some, config, 2e-2, 5e-2)
+    some = [["tile", 64, 64, 4, 4], ["tile", 128, 128, 8, 8], ["small", 16, 16], ["small", 64, 1]]
+    await forced_runs(TILED_MATMUL[5], runtime, monkeypatch, lambda tiles, cs: some, config, 2e-2, 5e-2)
+
+
+def test_tile_defaults_and_choices():
+    deep = cl_tiles.ConvTiles(60, 320, 2880, 1, 3, cl_tiles.conv_splits(2880, 60, 320), (10, 1, 15))
+    assert deep.splits == 16 and deep.default() == ["gemm", 32, 64, 4, 4, 16]  # rec's 1 x 3 conv at batch 8
+    assert deep.choices()[:2] == [["gemm", 32, 64, 4, 4, 16], ["gemm", 32, 64, 4, 4, 8]]  # 32 ways: over splits
+    wide = cl_tiles.ConvTiles(64, 8 * 6400, 576, 1, 9, cl_tiles.conv_splits(576, 64, 8 * 6400), (20, 80, 128))
+    assert wide.default() == ["gemm", 32, 64, 4, 4, 1] and wide.splits == 1
+    assert cl_tiles.ConvTiles(16, 6400, 288, 1, 9, 4, (1, 1, 1)).default()[:5] == ["gemm", 16, 128, 4, 4]
+    assert cl_tiles.ConvTiles(4, 6400, 288, 1, 9, 4, (1, 1, 1)).default() == ["direct"]  # few channels
+    assert cl_tiles.ConvTiles(64, 6400, 18, 1, 9, 1, (1, 1, 1)).default() == ["direct"]  # shallow
+    assert cl_tiles.ConvTiles(32, 8 * 102400, 16, 1, 1, 1, (1, 1, 1)).default() == ["gemm", 32, 64, 4, 4, 1]
+    for t in (deep, wide):
+        options = t.choices()
+        assert options[0] == t.default() and all(map(t.valid, options)) and len(options) == len(
+            {str(o) for o in options})
+    assert not deep.valid(["gemm", 32, 64, 4, 4, 32]) and not wide.valid(["gemm", 32, 64, 4, 4, 2])
+    assert not deep.valid(["gemm", 48, 64, 4, 4, 1]) and not deep.valid("tiled") and not deep.valid(None)
+    assert cl_tiles.conv_splits(4096, 1024, 4096) == 1  # partial sums over SCRATCH
+    assert cl_tiles.MatmulTiles(1, 2, 200, 1).default() == ["small", 16, 16]
+    big = cl_tiles.MatmulTiles(320, 6625, 120, 8)
+    assert big.default() == ["tile", 64, 64, 4, 4] and ["tile", 128, 128, 8, 8] in big.choices()[:6]
+    assert not big.valid(["tile", 64, 64]) and not big.valid(["small", 3, 3])
+
+
+@pytest.mark.anyio
+async def test_tuning_chooses_a_tile_and_its_cache_entry_is_run(runtime, tmp_path):
+    """Foreground tuning times the conv's choices and caches one under the launch's key; a session reads the
+    cache: a choice put there runs, and a choice that is not one of the launch's is ignored for the default."""
+    case = TILED_CONV[7]
+    net = aiomnn.Interpreter.from_bytes(case.model())
+    feeds = case.feeds()
+    want = ort.InferenceSession(case.model(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    config = aiomnn.ScheduleConfig(type="opencl", num_threads=2, background_tuning=False,
+                                   backend_config=aiomnn.BackendConfig(tuning="fast"))
+    info = aiomnn.create_runtime(config)
+    try:
+        info.set_cache_file(tmp_path / "tuning.json")
+        rt = info.runtimes[ForwardType.OPENCL]
+        async with await net.create_session(config, info) as session:
+            got = (await session.run(feeds))["y"]
+            launch, ctx = tiled_launch(session)
+            key = launch_key(rt, ctx, launch)
+            tuned = rt.tuner.cache.get(key)["choice"]
+            assert launch.tiles.valid(tuned)
+            assert launch.lws == (launch.tiles.apply(launch, tuned).local or launch.lws)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        for put, runs in [(["gemm", 64, 128, 4, 8, 2], ["gemm", 64, 128, 4, 8, 2]), (["gemm", 48, 8], None)]:
+            rt.tuner.cache.put(key, put, 1e-6)
+            async with await net.create_session(config, info) as session:
+                got = (await session.run(feeds))["y"]
+                launch, _ = tiled_launch(session)
+            expect = launch.tiles.apply(launch, runs or launch.tiles.default())
+            assert launch.cl_kernel.function_name == expect.kernel and launch.lws == (expect.local or launch.lws)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    finally:
+        info.close()
+
+
 def _loop(backend, module: str, id: str):
     missing = importlib.util.find_spec(module) is None
     return pytest.param(backend, id=id, marks=pytest.mark.skipif(missing, reason=f"{module} is not installed"))

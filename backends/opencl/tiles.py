@@ -29,8 +29,9 @@ CONV_TILES = ((32, 64, 4, 4), (16, 128, 4, 4), (64, 64, 4, 4), (32, 32, 4, 4), (
 MATMUL_TILES = ((64, 64, 4, 4), (32, 64, 4, 4), (64, 64, 8, 4), (128, 64, 8, 4), (64, 128, 4, 8), (128, 128, 8, 8),
                 (32, 32, 4, 4))
 SPLITS = (1, 2, 4, 8, 16)
-#: The implicit GEMM takes convolutions with sums at least this deep and this many output channels per group;
-#: shallower or narrower ones run the direct kernel by default (a tile would stay mostly empty).
+#: The implicit GEMM takes convolutions with this many output channels per group, and sums at least this deep
+#: unless they are pointwise (the Vulkan backend runs those as its tiled matmul whatever their depth: a large
+#: image's few channels are one step of k, each input read once); others run the direct kernel by default.
 MIN_K = 27
 MIN_M = 8
 #: Without tuning, a convolution's sums are split until its grid has this many work groups (three per
@@ -80,12 +81,13 @@ class ConvTiles:
     n: int  # output pixels of all images: its columns
     k: int  # input channels per group x kernel taps: the depth of its sums
     groups: int
+    taps: int  # kernel taps: 1 for a pointwise convolution
     splits: int  # the most ways its sums may be split (its scratch is planned for that many)
     direct: tuple[int, int, int]  # conv2d's work items
     programs = ("gemm", "conv")
 
     def default(self) -> list:
-        if self.k < MIN_K or self.m < MIN_M:
+        if self.m < MIN_M or (self.k < MIN_K and self.taps > 1):
             return ["direct"]
         tile = (16, 128, 4, 4) if self.m <= 16 else (32, 64, 4, 4)
         return ["gemm", *tile, self._split(tile)]

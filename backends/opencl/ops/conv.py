@@ -87,7 +87,7 @@ def conv(ctx, node, ins, outs):
     taps = np.ascontiguousarray(taps, dtype=np.int32)
     splits = conv_splits(k, oc, npix)
     counts = conv_counts(ocg, npix, g) if splits > 1 else 1
-    tiles = ConvTiles(ocg, npix, k, g, splits, (-(-ow // 4), oh, n * g * -(-ocg // 4)))
+    tiles = ConvTiles(ocg, npix, k, g, kh * kw, splits, (-(-ow // 4), oh, n * g * -(-ocg // 4)))
     args = [In(0), wk, bias, Out(0), Const(("taps", icg, kh, kw, h, wd, *dil), lambda: taps),
             Scratch(4 * oc * npix * splits if splits > 1 else 4),
             Const(("counts", counts), lambda: np.zeros(counts, np.uint32)),
