@@ -1290,6 +1290,9 @@ ATTN_CASES = [
     (attn_case("attn_rank3", 3, 9, 2, 20, t=11, heads=False), ["attention"], 2),
     # A fully masked row (-inf: NaN, as unfused) and one of float32's lowest (uniform), a key masked everywhere.
     (attn_case("attn_masked_rows", 2, 4, 1, 8, mask=(1, 4), mask_values=_masked_rows(2, 4, 4)), ["attention"], 2),
+    # A head of 96 (tiles of 32 keys) and of 128, the largest the shader takes.
+    (attn_case("attn_head96", 1, 6, 2, 96, t=40), ["attention"], 2),
+    (attn_case("attn_head128", 2, 3, 1, 128, t=33, scale="mul"), ["attention"], 2),
     # The output not transposed back (its Relu reads it): the group ends at the second MatMul.
     (attn_case("attn_out_plain", 1, 8, 2, 8, out_transpose=False), ["attention"], 2),
     # As many keys as the shader holds, with a head of 4.
@@ -1318,6 +1321,26 @@ async def test_attention(case, kinds, dispatches, runtime):
     else:
         want = (await run(data, feeds, CPU))[0]["y"]
     assert np.isnan(got["y"]).sum() == np.isnan(want).sum()
+    np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("bq", [16, 8, 4])
+@pytest.mark.parametrize("cid", ["attn_bert", "attn_mul_nomask", "attn_rowmask_pad", "attn_rank3", "attn_masked_rows",
+                                 "attn_head96"])
+async def test_attention_query_blocks(cid, bq, runtime, monkeypatch):
+    """Each query block the planner may choose (by how many workgroups it makes) gives onnxruntime's result."""
+    from aiomnn.backends.vulkan import attention
+
+    monkeypatch.setattr(attention, "QUERY_BLOCKS", (bq,))
+    case = next(c for c, _, _ in ATTN_CASES if c.id == cid)
+    data, feeds = case.model(), case.feeds()
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
+        got = await s.run(feeds)
+        [kernel] = [d.kernel for seg in s.pipeline.segments for st in seg.steps for d in st.execution.dispatches
+                    if d.kernel.name == "attention"]
+    assert kernel.consts[0] == bq
+    want = oracle(data, feeds)[0] if ort is not None else (await run(data, feeds, CPU))[0]["y"]
     np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-6)
 
 
