@@ -107,4 +107,9 @@ class OpenclBackend(Backend):
             name, op_type, args = self.profile.describe([s.node])
             dur = sum(e.profile.end - e.profile.start for e in mine)
             self.profile.add(OpEvent(name, op_type, "opencl", began_ns + mine[0].profile.start - origin, dur,
-                                     {**args, "clock": "device", "kernels": [l.kernel for l in s.execution.launches]}))
+                                     {**args, "clock": "device", "kernels": [_ran(l) for l in s.execution.launches]}))
+
+
+def _ran(launch) -> str:
+    """The kernel a launch runs: for one with tiles (tiles.py), the kernel of its choice."""
+    return launch.cl_kernel.function_name if launch.cl_kernel is not None else launch.kernel
