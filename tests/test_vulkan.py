@@ -1488,10 +1488,10 @@ async def test_fused_conv_takes_the_choice_tuned_alone(runtime, monkeypatch):
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("cid", ["matmul2d", "matmul_batched_bcast", "matmul_vec", "matmul_mat_vec", "gemm_trans_bias",
-                                 "gemm_col_bias_relu", "pointwise_scale_residual"])
+                                 "gemm_col_bias_relu", "pointwise_scale_residual", "matmul_bias_gelu_residual"])
 async def test_matmul_every_choice(cid, runtime, monkeypatch):
-    """Every matmul kernel tuning may choose (transposes, broadcast batches, bias, activation, and a 1x1 conv's
-    fused scale and residual) gives the CPU's result."""
+    """Every matmul kernel tuning may choose (transposes, broadcast batches, bias, activation, a 1x1 conv's
+    fused scale and residual, a MatMul's bias, Gelu and residual) gives the CPU's result."""
     from aiomnn.backends.vulkan.launch import Matmul
 
     case = next(c for c in CASES + [c for c, _ in FUSION_CASES] if c.id == cid)
