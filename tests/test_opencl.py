@@ -415,46 +415,6 @@ async def test_concurrent_sessions_share_the_runtime(runtime):
         await s.close()
 
 
-@pytest.mark.anyio
-async def test_large_transfers_through_pinned_memory(runtime):
-    """Inputs and outputs of STAGED_BYTES and more go through the queue's pinned areas (staging.py): runs in
-    flight at once each get their own, a float and a uint8 result come back as copies the next run cannot
-    touch, and every area is back in the pool when the runs are done."""
-    import anyio
-
-    from aiomnn.backends.opencl.staging import STAGED_BYTES
-
-    side = 512  # 1 MB of float32, over STAGED_BYTES
-    assert side * side * 4 >= STAGED_BYTES
-    case = Case("staged", [node("Sigmoid", ["x"], ["y"]), node("Cast", ["x"], ["b"], to=TensorProto.UINT8)],
-                {"x": (1, 1, side, side)}, {"y": F, "b": TensorProto.UINT8}, "Sigmoid")
-    net = aiomnn.Interpreter.from_bytes(case.model())
-    session = await net.create_session(CONFIG, runtime)
-    try:
-        xs = [np.random.default_rng(i).uniform(0, 200, (1, 1, side, side)).astype(np.float32) for i in range(4)]
-        results: dict[int, dict] = {}
-
-        async def one(i: int) -> None:
-            results[i] = await session.run({"x": xs[i]})
-
-        async with anyio.create_task_group() as tg:
-            for i in range(4):
-                tg.start_soon(one, i)
-        first = {k: v.copy() for k, v in results[0].items()}
-        await session.run({"x": xs[3]})  # reuses the areas: earlier results must not change
-        for i, x in enumerate(xs):
-            np.testing.assert_allclose(results[i]["y"], 1 / (1 + np.exp(-x)), rtol=1e-5, atol=1e-6)
-        np.testing.assert_array_equal(results[0]["y"], first["y"])
-        np.testing.assert_array_equal(results[0]["b"], first["b"])
-        on_gpu = [s.node.op_type for seg in session.pipeline.segments if seg.backend.type is ForwardType.OPENCL
-                  for s in seg.steps]
-        assert "Sigmoid" in on_gpu
-        staging = runtime.runtimes[ForwardType.OPENCL].queue.staging
-        assert sum(len(a) for a in staging._free.values()) >= 2, "no pinned area was used and given back"
-    finally:
-        await session.close()
-
-
 # The tiled kernels (tiles.py) with each of their choices forced -------------------------------------
 from aiomnn.backends.opencl import tiles as cl_tiles  # noqa: E402
 from aiomnn.backends.opencl.tune import launch_key  # noqa: E402

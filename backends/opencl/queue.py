@@ -27,8 +27,6 @@ import pyopencl as cl
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence, offload
 
-from .staging import STAGED_BYTES, Staging
-
 if TYPE_CHECKING:
     from .plan import SegmentPlan
 
@@ -66,7 +64,6 @@ class Queue:
     def __init__(self, context: "cl.Context", device: "cl.Device"):
         self.cl_queue = cl.CommandQueue(context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.submitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-submit")
-        self.staging = Staging(self.cl_queue)
 
     def launcher(self, kernel: "cl.Kernel", gws: tuple[int, ...], lws: tuple[int, ...] | None) -> Callable[[], None]:
         """A callable that enqueues this kernel on this queue, with no event; built once at resize."""
@@ -104,20 +101,15 @@ class Queue:
     def _enqueue(self, segment: "SegmentPlan", values: dict[str, Any], fence: Fence, timed: list | None) -> None:
         """Write the host values the segment needs, enqueue its kernels, read back what the rest of the pipeline
         needs, and signal the fence from one marker's callback; any failure signals it with the error."""
-        areas: list[Any] = []  # the pinned areas this run took, given back when it completes or fails
         try:
             q = self.cl_queue
             held: list[Any] = []  # host arrays and their transfer events, alive until the run completes
             for name, block, t, storage in segment.uploads:
                 host = np.asarray(values[name], dtype=storage)
+                if not host.flags.c_contiguous:
+                    host = host.copy(order="C")
                 if host.shape != t.shape:
                     raise BackendError(f"value {name!r} has shape {host.shape}, the plan expects {t.shape}")
-                area = self._staged(host.nbytes, areas)
-                if area is not None:  # through pinned memory (staging.py)
-                    np.copyto(area.view(host.dtype).reshape(host.shape), host)
-                    host = area
-                elif not host.flags.c_contiguous:
-                    host = host.copy(order="C")
                 held.append((host, cl.enqueue_copy(q, block.memory, host, dst_offset=block.offset,
                                                    is_blocking=False)))
             if timed is None:
@@ -130,11 +122,9 @@ class Queue:
                              for launch in segment.launches)
             results = []
             for name, block, t, storage in segment.downloads:
-                nbytes = int(np.prod(t.shape, dtype=np.int64)) * np.dtype(storage).itemsize
-                area = self._staged(nbytes, areas)
-                host = np.empty(t.shape, dtype=storage) if area is None else area
+                host = np.empty(t.shape, dtype=storage)
                 held.append(cl.enqueue_copy(q, host, block.memory, src_offset=block.offset, is_blocking=False))
-                results.append((name, host, area is not None, t.shape, storage, t.dtype))
+                results.append((name, host, t.dtype))
             for x in segment.frees:
                 values.pop(x, None)
             marker = cl.enqueue_marker(q)
@@ -143,43 +133,18 @@ class Queue:
                 try:
                     if status < 0:
                         raise BackendError(f"OpenCL run failed with status {status}")
-                    for name, host, pinned, shape, storage, dtype in results:
-                        if pinned:  # the area goes back to the pool: the run's result is a copy of it
-                            host = host.view(storage).reshape(shape).copy()
+                    for name, host, dtype in results:
                         values[name] = host if host.dtype == dtype else host.astype(dtype)
                     held.clear()
                     fence.signal()
                 except BaseException as exc:  # errors raised in a callback would be lost: hand them over
                     fence.signal(error=exc)
-                finally:
-                    self._give_back(areas)
 
             marker.set_callback(cl.command_execution_status.COMPLETE, done)
             q.flush()
         except BaseException as exc:
-            self._give_back(areas)
             fence.signal(error=exc if isinstance(exc, BackendError)
                          else BackendError(f"OpenCL run failed: {type(exc).__name__}: {exc}"))
-
-    def _staged(self, nbytes: int, areas: list[Any]) -> np.ndarray | None:
-        """A pinned area's mapped bytes for a transfer of nbytes (kept in `areas` until the run ends), or None for
-        a small transfer or where there is none."""
-        if nbytes < STAGED_BYTES:
-            return None
-        area = self.staging.take(nbytes)
-        if area is None:
-            return None
-        areas.append(area)
-        return area[1]
-
-    def _give_back(self, areas: list[Any]) -> None:
-        """Return a run's pinned areas; the callback and a late failure of the enqueueing may both call it."""
-        while True:
-            try:
-                area = areas.pop()
-            except IndexError:
-                return
-            self.staging.give(area)
 
     def close(self) -> None:
         """Stop the submit thread, let the device finish, and wait until pyopencl's callback threads are done with
@@ -191,7 +156,6 @@ class Queue:
         except cl.Error:
             pass
         self._drain_callbacks()
-        self.staging.clear()
 
     def _drain_callbacks(self, timeout: float = 5.0) -> None:
         """Until pyopencl has run the completion callbacks of what the queue did: one last marker's callback runs
