@@ -126,7 +126,7 @@ def main() -> None:
 
 #: The modules whose functions the compiled loops inline, and the files of loops that hold their stamp.
 INLINED = ("scalars.py", "fields.py", "atomics.py")
-STAMPED = ("tiles.py", "loops.py", "planes.py", "crew.py")
+STAMPED = ("tiles.py", "loops.py", "planes.py", "crew.py", "pooled.py")
 
 
 def stamp_of(folder: pathlib.Path) -> str:

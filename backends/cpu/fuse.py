@@ -18,6 +18,7 @@ in arithmetic.
 * Residual and LayerNormalization: Add -> LayerNormalization over the last axis as one compiled pass.
 * A scale and shift by scalars after a conv (PP-OCRv4): Conv -> Mul -> Add (or one of the two), applied with the
   conv's activation to its output while that is in cache (conv_affine.py).
+* A sentence embedding's pooling over the attention mask, and its normalization: sentence.py.
 
 A fused step takes the place of the chain's steps only where the values between them are read by the
 next step alone (each is freed there), so no other step can miss them. If it meets inputs other than
@@ -32,7 +33,7 @@ from typing import Any, Collection
 
 import numpy as np
 
-from . import conv_affine, heads, jit, layers, upsample_add
+from . import conv_affine, heads, jit, layers, sentence, upsample_add
 from .fused import Fused, Step, feeds, outside
 from .threads import SLICE_ELEMENTS, parallel_slices, shared_scratch, threads
 from .ops import direct
@@ -51,11 +52,12 @@ def fuse(plan: list[Step], gives: Collection[str] = ()) -> list[Step]:
     i = 0
     dense_ = functools.partial(layers.dense_chain, gives=set(gives))
     projections = functools.partial(layers.projections, gives=set(gives))
+    pooling = functools.partial(sentence.find, gives=set(gives))
     while i < len(plan):
         for find, kind in ((_squeeze_excite, SqueezeExcite), (heads._attention, heads.Attention),
                            (projections, layers.Projections), (dense_, layers.Dense),
                            (_add_norm, AddNorm), (conv_affine.find, conv_affine.ConvAffine),
-                           (upsample_add.find, upsample_add.UpsampleAdd)):
+                           (upsample_add.find, upsample_add.UpsampleAdd), (pooling, sentence.MaskedMean)):
             chain = find(plan, i)
             if chain is not None:
                 out.append(_step(kind, chain))

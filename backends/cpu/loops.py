@@ -19,7 +19,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 from numba import types  # noqa: E402
 
-from . import crew, planes, scalars, tiles  # noqa: E402
+from . import crew, planes, pooled, scalars, tiles  # noqa: E402
 from .fields import array1, array2, array3, array4, f32, fields, i64, share  # noqa: E402
 from .scalars import FAST, NEG_INF, exp_neg  # noqa: E402
 
@@ -317,6 +317,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "softmax_axis": (softmax_axis, (_IN3, _OUT3, _OUT2, _I)),
     "softmax": (softmax, (_OUT2, _F, _IN2, _I, _I)),
     "layer_norm": (layer_norm, (_IN2, _IN2, _IN, _IN, _F, _OUT2)),
+    "masked_mean": (pooled.masked_mean, (_IN3, _array(2, True, types.int64), _F, _F, _OUT2)),
     "depthwise": (planes.depthwise, (_IN3, _IN3, _IN, _OUT3, *[_I] * 5, _F, _F, _I, _I)),
     "attention": (attention, (_IN4, _IN4, _IN4, _F, _IN2, _OUT4, _B, _B)),
     "gemm": (gemm, (_IN3, _IN3, _IN, _OUT3, _B, _I, _F, _F, _I, _I)),
