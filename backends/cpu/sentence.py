@@ -81,27 +81,41 @@ class MaskedMean(Fused):
         self.floor = chain[5][1][1]
         self.eps = chain[8][1][1] if len(chain) > len(MEAN) else None
         self.axes = [(s[0], s[1][1] if len(s[1]) > 1 else None) for s in (chain[3], chain[4])]
+        self._checked: tuple[tuple[int, ...], tuple[float, float] | None] | None = None
 
     def _choose(self, values: dict[str, Any], inputs: list[Any]) -> Any:
         x, mask = values[self.x], values[self.mask]
-        eps = _scalar(values[self.eps]) if self.eps is not None else -1.0
-        floor = _scalar(values[self.floor])
+        consts = self._constants(values)
         loop = jit.jitted("masked_mean")
-        if (loop is None or floor is None or eps is None
-                or not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 3 or not x.flags.c_contiguous
-                or not isinstance(mask, np.ndarray) or mask.dtype != np.int64 or mask.shape != x.shape[:2]
-                or not mask.flags.c_contiguous or self.shape != mask.shape + (1,) or not self._sums_over_tokens(values)
-                or (self.eps is not None and eps < 0)):
+        if (loop is None or consts is None or type(x) is not np.ndarray or type(mask) is not np.ndarray
+                or x.dtype != F32 or mask.dtype != np.int64 or x.ndim != 3 or mask.shape != x.shape[:2]
+                or self.shape != mask.shape + (1,) or not x.flags.c_contiguous or not mask.flags.c_contiguous):
             return self._unfused(values)
         out = self._output(getattr(self.chain[-1][0], "out", [None])[0], (x.shape[0], x.shape[2]), (x,))
 
         def call() -> bool:
-            loop(1, x, mask, floor, eps, out)
+            loop(1, x, mask, *consts, out)
             return True
 
         call()
         self._bind(inputs, out, call)
         return out
+
+    def _constants(self, values: dict[str, Any]) -> tuple[float, float] | None:
+        """(floor, eps, or -1 without the normalization) where the constants make the chain the loop's (both sums
+        over axis 1 alone, a float32 floor and eps >= 0); else None. Worked out once for the same constants: each
+        run's pooling comes after the encoder has pushed this step's code out of the caches, and the checks cost
+        more than the loop there."""
+        key = tuple(id(values[n]) for n in self.names if n not in (self.x, self.mask))
+        if self._checked is not None and self._checked[0] == key:
+            return self._checked[1]
+        floor = _scalar(values[self.floor])
+        eps = _scalar(values[self.eps]) if self.eps is not None else -1.0
+        found = None
+        if floor is not None and eps is not None and (self.eps is None or eps >= 0) and self._sums_over_tokens(values):
+            found = (floor, eps)
+        self._checked = (key, found)
+        return found
 
     def _sums_over_tokens(self, values: dict[str, Any]) -> bool:
         """Both ReduceSums sum axis 1 of (B, S, ...) alone, without keeping it."""
