@@ -269,6 +269,16 @@ def test_run_with_shape_works(capsys, model_file):
     assert "output y: shape (2, 3)" in out
 
 
+def test_run_on_random_token_ids(capsys):
+    """A text encoder's random integer inputs (token ids, token types, mask) stay within its tables: BERT has two
+    token types, and random ids of up to 9 failed its run."""
+    path = model_path("minilm")
+    shape = ["--shape", "input_ids=1x8", "--shape", "attention_mask=1x8", "--shape", "token_type_ids=1x8"]
+    rc, out, err = run_cli(capsys, "run", str(path), *shape, "--backend", "cpu", "--requests", "2")
+    assert rc == 0, err
+    assert "output sentence_embedding: shape (1, 384)" in out
+
+
 @pytest.mark.parametrize("argv", [["demo", "--requests", "0"], ["demo", "--concurrency", "-1"], ["nonsense"]])
 def test_bad_demo_and_command_arguments(capsys, argv):
     rc, _, err = run_cli(capsys, *argv)
