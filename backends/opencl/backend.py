@@ -1,6 +1,8 @@
 """The OpenCL backend: the pipeline's hooks, handed to the Plan of the current resize (plan.py: where each
 tensor lives, the recorded kernels) and to the runtime's queue (queue.py: one submission per segment, whose
-Fence a marker's callback completes, so a run never blocks the loop).
+Fence a marker's callback completes, so a run never blocks the loop). It keeps every node it was offered in an
+alloc pass, so that when the resize begins it knows every reader of each value and can find the groups of ops
+that fewer kernels do (fusion.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from aiomnn.memory import Block
 from aiomnn.profile import OpEvent
 
 # Importing the package ops/ registers every op.
+from .fusion import plan_fusions
 from .ops.base import Alias, ClExecution, Decline, OpContext, launches_for
 from .plan import Plan
 from .tune import settle
@@ -41,6 +44,10 @@ class OpenclBackend(Backend):
             log.info("precision='low': %s has no cl_khr_fp16; computing in fp32", runtime.device.name)
         self.ctx = OpContext(half, precise=config.precision != "low")
         self._timed: list | None = None  # with profiling on, the last segment's kernel events
+        # Every node this backend was offered in this alloc pass, in order: (node, execution or None, inputs,
+        # outputs). The fusion plan (fusion.plan_fusions) reads who makes and who reads each value from it.
+        self._created: list[tuple] = []
+        self._created_ids: set[int] = set()
         self._new_plan({})
 
     def _new_plan(self, weights: dict[tuple, Block]) -> None:
@@ -49,6 +56,16 @@ class OpenclBackend(Backend):
 
     # Creation ------------------------------------------------------------------------------------
     def on_create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution | None:
+        if id(node) in self._created_ids:  # a new alloc pass started
+            self._created, self._created_ids = [], set()
+        self._created_ids.add(id(node))
+        exe = self._create(node, inputs, outputs)
+        if exe is not None:
+            exe.step = len(self._created)
+        self._created.append((node, exe, list(inputs), list(outputs)))
+        return exe
+
+    def _create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> ClExecution | None:
         try:
             launches = launches_for(self.ctx, node, inputs, outputs)
         except Decline as why:
@@ -76,6 +93,8 @@ class OpenclBackend(Backend):
     def on_resize_begin(self) -> None:
         self.plan.release()
         self._new_plan(self.plan.weights)  # weights stay for the next plan
+        created, self._created, self._created_ids = self._created, [], set()
+        plan_fusions(self.plan, created)
 
     def on_resize_end(self) -> None:
         self.plan.finish()

@@ -67,6 +67,11 @@ class Plan:
         self.aliases: list[tuple[Block, Block]] = []  # (alias, the block it lies in)
         self.recorded: list[ClExecution] = []
         self.segments: dict[int, SegmentPlan] = {}  # by id(Segment)
+        # Fusion (fusion.py): values a fused group reads at its last step, after their last reader in the graph,
+        # live until that step (name -> step); and the kind of each group applied (for tests).
+        self.extend: dict[str, int] = {}
+        self.fused: list[str] = []
+        self._names: dict[int, str] = {}  # id(arena block) -> the value it holds
 
     # Memory: arena blocks and aliases of them (an arena block stays reserved while an alias of it lives) ----
     def acquire(self, tensor: Tensor, execution: ClExecution) -> Block:
@@ -82,10 +87,22 @@ class Plan:
             block = self.shared.acquire(n)
             self.blocks.append(block)
         self.locations[tensor.name] = block
+        self._names[id(block)] = tensor.name
         return block
 
     def release_block(self, block: Block) -> None:
-        self.shared.release(block)
+        name = self._names.get(id(block))
+        self.shared.release(block, until=self.extend.get(name, -1) if name is not None else -1)
+
+    def advance(self, step: int) -> None:
+        """Planning reached this step (of the backend's list of ops), its outputs placed: free the values that
+        fused groups read up to it."""
+        self.shared.placed(step)
+
+    def in_arena(self, name: str) -> bool:
+        """Whether a value produced here lives in the arena (not in a buffer of its own, as graph outputs do)."""
+        block = self.locations.get(name)
+        return block is not None and block.storage is StorageType.DYNAMIC
 
     def separate_block(self, name: str, t: Tensor) -> Block:
         block = Block(self.ctx.nbytes(t), StorageType.DYNAMIC_SEPARATE)

@@ -37,7 +37,7 @@ def launch_key(runtime: Any, ctx: OpContext, launch: Launch) -> str:
 
 def cached_local_size(runtime: Any, tuner: Tuner, ctx: OpContext, launch: Launch) -> tuple[int, ...] | None:
     """The tuned local size of this launch, if the cache has a usable one."""
-    entry = tuner.cache.get(launch_key(runtime, ctx, launch))
+    entry = tuner.cache.get(launch_key(runtime, ctx, launch.tuned_as or launch))
     choice = entry and entry.get("choice")
     if (isinstance(choice, list) and len(choice) == len(launch.size)
             and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in choice)
@@ -65,12 +65,13 @@ def choices(runtime: Any, launch: Launch) -> list[Any]:
 
 
 def settle(runtime: Any, ctx: OpContext, launch: Launch) -> Launch:
-    """The launch as it runs: for one with tiles, its tuned choice (cached), else its default, made concrete
-    (where the device cannot take the default, the first choice it takes); any other launch as it is."""
+    """The launch as it runs: for one with tiles, its tuned choice (cached, under the key of the launch it stands
+    for if it has a fused epilogue), else its default, made concrete (where the device cannot take the default,
+    the first choice it takes); any other launch as it is."""
     tiles = launch.tiles
     if tiles is None:
         return launch
-    entry = runtime.tuner.cache.get(launch_key(runtime, ctx, launch))
+    entry = runtime.tuner.cache.get(launch_key(runtime, ctx, launch.tuned_as or launch))
     choice = entry and entry.get("choice")
     if tiles.valid(choice) and fits(runtime, tiles.apply(launch, choice)):
         return tiles.apply(launch, choice)

@@ -33,3 +33,54 @@ typedef float T;
 inline float sigmoid_(float v) { return 1.0f / (1.0f + exp(-v)); }
 inline float softplus_(float v) { return v > 20.0f ? v : log1p(exp(v)); }
 inline float div_(float x, float y) { return x / y; }
+
+/* A fused epilogue (-DEPI, ../epilogues.py): up to three steps after a kernel's own bias and activation, each a
+ * binary op (code EOPk, none if -1) with a tensor ek, then an activation (code EACTk, parameters eka, ekb). A
+ * step's tensor is read at (i0, i1, i2), the output's position in a three-dimensional view of it that each
+ * kernel names ((image, channel, pixel) for a conv, (batch, row, column) for a product), through its strides
+ * eks0..eks2 (0 where it broadcasts). ESWk puts the tensor first (x - v rather than v - x). The codes are build
+ * options, so the switches of binary_op() and activate() fold away and an unused step costs nothing. */
+#ifdef EPI
+#ifndef EOP0
+#define EOP0 -1
+#endif
+#ifndef EOP1
+#define EOP1 -1
+#endif
+#ifndef EOP2
+#define EOP2 -1
+#endif
+#ifndef EACT0
+#define EACT0 0
+#endif
+#ifndef EACT1
+#define EACT1 0
+#endif
+#ifndef EACT2
+#define EACT2 0
+#endif
+#ifndef ESW0
+#define ESW0 0
+#endif
+#ifndef ESW1
+#define ESW1 0
+#endif
+#ifndef ESW2
+#define ESW2 0
+#endif
+#define EPI_STEP_ARGS(k) , BUF(const T, e##k), const int e##k##s0, const int e##k##s1, const int e##k##s2, \
+    const float e##k##a, const float e##k##b
+#define EPI_ARGS EPI_STEP_ARGS(0) EPI_STEP_ARGS(1) EPI_STEP_ARGS(2)
+#define EPI_SHIFT SHIFT(e0); SHIFT(e1); SHIFT(e2);
+#define EPI_STEP(k, v, i0, i1, i2)                                                                  \
+    if (EOP##k >= 0) {                                                                              \
+        const float t_ = LD(e##k, (i0) * e##k##s0 + (i1) * e##k##s1 + (i2) * e##k##s2);            \
+        v = ESW##k ? binary_op(t_, v, EOP##k) : binary_op(v, t_, EOP##k);                           \
+    }                                                                                               \
+    v = activate(v, EACT##k, e##k##a, e##k##b);
+#define EPILOGUE(v, i0, i1, i2) { EPI_STEP(0, v, i0, i1, i2) EPI_STEP(1, v, i0, i1, i2) EPI_STEP(2, v, i0, i1, i2) }
+#else
+#define EPI_ARGS
+#define EPI_SHIFT
+#define EPILOGUE(v, i0, i1, i2)
+#endif

@@ -16,13 +16,13 @@ __kernel void conv2d(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T
                      BUF(float, part), BUF(uint, counts),
                      const int N, const int C, const int H, const int W, const int CO, const int OH, const int OW,
                      const int G, const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
-                     const int DH, const int DW, const float p0, const float p1) {
+                     const int DH, const int DW, const float p0, const float p1 EPI_ARGS) {
     const int cig = C / G, cog = CO / G, ocb = (cog + 3) / 4, K = cig * KH * KW;
     const int ox0 = get_global_id(0) * 4;
     const int oy = get_global_id(1);
     const int z = get_global_id(2);
     if (ox0 >= OW || oy >= OH || z >= N * G * ocb) return;
-    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y);
+    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y); EPI_SHIFT
     const int ob = z % ocb;
     const int g = (z / ocb) % G;
     const int n = z / (ocb * G);
@@ -64,19 +64,23 @@ __kernel void conv2d(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T
         const float b = LD(bias, g * cog + oc);
         __global T* yo = y + ((n * G + g) * cog + oc) * OH * OW + oy * OW;
         for (int j = 0; j < 4; ++j)
-            if (ox0 + j < OW) ST(yo, ox0 + j, ACTIVATE(acc[j][c] + b));
+            if (ox0 + j < OW) {
+                float v = ACTIVATE(acc[j][c] + b);
+                EPILOGUE(v, n, g * cog + oc, oy * OW + ox0 + j)
+                ST(yo, ox0 + j, v);
+            }
     }
 }
 
 __kernel void depthwise(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T, y),
                         const int NC, const int C, const int H, const int W, const int OH, const int OW,
                         const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
-                        const int DH, const int DW, const float p0, const float p1) {
+                        const int DH, const int DW, const float p0, const float p1 EPI_ARGS) {
     const int ox0 = get_global_id(0) * 4;
     const int oy = get_global_id(1);
     const int nc = get_global_id(2);
     if (ox0 >= OW || oy >= OH || nc >= NC) return;
-    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y);
+    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y); EPI_SHIFT
     const int c = nc % C;
     const __global T* xc = x + nc * H * W;
     const __global T* wc = w + c * KH * KW;
@@ -103,19 +107,23 @@ __kernel void depthwise(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BU
     float r[4];
     vstore4(acc, 0, r);
     for (int j = 0; j < 4; ++j)
-        if (ox0 + j < OW) ST(yo, ox0 + j, ACTIVATE(r[j] + b));
+        if (ox0 + j < OW) {
+            float v = ACTIVATE(r[j] + b);
+            EPILOGUE(v, nc / C, c, oy * OW + ox0 + j)
+            ST(yo, ox0 + j, v);
+        }
 }
 
 __kernel void deconv2d(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T, y),
                        const int N, const int G, const int ICg, const int H, const int W,
                        const int OCg, const int OCB, const int OH, const int OW,
                        const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
-                       const int DH, const int DW, const float p0, const float p1) {
+                       const int DH, const int DW, const float p0, const float p1 EPI_ARGS) {
     const int ox = get_global_id(0);
     const int oy = get_global_id(1);
     const int z = get_global_id(2);
     if (ox >= OW || oy >= OH || z >= N * G * OCB) return;
-    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y);
+    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y); EPI_SHIFT
     const int ob = z % OCB;
     const int g = (z / OCB) % G;
     const int n = z / (OCB * G);
@@ -144,7 +152,9 @@ __kernel void deconv2d(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF
         const int oc = ob * 4 + c;
         if (oc >= OCg) break;
         const float b = LD(bias, g * OCg + oc);
-        ST(y, ((n * G + g) * OCg + oc) * OH * OW + oy * OW + ox, ACTIVATE(r[c] + b));
+        float v = ACTIVATE(r[c] + b);
+        EPILOGUE(v, n, g * OCg + oc, oy * OW + ox)
+        ST(y, ((n * G + g) * OCg + oc) * OH * OW + oy * OW + ox, v);
     }
 }
 

@@ -92,3 +92,17 @@ __kernel void clip_t(BUF(const T, x), BUF(const T, lo), BUF(const T, hi), BUF(T,
     if ((flags & 2) && v > LD(hi, 0)) v = LD(hi, 0);
     ST(y, i, v);
 }
+
+/* Elementwise ops fused into one kernel (../epilogues.py): x read through strides over a three-dimensional view
+ * of the output (its dims d0 x d1 x d2, collapsed on the host), its unary op ACT, then the epilogue's steps
+ * (common.cl's EPILOGUE), each reading its operand the same way. */
+__kernel void chain(BUF(const T, x), BUF(T, y), const int n, const int d1, const int d2,
+                    const int xs0, const int xs1, const int xs2, const float p0, const float p1 EPI_ARGS) {
+    const int i = get_global_id(0);
+    if (i >= n) return;
+    SHIFT(x); SHIFT(y); EPI_SHIFT
+    const int i2 = i % d2, r = i / d2, i1 = r % d1, i0 = r / d1;
+    float v = ACTIVATE(LD(x, i0 * xs0 + i1 * xs1 + i2 * xs2));
+    EPILOGUE(v, i0, i1, i2)
+    ST(y, i, v);
+}

@@ -71,11 +71,11 @@ void conv_gemm(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T, y), 
                BUF(float, part), BUF(uint, counts),
                const int N, const int C, const int H, const int W, const int CO, const int OH, const int OW,
                const int G, const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
-               const int DH, const int DW, const float p0, const float p1) {
+               const int DH, const int DW, const float p0, const float p1 EPI_ARGS) {
     __local float4 As[TK * AS_ROW], Bs[TK * BS_ROW];
     __local int4 kt[2][TK];  /* the taps of this step's rows and of the next step's */
     __local int last;
-    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y); SHIFT(taps); SHIFT(part); SHIFT(counts);
+    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y); SHIFT(taps); SHIFT(part); SHIFT(counts); EPI_SHIFT
     __local float* Af = (__local float*)As;
     __local float* Bf = (__local float*)Bs;
     const int lx = get_local_id(0), ly = get_local_id(1), tid = ly * WX + lx;
@@ -180,7 +180,11 @@ void conv_gemm(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T, y), 
         const float b = LD(bias, g * cog + co);
         #pragma unroll
         for (int j = 0; j < RN; ++j)
-            if (ob[j] >= 0) ST(y, ob[j] + co * ohw, ACTIVATE(acc[i][j] + b));
+            if (ob[j] >= 0) {
+                float v = ACTIVATE(acc[i][j] + b);
+                EPILOGUE(v, pj[j] / ohw, g * cog + co, pj[j] % ohw)
+                ST(y, ob[j] + co * ohw, v);
+            }
     }
 #undef TAP
 #undef FETCH
@@ -195,9 +199,9 @@ __kernel __attribute__((reqd_work_group_size(WX, WY, 1)))
 void matmul(BUF(const T, a), BUF(const T, b), BUF(const T, c), BUF(T, y), BUF(const int, meta),
             const int M, const int N, const int K, const int sam, const int sak, const int sbk, const int sbn,
             const int scm, const int scn, const int batches, const int brank,
-            const float alpha, const float beta, const float p0, const float p1) {
+            const float alpha, const float beta, const float p0, const float p1 EPI_ARGS) {
     __local float4 As[TK * AS_ROW], Bs[TK * BS_ROW];
-    SHIFT(a); SHIFT(b); SHIFT(c); SHIFT(y); SHIFT(meta);
+    SHIFT(a); SHIFT(b); SHIFT(c); SHIFT(y); SHIFT(meta); EPI_SHIFT
     __local float* Af = (__local float*)As;
     __local float* Bf = (__local float*)Bs;
     const int lx = get_local_id(0), ly = get_local_id(1), tid = ly * WX + lx;
@@ -260,7 +264,9 @@ void matmul(BUF(const T, a), BUF(const T, b), BUF(const T, c), BUF(T, y), BUF(co
             if (n >= N) continue;
             float v = alpha * acc[i][j];
             if (beta != 0.0f) v += beta * LD(c, m * scm + n * scn);
-            ST(yb, m * N + n, ACTIVATE(v));
+            v = ACTIVATE(v);
+            EPILOGUE(v, bi, m, n)
+            ST(yb, m * N + n, v);
         }
     }
 #undef A_AT

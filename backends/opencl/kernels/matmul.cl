@@ -22,9 +22,9 @@ __kernel __attribute__((reqd_work_group_size(SX, SY, 1)))
 void matmul_small(BUF(const T, a), BUF(const T, b), BUF(const T, c), BUF(T, y), BUF(const int, meta),
                   const int M, const int N, const int K, const int sam, const int sak, const int sbk, const int sbn,
                   const int scm, const int scn, const int batches, const int brank,
-                  const float alpha, const float beta, const float p0, const float p1) {
+                  const float alpha, const float beta, const float p0, const float p1 EPI_ARGS) {
     __local float4 part[SX * SY];
-    SHIFT(a); SHIFT(b); SHIFT(c); SHIFT(y); SHIFT(meta);
+    SHIFT(a); SHIFT(b); SHIFT(c); SHIFT(y); SHIFT(meta); EPI_SHIFT
     const int lx = get_local_id(0), ky = get_local_id(1);
     const int bi = get_group_id(2);
     int oa = 0, ob = 0, rest = bi;
@@ -64,6 +64,8 @@ void matmul_small(BUF(const T, a), BUF(const T, b), BUF(const T, c), BUF(T, y), 
         const int m = m0 + i;
         float v = alpha * r[i];
         if (beta != 0.0f) v += beta * LD(c, m * scm + n * scn);
-        ST(yb, m * N + n, ACTIVATE(v));
+        v = ACTIVATE(v);
+        EPILOGUE(v, bi, m, n)
+        ST(yb, m * N + n, v);
     }
 }

@@ -89,6 +89,9 @@ class Launch:
     # The kernels and tiles its work may run (tiles.py: ConvTiles, MatmulTiles): tuning chooses one of them, and
     # the choice makes the launch that runs (tune.settle).
     tiles: Any = None
+    # The launch tuning timed where this one is it with a fused epilogue (../epilogues.py): tuning plans ops alone,
+    # so a fused launch runs the choice cached for the launch it replaces.
+    tuned_as: "Launch | None" = None
     # Filled when recorded:
     cl_kernel: Any = None
     gws: tuple[int, ...] | None = None
@@ -137,9 +140,17 @@ class ClExecution(Execution):
     alias: int | None = None
     backend: Any = None  # its OpenclBackend, whose plan of the resize under way records it
     locations: dict = field(default_factory=dict)  # (In/Out/Scratch/Const, index or id) -> Block, filled when recorded
+    step: int | None = None  # its place in the backend's list of the ops it was offered (fusion.plan_fusions)
+    group: Any = None  # the fused group it belongs to (groups.Group), whose last member launches the group's kernels
 
     def on_resize(self, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
-        self.backend.plan.record(self, inputs, outputs)
+        plan = self.backend.plan
+        if self.group is not None and self.group.members[-1] is self:
+            self.group.apply(plan, self)  # this op's launches and inputs become the group's
+            inputs = self.inputs
+        plan.record(self, inputs, outputs)
+        if self.step is not None:  # after its scratch memory is placed: the values its group read are free now
+            plan.advance(self.step)
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         raise RuntimeError("OpenCL executions run through their backend's submit()")

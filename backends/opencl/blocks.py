@@ -1,0 +1,222 @@
+"""Blocks of ops that one kernel of kernels/blocks.cl does, a work group an image or a row:
+
+- a squeeze-and-excitation block's squeeze: GlobalAveragePool, then two pointwise Convs on its (N, C, 1, 1) result
+  (each with its bias and fused activation), as one se kernel; where an image's pool is too large for one work
+  group (SE_MAX_POOL), the pool keeps its own kernel, spread over the device, and se does the two Convs on its
+  result;
+- the LayerNorm that exporters (paddle2onnx among them) spell out as ReduceMean, Sub, Pow 2, ReduceMean, Add eps,
+  Sqrt, Div, then Mul by a scale and Add of a bias (constants over the normalized axes), as one layernorm kernel.
+
+The Mul of the block's input by the se kernel's gate is an elementwise op, fused as epilogues.py fuses any.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyopencl as cl
+
+from aiomnn import shapes as shp
+
+from .groups import Group, Steps, const_array, is_f32, scalar
+from .ops.base import Const, In, Launch, Out, f32, i32
+from .ops.elementwise import activation
+
+#: Work items of a channel's sum in se (kernels/blocks.cl's LANES).
+LANES = 8
+#: The most values an image's pool may hold (C x H x W) for se to read it in one work group; a larger pool keeps
+#: the reduce kernel, whose work groups (one per channel) spread it over the device.
+SE_MAX_POOL = 1 << 16
+
+
+def _local(runtime, top: int, need: int) -> int:
+    """A power-of-two work group: `top` work items on GPUs, 64 on CPU devices (where barriers are dear), no more
+    than the device takes nor than `need` asks (at least LANES)."""
+    cap = min(top if runtime.device.is_gpu else 64, runtime.max_work_group, max(LANES, need))
+    return 1 << (cap.bit_length() - 1)
+
+
+def _pointwise(st: Steps, k: int, src: str, n: int, want: int | None):
+    """Step k as a pointwise Conv of the (N, C, 1, 1) value `src` with constant weights (and bias): (its weights,
+    bias or None, output channels, activation), else None."""
+    node, exe, ins, outs = st.steps[k]
+    if node.op_type != "Conv" or exe is None or len(outs) != 1 or ins[0] is None or ins[0].name != src:
+        return None
+    w = const_array(ins[1])
+    b = ins[2] if len(ins) > 2 and ins[2] is not None and ins[2].name else None
+    if w is None or w.ndim != 4 or w.shape[2:] != (1, 1) or int(node.attrs.get("group", 1)) != 1:
+        return None
+    if b is not None and const_array(b) is None:
+        return None
+    co = w.shape[0]
+    if tuple(outs[0].shape) != (n, co, 1, 1) or want not in (None, co):
+        return None
+    return node, w, b, co, activation(node.attrs)
+
+
+def se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
+    """GlobalAveragePool of x (N, C, H, W), then a pointwise Conv (C1 x C) and another (C x C1) on its mean: one
+    se kernel (over SE_MAX_POOL values an image, the two Convs alone on the pool's result)."""
+    steps = st.steps
+    node, _, ins, outs = steps[i]
+    x = ins[0]
+    if len(outs) != 1 or not is_f32(x) or len(x.shape) != 4:
+        return None
+    n, c, h, w = x.shape
+    chain, convs, cur = [i], [], outs[0].name
+    for want in (None, c):  # the first conv's output channels are its own, the second's are C
+        k = st.sole_reader(cur, taken)
+        found = _pointwise(st, k, cur, n, want) if k is not None else None
+        if found is None or found[1].shape[1] != (c if want is None else convs[0][3]):
+            return None
+        chain.append(k)
+        convs.append(found)
+        cur = steps[k][3][0].name
+    if not st.here(chain[0], chain[-1]):
+        return None
+    if c * h * w > SE_MAX_POOL:
+        chain, src, hw = chain[1:], outs[0], 1
+    else:
+        src, hw = x, h * w
+    (n1, w1, b1, c1, act1), (n2, w2, b2, _, act2) = convs
+
+    def weights(nd, arr, b, co) -> list:
+        wk = Const(("conv", nd.name, id(arr), "oihw"), lambda: np.ascontiguousarray(arr, dtype=np.float32), floats=True)
+        if b is None:
+            return [wk, Const(("zeros", co), lambda: np.zeros(co, np.float32), floats=True)]
+        bias = np.asarray(b.const, dtype=np.float32).reshape(-1)
+        return [wk, Const(("bias", nd.name, id(b.const)), lambda: bias, floats=True)]
+
+    def build(plan) -> tuple[list[Launch], list]:
+        runtime = plan.runtime
+        need = 4 * (c * LANES + c1)
+        if need > runtime.local_memory // 2:
+            raise ValueError(f"se needs {need} bytes of local memory")
+        local = _local(runtime, 256, c * LANES)
+        args = [In(0), *weights(n1, w1, b1, c1), *weights(n2, w2, b2, c), Out(0), *i32(c, hw, c1),
+                *f32(act1[1], act1[2], act2[1], act2[2]),
+                cl.LocalMemory(4 * c * LANES), cl.LocalMemory(4 * max(c1, 1))]
+        options = (f"-DLOCAL={local}", f"-DACT1={act1[0]}", f"-DACT2={act2[0]}")
+        return [Launch("blocks", "se", args, (n * local,), options, local=(local,))], [src]
+
+    taken.update(chain)
+    inner = [steps[k][3][0].name for k in chain[:-1]]
+    return Group("se", [steps[k][1] for k in chain], inner, [src.name], build)
+
+
+def _trailing_axes(node, inputs, rank: int) -> int | None:
+    """The first reduced axis of a ReduceMean over trailing axes, with keepdims (else None)."""
+    if node.attrs.get("keepdims", 1) != 1 or set(node.attrs) - {"axes", "keepdims", "noop_with_empty_axes"}:
+        return None
+    try:
+        axes = shp.reduce_axes(node, inputs, rank)
+    except Exception:
+        return None
+    if not axes:
+        return None
+    axes = sorted(a % rank for a in axes)
+    return axes[0] if axes == list(range(axes[0], rank)) else None
+
+
+def _row_vector(t, shape: tuple[int, ...], axis: int, last: str) -> np.ndarray | None:
+    """The constant operand (other than `last`) of a Mul or Add, broadcast over the normalized axes only, as a
+    vector of their size (else None)."""
+    a = const_array(t) if t is not None and t.name != last else None
+    if a is None or a.ndim > len(shape):
+        return None
+    full = (1,) * (len(shape) - a.ndim) + tuple(a.shape)
+    if any(d != 1 for d in full[:axis]):
+        return None
+    try:
+        return np.broadcast_to(a.reshape(full[axis:]), shape[axis:]).reshape(-1).astype(np.float32)
+    except ValueError:
+        return None
+
+
+def _then(st: Steps, name: str, op_type: str, taken: set[int]) -> int | None:
+    k = st.sole_reader(name, taken)
+    node = st.steps[k][0] if k is not None else None
+    return k if node is not None and node.op_type == op_type and node.attrs.get("_activation") is None else None
+
+
+def _affine(st: Steps, last: str, shape: tuple[int, ...], axis: int, op_type: str, taken: set[int]):
+    """The Mul (or Add) alone reading `last` by a constant over the normalized axes: (its step, the vector)."""
+    k = _then(st, last, op_type, taken)
+    if k is None:
+        return None
+    ins, outs = st.steps[k][2], st.steps[k][3]
+    others = [t for t in ins if t is None or t.name != last]
+    vec = _row_vector(others[0], shape, axis, last) if len(ins) == 2 and len(others) == 1 else None
+    return (k, vec, id(others[0].const)) if vec is not None and tuple(outs[0].shape) == shape else None
+
+
+def layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
+    """ReduceMean, Sub, Pow 2 (or the difference times itself), ReduceMean, Add eps, Sqrt, Div, then optionally Mul
+    by a scale and Add of a bias: one layernorm kernel."""
+    steps = st.steps
+    node, _, ins, outs = steps[i]
+    x = ins[0]
+    if not is_f32(x) or len(outs) != 1:
+        return None
+    shape = tuple(x.shape)
+    axis = _trailing_axes(node, ins, len(shape))
+    if axis is None:
+        return None
+    mean = outs[0].name
+    j = _then(st, mean, "Sub", taken)
+    if j is None or [t.name if t else "" for t in steps[j][2]] != [x.name, mean]:
+        return None
+    d = steps[j][3][0].name
+    rs = st.readers.get(d, [])
+    if len(rs) != 2 or any(k in taken or steps[k][1] is None for k in rs):
+        return None
+    kp, kd = rs
+    pn, _, pins, pouts = steps[kp]
+    if not ((pn.op_type == "Pow" and pins[0].name == d and scalar(pins[1]) == 2.0)
+            or (pn.op_type == "Mul" and [t.name for t in pins] == [d, d])):
+        return None
+    dn, _, dins, douts = steps[kd]
+    if dn.op_type != "Div" or dn.attrs or len(dins) != 2 or dins[0].name != d:
+        return None
+    r2 = _then(st, pouts[0].name, "ReduceMean", taken)
+    if r2 is None or _trailing_axes(steps[r2][0], steps[r2][2], len(shape)) != axis:
+        return None
+    ke = _then(st, steps[r2][3][0].name, "Add", taken)
+    if ke is None:
+        return None
+    var, eins = steps[r2][3][0].name, steps[ke][2]
+    others = [t for t in eins if t is None or t.name != var]
+    eps = scalar(others[0]) if len(eins) == 2 and len(others) == 1 else None
+    ks = _then(st, steps[ke][3][0].name, "Sqrt", taken)
+    if eps is None or ks is None or dins[1].name != steps[ks][3][0].name or st.readers.get(dins[1].name) != [kd]:
+        return None
+    chain, last, scale, bias, key = [i, j, kp, r2, ke, ks, kd], douts[0].name, None, None, ("layernorm",)
+    found = _affine(st, last, shape, axis, "Mul", taken)
+    if found is not None:
+        (km, scale, sid), last = found, steps[found[0]][3][0].name
+        chain.append(km)
+        found = _affine(st, last, shape, axis, "Add", taken)
+        if found is not None:
+            (ka, bias, bid), last = found, steps[found[0]][3][0].name
+            chain.append(ka)
+    for k in chain:
+        o = steps[k][3]
+        if steps[k][1] is None or len([t for t in o if t.name]) != 1 or steps[k][0].attrs.get("_activation"):
+            return None
+    if tuple(douts[0].shape) != shape or not st.here(min(chain), max(chain)):
+        return None
+    rows, n = int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))
+    if scale is None:
+        scale, sid = np.ones(n, np.float32), 0
+    # Keyed by the constants' ids (their arrays live as long as the model), so a new plan finds them uploaded.
+    key = ("layernorm", n, shape[axis:], sid)
+
+    def build(plan) -> tuple[list[Launch], list]:
+        local = _local(plan.runtime, 256, n)
+        s = Const(key + ("scale",), lambda: scale, floats=True)
+        b = Const(key + ("bias", bid), lambda: bias, floats=True) if bias is not None else s
+        args = [In(0), s, b, Out(0), *i32(n), *f32(eps), *i32(int(bias is not None))]
+        return [Launch("blocks", "layernorm", args, (rows * local,), (f"-DLOCAL={local}",), local=(local,))], [x]
+
+    taken.update(chain)
+    inner = [steps[k][3][0].name for k in chain[:-1]]
+    return Group("layernorm", [steps[k][1] for k in sorted(chain)], inner, [x.name], build)

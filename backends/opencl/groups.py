@@ -1,0 +1,110 @@
+"""What the OpenCL backend's fusions share: a Group of ops that one set of kernels does, the created ops indexed by
+who makes and who reads each value, and the host-side checks of tensors that the matchers use (fusion.py,
+epilogues.py and blocks.py find the groups)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import numpy as np
+
+from aiomnn.backend import Tensor
+
+from .ops.base import F32, In, Launch, strides
+
+log = logging.getLogger("aiomnn.opencl")
+
+
+class Group:
+    """Ops whose work one set of kernels does, launched at the group's last member.
+
+    `inner` are the values computed only for other members (each read by members alone); `build(plan)` makes the
+    group's launches and the tensors their In(i) arguments index. The values the group reads live until its last
+    member runs (plan.extend), so its kernels can run there. If an inner value turns out to need memory of its
+    own (a graph output, say), or the build declines, every member keeps its own launches.
+    """
+
+    def __init__(self, kind: str, members: list, inner: list[str], reads: list[str],
+                 build: Callable[..., tuple[list[Launch], list[Tensor | None]]]):
+        self.kind, self.members, self.inner, self.reads, self.build = kind, members, inner, reads, build
+
+    def apply(self, plan, final) -> None:
+        if not all(plan.in_arena(name) for name in self.inner):
+            return
+        try:
+            launches, inputs = self.build(plan)
+        except Exception as exc:  # a shape or device limit the matching did not foresee: the ops run alone
+            log.debug("%s group at %s not fused: %s: %s", self.kind, final.node, type(exc).__name__, exc)
+            return
+        for m in self.members:
+            m.launches = []
+        final.launches, final.inputs = launches, list(inputs)
+        plan.fused.append(self.kind)
+
+
+class Steps:
+    """The created list (node, execution or None, inputs, outputs), indexed: who makes and who reads each value."""
+
+    def __init__(self, steps: list[tuple]):
+        self.steps = steps
+        self.readers: dict[str, list[int]] = {}
+        for i, (node, _, _, _) in enumerate(steps):
+            for x in dict.fromkeys(list(node.inputs) + list(node.implicit)):
+                if x:
+                    self.readers.setdefault(x, []).append(i)
+
+    def sole_reader(self, name: str, taken: set[int]) -> int | None:
+        """The one step reading `name`, if it runs here and is in no group yet."""
+        rs = self.readers.get(name, [])
+        if len(rs) != 1 or rs[0] in taken or self.steps[rs[0]][1] is None:
+            return None
+        return rs[0]
+
+    def here(self, lo: int, hi: int) -> bool:
+        """Whether every step from lo to hi runs here (one segment: the group runs where it ends)."""
+        return all(self.steps[k][1] is not None for k in range(lo, hi + 1))
+
+
+def is_f32(t: Tensor | None) -> bool:
+    return t is not None and t.kind == "tensor" and t.dtype == F32 and t.shape is not None
+
+
+def const_array(t: Tensor | None) -> np.ndarray | None:
+    if t is None or not t.is_const or t.dtype != F32:
+        return None
+    return np.asarray(t.const)
+
+
+def scalar(t: Tensor | None) -> float | None:
+    a = const_array(t)
+    return float(a.reshape(-1)[0]) if a is not None and a.size == 1 else None
+
+
+def view_strides(out: tuple[int, ...], shape: tuple[int, ...], spans: list[tuple[int, int]]) -> list[int] | None:
+    """The strides of a tensor of `shape`, broadcast to `out`, over a view of `out` whose dims each join a span of
+    its dims (lo, hi); None where it broadcasts along part of a span only (or does not broadcast to `out`)."""
+    rank = len(out)
+    if len(shape) > rank:
+        return None
+    full = (1,) * (rank - len(shape)) + tuple(shape)
+    if any(a not in (1, o) for a, o in zip(full, out)):
+        return None
+    st = [0 if full[d] == 1 else s for d, s in enumerate(strides(full))]
+    found = []
+    for lo, hi in spans:
+        live = [d for d in range(lo, hi) if out[d] != 1]
+        inner = st[live[-1]] if live else 0
+        expect = inner
+        for d in reversed(live):
+            if st[d] != expect:
+                return None
+            expect = st[d] * out[d]
+        found.append(inner)
+    return found
+
+
+def operand(index: int, strides3: list[int]) -> list:
+    """A fused epilogue step's kernel arguments for the tensor In(index) (kernels/common.cl's EPI_STEP_ARGS, less
+    the activation's parameters)."""
+    return [In(index), *(np.int32(s) for s in strides3)]
