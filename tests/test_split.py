@@ -49,12 +49,12 @@ def declined(kind: str, names: set[str]):
     try:
         if kind == "opencl":
             mod = importlib.import_module("aiomnn.backends.opencl.backend")
-            real_create = mod.OpenclBackend.on_create
+            real_create = mod.OpenclBackend._create
 
-            def on_create(self, node, inputs, outputs):
+            def create(self, node, inputs, outputs):
                 return None if node.name in names else real_create(self, node, inputs, outputs)
 
-            mp.setattr(mod.OpenclBackend, "on_create", on_create)
+            mp.setattr(mod.OpenclBackend, "_create", create)
         elif kind == "vulkan":
             ops = importlib.import_module("aiomnn.backends.vulkan.ops")
             real = ops.create

@@ -41,6 +41,7 @@ class Group:
             m.launches = []
         final.launches, final.inputs = launches, list(inputs)
         plan.fused.append(self.kind)
+        plan.fused_away.update(self.inner)
 
 
 class Steps:

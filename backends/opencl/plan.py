@@ -71,6 +71,7 @@ class Plan:
         # live until that step (name -> step); and the kind of each group applied (for tests).
         self.extend: dict[str, int] = {}
         self.fused: list[str] = []
+        self.fused_away: set[str] = set()  # the inner values of the groups applied: no kernel computes them
         self._names: dict[int, str] = {}  # id(arena block) -> the value it holds
 
     # Memory: arena blocks and aliases of them (an arena block stays reserved while an alias of it lives) ----
@@ -233,6 +234,9 @@ class Plan:
                 if o and o not in freed and o in self.tensors:
                     t = self.tensors[o]
                     downloads.append((o, self.locations[o], t, self.ctx.storage(t.dtype)))
+        lost = [d[0] for d in downloads if d[0] in self.fused_away]
+        if lost:  # a reader this backend was never offered: the fusion plan could not know of it
+            raise BackendError(f"values {lost} were fused away but are read outside the OpenCL segment")
         found = SegmentPlan(uploads, launches, list(dict.fromkeys(downloads)), sorted(freed))
         self.segments[id(segment)] = found
         return found
