@@ -41,3 +41,16 @@ def const_tensor(name: str, value: Any) -> Tensor:
         arr = np.asarray(value)
         return Tensor(name, arr.dtype, arr.shape, const=arr)
     return Tensor(name, const=value, kind="unknown")
+
+
+def float_const(t: Tensor | None) -> np.ndarray | None:
+    """The values of a float32 constant tensor (a fusion's weights, bias or scale), or None."""
+    if t is None or not t.is_const or t.dtype != np.float32:
+        return None
+    return np.asarray(t.const)
+
+
+def float_scalar(t: Tensor | None) -> float | None:
+    """The one value of a float32 constant of one element, or None."""
+    a = float_const(t)
+    return float(a.reshape(-1)[0]) if a is not None and a.size == 1 else None

@@ -16,8 +16,9 @@ import numpy as np
 import pyopencl as cl
 
 from aiomnn import shapes as shp
+from aiomnn.constants import float_const, float_scalar
 
-from .groups import Group, Steps, const_array, is_f32, scalar
+from .groups import Group, Steps, is_f32
 from .ops.base import Const, In, Launch, Out, f32, i32
 from .ops.elementwise import activation
 
@@ -41,11 +42,11 @@ def _pointwise(st: Steps, k: int, src: str, n: int, want: int | None):
     node, exe, ins, outs = st.steps[k]
     if node.op_type != "Conv" or exe is None or len(outs) != 1 or ins[0] is None or ins[0].name != src:
         return None
-    w = const_array(ins[1])
+    w = float_const(ins[1])
     b = ins[2] if len(ins) > 2 and ins[2] is not None and ins[2].name else None
     if w is None or w.ndim != 4 or w.shape[2:] != (1, 1) or int(node.attrs.get("group", 1)) != 1:
         return None
-    if b is not None and const_array(b) is None:
+    if b is not None and float_const(b) is None:
         return None
     co = w.shape[0]
     if tuple(outs[0].shape) != (n, co, 1, 1) or want not in (None, co):
@@ -120,7 +121,7 @@ def _trailing_axes(node, inputs, rank: int) -> int | None:
 def _row_vector(t, shape: tuple[int, ...], axis: int, last: str) -> np.ndarray | None:
     """The constant operand (other than `last`) of a Mul or Add, broadcast over the normalized axes only, as a
     vector of their size (else None)."""
-    a = const_array(t) if t is not None and t.name != last else None
+    a = float_const(t) if t is not None and t.name != last else None
     if a is None or a.ndim > len(shape):
         return None
     full = (1,) * (len(shape) - a.ndim) + tuple(a.shape)
@@ -171,7 +172,7 @@ def layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         return None
     kp, kd = rs
     pn, _, pins, pouts = steps[kp]
-    if not ((pn.op_type == "Pow" and pins[0].name == d and scalar(pins[1]) == 2.0)
+    if not ((pn.op_type == "Pow" and pins[0].name == d and float_scalar(pins[1]) == 2.0)
             or (pn.op_type == "Mul" and [t.name for t in pins] == [d, d])):
         return None
     dn, _, dins, douts = steps[kd]
@@ -185,7 +186,7 @@ def layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         return None
     var, eins = steps[r2][3][0].name, steps[ke][2]
     others = [t for t in eins if t is None or t.name != var]
-    eps = scalar(others[0]) if len(eins) == 2 and len(others) == 1 else None
+    eps = float_scalar(others[0]) if len(eins) == 2 and len(others) == 1 else None
     ks = _then(st, steps[ke][3][0].name, "Sqrt", taken)
     if eps is None or ks is None or dins[1].name != steps[ks][3][0].name or st.readers.get(dins[1].name) != [kd]:
         return None

@@ -71,17 +71,6 @@ def is_f32(t: Tensor | None) -> bool:
     return t is not None and t.kind == "tensor" and t.dtype == F32 and t.shape is not None
 
 
-def const_array(t: Tensor | None) -> np.ndarray | None:
-    if t is None or not t.is_const or t.dtype != F32:
-        return None
-    return np.asarray(t.const)
-
-
-def scalar(t: Tensor | None) -> float | None:
-    a = const_array(t)
-    return float(a.reshape(-1)[0]) if a is not None and a.size == 1 else None
-
-
 def view_strides(out: tuple[int, ...], shape: tuple[int, ...], spans: list[tuple[int, int]]) -> list[int] | None:
     """The strides of a tensor of `shape`, broadcast to `out`, over a view of `out` whose dims each join a span of
     its dims (lo, hi); None where it broadcasts along part of a span only (or does not broadcast to `out`)."""
