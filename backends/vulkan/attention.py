@@ -15,8 +15,9 @@ device's shared memory, an inner value read by anything outside the chain, a ste
 from __future__ import annotations
 
 from aiomnn.backend import Tensor
+from aiomnn.constants import float_scalar
 
-from .groups import Group, Steps, scalar
+from .groups import Group, Steps
 from .launch import Blocks
 from .ops.base import VkOp, broadcast_strides, contiguous, is_f32, numel, pack, to_f32
 from .ops.elementwise import Binary
@@ -105,7 +106,7 @@ def attention_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     if k is not None:
         node, exe, ins, outs = steps[k]
         others = [x for x in ins if x is not None and x.name != cur]
-        c = scalar(others[0]) if len(ins) == 2 and len(others) == 1 else None
+        c = float_scalar(others[0]) if len(ins) == 2 and len(others) == 1 else None
         if isinstance(exe, Binary) and not node.attrs and c is not None and tuple(outs[0].shape) == sshape \
                 and (node.op_type == "Mul" or ins[0].name == cur):
             scale_op, scale = (1 if node.op_type == "Div" else 2), c

@@ -16,8 +16,9 @@ import weakref
 import numpy as np
 
 from aiomnn.backend import Tensor
+from aiomnn.constants import float_const
 
-from .groups import Group, Steps, const_array
+from .groups import Group, Steps
 from .launch import Matmul
 from .ops.base import VkOp, is_f32, pack, pad, to_f32
 from .ops.elementwise import Binary, Unary
@@ -42,7 +43,7 @@ def _bias_after(st: Steps, i: int, taken: set[int], attrs=frozenset({"_activatio
     if not isinstance(ae, Binary) or len(ains) != 2 or set(an.attrs) - attrs:
         return None
     c = [t for t in ains if t is not None and t.name != out.name]
-    a = const_array(c[0]) if len(c) == 1 else None
+    a = float_const(c[0]) if len(c) == 1 else None
     oshape = tuple(out.shape)
     if a is None or a.ndim > len(oshape) or tuple(aouts[0].shape) != oshape:
         return None
@@ -73,7 +74,7 @@ def _layernorm_after(st: Steps, k: int, n: int, taken: set[int]) -> tuple[int, n
         return None
     _, exe, ins, _ = st.steps[kn]
     rows, size, eps = exe.geo
-    consts = [const_array(t) for t in ins[1:3] if t is not None]
+    consts = [float_const(t) for t in ins[1:3] if t is not None]
     if size != n or any(c is None or c.size != n for c in consts):
         return None
     scale = consts[0].reshape(-1)
@@ -166,7 +167,7 @@ def _projection(st: Steps, j: int, x: Tensor, taken: set[int]) -> tuple | None:
     node, exe, ins, outs = st.steps[j]
     if j in taken or not isinstance(exe, MatMul) or len(ins) != 2 or ins[0].name != x.name or len(outs) != 1:
         return None
-    w = const_array(ins[1])
+    w = float_const(ins[1])
     if w is None or w.ndim != 2 or tuple(outs[0].shape) != tuple(x.shape[:-1]) + (w.shape[1],):
         return None
     found = _bias_after(st, j, taken, frozenset())

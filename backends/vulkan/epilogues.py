@@ -12,9 +12,10 @@ Each dispatch saved is a barrier saved (record.waves): a dependent dispatch wait
 from __future__ import annotations
 
 from aiomnn.backend import Tensor
+from aiomnn.constants import float_scalar
 from aiomnn.unary import TABLE
 
-from .groups import Group, Steps, scalar
+from .groups import Group, Steps
 from .ops.base import VkOp, is_f32, numel
 from .ops.conv import Conv
 from .ops.elementwise import GATE, Binary, binary, unary
@@ -53,8 +54,8 @@ def scale_shift_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     if found is None:
         return None
     ka, ins, c = found
-    xs = [t for t in ins if scalar(t) is None]
-    a, b = scalar(next((t for t in ins if t is not xs[0]), None)) if len(xs) == 1 else None, scalar(c)
+    xs = [t for t in ins if float_scalar(t) is None]
+    a, b = float_scalar(next((t for t in ins if t is not xs[0]), None)) if len(xs) == 1 else None, float_scalar(c)
     x = xs[0] if len(xs) == 1 else None
     out = st.steps[ka][3][0]
     if x is None or a is None or b is None or not is_f32(x) or tuple(x.shape) != tuple(out.shape):
@@ -99,7 +100,7 @@ def conv_shift_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """A Conv with its hard-swish whose one reader is an Add of a scalar constant: the conv adds it after."""
     _, exe, ins, outs = st.steps[i]
     found = _then_add(st, i, taken) if isinstance(exe, Conv) and exe.act[0] == HARD_SWISH else None
-    shift = scalar(found[1]) if found is not None else None
+    shift = float_scalar(found[1]) if found is not None else None
     if shift is None:
         return None
     ka = found[0]

@@ -3,11 +3,7 @@ steps indexed by who makes and who reads each value (fusion.py and epilogues.py 
 
 from __future__ import annotations
 
-import numpy as np
-
-from aiomnn.backend import Tensor
-
-from .ops.base import F32, VkOp
+from .ops.base import VkOp
 
 
 class Group:
@@ -36,17 +32,6 @@ class Group:
         self.build(final)
         plan.fused_away.update(self.inner)
         plan.fused.append(self.kind)
-
-
-def const_array(t: Tensor | None) -> np.ndarray | None:
-    if t is None or not t.is_const or t.dtype != F32:
-        return None
-    return np.asarray(t.const)
-
-
-def scalar(t: Tensor | None) -> float | None:
-    a = const_array(t)
-    return float(a.reshape(-1)[0]) if a is not None and a.size == 1 else None
 
 
 class Steps:

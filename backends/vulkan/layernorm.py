@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from aiomnn import shapes as shp
+from aiomnn.constants import float_const, float_scalar
 from aiomnn.graph import Node
 
-from .groups import Group, Steps, const_array, scalar
+from .groups import Group, Steps
 from .launch import Rows
 from .ops.base import VkOp, is_f32, numel, pack, to_f32
 from .ops.reduce import local_for
@@ -67,7 +68,7 @@ def layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     kp, kd = rs
     pn, _, pins, pouts = steps[kp]
     if pn.op_type == "Pow":
-        if pins[0].name != d or scalar(pins[1]) != 2.0:
+        if pins[0].name != d or float_scalar(pins[1]) != 2.0:
             return None
     elif pn.op_type == "Mul":
         if [t.name for t in pins] != [d, d]:
@@ -88,7 +89,7 @@ def layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     other = [t for t in eins if t is None or t.name != var]
     if len(eins) != 2 or len(other) != 1:
         return None
-    eps = scalar(other[0])
+    eps = float_scalar(other[0])
     ks = st.only(steps[ke][3][0].name, "Sqrt", taken)
     if eps is None or ks is None or steps[ks][0].attrs:
         return None
@@ -101,8 +102,8 @@ def layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     if km is not None:
         mins = steps[km][2]
         c = [t for t in mins if t is not None and t.name != last]
-        vec = _norm_vector(const_array(c[0]), shape, axis) if len(mins) == 2 and len(c) == 1 and \
-            const_array(c[0]) is not None else None
+        vec = _norm_vector(float_const(c[0]), shape, axis) if len(mins) == 2 and len(c) == 1 and \
+            float_const(c[0]) is not None else None
         if vec is not None and tuple(steps[km][3][0].shape) == shape:
             scale, last = vec, steps[km][3][0].name
             chain.append(km)
@@ -110,7 +111,7 @@ def layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
             if ka is not None:
                 ains = steps[ka][2]
                 c = [t for t in ains if t is not None and t.name != last]
-                a = const_array(c[0]) if len(ains) == 2 and len(c) == 1 else None
+                a = float_const(c[0]) if len(ains) == 2 and len(c) == 1 else None
                 vec = _norm_vector(a, shape, axis) if a is not None else None
                 if vec is not None and tuple(steps[ka][3][0].shape) == shape:
                     bias, last = vec, steps[ka][3][0].name
