@@ -5,7 +5,8 @@
   group (SE_MAX_POOL), the pool keeps its own kernel, spread over the device, and se does the two Convs on its
   result;
 - the LayerNorm that exporters (paddle2onnx among them) spell out as ReduceMean, Sub, Pow 2, ReduceMean, Add eps,
-  Sqrt, Div, then Mul by a scale and Add of a bias (constants over the normalized axes), as one layernorm kernel.
+  Sqrt, Div, then Mul by a scale and Add of a bias (constants over the normalized axes), as one layernorm kernel
+  (the matching is the core's, aiomnn/spelled_norm.py, which Vulkan shares).
 
 The Mul of the block's input by the se kernel's gate is an elementwise op, fused as epilogues.py fuses any.
 """
@@ -15,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
-from aiomnn import shapes as shp
-from aiomnn.constants import float_const, float_scalar
+from aiomnn.constants import float_const
+from aiomnn.spelled_norm import find_spelled_norm
 
 from .groups import Group, Steps, is_f32
 from .ops.base import Const, In, Launch, Out, f32, i32
@@ -104,112 +105,17 @@ def se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     return Group("se", [steps[k][1] for k in chain], inner, [src.name], build)
 
 
-def _trailing_axes(node, inputs, rank: int) -> int | None:
-    """The first reduced axis of a ReduceMean over trailing axes, with keepdims (else None)."""
-    if node.attrs.get("keepdims", 1) != 1 or set(node.attrs) - {"axes", "keepdims", "noop_with_empty_axes"}:
-        return None
-    try:
-        axes = shp.reduce_axes(node, inputs, rank)
-    except Exception:
-        return None
-    if not axes:
-        return None
-    axes = sorted(a % rank for a in axes)
-    return axes[0] if axes == list(range(axes[0], rank)) else None
-
-
-def _row_vector(t, shape: tuple[int, ...], axis: int, last: str) -> np.ndarray | None:
-    """The constant operand (other than `last`) of a Mul or Add, broadcast over the normalized axes only, as a
-    vector of their size (else None)."""
-    a = float_const(t) if t is not None and t.name != last else None
-    if a is None or a.ndim > len(shape):
-        return None
-    full = (1,) * (len(shape) - a.ndim) + tuple(a.shape)
-    if any(d != 1 for d in full[:axis]):
-        return None
-    try:
-        return np.broadcast_to(a.reshape(full[axis:]), shape[axis:]).reshape(-1).astype(np.float32)
-    except ValueError:
-        return None
-
-
-def _then(st: Steps, name: str, op_type: str, taken: set[int]) -> int | None:
-    k = st.sole_reader(name, taken)
-    node = st.steps[k][0] if k is not None else None
-    return k if node is not None and node.op_type == op_type and node.attrs.get("_activation") is None else None
-
-
-def _affine(st: Steps, last: str, shape: tuple[int, ...], axis: int, op_type: str, taken: set[int]):
-    """The Mul (or Add) alone reading `last` by a constant over the normalized axes: (its step, the vector)."""
-    k = _then(st, last, op_type, taken)
-    if k is None:
-        return None
-    ins, outs = st.steps[k][2], st.steps[k][3]
-    others = [t for t in ins if t is None or t.name != last]
-    vec = _row_vector(others[0], shape, axis, last) if len(ins) == 2 and len(others) == 1 else None
-    return (k, vec, id(others[0].const)) if vec is not None and tuple(outs[0].shape) == shape else None
-
-
 def layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """ReduceMean, Sub, Pow 2 (or the difference times itself), ReduceMean, Add eps, Sqrt, Div, then optionally Mul
-    by a scale and Add of a bias: one layernorm kernel."""
-    steps = st.steps
-    node, _, ins, outs = steps[i]
-    x = ins[0]
-    if not is_f32(x) or len(outs) != 1:
+    by a scale and Add of a bias (aiomnn/spelled_norm.py finds them): one layernorm kernel."""
+    m = find_spelled_norm(st.steps, st.readers, i, taken)
+    if m is None:
         return None
-    shape = tuple(x.shape)
-    axis = _trailing_axes(node, ins, len(shape))
-    if axis is None:
-        return None
-    mean = outs[0].name
-    j = _then(st, mean, "Sub", taken)
-    if j is None or [t.name if t else "" for t in steps[j][2]] != [x.name, mean]:
-        return None
-    d = steps[j][3][0].name
-    rs = st.readers.get(d, [])
-    if len(rs) != 2 or any(k in taken or steps[k][1] is None for k in rs):
-        return None
-    kp, kd = rs
-    pn, _, pins, pouts = steps[kp]
-    if not ((pn.op_type == "Pow" and pins[0].name == d and float_scalar(pins[1]) == 2.0)
-            or (pn.op_type == "Mul" and [t.name for t in pins] == [d, d])):
-        return None
-    dn, _, dins, douts = steps[kd]
-    if dn.op_type != "Div" or dn.attrs or len(dins) != 2 or dins[0].name != d:
-        return None
-    r2 = _then(st, pouts[0].name, "ReduceMean", taken)
-    if r2 is None or _trailing_axes(steps[r2][0], steps[r2][2], len(shape)) != axis:
-        return None
-    ke = _then(st, steps[r2][3][0].name, "Add", taken)
-    if ke is None:
-        return None
-    var, eins = steps[r2][3][0].name, steps[ke][2]
-    others = [t for t in eins if t is None or t.name != var]
-    eps = float_scalar(others[0]) if len(eins) == 2 and len(others) == 1 else None
-    ks = _then(st, steps[ke][3][0].name, "Sqrt", taken)
-    if eps is None or ks is None or dins[1].name != steps[ks][3][0].name or st.readers.get(dins[1].name) != [kd]:
-        return None
-    chain, last, scale, bias, key = [i, j, kp, r2, ke, ks, kd], douts[0].name, None, None, ("layernorm",)
-    found = _affine(st, last, shape, axis, "Mul", taken)
-    if found is not None:
-        (km, scale, sid), last = found, steps[found[0]][3][0].name
-        chain.append(km)
-        found = _affine(st, last, shape, axis, "Add", taken)
-        if found is not None:
-            (ka, bias, bid), last = found, steps[found[0]][3][0].name
-            chain.append(ka)
-    for k in chain:
-        o = steps[k][3]
-        if steps[k][1] is None or len([t for t in o if t.name]) != 1 or steps[k][0].attrs.get("_activation"):
-            return None
-    if tuple(douts[0].shape) != shape or not st.here(min(chain), max(chain)):
-        return None
-    rows, n = int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))
-    if scale is None:
-        scale, sid = np.ones(n, np.float32), 0
+    rows, n = m.rows_and_width()
+    x, eps, bias, bid = m.x, m.eps, m.bias, m.bias_id
+    scale, sid = (m.scale, m.scale_id) if m.scale is not None else (np.ones(n, np.float32), 0)
     # Keyed by the constants' ids (their arrays live as long as the model), so a new plan finds them uploaded.
-    key = ("layernorm", n, shape[axis:], sid)
+    key = ("layernorm", n, tuple(x.shape)[m.axis:], sid)
 
     def build(plan) -> tuple[list[Launch], list]:
         local = _local(plan.runtime, 256, n)
@@ -218,6 +124,6 @@ def layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         args = [In(0), s, b, Out(0), *i32(n), *f32(eps), *i32(int(bias is not None))]
         return [Launch("blocks", "layernorm", args, (rows * local,), (f"-DLOCAL={local}",), local=(local,))], [x]
 
-    taken.update(chain)
-    inner = [steps[k][3][0].name for k in chain[:-1]]
-    return Group("layernorm", [steps[k][1] for k in sorted(chain)], inner, [x.name], build)
+    taken.update(m.ops)
+    inner = [st.steps[k][3][0].name for k in m.ops[:-1]]
+    return Group("layernorm", [st.steps[k][1] for k in sorted(m.ops)], inner, [x.name], build)
