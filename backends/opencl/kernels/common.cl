@@ -84,3 +84,16 @@ inline float div_(float x, float y) { return x / y; }
 #define EPI_SHIFT
 #define EPILOGUE(v, i0, i1, i2)
 #endif
+
+/* The offsets into a batched product's a and b of batch bi: meta holds the batch dims, then a's and b's strides
+   over them (zero along a dim that one of them broadcasts). */
+inline int2 batch_offsets(const __global int* meta, const int brank, int bi) {
+    int oa = 0, ob = 0;
+    for (int d = brank - 1; d >= 0; --d) {
+        const int q = bi % meta[d];
+        bi /= meta[d];
+        oa += q * meta[brank + d];
+        ob += q * meta[2 * brank + d];
+    }
+    return (int2)(oa, ob);
+}

@@ -206,13 +206,8 @@ void matmul(BUF(const T, a), BUF(const T, b), BUF(const T, c), BUF(T, y), BUF(co
     __local float* Bf = (__local float*)Bs;
     const int lx = get_local_id(0), ly = get_local_id(1), tid = ly * WX + lx;
     const int bi = get_group_id(2);
-    int oa = 0, ob = 0, rest = bi;
-    for (int d = brank - 1; d >= 0; --d) {
-        const int q = rest % meta[d];
-        rest /= meta[d];
-        oa += q * meta[brank + d];
-        ob += q * meta[2 * brank + d];
-    }
+    const int2 off = batch_offsets(meta, brank, bi);
+    const int oa = off.x, ob = off.y;
     const __global T* ap = a + oa;
     const __global T* bp = b + ob;
     const int m0 = get_group_id(1) * BM, n0 = get_group_id(0) * BN;

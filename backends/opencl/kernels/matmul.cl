@@ -27,13 +27,8 @@ void matmul_small(BUF(const T, a), BUF(const T, b), BUF(const T, c), BUF(T, y), 
     SHIFT(a); SHIFT(b); SHIFT(c); SHIFT(y); SHIFT(meta); EPI_SHIFT
     const int lx = get_local_id(0), ky = get_local_id(1);
     const int bi = get_group_id(2);
-    int oa = 0, ob = 0, rest = bi;
-    for (int d = brank - 1; d >= 0; --d) {
-        const int q = rest % meta[d];
-        rest /= meta[d];
-        oa += q * meta[brank + d];
-        ob += q * meta[2 * brank + d];
-    }
+    const int2 off = batch_offsets(meta, brank, bi);
+    const int oa = off.x, ob = off.y;
     const int idx = get_group_id(0) * SX + lx;
     const int n = idx % N, m0 = idx / N * 4;
     const bool live = m0 < M;
