@@ -1366,6 +1366,36 @@ async def test_attention_fp16_storage():
 
 @pytest.mark.models
 @pytest.mark.anyio
+@pytest.mark.parametrize("shape", [(1, 128), (2, 40)], ids=["1x128", "2x40"])
+async def test_minilm_attention_fused(shape, runtime):
+    """minilm on Vulkan: each layer's attention (with its transposes) one dispatch, each dense layer's MatMul, bias
+    and GELU one matmul; the outputs onnxruntime's (row 0 of a batch is padded: its mask matters)."""
+    path = model_path("minilm")
+    feeds = sample_feeds("minilm", shape)
+    net = aiomnn.Interpreter.from_file(path)
+    async with await net.create_session(CONFIG, runtime) as s:
+        got = await s.run(feeds)
+        fused = list(s.pipeline.main.plan.fused)
+        kernels = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps
+                   for d in getattr(st.execution, "dispatches", [])]
+        on = {seg.backend.type for seg in s.pipeline.segments for st in seg.steps if st.node.op_type == "MatMul"}
+    assert on == {ForwardType.VULKAN}
+    assert fused.count("attention") == 6 and fused.count("matmul_bias") == 36, fused
+    assert kernels.count("attention") == 6 and "softmax" not in kernels
+    assert kernels.count("unary") <= 1, kernels  # the GELUs are in their matmuls
+    assert len(kernels) == MINILM_DISPATCHES, len(kernels)
+    if ort is None:
+        pytest.skip("onnxruntime is not installed")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    want = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for k, w in zip(net.output_names, want):
+        err = float(np.linalg.norm(got[k].astype(np.float64) - w) / np.linalg.norm(w))
+        assert err <= 1e-5, f"{k}: relative error {err:.2e} vs onnxruntime"
+
+
+@pytest.mark.models
+@pytest.mark.anyio
 async def test_minilm_fp16_storage():
     """minilm with float16 storage: its mask's scale, float32's lowest, is stored saturated (as -inf, the unmasked
     entries would be 0 * -inf = NaN), and the fused attention reads the mask in float16."""
@@ -1388,6 +1418,10 @@ async def test_minilm_fp16_storage():
             assert err < 5e-3, f"{k}: fp16 relative error {err:.2e}"
     finally:
         info.close()
+
+
+#: A minilm run's dispatches on Vulkan: 134 before attention, GELU and the residuals were fused.
+MINILM_DISPATCHES = 68
 
 
 #: The tiled matmul's register-blocked tiles (launch.REG_TILES).

@@ -8,8 +8,7 @@ knows every reader of each value. plan_fusions then finds:
 - scaled dot-product attention (MatMul, scale, mask Add, Softmax, MatMul, with the Transposes around it) as
   one attention dispatch (attention.py);
 - a MatMul followed by an Add of a constant bias (with the Add's fused activation, or the unary op, such as
-  Gelu, that alone reads the Add), the Add of a residual after that and the LayerNormalization after that, as
-  one matmul; and the MatMuls of one input by constant weights (q, k and v) as one matmul (dense.py);
+  Gelu, that alone reads the Add), and the Add of a residual after that, as one matmul;
 - a pointwise Conv run as the matmul, with the Mul that scales its input per channel before it (a
   squeeze-and-excitation block's) and the residual Add after it, as one matmul;
 - a squeeze-and-excitation block's squeeze: GlobalAveragePool, then two pointwise Convs on its (N, C, 1, 1)
@@ -20,9 +19,7 @@ knows every reader of each value. plan_fusions then finds:
   one binary dispatch that reads the small image in place;
 - the Adds that epilogues.py fuses into the op before them (scale and shift, gate, a conv's shift).
 
-A group's dispatches run at its last member; the values it reads live until then. Attention is found first,
-then merged projections (whose outputs must wait for that last member: the attention that reads q, k and v
-through views runs later), then the rest.
+A group's dispatches run at its last member; the values it reads live until then.
 """
 
 from __future__ import annotations
@@ -31,14 +28,14 @@ import logging
 from typing import TYPE_CHECKING
 
 from .attention import attention_at
-from .dense import matmul_bias_at, projections_at
 from .epilogues import conv_shift_at, gate_at, scale_shift_at
-from .groups import Group, Steps
+from .groups import Group, Steps, const_array
 from .layernorm import layernorm_at
-from .launch import Blocks, few_tiles
-from .ops.base import VkOp, is_f32, pack, to_f32
+from .launch import Blocks, Matmul, few_tiles
+from .ops.base import VkOp, is_f32, pack, pad, to_f32
 from .ops.conv import Conv
-from .ops.elementwise import Binary, aligned4, binary_view
+from .ops.elementwise import Binary, Unary, aligned4, binary_view
+from .ops.matmul import MatMul
 from .ops.reduce import Reduce
 from .ops.resize import Resize
 
@@ -46,6 +43,82 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 log = logging.getLogger("aiomnn.vulkan")
+
+
+def _matmul_bias_at(st: Steps, i: int, taken: set[int]) -> Group | None:
+    """MatMul, then Add of a constant along its columns (and the Add's fused activation, or else the unary op
+    that alone reads the Add, _unary_after), then the Add of a residual of the output's shape (BERT's, before
+    each LayerNorm): one matmul."""
+    steps = st.steps
+    node, exe, ins, outs = steps[i]
+    if not isinstance(exe, MatMul) or len(ins) != 2 or len(ins[1].shape) < 2 or len(outs[0].shape) < 2:
+        return None
+    mm = outs[0].name
+    rs = st.readers.get(mm, [])
+    if len(rs) != 1 or rs[0] in taken or steps[rs[0]][0].op_type != "Add":
+        return None
+    ka = rs[0]  # its fused activation (if any) the matmul applies
+    an, ae, ains, aouts = steps[ka]
+    if not isinstance(ae, Binary) or len(ains) != 2 or set(an.attrs) - {"_activation"}:
+        return None
+    c = [t for t in ains if t is not None and t.name != mm]
+    if len(c) != 1:
+        return None
+    ct = c[0]
+    a = const_array(ct)
+    oshape = tuple(outs[0].shape)
+    if a is None or a.ndim > len(oshape) or tuple(aouts[0].shape) != oshape:
+        return None
+    if any(d != 1 for d in a.shape[:-1]) or (a.ndim and a.shape[-1] not in (1, oshape[-1])):
+        return None
+    chain, act = [i, ka], ae.act
+    ku = _unary_after(st, ka, taken) if act[0] == 0 else None
+    if ku is not None:
+        ue = steps[ku][1]
+        chain.append(ku)
+        act = (ue.code, ue.a, ue.c)
+    res = None
+    kr = st.only(steps[chain[-1]][3][0].name, "Add", taken)
+    if kr is not None:
+        rn, re_, rins, routs = steps[kr]
+        other = [t for t in rins if t is not None and t.name != steps[chain[-1]][3][0].name]
+        if (isinstance(re_, Binary) and not rn.attrs and len(rins) == 2 and len(other) == 1 and is_f32(other[0])
+                and not other[0].is_const and tuple(other[0].shape) == tuple(routs[0].shape) == oshape):
+            chain.append(kr)
+            res = other[0]
+    if any(steps[k][1] is None for k in range(i, chain[-1] + 1)):
+        return None
+    ccs = int(a.ndim > 0 and a.shape[-1] != 1)
+    code, a1, a2 = act
+    reads = [t.name for t in [*ins, res] if t is not None and not t.is_const]
+
+    def build(final: VkOp) -> None:
+        m, n, k, dims, bsa, bsb, nb = exe.geo
+        plan = final.plan
+        push = pack(m, n, k, len(dims), pad(dims, 3), pad(bsa, 3), pad(bsb, 3), k, 1, n, 1, 1, 0, ccs,
+                    to_f32(1.0), to_f32(1.0), to_f32(a1), to_f32(a2))
+        a = plan.locate(ins[0])
+        r = plan.locate(res) if res is not None else a
+        final.dispatch("matmul", [final.out_locs[0], a, plan.locate(ins[1]), plan.locate(ct), r, a], push,
+                       Matmul(m, n, nb, k), consts=(code, int(res is not None)))
+
+    taken.update(chain)
+    inner = [steps[k][3][0].name for k in chain[:-1]]
+    return Group("matmul_bias", [steps[k][1] for k in chain], inner, reads, build)
+
+
+def _unary_after(st: Steps, k: int, taken: set[int]) -> int | None:
+    """The one reader of step k's output, if it is a unary op on this backend of the output's shape: the matmul
+    applies it too. (fuse_activations attaches to an Add only the activations every backend's Add applies: not
+    BERT's Gelu, say.)"""
+    out = st.steps[k][3][0]
+    rs = st.readers.get(out.name, [])
+    if len(rs) != 1 or rs[0] in taken:
+        return None
+    _, ue, _, uouts = st.steps[rs[0]]
+    if not isinstance(ue, Unary) or ue.code == 0 or tuple(uouts[0].shape) != tuple(out.shape):
+        return None
+    return rs[0]
 
 
 def _pointwise_at(st: Steps, i: int, taken: set[int]) -> Group | None:
@@ -224,44 +297,31 @@ def plan_fusions(plan: "Plan", created: list[tuple]) -> None:
         return
     st = Steps(created)
     taken: set[int] = set()
-    ends: dict[int, int] = {}  # each grouped step's group's last step
-    for kind in ("attention", "projections", "rest"):
-        for i, (node, exe, _, _) in enumerate(created):
-            if exe is None or i in taken:
-                continue
-            try:
-                group = _group_at(kind, st, i, taken, ends)
-            except Exception as exc:  # a shape this matching did not foresee: no fusion
-                log.debug("no fusion at %s: %s: %s", node, type(exc).__name__, exc)
-                group = None
-            if group is None:
-                continue
-            end = max(m.step for m in group.members)
-            for m in group.members:
-                m.group = group
-                ends[m.step] = end
-            group.members.sort(key=lambda m: m.step)
-            for name in group.reads:
-                plan.extend[name] = max(plan.extend.get(name, -1), end)
-
-
-def _group_at(kind: str, st: Steps, i: int, taken: set[int], ends: dict[int, int]) -> Group | None:
-    """The group of this pass (`kind`) that starts at step i, if any."""
-    op = st.steps[i][0].op_type
-    if kind == "attention":
-        return attention_at(st, i, taken) if op == "MatMul" else None
-    if kind == "projections":
-        return projections_at(st, i, taken, ends) if op == "MatMul" else None
-    if op == "ReduceMean":
-        return layernorm_at(st, i, taken)
-    if op == "MatMul":
-        return matmul_bias_at(st, i, taken)
-    if op == "Conv":
-        return _pointwise_at(st, i, taken) or conv_shift_at(st, i, taken)
-    if op == "GlobalAveragePool":
-        return _se_at(st, i, taken)
-    if op in ("Resize", "Upsample"):
-        return _upsample_add_at(st, i, taken)
-    if op == "Mul":
-        return scale_shift_at(st, i, taken) or gate_at(st, i, taken)
-    return None
+    for i, (node, exe, _, _) in enumerate(created):
+        if exe is None or i in taken:
+            continue
+        group = None
+        try:
+            if node.op_type == "ReduceMean":
+                group = layernorm_at(st, i, taken)
+            elif node.op_type == "MatMul":
+                group = attention_at(st, i, taken) or _matmul_bias_at(st, i, taken)
+            elif node.op_type == "Conv":
+                group = _pointwise_at(st, i, taken) or conv_shift_at(st, i, taken)
+            elif node.op_type == "GlobalAveragePool":
+                group = _se_at(st, i, taken)
+            elif node.op_type in ("Resize", "Upsample"):
+                group = _upsample_add_at(st, i, taken)
+            elif node.op_type == "Mul":
+                group = scale_shift_at(st, i, taken) or gate_at(st, i, taken)
+        except Exception as exc:  # a shape this matching did not foresee: no fusion
+            log.debug("no fusion at %s: %s: %s", node, type(exc).__name__, exc)
+            group = None
+        if group is None:
+            continue
+        end = max(m.step for m in group.members)
+        for m in group.members:
+            m.group = group
+        group.members.sort(key=lambda m: m.step)
+        for name in group.reads:
+            plan.extend[name] = max(plan.extend.get(name, -1), end)

@@ -74,9 +74,6 @@ class Plan:
         self.extend: dict[str, int] = {}
         self.fused_away: set[str] = set()
         self.fused: list[str] = []
-        # The launch of each merged projection (dense.py), by the outputs of the nodes it does: tuning offers it
-        # with those nodes' own (tune.tasks_for), as no node planned alone makes it.
-        self.merged: dict[str, Any] = {}
         # Memory (below): the arena, whose blocks views and Concat and Split pieces share.
         self.shared = SharedArena(Arena(align, oldest=oldest))
         self.arena = self.shared.arena

@@ -33,27 +33,23 @@ FLUSH_BYTES = 128 << 20
 
 def tasks_for(runtime: Any, backend: Any, node: Node, inputs: list, outputs: list) -> list["LaunchTuneTask"]:
     """The op's launches whose workgroup size can be tuned (every GPU backend's tasks_for takes the same arguments;
-    here the op is planned alone, into a plan of its own on the runtime's dry backend, not the session's), and
-    the merged projection (dense.py) that does it in the session's current plan, which no op alone makes."""
+    here the op is planned alone, into a plan of its own on the runtime's dry backend, not the session's)."""
     from .ops import create
 
-    plan = getattr(backend, "plan", None)
-    merged = getattr(plan, "merged", {}).get(node.outputs[0]) if node.outputs else None
-    extra = [LaunchTuneTask(runtime, node, merged)] if merged is not None and merged.tunable else []
     dry = runtime.dry_backend()
     dry.clear_buffers()
     op = create(dry, node, inputs, outputs)
     if op is None:
-        return extra
+        return []
     try:
         if op.alias_of is not None:
-            return extra
+            return []
         op.on_resize(inputs, outputs)
     except Exception:
-        return extra
+        return []
     finally:
         dry.clear_buffers()
-    return [LaunchTuneTask(runtime, node, launch) for launch in op.launches if launch.tunable] + extra
+    return [LaunchTuneTask(runtime, node, launch) for launch in op.launches if launch.tunable]
 
 
 class LaunchTuneTask:
