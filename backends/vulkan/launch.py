@@ -251,14 +251,6 @@ class Launch:
                     and all(g <= c for g, c in zip(groups, self.ctx.max_groups)))
         if choice == "tiled":
             return self.ctx.max_invocations >= 256
-        # A matmul ending in a LayerNorm (constant 6, shaders/matmul_out.glsl) needs every invocation of a
-        # workgroup at its barriers, at most 256 of them: not matmul_small's, whose invocations leave early.
-        ln = len(self.consts) > 3 and bool(self.consts[3])
-        if ln and isinstance(choice, list) and choice and choice[0] == "small":
-            return False
-        if ln and isinstance(choice, list) and len(choice) == 2 and choice[0] == "direct" \
-                and choice[1] not in (4, 8, 16):
-            return False
         if isinstance(choice, list) and len(choice) == 3 and choice[0] == "reg":
             tile = tuple(choice[1:])
             if tile not in REG_TILES:

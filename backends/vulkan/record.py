@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import vulkan as vk
 
-from .program import CONV_REG_LOCAL, REG_TILE_LOCAL
+from .program import CONV_REG_LOCAL
 from .queue import Submission
 
 if TYPE_CHECKING:
@@ -93,8 +93,7 @@ def bind(cmd, kernel, descriptor_set, push: bytes, pipeline: bool = True) -> Non
 
 
 #: The bindings each kernel writes (all others it only reads); binding 0, the output, for kernels not named.
-WRITES = {"conv_gemm": (0, 4, 5), "conv_narrow": (0, 4, 5), "cast": (0, 1), **dict.fromkeys(CONV_REG_LOCAL, (0, 4, 5)),
-          **dict.fromkeys(["matmul", "matmul_direct", "matmul_small", *REG_TILE_LOCAL], (0, 6, 7, 8, 10))}
+WRITES = {"conv_gemm": (0, 4, 5), "conv_narrow": (0, 4, 5), "cast": (0, 1), **dict.fromkeys(CONV_REG_LOCAL, (0, 4, 5))}
 
 
 def waves(dispatches: list[Dispatch]) -> list[list[Dispatch]]:

@@ -10,7 +10,6 @@ from aiomnn.backend import Tensor
 from ..launch import CONV_BUSY, CONV_SLICE, CONV_SPLITS, NARROW_LOCAL, NARROW_PX, NARROW_STEP, Convolution, Grid, Matmul
 from ..memory import Loc
 from .base import Decline, VkOp, data_input, fused, pack, register, to_f32
-from .matmul import matmul_locs
 
 
 def conv_inputs(backend, node, inputs, more_attrs: set[str]):
@@ -109,7 +108,7 @@ class Conv(VkOp):
         hw = h * w
         push = pack(co, hw, c, 1, [n, 0, 0], [0, 0, 0], [c * hw, 0, 0], c, 1, hw, 1,
                     int(bias is not None), 1, 0, to_f32(1.0), to_f32(1.0), to_f32(a1), to_f32(a2))
-        locs = matmul_locs(out, wt, x, self.loc(bias) if bias is not None else None, res, scale)
+        locs = [out, wt, x, self.loc(bias) if bias is not None else wt, res or wt, scale or wt]
         on.dispatch("matmul", locs, push, Matmul(co, hw, n, c),
                     consts=(code, int(res is not None), int(scale is not None)))
 

@@ -7,17 +7,7 @@ import numpy as np
 from aiomnn.strides import collapse
 
 from ..launch import Matmul
-from ..memory import Loc
 from .base import Decline, VkOp, broadcast_strides, data_input, fused, numel, pack, pad, register, to_f32
-
-
-def matmul_locs(out: Loc, a: Loc, b: Loc, bias: Loc | None = None, res: Loc | None = None, scale: Loc | None = None,
-                outs: tuple[Loc, ...] = (), ln: Loc | None = None, counts: Loc | None = None) -> list[Loc]:
-    """The matmul kernels' bindings (shaders/matmul_out.glsl): out, A, B, bias, residual, scale, outputs 1-3 of
-    merged projections, the LayerNorm's scale and bias, its row counters. Those unused are bound to memory the
-    dispatch reads (or, where written, its output), so record.waves sees no dependency they do not have."""
-    more = (list(outs) + [out] * 3)[:3]
-    return [out, a, b, bias or a, res or a, scale or a, *more, ln or a, counts or out]
 
 
 @register("MatMul")
@@ -54,7 +44,7 @@ class MatMul(VkOp):
         a, b = self.loc(inputs[0]), self.loc(inputs[1])
         push = pack(m, n, k, len(dims), pad(dims, 3), pad(bsa, 3), pad(bsb, 3), k, 1, n, 1, 0, 0, 0,
                     to_f32(1.0), to_f32(0.0), to_f32(0.0), to_f32(0.0))
-        self.dispatch("matmul", matmul_locs(self.out_locs[0], a, b), push, Matmul(m, n, nb, k), consts=(0,))
+        self.dispatch("matmul", [self.out_locs[0], a, b, a, a, a], push, Matmul(m, n, nb, k), consts=(0,))
 
 
 @register("Gemm")
@@ -97,4 +87,4 @@ class Gemm(VkOp):
         code, a1, a2 = self.act
         push = pack(m, n, k, 1, [1, 0, 0], [0, 0, 0], [0, 0, 0], ars, acs, brs, bcs, int(self.c is not None), crs, ccs,
                     to_f32(self.alpha), to_f32(self.beta), to_f32(a1), to_f32(a2))
-        self.dispatch("matmul", matmul_locs(self.out_locs[0], a, b, cl), push, Matmul(m, n, 1, k), consts=(code,))
+        self.dispatch("matmul", [self.out_locs[0], a, b, cl, a, a], push, Matmul(m, n, 1, k), consts=(code,))

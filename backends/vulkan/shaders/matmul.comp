@@ -24,7 +24,7 @@ layout(local_size_x = 16, local_size_y = 16, local_size_z = 1) in;
 #define NT (WX * WY)
 layout(local_size_x = WX, local_size_y = WY, local_size_z = 1) in;
 #endif
-layout(std430, set = 0, binding = 0) coherent buffer O { STORE o[]; };  // read back by LN
+layout(std430, set = 0, binding = 0) writeonly buffer O { STORE o[]; };
 layout(std430, set = 0, binding = 1) readonly buffer A { STORE a[]; };
 layout(std430, set = 0, binding = 2) readonly buffer B { STORE b[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Bias { STORE bias[]; };
@@ -36,7 +36,6 @@ layout(constant_id = 3) const int ACT = 0;
 layout(constant_id = 4) const bool RES = false;
 layout(constant_id = 5) const bool SCALE = false;
 #include "matmul_shape.glsl"
-#include "matmul_out.glsl"
 
 #ifndef RM
 shared float As[TK][TM + 1];
@@ -85,10 +84,9 @@ void main() {
             if (HAS_BIAS != 0) v += BETA * float(bias[gm * C_RS + gn * C_CS]);
             v = unary_op(v, ACT, ACT_A, ACT_B);
             if (RES) v += float(res[ob + gm * N + gn]);
-            put(bz, gm, gn, v);
+            o[ob + gm * N + gn] = STORE(v);
         }
     }
-    if (LN) ln_finish(tid, 256, TM, bz, m0, min(m0 + TM, M), n0, min(n0 + TN, N));
 }
 #else
 // A transposed (As[k][m]) and B, as vec4s along m and n, one vec4 of padding a row.
@@ -165,9 +163,8 @@ void main() {
                     if (HAS_BIAS != 0) v += BETA * float(bias[gm * C_RS + gn * C_CS]);
                     v = unary_op(v, ACT, ACT_A, ACT_B);
                     if (RES) v += float(res[ob + gm * N + gn]);
-                    put(bz, gm, gn, v);
+                    o[ob + gm * N + gn] = STORE(v);
                 }
         }
-    if (LN) ln_finish(tid, NT, TM, bz, m0, min(m0 + TM, M), n0, min(n0 + TN, N));
 }
 #endif

@@ -6,10 +6,9 @@
 // (x) take consecutive (row block, column) pairs, columns fastest, so a wide B is read coalesced and A's
 // rows broadcast, and a single column (a matrix-vector product) spreads its rows over the lanes. The
 // workgroup's y invocations split the sum between them (every y-th step of k) and add their partial sums
-// in shared memory at the end: one barrier, none per step. It does not take the LayerNorm (launch.Launch.valid):
-// its invocations leave at different points.
+// in shared memory at the end: one barrier, none per step.
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
-layout(std430, set = 0, binding = 0) coherent buffer O { STORE o[]; };  // read back by LN
+layout(std430, set = 0, binding = 0) writeonly buffer O { STORE o[]; };
 layout(std430, set = 0, binding = 1) readonly buffer A { STORE a[]; };
 layout(std430, set = 0, binding = 2) readonly buffer B { STORE b[]; };
 layout(std430, set = 0, binding = 3) readonly buffer Bias { STORE bias[]; };
@@ -21,7 +20,6 @@ layout(constant_id = 3) const int ACT = 0;
 layout(constant_id = 4) const bool RES = false;
 layout(constant_id = 5) const bool SCALE = false;
 #include "matmul_shape.glsl"
-#include "matmul_out.glsl"
 
 // Partial sums of the k-split: 4 per invocation, at most 256 invocations.
 shared vec4 part[256];
@@ -63,6 +61,6 @@ void main() {
         if (HAS_BIAS != 0) v += BETA * float(bias[gm * C_RS + gn * C_CS]);
         v = unary_op(v, ACT, ACT_A, ACT_B);
         if (RES) v += float(res[ob + gm * N + gn]);
-        put(bz, gm, gn, v);
+        o[ob + gm * N + gn] = STORE(v);
     }
 }
