@@ -27,9 +27,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from aiomnn.constants import float_const
+
 from .attention import attention_at
 from .epilogues import conv_shift_at, gate_at, scale_shift_at
-from .groups import Group, Steps, const_array
+from .groups import Group, Steps
 from .layernorm import layernorm_at
 from .launch import Blocks, Matmul, few_tiles
 from .ops.base import VkOp, is_f32, pack, pad, to_f32
@@ -65,7 +67,7 @@ def _matmul_bias_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     if len(c) != 1:
         return None
     ct = c[0]
-    a = const_array(ct)
+    a = float_const(ct)
     oshape = tuple(outs[0].shape)
     if a is None or a.ndim > len(oshape) or tuple(aouts[0].shape) != oshape:
         return None
