@@ -36,11 +36,12 @@ class SpelledNorm:
     bias_id: int
 
     def rows_and_width(self) -> tuple[int, int]:
-        shape = tuple(self.x.shape)
+        shape = self.x.shape
+        assert shape is not None  # find_spelled_norm matches only tensors of known shape
         return int(np.prod(shape[:self.axis])), int(np.prod(shape[self.axis:]))
 
 
-def find_spelled_norm(steps: list[tuple], readers: dict[str, list[int]], i: int, taken: set[int]) -> SpelledNorm | None:
+def find_spelled_norm(steps: list[tuple[Any, ...]], readers: dict[str, list[int]], i: int, taken: set[int]) -> SpelledNorm | None:
     """The spelled-out LayerNormalization whose first ReduceMean is op i, where each value inside it has one
     reader (but the difference, which the square and the Div read), every op runs on this backend, none is in
     `taken` or has a fused activation, and the ops between its first and last all run here (one segment)."""
@@ -113,7 +114,7 @@ def find_spelled_norm(steps: list[tuple], readers: dict[str, list[int]], i: int,
     return SpelledNorm(ops, x, axis, eps, *found)
 
 
-def _trailing_axes(node: Node, inputs: list, rank: int) -> int | None:
+def _trailing_axes(node: Node, inputs: list[Any], rank: int) -> int | None:
     """The first reduced axis of a ReduceMean over trailing axes, with keepdims (else None)."""
     if node.attrs.get("keepdims", 1) != 1 or set(node.attrs) - {"axes", "keepdims", "noop_with_empty_axes"}:
         return None
