@@ -95,6 +95,7 @@ class OpenclBackend(Backend):
         self._new_plan(self.plan.weights)  # weights stay for the next plan
         created, self._created, self._created_ids = self._created, [], set()
         plan_fusions(self.plan, created)
+        self.plan.plan_places(created)
 
     def on_resize_end(self) -> None:
         self.plan.finish()

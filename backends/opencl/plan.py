@@ -3,7 +3,11 @@ what a run of each segment uploads, enqueues and reads back.
 
 Memory. Activations produced here are offsets in one arena buffer planned by
 the pipeline (DYNAMIC); a metadata-only op (Reshape, Squeeze...) aliases its
-input, which then stays reserved until the alias is dead too. Graph outputs
+input, which then stays reserved until the alias is dead too. Where each piece
+of a Concat or Split is one contiguous range of the whole (as at batch 1), the
+producers of a Concat's inputs write into its output and a Split's outputs are
+views of its input (`plan_places`, aiomnn/places.py); the op's copies of pieces
+already in place are left out, so it may launch nothing. Graph outputs
 and values that come from the host (graph inputs, results of CPU segments)
 get their own buffers (DYNAMIC_SEPARATE). Weights and index tables are
 uploaded once (STATIC) and handed from plan to plan.
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyopencl as cl
 
+from aiomnn import places
 from aiomnn.backend import Tensor
 from aiomnn.errors import BackendError
 from aiomnn.memory import Arena, Block, SharedArena, StorageType
@@ -73,6 +78,11 @@ class Plan:
         self.fused: list[str] = []
         self.fused_away: set[str] = set()  # the inner values of the groups applied: no kernel computes them
         self._names: dict[int, str] = {}  # id(arena block) -> the value it holds
+        # Concat and Split pieces that share one block (plan_places): value -> (class, byte offset), the bytes of
+        # each class, and the arena block of each class while some value of it lives.
+        self.place: dict[str, tuple[str, int]] = {}
+        self.class_size: dict[str, int] = {}
+        self.class_block: dict[str, Block] = {}
 
     # Memory: arena blocks and aliases of them (an arena block stays reserved while an alias of it lives) ----
     def acquire(self, tensor: Tensor, execution: ClExecution) -> Block:
@@ -84,12 +94,60 @@ class Plan:
             else:  # a host value's or a weight's buffer
                 block = Block(n, src.storage, src.offset)
             self.aliases.append((block, src))
+        elif tensor.name in self.place:
+            block = self._placed(tensor.name, n)
         else:
             block = self.shared.acquire(n)
             self.blocks.append(block)
         self.locations[tensor.name] = block
         self._names[id(block)] = tensor.name
         return block
+
+    def _placed(self, name: str, n: int) -> Block:
+        """A placed value's block, in its class's (made with the class's first value, or again once every value
+        that it held was released: the pieces that come later then lie elsewhere, and are copied)."""
+        cls, offset = self.place[name]
+        root = self.class_block.get(cls)
+        if root is None or not self.shared.owns(root):
+            root = self.class_block[cls] = self.shared.acquire(self.class_size[cls], users=0)
+        block = self.shared.within(root, n, offset)
+        self.blocks.append(block)
+        return block
+
+    def plan_places(self, created: list[tuple]) -> None:
+        """Concat and Split without copies: the pieces of each whose copies are marked (Launch.piece: one
+        contiguous range of the whole) share one block with it where aiomnn/places.py finds the values that
+        kernels write do not overlap. Values no kernel here writes decline their op: graph inputs, constants,
+        CPU results, aliases and the inner values of fused groups."""
+        writes: set[str] = set()
+        tensors = {t.name: t for _, _, ins, outs in created for t in [*ins, *outs] if t is not None and t.name}
+        inner = {x for _, exe, _, _ in created if exe is not None and exe.group is not None for x in exe.group.inner}
+        joins: list[places.Join] = []
+        for node, exe, ins, outs in created:
+            if exe is None:
+                continue
+            if exe.alias is None:
+                writes.update(t.name for t in outs if t is not None and t.name and t.name not in inner)
+            if node.domain or not exe.launches or any(l.piece is None for l in exe.launches):
+                continue
+            axis = node.attrs.get("axis", 1 if node.op_type == "Concat" else 0)
+            if node.op_type == "Concat":
+                joins.append((outs[0].name, tuple(outs[0].shape), ins, axis % len(outs[0].shape), False))
+            elif node.op_type == "Split":
+                joins.append((ins[0].name, tuple(ins[0].shape), outs, axis % len(ins[0].shape), True))
+        if joins:
+            self.place, self.class_size = places.plan(
+                joins, writes.__contains__, lambda name: self.ctx.nbytes(tensors[name]),
+                lambda name: self.ctx.storage(tensors[name].dtype).itemsize)
+
+    def in_place(self, exe: ClExecution, launch: Launch) -> bool:
+        """Whether a launch copies a Concat's or Split's piece (Launch.piece) that already lies where it belongs in
+        the whole: both in the arena, the piece at its offset in the whole's range."""
+        if launch.piece is None:
+            return False
+        piece, whole, offset = launch.piece
+        a, b = exe.locations[(type(piece), piece.index)], exe.locations[(type(whole), whole.index)]
+        return a.storage is b.storage is StorageType.DYNAMIC and a.offset == b.offset + offset
 
     def release_block(self, block: Block) -> None:
         name = self._names.get(id(block))
@@ -157,6 +215,7 @@ class Plan:
                     block = self.separate_block(t.name, t)
                 exe.locations[(Out, i)] = block
                 self.tensors[t.name] = t
+        exe.launches = [l for l in exe.launches if not self.in_place(exe, l)]
         runtime = self.runtime
         for launch in exe.launches:
             for a in launch.args:

@@ -92,6 +92,10 @@ class Launch:
     # The launch tuning timed where this one is it with a fused epilogue (../epilogues.py): tuning plans ops alone,
     # so a fused launch runs the choice cached for the launch it replaces.
     tuned_as: "Launch | None" = None
+    # A Concat's or Split's copy of one piece: (the piece, In(i) or Out(i); the whole; the piece's byte offset in
+    # the whole), set only where the piece is one contiguous range of the whole. The plan leaves the launch out
+    # where it put the piece there already (Plan.plan_places).
+    piece: tuple[Any, Any, int] | None = None
     # Filled when recorded:
     cl_kernel: Any = None
     gws: tuple[int, ...] | None = None

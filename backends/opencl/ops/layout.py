@@ -96,6 +96,14 @@ def slice_(ctx, node, ins, outs):
                     xbase=base)]
 
 
+def _piece(ctx: OpContext, launch: Launch, piece, whole, t: Tensor, axis: int, base: int) -> Launch:
+    """A Concat's or Split's copy, marked with its piece (Launch.piece) where the piece is one contiguous range of
+    the whole t (only dims of 1 before the axis, as at batch 1), `base` elements in."""
+    if math.prod(t.shape[:axis]) == 1:
+        launch.piece = (piece, whole, base * ctx.storage(t.dtype).itemsize)
+    return launch
+
+
 @op("Concat", 4)
 def concat(ctx, node, ins, outs):
     y = outs[0]
@@ -107,7 +115,9 @@ def concat(ctx, node, ins, outs):
             continue
         if x.dtype != y.dtype:
             raise Decline("mixed dtypes")
-        launches.append(copy_nd(ctx, x, In(i), Out(0), list(x.shape), strides(x.shape), ys, ybase=at * ys[axis]))
+        base = at * ys[axis]
+        launches.append(_piece(ctx, copy_nd(ctx, x, In(i), Out(0), list(x.shape), strides(x.shape), ys, ybase=base),
+                               In(i), Out(0), y, axis, base))
         at += x.shape[axis]
     return launches
 
@@ -119,10 +129,12 @@ def split(ctx, node, ins, outs):
     xs = strides(x.shape)
     launches, at = [], 0
     for i, y in enumerate(outs):
-        if y.name:
-            launches.append(copy_nd(ctx, x, In(0), Out(i), list(y.shape), xs, strides(y.shape), xbase=at * xs[axis]))
         if y.shape is None:
             raise Decline("unknown split")
+        if y.name:
+            base = at * xs[axis]
+            launches.append(_piece(ctx, copy_nd(ctx, x, In(0), Out(i), list(y.shape), xs, strides(y.shape), xbase=base),
+                                   Out(i), In(0), x, axis, base))
         at += y.shape[axis]
     if at != x.shape[axis]:
         raise Decline("split sizes do not cover the axis")
