@@ -51,6 +51,8 @@ def split_concat(id, shape, order=("s0", "s1", "m")):
 
 W = {"w1": rnd(3, 4, 3, 3, seed=1), "b1": rnd(3, seed=2), "w2": rnd(5, 4, 1, 1, seed=3), "b2": rnd(5, seed=4)}
 K = {"k": rnd(1, 2, 5, 7, seed=5)}
+TILED = {"w3": rnd(24, 16, 3, 3, seed=6), "b3": rnd(24, seed=7), "w4": rnd(16, 1, 3, 3, seed=8), "b4": rnd(16, seed=9),
+         "w5": rnd(5, 16, 1, 1, seed=10), "b5": rnd(5, seed=11)}
 
 #: (case, kernels a run launches, of them Concat's and Split's copies)
 CASES = [
@@ -70,6 +72,11 @@ CASES = [
                              ("Conv", ["x", "w2", "b2"], ["c2"], {}), ("Sigmoid", ["c2"], ["s2"], {}),
                              ("Mul", ["c2", "s2"], ["m2"], {}), ("Concat", ["m2", "r1"], ["j"], {"axis": 1}),
                              ("Neg", ["j"], ["y"], {})], {"x": (1, 4, 5, 7)}, inits=W), 3, 0),
+    (case("tiled_and_depthwise_convs", [("Conv", ["x", "w3", "b3"], ["a"], {"pads": [1, 1, 1, 1]}),
+                                        ("Conv", ["x", "w4", "b4"], ["b"], {"pads": [1, 1, 1, 1], "group": 16}),
+                                        ("Conv", ["x", "w5", "b5"], ["c"], {}),
+                                        ("Concat", ["c", "a", "b"], ["j"], {"axis": 1}), ("Neg", ["j"], ["y"], {})],
+          {"x": (1, 16, 19, 21)}, inits=TILED), 4, 0),
     (split_concat("split_then_concat", (1, 4, 5, 7)), 3, 0),
     # copies kept
     (three((2, 4, 5, 7), 1, "axis1_b2"), 7, 3),
@@ -121,7 +128,7 @@ async def test_in_place_in_fp16_storage(runtime, monkeypatch):
     """Pieces of half storage lie at their offsets in halves (forced on: PoCL lacks cl_khr_fp16)."""
     monkeypatch.setattr(runtime.runtimes[ForwardType.OPENCL], "half_ok", True)
     config = aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
-    for c, n, copied in [CASES[0], CASES[6], CASES[7]]:
+    for c, n, copied in [CASES[0], CASES[6], CASES[8]]:
         await check(c, runtime, n, copied, config, tol=2e-2)
 
 
