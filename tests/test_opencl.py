@@ -335,6 +335,13 @@ RESIZE = [
 ALL = CONV + DECONV + POOL + UNARY + BINARY + MATMUL + REDUCE + LAYOUT + RESIZE
 
 
+def half_storage(runtime, monkeypatch) -> aiomnn.ScheduleConfig:
+    """A config of fp16 storage (precision="low") on a runtime made to take it: PoCL lacks cl_khr_fp16, on which the
+    backend would otherwise stay in float32."""
+    monkeypatch.setattr(runtime.runtimes[ForwardType.OPENCL], "half_ok", True)
+    return aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
+
+
 async def run_case(case: Case, info, config=CONFIG):
     net = aiomnn.Interpreter.from_bytes(case.model())
     feeds = case.feeds()
@@ -381,8 +388,7 @@ async def test_cpu_fallback_between_gpu_segments(runtime):
 async def test_fp16_storage(runtime, monkeypatch):
     """precision='low' stores floats as half (vload_half/vstore_half): forced on here to test the path,
     which PoCL, lacking cl_khr_fp16, would not take."""
-    monkeypatch.setattr(runtime.runtimes[ForwardType.OPENCL], "half_ok", True)
-    config = aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
+    config = half_storage(runtime, monkeypatch)
     for case in [CONV[0], CONV[6], DECONV[0], MATMUL[1], REDUCE[0], LAYOUT[0], RESIZE[3], BINARY[3], POOL[0]]:
         feeds, got, _, on_gpu = await run_case(case, runtime, config)
         assert case.op in on_gpu
@@ -510,8 +516,7 @@ async def test_matmul_every_tile(case, runtime, monkeypatch):
 
 @pytest.mark.anyio
 async def test_tiles_in_fp16_storage(runtime, monkeypatch):
-    monkeypatch.setattr(runtime.runtimes[ForwardType.OPENCL], "half_ok", True)
-    config = aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
+    config = half_storage(runtime, monkeypatch)
     some = [["direct"], ["gemm", 32, 64, 4, 4, 1], ["gemm", 64, 128, 4, 8, 4], ["gemm", 16, 128, 4, 4, 16]]
     await forced_runs(TILED_CONV[7], runtime, monkeypatch, lambda tiles, cs: some, config, 2e-2, 5e-2)
     some = [["tile", 64, 64, 4, 4], ["tile", 128, 128, 8, 8], ["small", 16, 16], ["small", 64, 1]]

@@ -10,9 +10,8 @@ import pytest
 
 import aiomnn
 from aiomnn import models
-from aiomnn.config import ForwardType
 
-from .test_opencl import CONFIG, Case, F, node, rnd  # noqa: F401  (CONFIG: the module's runtime fixture reads it)
+from .test_opencl import CONFIG, Case, F, half_storage, node, rnd  # noqa: F401  (CONFIG: the module's runtime fixture reads it)
 from .test_opencl_fusion import kernels, on_cpu
 from .conftest import model_path
 
@@ -26,8 +25,7 @@ def anyio_backend():
 
 def copies(session) -> int:
     """The kernels a run launches for Concats and Splits."""
-    return sum(len(s.execution.launches) for seg in session.pipeline.segments
-               if seg.backend.type is ForwardType.OPENCL for s in seg.steps if s.node.op_type in ("Concat", "Split"))
+    return kernels(session, ("Concat", "Split"))
 
 
 def case(id, specs, inputs, outputs=("y",), inits=None):
@@ -126,8 +124,7 @@ async def test_concat_split(c, n, copied, runtime):
 @pytest.mark.anyio
 async def test_in_place_in_fp16_storage(runtime, monkeypatch):
     """Pieces of half storage lie at their offsets in halves (forced on: PoCL lacks cl_khr_fp16)."""
-    monkeypatch.setattr(runtime.runtimes[ForwardType.OPENCL], "half_ok", True)
-    config = aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
+    config = half_storage(runtime, monkeypatch)
     for c, n, copied in [CASES[0], CASES[6], CASES[8]]:
         await check(c, runtime, n, copied, config, tol=2e-2)
 

@@ -11,7 +11,7 @@ import aiomnn
 from aiomnn import models
 from aiomnn.config import ForwardType
 
-from .test_opencl import CONFIG, Case, F, node, rnd  # noqa: F401  (CONFIG: the module's runtime fixture reads it)
+from .test_opencl import CONFIG, Case, F, half_storage, node, rnd  # noqa: F401  (CONFIG: the module's runtime fixture reads it)
 from .conftest import model_path
 
 ort = pytest.importorskip("onnxruntime")
@@ -22,10 +22,11 @@ def anyio_backend():
     return "asyncio"
 
 
-def kernels(session) -> int:
-    """The kernels a run of the session launches on OpenCL."""
+def kernels(session, op_types: tuple[str, ...] = ()) -> int:
+    """The kernels a run of the session launches on OpenCL (for ops of these types only, where given)."""
     return sum(len(s.execution.launches) for seg in session.pipeline.segments
-               if seg.backend.type is ForwardType.OPENCL for s in seg.steps)
+               if seg.backend.type is ForwardType.OPENCL for s in seg.steps
+               if not op_types or s.node.op_type in op_types)
 
 
 def on_cpu(session) -> list[str]:
@@ -225,8 +226,7 @@ async def test_block(c, n, fused, runtime):
 @pytest.mark.anyio
 async def test_fused_in_fp16_storage(runtime, monkeypatch):
     """The fused kernels read and write half storage (forced on: PoCL lacks cl_khr_fp16)."""
-    monkeypatch.setattr(runtime.runtimes[ForwardType.OPENCL], "half_ok", True)
-    config = aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
+    config = half_storage(runtime, monkeypatch)
     for c, n in [EPILOGUES[0], EPILOGUES[9]]:
         await check(c, runtime, n, ["epilogue"], config, tol=2e-2)
     for c, n, fused in [CHAINS[2], BLOCKS[1], BLOCKS[3]]:
