@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from aiomnn.backend import Backend, Execution, Tensor
+from aiomnn.backend import Backend, Execution, Offered, Tensor
 from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
@@ -44,10 +44,8 @@ class OpenclBackend(Backend):
             log.info("precision='low': %s has no cl_khr_fp16; computing in fp32", runtime.device.name)
         self.ctx = OpContext(half, precise=config.precision != "low")
         self._timed: list | None = None  # with profiling on, the last segment's kernel events
-        # Every node this backend was offered in this alloc pass, in order: (node, execution or None, inputs,
-        # outputs). The fusion plan (fusion.plan_fusions) reads who makes and who reads each value from it.
-        self._created: list[tuple] = []
-        self._created_ids: set[int] = set()
+        # The fusion plan (fusion.plan_fusions) reads who makes and who reads each value from the ops offered.
+        self.offered = Offered()
         self._new_plan({})
 
     def _new_plan(self, weights: dict[tuple, Block]) -> None:
@@ -56,13 +54,8 @@ class OpenclBackend(Backend):
 
     # Creation ------------------------------------------------------------------------------------
     def on_create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution | None:
-        if id(node) in self._created_ids:  # a new alloc pass started
-            self._created, self._created_ids = [], set()
-        self._created_ids.add(id(node))
         exe = self._create(node, inputs, outputs)
-        if exe is not None:
-            exe.step = len(self._created)
-        self._created.append((node, exe, list(inputs), list(outputs)))
+        self.offered.add(node, exe, inputs, outputs)
         return exe
 
     def _create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> ClExecution | None:
@@ -93,7 +86,7 @@ class OpenclBackend(Backend):
     def on_resize_begin(self) -> None:
         self.plan.release()
         self._new_plan(self.plan.weights)  # weights stay for the next plan
-        created, self._created, self._created_ids = self._created, [], set()
+        created = self.offered.take()
         plan_fusions(self.plan, created)
         self.plan.plan_places(created)
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import vulkan as vk
 
-from aiomnn.backend import Backend, Execution, Tensor
+from aiomnn.backend import Backend, Execution, Offered, Tensor
 from aiomnn.config import ForwardType
 from aiomnn.fence import Fence, offload
 from aiomnn.graph import Node
@@ -74,10 +74,8 @@ class VulkanBackend(Backend):
         self.fp16 = config.precision == "low" and self.ctx.storage16
         self.align = max(64, self.ctx.min_offset_align)
         self.oldest = config.memory != "low" and config.memory_limit is None  # Arena's reuse rule
-        # Every node this backend was offered in this alloc pass, in order: (node, execution or None, inputs,
-        # outputs). The fusion plan (fusion.plan_fusions) reads who consumes each value from it.
-        self._created: list[tuple] = []
-        self._created_ids: set[int] = set()
+        # The fusion plan (fusion.plan_fusions) reads who makes and who reads each value from the ops offered.
+        self.offered = Offered()
         self._new_plan()
 
     def _new_plan(self) -> None:
@@ -86,13 +84,8 @@ class VulkanBackend(Backend):
 
     # Creation -----------------------------------------------------------------------
     def on_create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution | None:
-        if id(node) in self._created_ids:  # a new alloc pass started
-            self._created, self._created_ids = [], set()
-        self._created_ids.add(id(node))
         exe = ops.create(self, node, inputs, outputs)
-        if exe is not None:
-            exe.step = len(self._created)
-        self._created.append((node, exe, list(inputs), list(outputs)))
+        self.offered.add(node, exe, inputs, outputs)
         return exe
 
     # Memory -------------------------------------------------------------------------
@@ -110,7 +103,7 @@ class VulkanBackend(Backend):
 
     def on_resize_begin(self) -> None:
         self.clear_buffers()
-        created, self._created, self._created_ids = self._created, [], set()
+        created = self.offered.take()
         plan_fusions(self.plan, created)
         self.plan.plan_places(created)
 
