@@ -76,29 +76,6 @@ class Execution:
         raise NotImplementedError
 
 
-class Offered:
-    """The ops a backend was offered in the current alloc pass, in order: (node, its execution or None where it
-    declined, inputs, outputs), each execution numbered by its place (`step`). A fusion plan reads who makes and
-    who reads each value from them before the resize begins. A node offered twice begins a new pass."""
-
-    def __init__(self) -> None:
-        self.ops: list[tuple[Node, Any, list[Tensor | None], list[Tensor]]] = []
-        self._ids: set[int] = set()
-
-    def add(self, node: Node, execution: Any, inputs: list[Tensor | None], outputs: list[Tensor]) -> None:
-        if id(node) in self._ids:
-            self.ops, self._ids = [], set()
-        self._ids.add(id(node))
-        if execution is not None:
-            execution.step = len(self.ops)
-        self.ops.append((node, execution, list(inputs), list(outputs)))
-
-    def take(self) -> list[tuple[Node, Any, list[Tensor | None], list[Tensor]]]:
-        """The pass's ops; the next offer begins a new pass."""
-        ops, self.ops, self._ids = self.ops, [], set()
-        return ops
-
-
 class Backend:
     """One pipeline's view of a device. Made by its Runtime."""
 

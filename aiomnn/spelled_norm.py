@@ -3,12 +3,13 @@ their shapes known: ReduceMean, Sub, Pow 2 (or the difference times itself), Red
 optionally a Mul by a scale and an Add of a bias, constants over the normalized axes. The GPU backends run a match
 as one kernel (Vulkan's layernorm.py, OpenCL's blocks.py); this is the matching they share.
 
-A backend's created ops are (node, execution or None where another backend runs it, inputs, outputs) with tensors
-for inputs and outputs, and `readers` maps each value to the indices of the ops that read it.
+It reads the ops a backend was offered (aiomnn/offered.py's Steps: node, execution or None where another backend
+runs it, inputs and outputs as tensors, and who reads each value).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from . import shapes as shp
 from .backend import Tensor
 from .constants import float_const, float_scalar
 from .graph import Node
+from .offered import Steps
 
 
 @dataclass
@@ -41,19 +43,11 @@ class SpelledNorm:
         return int(np.prod(shape[:self.axis])), int(np.prod(shape[self.axis:]))
 
 
-def find_spelled_norm(steps: list[tuple[Any, ...]], readers: dict[str, list[int]], i: int, taken: set[int]) -> SpelledNorm | None:
+def find_spelled_norm(st: Steps, i: int, taken: set[int]) -> SpelledNorm | None:
     """The spelled-out LayerNormalization whose first ReduceMean is op i, where each value inside it has one
     reader (but the difference, which the square and the Div read), every op runs on this backend, none is in
     `taken` or has a fused activation, and the ops between its first and last all run here (one segment)."""
-
-    def only(name: str, op_type: str) -> int | None:
-        rs = readers.get(name, [])
-        if len(rs) != 1 or rs[0] in taken:
-            return None
-        node, exe = steps[rs[0]][:2]
-        ok = exe is not None and node.op_type == op_type and node.attrs.get("_activation") is None
-        return rs[0] if ok else None
-
+    steps, readers, only = st.steps, st.readers, functools.partial(st.only, taken=taken)
     node, _, ins, outs = steps[i]
     x = ins[0] if ins else None
     if x is None or x.kind != "tensor" or x.dtype != np.float32 or x.shape is None or len(outs) != 1:
@@ -109,7 +103,7 @@ def find_spelled_norm(steps: list[tuple[Any, ...]], readers: dict[str, list[int]
         n, e, _, o = steps[k]
         if e is None or len([t for t in o if t.name]) != 1 or n.attrs.get("_activation") is not None:
             return None
-    if tuple(douts[0].shape) != shape or any(steps[k][1] is None for k in range(min(ops), max(ops) + 1)):
+    if tuple(douts[0].shape) != shape or not st.here(min(ops), max(ops)):
         return None
     return SpelledNorm(ops, x, axis, eps, *found)
 

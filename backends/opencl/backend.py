@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from aiomnn.backend import Backend, Execution, Offered, Tensor
+from aiomnn.backend import Backend, Execution, Tensor
 from aiomnn.config import ForwardType
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.graph import Node
 from aiomnn.memory import Block
+from aiomnn.offered import Offered
 from aiomnn.profile import OpEvent
 
 # Importing the package ops/ registers every op.

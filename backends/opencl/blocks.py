@@ -17,9 +17,10 @@ import numpy as np
 import pyopencl as cl
 
 from aiomnn.constants import float_const
+from aiomnn.offered import Steps
 from aiomnn.spelled_norm import find_spelled_norm
 
-from .groups import Group, Steps, is_f32
+from .groups import Group, is_f32
 from .ops.base import Const, In, Launch, Out, f32, i32
 from .ops.elementwise import activation
 
@@ -108,7 +109,7 @@ def se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
 def layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """ReduceMean, Sub, Pow 2 (or the difference times itself), ReduceMean, Add eps, Sqrt, Div, then optionally Mul
     by a scale and Add of a bias (aiomnn/spelled_norm.py finds them): one layernorm kernel."""
-    m = find_spelled_norm(st.steps, st.readers, i, taken)
+    m = find_spelled_norm(st, i, taken)
     if m is None:
         return None
     rows, n = m.rows_and_width()

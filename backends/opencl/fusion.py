@@ -21,9 +21,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from aiomnn.offered import Steps
+
 from .blocks import layernorm_at, se_at
 from .epilogues import CONVS, PRODUCTS, chain_at, epilogue_at
-from .groups import Steps
+
 
 if TYPE_CHECKING:
     from .plan import Plan

@@ -1,6 +1,6 @@
-"""What the OpenCL backend's fusions share: a Group of ops that one set of kernels does, the created ops indexed by
-who makes and who reads each value, and the host-side checks of tensors that the matchers use (fusion.py,
-epilogues.py and blocks.py find the groups)."""
+"""What the OpenCL backend's fusions share: a Group of ops that one set of kernels does, and the host-side checks of
+tensors that the matchers use (fusion.py, epilogues.py and blocks.py find the groups among the offered ops,
+aiomnn/offered.py)."""
 
 from __future__ import annotations
 
@@ -42,29 +42,6 @@ class Group:
         final.launches, final.inputs = launches, list(inputs)
         plan.fused.append(self.kind)
         plan.fused_away.update(self.inner)
-
-
-class Steps:
-    """The created list (node, execution or None, inputs, outputs), indexed: who makes and who reads each value."""
-
-    def __init__(self, steps: list[tuple]):
-        self.steps = steps
-        self.readers: dict[str, list[int]] = {}
-        for i, (node, _, _, _) in enumerate(steps):
-            for x in dict.fromkeys(list(node.inputs) + list(node.implicit)):
-                if x:
-                    self.readers.setdefault(x, []).append(i)
-
-    def sole_reader(self, name: str, taken: set[int]) -> int | None:
-        """The one step reading `name`, if it runs here and is in no group yet."""
-        rs = self.readers.get(name, [])
-        if len(rs) != 1 or rs[0] in taken or self.steps[rs[0]][1] is None:
-            return None
-        return rs[0]
-
-    def here(self, lo: int, hi: int) -> bool:
-        """Whether every step from lo to hi runs here (one segment: the group runs where it ends)."""
-        return all(self.steps[k][1] is not None for k in range(lo, hi + 1))
 
 
 def is_f32(t: Tensor | None) -> bool:

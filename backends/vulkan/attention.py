@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from aiomnn.backend import Tensor
 from aiomnn.constants import float_scalar
+from aiomnn.offered import Steps
 
-from .groups import Group, Steps
+from .groups import Group
 from .launch import Blocks
 from .ops.base import VkOp, broadcast_strides, contiguous, is_f32, numel, pack, to_f32
 from .ops.elementwise import Binary

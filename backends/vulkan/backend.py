@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import vulkan as vk
 
-from aiomnn.backend import Backend, Execution, Offered, Tensor
+from aiomnn.backend import Backend, Execution, Tensor
 from aiomnn.config import ForwardType
 from aiomnn.fence import Fence, offload
 from aiomnn.graph import Node
 from aiomnn.memory import Block
+from aiomnn.offered import Offered
 
 from . import buffers, ops, segments
 from .fusion import plan_fusions

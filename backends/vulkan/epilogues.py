@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from aiomnn.backend import Tensor
 from aiomnn.constants import float_scalar
+from aiomnn.offered import Steps
 from aiomnn.unary import TABLE
 
-from .groups import Group, Steps
+from .groups import Group
 from .ops.base import VkOp, is_f32, numel
 from .ops.conv import Conv
 from .ops.elementwise import GATE, Binary, binary, unary

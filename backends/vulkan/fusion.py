@@ -28,10 +28,11 @@ import logging
 from typing import TYPE_CHECKING
 
 from aiomnn.constants import float_const
+from aiomnn.offered import Steps
 
 from .attention import attention_at
 from .epilogues import conv_shift_at, gate_at, scale_shift_at
-from .groups import Group, Steps
+from .groups import Group
 from .layernorm import layernorm_at
 from .launch import Blocks, Matmul, few_tiles
 from .ops.base import VkOp, is_f32, pack, pad, to_f32

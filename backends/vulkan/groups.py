@@ -1,5 +1,5 @@
-"""What the Vulkan backend's fusions share: a Group of ops that one set of dispatches does, and the created
-steps indexed by who makes and who reads each value (fusion.py and epilogues.py find the groups)."""
+"""What the Vulkan backend's fusions share: a Group of ops that one set of dispatches does (fusion.py, epilogues.py
+and the others find the groups among the offered ops, aiomnn/offered.py)."""
 
 from __future__ import annotations
 
@@ -32,27 +32,3 @@ class Group:
         self.build(final)
         plan.fused_away.update(self.inner)
         plan.fused.append(self.kind)
-
-
-class Steps:
-    """The created list, indexed: who makes and who reads each value."""
-
-    def __init__(self, steps: list[tuple]):
-        self.steps = steps
-        self.readers: dict[str, list[int]] = {}
-        self.producer = {t.name: i for i, (_, _, _, outs) in enumerate(steps) for t in outs if t is not None and t.name}
-        for i, (node, _, _, _) in enumerate(steps):
-            for x in dict.fromkeys(list(node.inputs) + list(node.implicit)):
-                if x:
-                    self.readers.setdefault(x, []).append(i)
-
-    def only(self, name: str, op_type: str, taken: set[int]) -> int | None:
-        """The one step reading `name`, if it is an op of this type on this backend not already in a group."""
-        rs = self.readers.get(name, [])
-        if len(rs) != 1:
-            return None
-        i = rs[0]
-        node, exe = self.steps[i][:2]
-        if exe is None or node.op_type != op_type or i in taken or node.attrs.get("_activation") is not None:
-            return None
-        return i

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from aiomnn.offered import Steps
 from aiomnn.spelled_norm import find_spelled_norm
 
-from .groups import Group, Steps
+from .groups import Group
 from .launch import Rows
 from .ops.base import VkOp, pack, to_f32
 from .ops.reduce import local_for
@@ -20,7 +21,7 @@ def layernorm_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """ReduceMean, Sub, Pow 2, ReduceMean, Add eps, Sqrt, Div, then optionally Mul scale and Add bias: the
     LayerNormalization that exporters (paddle2onnx among them) spell out (aiomnn/spelled_norm.py finds it), as one
     layernorm dispatch."""
-    m = find_spelled_norm(st.steps, st.readers, i, taken)
+    m = find_spelled_norm(st, i, taken)
     if m is None:
         return None
     rows, n = m.rows_and_width()
