@@ -54,19 +54,6 @@ void se(BUF(const T, x), BUF(const T, w1), BUF(const T, b1), BUF(const T, w2), B
     }
 }
 
-/* The sum of every work item's v, in every work item. */
-inline float group_sum(__local float* red, float v, int lid) {
-    red[lid] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = LOCAL / 2; s > 0; s >>= 1) {
-        if (lid < s) red[lid] += red[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float r = red[0];
-    barrier(CLK_LOCAL_MEM_FENCE);  /* before the next sum overwrites it */
-    return r;
-}
-
 __kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
 void layernorm(BUF(const T, x), BUF(const T, scale), BUF(const T, bias), BUF(T, y), const int n, const float eps,
                const int has_bias) {
@@ -76,13 +63,13 @@ void layernorm(BUF(const T, x), BUF(const T, scale), BUF(const T, bias), BUF(T, 
     const __global T* xr = x + row * n;
     float s = 0.0f;
     for (int i = lid; i < n; i += LOCAL) s += LD(xr, i);
-    const float mean = group_sum(red, s, lid) / n;
+    const float mean = group_sum(red, s, LOCAL) / n;
     float q = 0.0f;
     for (int i = lid; i < n; i += LOCAL) {
         const float d = LD(xr, i) - mean;
         q += d * d;
     }
-    const float sd = sqrt(group_sum(red, q, lid) / n + eps);
+    const float sd = sqrt(group_sum(red, q, LOCAL) / n + eps);
     for (int i = lid; i < n; i += LOCAL) {
         float v = (LD(xr, i) - mean) / sd * LD(scale, i);
         if (has_bias) v += LD(bias, i);

@@ -97,3 +97,31 @@ inline int2 batch_offsets(const __global int* meta, const int brank, int bi) {
     }
     return (int2)(oa, ob);
 }
+
+/* Work-group reductions in local memory over the group's n work items (n a power of two); every work item gets the
+   result, and `part` may take the next reduction at once. */
+inline float group_sum(__local float* part, float v, const int n) {
+    const int lane = get_local_id(0);
+    part[lane] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = n / 2; s > 0; s >>= 1) {
+        if (lane < s) part[lane] += part[lane + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float r = part[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}
+
+inline float group_max(__local float* part, float v, const int n) {
+    const int lane = get_local_id(0);
+    part[lane] = v;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = n / 2; s > 0; s >>= 1) {
+        if (lane < s) part[lane] = fmax(part[lane], part[lane + s]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const float r = part[0];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    return r;
+}

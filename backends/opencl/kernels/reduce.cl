@@ -87,33 +87,6 @@ __kernel void softmax(BUF(const T, x), BUF(T, y), const int outer, const int axi
 
 #define GROUP 64
 
-/* Work-group reductions in local memory; every work item of the group gets the result. */
-inline float group_max(__local float* part, float v) {
-    const int lane = get_local_id(0);
-    part[lane] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = GROUP / 2; s > 0; s >>= 1) {
-        if (lane < s) part[lane] = fmax(part[lane], part[lane + s]);
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float r = part[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
-
-inline float group_sum(__local float* part, float v) {
-    const int lane = get_local_id(0);
-    part[lane] = v;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int s = GROUP / 2; s > 0; s >>= 1) {
-        if (lane < s) part[lane] += part[lane + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    const float r = part[0];
-    barrier(CLK_LOCAL_MEM_FENCE);
-    return r;
-}
-
 /* Softmax of long contiguous rows: one work group of GROUP per row. */
 __kernel void softmax_rows(BUF(const T, x), BUF(T, y), const int rows, const int len, const int log_) {
     __local float part[GROUP];
@@ -125,11 +98,11 @@ __kernel void softmax_rows(BUF(const T, x), BUF(T, y), const int rows, const int
     float m = -INFINITY;
     if (live)
         for (int j = lane; j < len; j += GROUP) m = fmax(m, LD(xr, j));
-    m = group_max(part, m);
+    m = group_max(part, m, GROUP);
     float s = 0.0f;
     if (live)
         for (int j = lane; j < len; j += GROUP) s += exp(LD(xr, j) - m);
-    s = group_sum(part, s);
+    s = group_sum(part, s, GROUP);
     if (!live) return;
     __global T* yr = y + row * len;
     if (log_) {
@@ -155,7 +128,7 @@ __kernel void reduce_wg(BUF(const T, x), BUF(T, y), BUF(const int, meta), const 
     if (op == 9) {
         float v = -INFINITY;
         for (int j = lane; live && j < count; j += GROUP) v = fmax(v, LD(x, reduced_off(rd, rr, base, j)));
-        m = group_max(part, v);
+        m = group_max(part, v, GROUP);
         if (isinf(m)) m = 0.0f;
     }
     float acc = reduce_init(op);
