@@ -10,20 +10,14 @@ judged against the plain one.
 from __future__ import annotations
 
 import argparse
-import time
+import os
+import sys
 
 import numpy as np
 import pyopencl as cl
 
-
-def timed(fn, reps: int) -> float:
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from gpu import time_sync  # noqa: E402
 
 
 def main() -> None:
@@ -53,7 +47,7 @@ def main() -> None:
             "memcpy pinned -> host": lambda: np.copyto(out, pinned),
         }
         for name, fn in cases.items():
-            t = timed(fn, args.reps)
+            t = time_sync(fn, args.reps, warmup=1) / 1e3
             print(f"{mb:6.1f} MB  {name:24s} {t * 1e3:8.3f} ms  {n / t / 1e9:6.1f} GB/s")
 
 
