@@ -7,6 +7,7 @@ import json
 import os
 import struct
 
+import anyio
 import numpy as np
 import pytest
 
@@ -282,6 +283,33 @@ async def test_cpu_matches_onnxruntime(shape, ort_session, anyio_backend):
         assert rel_error(got[name], w) <= 1e-4, f"{name}: relative error {rel_error(got[name], w):.2e}"
     if shape[0] > 1:
         np.testing.assert_allclose(got["sentence_embedding"][0], alone["sentence_embedding"][0], atol=1e-5)
+
+
+@pytest.mark.models
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_replayed_runs_follow_new_tokens(ort_session, anyio_backend):
+    """Later runs of a plan replay its recorded run (backends/cpu/replay.py): new token ids and masks each run,
+    at one shape, still give onnxruntime's embeddings."""
+    from aiomnn.backends.cpu import backend as cpu, jit
+
+    rng = np.random.default_rng(5)
+    net = aiomnn.Interpreter.from_file(model_path("minilm"))
+    replayed = 0
+    async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as session:
+        for k in range(8):
+            ids = rng.integers(0, 30000, (2, 12)).astype(np.int64)
+            mask = np.ones((2, 12), np.int64)
+            mask[1, rng.integers(1, 12):] = 0
+            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            got = await session.run(feeds)
+            for name, w in zip(net.output_names, ort_session.run(None, feeds)):
+                assert rel_error(got[name], w) <= 1e-4, f"run {k}, {name}: relative error {rel_error(got[name], w):.2e}"
+            if k == 1:
+                await anyio.to_thread.run_sync(jit.wait, 300)  # the loops compiled: the next runs record
+            backend = session.pipeline.segments[0].backend
+            replayed += any(isinstance(b, cpu.CpuBackend) and b._replays for b in [backend])
+    assert replayed >= 3
 
 
 @pytest.mark.models

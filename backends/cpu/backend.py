@@ -19,6 +19,7 @@ from aiomnn.profile import OpEvent
 
 from . import jit, ops  # noqa: F401  (ops registers every op)
 from .fuse import fuse
+from .replay import Repeat, Replay, kept, repeat, replays
 from .execution import OPS, CpuOp, FunctionOp, Unsupported, create
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 #: under load: yielding").
 YIELD_EVERY = 0.0005
 _sched_yield = getattr(os, "sched_yield", None)  # it also lets go of the GIL, which the woken loop needs
+#: Whether a segment's later runs replay a recorded run (replay.py); tools/ab_cpu.py turns it off to compare.
+REPLAYS = True
 
 
 #: Ops whose kernels return a view of their first input where numpy can: the plan keeps that input's memory
@@ -49,6 +52,8 @@ class CpuBackend(Backend):
         self._planned: list[CpuOp] = []
         self._plans: dict[Segment, list[tuple]] = {}  # run_segment's view of each segment
         self._timed: dict[Segment, list[tuple]] = {}  # the same, each execution timed, with profiling on
+        self._replays: dict[Segment, Replay] = {}  # each segment's recorded run (replay.py), once it serves
+        self._repeats: dict[Segment, int] = {}  # the repeating steps of each segment's last recorded run
 
     def on_create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution | None:
         impl = OPS.lookup(node)
@@ -109,6 +114,8 @@ class CpuBackend(Backend):
         super().clear_buffers()
         self._plans = {}  # the segments they were made for are gone with the plan
         self._timed = {}
+        self._replays = {}
+        self._repeats = {}
 
     def on_resize_end(self) -> None:
         self.memory = np.empty(self.arena.size, dtype=np.uint8) if self.arena.size else None
@@ -124,34 +131,101 @@ class CpuBackend(Backend):
     def run_segment(self, segment: "Segment", values: dict[str, Any]) -> None:
         pool = self.runtime.pool
         yield_at = time.perf_counter() + YIELD_EVERY if pool.nice > 0 and _sched_yield is not None else math.inf
-        plan = self._plan(segment) if self.profile is None else self._timed_plan(segment)
+        timed = self.profile is not None
+        plan = self._timed_plan(segment) if timed else self._plan(segment)
+        replay = self._replays.get(segment) if REPLAYS and not timed else None
         # The crew's workers awake from step to step (stepping aside while helpers share a step's numpy work);
         # IEEE results (inf * 0 is nan), never a NumPy warning.
         with jit.crew_held(pool.threads) as aside, pool.running(aside), np.errstate(all="ignore"):
-            for execution, inputs, outputs, frees, check_views, node in plan:
+            if replay is not None:
+                self._replay(replay, values, yield_at)
+                return
+            entries: list[Any] | None = [] if REPLAYS and not timed else None
+            made: set[str] = set()  # what the repeating steps so far make (replay.repeat)
+            for step in plan:
                 if time.perf_counter() >= yield_at:
                     _sched_yield()
                     yield_at = time.perf_counter() + YIELD_EVERY
+                args = [values[x] if x else None for x in step[1]]
+                if entries is not None:
+                    again = repeat(step, args, made)
+                    if again is not None and self._call(again.call, step[5]):
+                        for name, v in again.outputs:
+                            values[name] = v
+                        for x in again.frees:
+                            values.pop(x, None)
+                        made.update(name for name, _ in again.outputs)
+                        entries.append(again)
+                        continue
+                    entries.append(step)
+                self._step(step, args, values)
+            if entries is not None:
+                self._recorded(segment, Replay(entries))
+
+    def _replay(self, replay: Replay, values: dict[str, Any], yield_at: float) -> None:
+        """Run a segment's recorded replay. A Repeat that does not serve runs its step the usual way; where that
+        makes new arrays (`changed`), the Repeats that read them do too."""
+        changed: set[str] = set()
+        for entry in replay.entries:
+            if time.perf_counter() >= yield_at:
+                _sched_yield()
+                yield_at = time.perf_counter() + YIELD_EVERY
+            if type(entry) is not Repeat:
+                self._step(entry, [values[x] if x else None for x in entry[1]], values)
+                continue
+            if not changed or changed.isdisjoint(entry.reads):
                 try:
-                    outs = execution.on_execute([values[x] if x else None for x in inputs], [])
+                    if replays(entry, values):
+                        continue
                 except AiomnnError:
                     raise
                 except Exception as exc:
-                    raise BackendError(f"{node} failed on the CPU: {type(exc).__name__}: {exc}") from exc
-                if type(outs) is not tuple:
-                    outs = (outs,)
-                try:
-                    for i, name in outputs:
-                        v = outs[i]
-                        # A view of a planned buffer from a kernel that does not own it would outlive the buffer.
-                        if check_views and isinstance(v, np.ndarray) and v.base is not None and _root(v) is self.memory:
-                            v = v.copy()
-                        values[name] = v
-                except IndexError:
-                    raise BackendError(f"{node} returned {len(outs)} outputs, the model wants "
-                                       f"{len(node.outputs)}") from None
-                for x in frees:
-                    values.pop(x, None)
+                    raise BackendError(f"{entry.step[5]} failed on the CPU: {type(exc).__name__}: {exc}") from exc
+            self._step(entry.step, [values[x] if x else None for x in entry.step[1]], values)
+            if not kept(entry, values):
+                changed.update(name for name, _ in entry.outputs)
+
+    def _recorded(self, segment: Segment, replay: Replay) -> None:
+        """A run recorded: its replay serves the runs after it once a recording finds no more repeating steps than
+        the one before (the first runs bind the steps' calls), and no loop is still compiling (steps that ran
+        numpy's way meanwhile bind other calls, on other buffers, once their loops are there)."""
+        if replay.repeats and self._repeats.get(segment) == replay.repeats and not jit.pending():
+            self._replays[segment] = replay
+        self._repeats[segment] = replay.repeats
+
+    @staticmethod
+    def _call(call: Any, node: Node) -> bool:
+        try:
+            return bool(call())
+        except AiomnnError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"{node} failed on the CPU: {type(exc).__name__}: {exc}") from exc
+
+    def _step(self, step: tuple, args: list[Any], values: dict[str, Any]) -> None:
+        """One step of a plan, the usual way: its execution on its inputs, its outputs put by name, what it frees
+        dropped."""
+        execution, _, outputs, frees, check_views, node = step
+        try:
+            outs = execution.on_execute(args, [])
+        except AiomnnError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"{node} failed on the CPU: {type(exc).__name__}: {exc}") from exc
+        if type(outs) is not tuple:
+            outs = (outs,)
+        try:
+            for i, name in outputs:
+                v = outs[i]
+                # A view of a planned buffer from a kernel that does not own it would outlive the buffer.
+                if check_views and isinstance(v, np.ndarray) and v.base is not None and _root(v) is self.memory:
+                    v = v.copy()
+                values[name] = v
+        except IndexError:
+            raise BackendError(f"{node} returned {len(outs)} outputs, the model wants "
+                               f"{len(node.outputs)}") from None
+        for x in frees:
+            values.pop(x, None)
 
     def profile_segment(self, segment: "Segment", began_ns: int, ended_ns: int) -> None:
         pass  # run_segment recorded each op as it ran

@@ -60,7 +60,9 @@ def fuse(plan: list[Step], gives: Collection[str] = ()) -> list[Step]:
                            (upsample_add.find, upsample_add.UpsampleAdd), (pooling, sentence.MaskedMean)):
             chain = find(plan, i)
             if chain is not None:
-                out.append(_step(kind, chain))
+                step = _step(kind, chain)
+                step[0].private = not any(name in gives for _, name in step[2])
+                out.append(step)
                 i += len(chain)
                 break
         else:

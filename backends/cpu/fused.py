@@ -46,6 +46,10 @@ class Fused(Execution):
         self._spare: np.ndarray | None = None
         self._bound: tuple[list[Any], Any, Callable[[], Any]] | None = None  # (inputs, output, call): see _repeat
         self._fresh = False  # the last _output was a new array
+        #: Whether only later steps of its segment read its outputs (fuse.py sets it): then, where the plan gave
+        #: an output no buffer (its op hands out views), it writes a buffer of its own, kept from run to run,
+        #: which its bound call may write again, instead of a new array each run.
+        self.private = False
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         again = self._repeat(inputs)
@@ -64,9 +68,16 @@ class Fused(Execution):
         (planned buffers, constants, or the same views of them, which a Reshape before the step makes anew each
         run): a step at few rows spent a third of its time in the checks and lookups that chose the call. None
         where the arrays differ (or the call did nothing)."""
+        found = self.again(inputs)
+        if found is not None and found[0]():
+            return found[1]
+        return None
+
+    def again(self, inputs: list[Any]) -> tuple[Callable[[], Any], Any] | None:
+        """The bound call and its output, where these are the arrays it was bound to (replay.py)."""
         bound = self._bound
-        if bound is not None and all(same(x, y) for x, y in zip(inputs, bound[0])) and bound[2]():
-            return bound[1]
+        if bound is not None and all(same(x, y) for x, y in zip(inputs, bound[0])):
+            return bound[2], bound[1]
         return None
 
     def _bind(self, inputs: list[Any], out: Any, call: Callable[[], Any]) -> None:
@@ -80,9 +91,9 @@ class Fused(Execution):
         then a buffer of the fused step's own. Without a planned buffer that fits (a model's output, which the
         caller then owns), a new array."""
         out = matches(planned, shape, F32)
-        self._fresh = out is None
+        self._fresh = out is None and not self.private
         if out is None:
-            return np.empty(shape, F32)
+            return np.empty(shape, F32) if self._fresh else self._own(shape)
         if not any(np.may_share_memory(out, a) for a in read):
             return out
         return self._own(shape)

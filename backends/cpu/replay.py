@@ -1,0 +1,96 @@
+"""A segment's run replayed: the repeat calls of its steps one after the other, without each step's bookkeeping.
+
+Every step of a CPU run costs Python outside its kernel: the list of its inputs, the checks that its bound call may
+repeat (its arrays the same as the last run's: Fused._bound, Conv's fast call), its outputs put by name, the values
+it frees. On a plan's later runs those checks give the same answer every time, but for the inputs that come from
+outside the repeating steps: the feeds, and steps that make new arrays. A Replay, recorded from one run, keeps each
+repeating step's call and outputs, checks only those inputs, and runs the calls in order; the other steps run as
+they always do. This is MNN's split of the work between onResize, which prepares everything, and onExecute, which
+only runs the kernels.
+
+An execution offers a repeat through `again(inputs)`: the call that does its last run's work again on the same
+memory (returning something true when it did; false where it did nothing, and the step must run the usual way),
+and the outputs that the call writes, or None where it has none for these inputs. A step whose inputs are not
+those it was recorded with (a new feed), or whose call did nothing, runs the usual way in the replay; where it
+then makes other arrays than it was recorded with, the repeating steps that read them run the usual way too.
+A call stays valid while the plan lives: it holds the arrays it reads and writes, and computes the same function
+of the same memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .ops.dtypes import same
+
+#: One step of run_segment's plan (fused.Step): (execution, input names, [(output index, name)], names freed
+#: after it, whether to copy outputs that view planned memory, node).
+Step = tuple
+
+
+class Repeat:
+    """A step that repeats: its call, the inputs from outside the repeating steps before it (name, the array it
+    was recorded with), its outputs by name, the names it frees, and the step itself (run the usual way where the
+    call does not serve)."""
+
+    __slots__ = ("call", "checks", "outputs", "frees", "step", "reads")
+
+    def __init__(self, call: Callable[[], Any], checks: list[tuple[str, Any]], outputs: list[tuple[str, Any]],
+                 frees: list[str], step: Step):
+        self.call, self.checks, self.outputs, self.frees, self.step = call, checks, outputs, frees, step
+        self.reads = frozenset(name for name in step[1] if name)
+
+
+class Replay:
+    """A recorded run of a segment: for each step, its Repeat, or the step itself where it has none."""
+
+    __slots__ = ("entries", "repeats")
+
+    def __init__(self, entries: list[Repeat | Step]):
+        self.entries = entries
+        self.repeats = sum(type(e) is Repeat for e in entries)
+
+
+def repeat(step: Step, args: list[Any], made: set[str]) -> Repeat | None:
+    """The step's Repeat for these input arrays, where its execution offers one (and its outputs need no copy,
+    check_views); `made` holds the names that repeating steps before it make, whose arrays a replay need not
+    check again. None where it has none: the step runs the usual way."""
+    execution, inputs, outputs, frees, check_views, _ = step
+    again = getattr(execution, "again", None)
+    if again is None or check_views:
+        return None
+    found = again(args)
+    if found is None:
+        return None
+    call, result = found
+    outs = result if type(result) is tuple else (result,)
+    if any(i >= len(outs) for i, _ in outputs):
+        return None
+    checks = [(name, a) for name, a in zip(inputs, args) if name and name not in made]
+    return Repeat(call, checks, [(name, outs[i]) for i, name in outputs], list(frees), step)
+
+
+def replays(entry: Repeat, values: dict[str, Any]) -> bool:
+    """Run a Repeat of a replay: False (nothing done) where an input is not what it was recorded with, or the
+    call did nothing."""
+    for name, a in entry.checks:
+        v = values.get(name)
+        if v is not a and not same(v, a):
+            return False
+    if not entry.call():
+        return False
+    for name, v in entry.outputs:
+        values[name] = v
+    for x in entry.frees:
+        values.pop(x, None)
+    return True
+
+
+def kept(entry: Repeat, values: dict[str, Any]) -> bool:
+    """Whether a Repeat's step, run the usual way in its place, made the arrays it was recorded with: the
+    repeating steps after it read them unchecked."""
+    for name, a in entry.outputs:
+        v = values.get(name)
+        if v is not a and not same(v, a):
+            return False
+    return True
