@@ -408,6 +408,124 @@ async def test_conv_algorithms(case, algo, precision, tol, monkeypatch):
     await check(data, feeds, tol, precision)
 
 
+# The tensor-core implicit GEMMs (ops/conv_mma.py), fp16 storage only: odd channel counts and K (zero-padded in
+# shared memory), 1x1 and 3x3, strides, padding, batch 8, split K, and the epilogue chain (bias, activation).
+MMA_ALGOS = ["mma", "mma_k64", "mma64x128", "mma32x128"]
+
+
+def conv_act_case(x, w, b, act, **attrs):
+    """A conv (with bias if b is not None) then an activation, which the backend fuses into its epilogue."""
+    inits = {"w": w} if b is None else {"w": w, "b": b}
+    nodes = [helper.make_node("Conv", ["x", *inits], ["c" if act else "y"], **attrs)]
+    if act == "relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    elif act == "silu":  # reads the conv's value twice, as YOLOv8's convs do
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    return make_model(None, {"x": x}, ["y"], inits=inits, extra_nodes=nodes)
+
+
+MMA_CASES = {
+    "mma_3to16_k3_s2_b8": lambda: conv_act_case(r(8, 3, 32, 30), r(16, 3, 3, 3), r(16), "silu", strides=[2, 2],
+                                                pads=[1, 1, 1, 1]),
+    "mma_k1_b8": lambda: conv_act_case(r(8, 24, 20, 20), r(40, 24, 1, 1), r(40), "relu"),
+    "mma_k3_pad_b8": lambda: conv_act_case(r(8, 20, 15, 17), r(72, 20, 3, 3), r(72), "relu", pads=[1, 1, 1, 1]),
+    "mma_k3_s2_nopad_b8": lambda: conv_act_case(r(8, 16, 21, 19), r(24, 16, 3, 3), None, None, strides=[2, 2]),
+    "mma_k1_s2": lambda: conv_act_case(r(8, 24, 9, 7), r(8, 24, 1, 1), r(8), "silu", strides=[2, 2]),
+    # K = 576 over few tiles: split K
+    "mma_deep_split": lambda: conv_act_case(r(2, 64, 12, 10), r(24, 64, 3, 3), r(24), "relu", pads=[1, 1, 1, 1]),
+}
+
+
+def ort_outputs(data, feeds):
+    """onnxruntime's outputs; it needs the outputs' types, which make_model leaves undefined (float here)."""
+    ort = pytest.importorskip("onnxruntime")
+    model = onnx.load_from_string(data)
+    for o in model.graph.output:
+        if o.type.tensor_type.elem_type == TensorProto.UNDEFINED:
+            o.type.tensor_type.elem_type = TensorProto.FLOAT
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def spy_mma(monkeypatch) -> list:
+    """The (algorithm, K slices) of each tensor-core conv kernel generated from now on."""
+    from aiomnn.backends.cuda.ops import conv
+
+    ran, real = [], conv.mma_code
+    monkeypatch.setattr(conv, "mma_code", lambda c, *a: ran.append((c.algo, c.splits)) or real(c, *a))
+    return ran
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.parametrize("algo", MMA_ALGOS)
+@pytest.mark.parametrize("case", sorted(MMA_CASES) + ["conv_1x3_asym", "conv_dilated", "conv_same_upper"])
+async def test_conv_mma_matches_onnxruntime(case, algo, monkeypatch):
+    from aiomnn.backends.cuda.ops import conv
+
+    monkeypatch.setattr(conv, "DIRECT_MACS", 0)
+    monkeypatch.setattr(conv, "FORCE_ALGO", algo)
+    ran = spy_mma(monkeypatch)
+    data, feeds = (MMA_CASES.get(case) or OP_CASES[case])()
+    want = ort_outputs(data, feeds)
+    net = aiomnn.Interpreter.from_bytes(data)
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(precision="low", tuning="none"))
+    async with await net.create_session(cfg) as s:
+        got = await s.run(feeds)
+        assert s.pipeline.main.summary["declined"] == {}
+    assert ran and {a for a, _ in ran} == {algo}
+    if case == "mma_deep_split":
+        assert all(splits > 1 for _, splits in ran)
+    for k, w in want.items():
+        assert got[k].shape == w.shape and rel_error(got[k], w) <= 1e-2, (k, rel_error(got[k], w))
+
+
+@needs_gpu
+@pytest.mark.anyio
+async def test_tuner_offers_mma_in_fp16_and_runs_its_choice(tmp_path, monkeypatch):
+    """fp16 convs where the scalar implicit GEMM would start have the tensor-core ones first among the choices,
+    fp32 convs none; the tuner picks among them, and a cached tensor-core choice is what runs."""
+    from aiomnn.backends.cuda.runtime import CudaRuntime
+
+    seen = []
+    tuned = CudaRuntime.tuned
+
+    def spy(self, key, algos):
+        choice = tuned(self, key, algos)
+        seen.append((key, algos, choice))
+        return choice
+
+    monkeypatch.setattr(CudaRuntime, "tuned", spy)
+    ran = spy_mma(monkeypatch)
+    data, feeds = conv_act_case(r(8, 32, 40, 40), r(64, 32, 3, 3), r(64), "relu", pads=[1, 1, 1, 1])
+    want = ort_outputs(data, feeds)["y"]
+    net = aiomnn.Interpreter.from_bytes(data)
+    for precision in ("normal", "low"):
+        config = aiomnn.ScheduleConfig(type="cuda", background_tuning=False,
+                                       backend_config=aiomnn.BackendConfig(precision=precision))
+        info = aiomnn.create_runtime(config)
+        try:
+            info.set_cache_file(tmp_path / f"{precision}.json")
+            rt = info.runtimes[aiomnn.ForwardType.CUDA]
+            seen.clear()
+            async with await net.create_session(config, info) as s:
+                got = (await s.run(feeds))["y"]
+            key, algos, choice = seen[-1]
+            if precision == "normal":
+                assert not set(algos) & set(MMA_ALGOS) and rel_error(got, want) <= 1e-4
+                continue
+            assert algos[:4] == MMA_ALGOS and set(MMA_ALGOS) <= {a for a, _ in ran}  # each timed
+            assert rt.tuner.cache.get(key)["choice"] == choice and choice in algos
+            assert rel_error(got, want) <= 1e-2
+            rt.tuner.cache.put(key, "mma64x128", 1e-6)
+            ran.clear()
+            async with await net.create_session(config, info) as s:
+                got = (await s.run(feeds))["y"]
+            assert [a for a, _ in ran] == ["mma64x128"] and rel_error(got, want) <= 1e-2
+        finally:
+            info.close()
+
+
 @needs_gpu
 @pytest.mark.anyio
 @pytest.mark.parametrize("case", ["conv3x3", "conv1x1", "depthwise3x3", "convtranspose_k2s2", "maxpool2", "gap",

@@ -12,6 +12,8 @@ Conv algorithms:
   (split_k).
 - "narrow" (conv_narrow.py): convs of few output channels (at most NARROW_CO)
   on large maps; each thread computes every output channel for a few pixels.
+- "mma", "mma_k64", "mma64x128", "mma32x128" (conv_mma.py), with fp16 storage only: the implicit GEMM on
+  tensor cores (PTX mma.sync, f16 products, f32 sums), with the same epilogue and split K.
 The cuBLAS algorithms write the raw product into the output buffer; bias,
 activation and any elementwise chain that follows run in one fused kernel.
 """
@@ -30,11 +32,14 @@ from .. import kernels
 from ..fused import Expr, Inline, Raw, Val
 from ..program import launcher
 from .base import CudaOp, Decline, check_tensors, float_inputs, op
+from .conv_mma import MMA_TILES, mma_code, mma_threads, pack_weights
+from .conv_mma import ENABLED as MMA_ENABLED
 from .conv_narrow import NARROW_PIXELS, narrow_bounds, narrow_channels, narrow_code, narrow_launch
 from .elementwise import activation
 from .matmul import gemm_fn
 
-#: Force a conv algorithm (for tests): "gemm", "im2col", "direct", "igemm", "igemm32", "igemm32x128" or "narrow".
+#: Force a conv algorithm (for tests): "gemm", "im2col", "direct", "igemm", "igemm32", "igemm32x128", "narrow",
+#: or, with fp16 storage, one of conv_mma.MMA_TILES (in fp32 a forced one of these is ignored).
 FORCE_ALGO: str | None = None
 #: Group-1 convs with at most this many multiply-adds run "direct": one fused kernel
 #: instead of im2col, GEMM and epilogue, which for small convs costs less than the launches.
@@ -50,8 +55,18 @@ BK = 32
 IGEMM_PIXELS = 1024
 #: Such convs with at most this many output channels start as "igemm32x128" and may run "narrow".
 NARROW_CO = int(os.environ.get("AIOMNN_CUDA_NARROW_CO", 32))
+
+
+def tile_shape(algo: str) -> tuple[int, int]:
+    """An implicit GEMM's block tile: (output channels, output pixels)."""
+    return TILES[algo] if algo in TILES else MMA_TILES[algo][:2]
+
+
 def conv_choices(node, x_shape, w_shape, out_shape, half: bool) -> tuple[str, list[str]]:
-    """A conv's tuning key and its algorithms, the heuristic's pick first."""
+    """A conv's tuning key and its algorithms, the heuristic's pick first.
+
+    With fp16 storage the tensor-core implicit GEMMs (conv_mma.py) join: first where the scalar one would be
+    picked, second or later elsewhere, so that tuning may pick them."""
     kernel, strides, dils, pads = window_params(node, x_shape, node.attrs.get("kernel_shape", w_shape[2:]))
     g = int(node.attrs.get("group", 1))
     key = (f"conv x{tuple(x_shape)} w{tuple(w_shape)} k{list(kernel)} s{list(strides)} d{list(dils)} "
@@ -62,17 +77,22 @@ def conv_choices(node, x_shape, w_shape, out_shape, half: bool) -> tuple[str, li
     pixels = x_shape[0] * math.prod(out_shape[2:])
     macs = pixels * w_shape[0] * x_shape[1] * math.prod(kernel)
     blas = "gemm" if pointwise else "im2col"
+    mma = half and MMA_ENABLED
     if macs <= DIRECT_MACS:
-        return key, ["direct", blas, "igemm32", "igemm"]
+        return key, ["direct", blas, "igemm32", "igemm"] + (["mma"] if mma else [])
     if pixels >= IGEMM_PIXELS:
         if w_shape[0] <= NARROW_CO:
+            small = ["mma32x128"] if mma else []
             if not narrow_channels(w_shape[0], kernel, strides, dils):
-                return key, ["igemm32x128", "igemm", blas, "igemm32", "direct"]
+                return key, ["igemm32x128", *small, "igemm", blas, "igemm32", "direct"]
             if pixels >= NARROW_PIXELS:
-                return key, ["narrow", "igemm32x128", "igemm", blas, "igemm32", "direct"]
-            return key, ["igemm32x128", "narrow", "igemm", blas, "igemm32", "direct"]
+                return key, ["narrow", *small, "igemm32x128", "igemm", blas, "igemm32", "direct"]
+            return key, ["igemm32x128", *small, "narrow", "igemm", blas, "igemm32", "direct"]
+        if mma:
+            return key, ["mma", "mma_k64", "mma64x128", "mma32x128", "igemm", blas, "igemm32", "igemm32x128",
+                         "direct"]
         return key, ["igemm", blas, "igemm32", "igemm32x128", "direct"]
-    return key, [blas, "igemm32", "igemm", "igemm32x128", "direct"]
+    return key, [blas, *(["mma"] if mma else []), "igemm32", "igemm", "igemm32x128", "direct"]
 
 
 class ConvBase(CudaOp):
@@ -118,19 +138,20 @@ class Conv(ConvBase):
         forced = self.attrs.get("_algo") or FORCE_ALGO  # "_algo": a tuning candidate
         if g > 1:
             self.algo = "direct"
-        elif forced in ("direct", "im2col", *TILES) or (
+        elif forced in ("direct", "im2col", *TILES) or (forced in MMA_TILES and be.half) or (
                 forced == "narrow" and narrow_channels(co, kernel, strides, dils)):
             self.algo = forced
         elif forced == "gemm":  # the GEMM family: a plain GEMM where the conv is one
             self.algo = "gemm" if "gemm" in algos else "im2col"
         else:
             self.algo = be.rt.tuned(key, algos)
-        self.tiled = self.algo in TILES or self.algo == "narrow"
+        self.igemm = self.algo in TILES or self.algo in MMA_TILES  # an implicit GEMM: tiles, split K
+        self.tiled = self.igemm or self.algo == "narrow"
         self.group = self.epilogue(Inline(self) if self.algo == "direct" or self.tiled else Raw(self), co)
-        self.splits, self.k_split = self.split_k() if self.algo in TILES else (1, 0)
+        self.splits, self.k_split = self.split_k() if self.igemm else (1, 0)
 
     def split_k(self) -> tuple[int, int]:
-        """The implicit GEMM's slices of K, and the K of each (a multiple of BK).
+        """The implicit GEMM's slices of K, and the K of each (a multiple of its K per step, k_step).
 
         With few tiles most SMs idle while each tile walks all of K (a 3x3 conv at 20x20 with 64
         output channels is 7 tiles of 64x64 with K = 1152). Slices of K run as blocks of their own;
@@ -138,23 +159,28 @@ class Conv(ConvBase):
         depend on timing) and runs the epilogue. That block reads one partial tile per slice, so
         the slices stay near 2 * sqrt(steps of K), and no more than fill the GPU twice.
         """
-        steps = -(-self.k_total() // BK)
+        bk = self.k_step()
+        steps = -(-self.k_total() // bk)
         s = max(1, min(steps, -(-2 * self.be.rt.sm_count // self.tiles()), round(2 * math.sqrt(steps))))
-        ks = -(-steps // s) * BK
+        ks = -(-steps // s) * bk
         return -(-self.k_total() // ks), ks
+
+    def k_step(self) -> int:
+        """The implicit GEMM's K per step: the slices of K start on steps (the mma weights are packed by step)."""
+        return MMA_TILES[self.algo][2] if self.algo in MMA_TILES else BK
 
     def k_total(self) -> int:
         return self.in_shape(0)[1] * self.kernel[0] * self.kernel[1]
 
     def tiles(self) -> int:
-        bm, bn = TILES[self.algo]
+        bm, bn = tile_shape(self.algo)
         n, co, oh, ow = self.out_shape
         return -(-co // bm) * -(-(n * oh * ow) // bn)
 
     def workspace_bytes(self):
         if self.splits == 1:
             return 0
-        bm, bn = TILES[self.algo]
+        bm, bn = tile_shape(self.algo)
         return self.tiles() * self.splits * bm * bn * 4
 
     def scratch_bytes(self):
@@ -197,11 +223,16 @@ class Conv(ConvBase):
         x = plan.view(self.in_names[0])
         if not self.tiled:
             return [x, plan.view(self.in_names[1])]
-        w = self.const(1)  # as [K][CO], so a tile's loads are coalesced
-        wt = plan.view(self.be.derived(self.node, "weights_kxco", np.ascontiguousarray(w.reshape(w.shape[0], -1).T)))
+        w = self.const(1)
+        if self.algo in MMA_TILES:  # packed per tile and step of K (conv_mma.pack_weights)
+            bm, _, bk = MMA_TILES[self.algo]
+            wt = plan.view(self.be.derived(self.node, f"weights_mma{bm}x{bk}", pack_weights(w, bm, bk)))
+        else:  # as [K][CO], so a tile's loads are coalesced
+            wt = plan.view(self.be.derived(self.node, "weights_kxco",
+                                           np.ascontiguousarray(w.reshape(w.shape[0], -1).T)))
         if self.splits == 1:
             return [x, wt]
-        bm, bn = TILES[self.algo]
+        bm, bn = tile_shape(self.algo)
         # Per tile, how many slices have finished; the last one resets it, ready for the next run.
         counters = cupy.zeros((self.tiles(),), np.uint32)
         self.keep.append(counters)
@@ -226,10 +257,14 @@ class Conv(ConvBase):
         The narrow algorithm's: one block per image and tile of output rows and columns."""
         if self.algo == "narrow":
             return narrow_launch(self.out_shape)
+        if self.algo in MMA_TILES:
+            return self.tiles() * self.splits, mma_threads(self.algo)
         bm, bn = TILES[self.algo]
         return self.tiles() * self.splits, bm * bn // 16
 
     def launch_bounds(self) -> str:
+        if self.algo in MMA_TILES:
+            return f"__launch_bounds__({mma_threads(self.algo)})"
         return narrow_bounds(self.out_shape) if self.algo == "narrow" else ""
 
     def tiled_code(self, ptrs: list[str], at: int, epi: str) -> str:
@@ -242,6 +277,8 @@ class Conv(ConvBase):
         """
         if self.algo == "narrow":
             return narrow_code(self, ptrs, epi)
+        if self.algo in MMA_TILES:
+            return mma_code(self, ptrs, at, epi)
         bm, bn = TILES[self.algo]
         nt, bk = bm * bn // 16, BK
         ra, rb = bk * bm // nt, bk * bn // nt  # values each thread stages per k-step
