@@ -37,3 +37,27 @@ def test_sigmoid_and_swish(name):
     np.testing.assert_array_equal(np.isnan(y), np.isnan(want))  # NaN in, NaN out; -inf * 0 is NaN for Swish
     ok = ~np.isnan(want)
     np.testing.assert_allclose(y[ok], want[ok], rtol=1e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("name", ["Sigmoid", "Swish", "HardSigmoid", "HardSwish"])
+def test_unary_ops_by_the_compiled_loop_match_numpys_way(name, monkeypatch):
+    """The unary activations on float32 run the compiled loop (activations._looped) once it is built: the same
+    values as their numpy way, NaN where it gives NaN."""
+    from aiomnn.backends.cpu.ops import activations
+
+    fn = {"Sigmoid": activations.sigmoid_, "Swish": activations.swish_, "HardSigmoid": activations.hard_sigmoid_,
+          "HardSwish": activations.hard_swish_}[name]
+    x = np.concatenate([SPECIAL, (np.random.default_rng(4).standard_normal(20000) * 8).astype(np.float32)])
+    calls = []
+    looped = activations._looped
+    monkeypatch.setattr(activations, "_looped", lambda y, *a: calls.append(1) or looped(y, *a))
+    fn(x.copy())
+    assert jit.wait(300)
+    got = fn(x.copy())
+    with monkeypatch.context() as m, np.errstate(all="ignore"):  # inf * 0 is NaN, as run_segment lets it be
+        m.setattr(activations, "_looped", lambda *a: False)  # numpy's way
+        want = fn(x.copy())
+    assert calls and jit.jitted("activation") is not None
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=2e-6, atol=1e-7)

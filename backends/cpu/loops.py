@@ -38,6 +38,15 @@ def erf(args, c):
         y[i] = scalars.erf(x[i])
 
 
+def activation(args, c):
+    """y = act(y) in place, a fused activation's code (scalars.activate, with alpha and beta): the unary ops that
+    have one, on float32. Fields y (flat), act, alpha, beta."""
+    a = fields(args, 4)
+    y, act, alpha, beta = array1(a, 0, F), i64(a, 1), f32(a, 2), f32(a, 3)
+    lo, hi = share(a, c, y.shape[0])
+    scalars.activate(y, np.uint64(lo), np.uint64(hi), act, alpha, beta)
+
+
 def gelu(args, c):
     """y = y/2 (1 + erf(y / sqrt 2)), in place: field y (flat)."""
     a = fields(args, 1)
@@ -314,6 +323,7 @@ _I, _F, _B = types.int64, types.float64, types.boolean  # a float field is float
 SIGNATURES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "erf": (erf, (_IN, _OUT)),
     "gelu": (gelu, (_OUT,)),
+    "activation": (activation, (_OUT, _I, _F, _F)),
     "softmax_axis": (softmax_axis, (_IN3, _OUT3, _OUT2, _I)),
     "softmax": (softmax, (_OUT2, _F, _IN2, _I, _I)),
     "layer_norm": (layer_norm, (_IN2, _IN2, _IN, _IN, _F, _OUT2)),

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import jit
-from ..threads import shared_scratch
+from ..threads import SLICE_ELEMENTS, shared_scratch
 from .dtypes import F32, compute_dtype
 
 F64 = np.dtype(np.float64)
@@ -79,7 +79,16 @@ def relu_(y: np.ndarray) -> np.ndarray:
     return clip_ufunc(y, 0, np.inf, out=y)
 
 
+def _looped(y: np.ndarray, code: int, alpha: float = 0.0, beta: float = 0.0) -> bool:
+    """y = the activation of this code (scalars.activate) in place by the compiled loop, a pass where numpy takes
+    three or four; False (nothing done) where it cannot serve: other dtypes or layouts, or while it compiles."""
+    return (y.dtype == F32 and y.flags.c_contiguous and y.size > 0
+            and jit.split("activation", y.size, SLICE_ELEMENTS, y.reshape(-1), code, alpha, beta) is not None)
+
+
 def sigmoid_(y: np.ndarray) -> np.ndarray:
+    if _looped(y, 4):
+        return y
     # 1 / (1 + exp(-y)), computed without overflow warnings for large |y|.
     np.negative(y, out=y)
     with np.errstate(over="ignore"):
@@ -89,6 +98,8 @@ def sigmoid_(y: np.ndarray) -> np.ndarray:
 
 
 def swish_(y: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+    if _looped(y, 3, alpha):
+        return y
     t = _temp(y)
     np.multiply(y, y.dtype.type(-alpha), out=t)
     with np.errstate(over="ignore"):
@@ -98,12 +109,16 @@ def swish_(y: np.ndarray, alpha: float = 1.0) -> np.ndarray:
 
 
 def hard_sigmoid_(y: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.ndarray:
+    if _looped(y, 7, alpha, beta):
+        return y
     np.multiply(y, y.dtype.type(alpha), out=y)
     np.add(y, y.dtype.type(beta), out=y)
     return clip_ufunc(y, 0, 1, out=y)
 
 
 def hard_swish_(y: np.ndarray) -> np.ndarray:
+    if _looped(y, 2):
+        return y
     t = _temp(y)
     np.multiply(y, _SIXTH.get(y.dtype) or y.dtype.type(1 / 6), out=t)
     np.add(t, _HALF.get(y.dtype) or y.dtype.type(0.5), out=t)

@@ -136,8 +136,9 @@ def _max_flat(x: np.ndarray, p: dict, out: np.ndarray) -> np.ndarray:
 
 
 def _max_compiled(x: np.ndarray, p: dict, planned: np.ndarray | None) -> np.ndarray | None:
-    """2-D float32 max pooling without dilation (cls's 2 x 2 of stride 2; padding and windows past the edge too) by
-    planes.max_pool, planes shared by the pieces; None (nothing done) where it cannot serve or compiles."""
+    """2-D float32 max pooling without dilation (cls's 2 x 2 of stride 2, YOLOv8n's padded 5 x 5 of stride 1;
+    windows past the edge too) by planes.max_pool, planes shared by the pieces; None (nothing done) where it cannot
+    serve or compiles."""
     if p["n"] != 2 or x.dtype != np.float32 or not x.flags.c_contiguous or any(d != 1 for d in p["dils"]):
         return None
     out = out_buffer(planned, p["out_shape"], x.dtype)
@@ -166,14 +167,14 @@ class _WindowPool(_Pool):
                                                                        "outs", "need"))
         if self.reduce == "max" and self.want_indices:
             return self._max_with_indices(x, p)
-        # Stride 1 the flat way: on YOLOv8n's padded 5 x 5 pools over 10 x 10 maps its long numpy calls took a third
-        # of the compiled loop's time, whose rows are as short as the maps' (benchmarks/RESULTS.md, session 26).
-        if self.reduce == "max" and all(s_ == 1 for s_ in strides) and x.dtype.kind == "f" and x.ndim > 2:
-            return _max_flat(x, p, out_buffer(self.out[0], p["out_shape"], x.dtype))
         if self.reduce == "max":
             out = _max_compiled(x, p, self.out[0])
             if out is not None:
                 return out
+        # Stride 1 the flat way while the loop compiles: long numpy calls over the whole tensor, where short rows
+        # would take a numpy call each.
+        if self.reduce == "max" and all(s_ == 1 for s_ in strides) and x.dtype.kind == "f" and x.ndim > 2:
+            return _max_flat(x, p, out_buffer(self.out[0], p["out_shape"], x.dtype))
         cdt = x.dtype if self.reduce == "max" else float_compute_dtype(x.dtype)
         a = x if x.dtype == cdt else x.astype(cdt)
         if self.reduce == "lp":
