@@ -1,8 +1,12 @@
 """The OpenCL queue: enqueueing a segment's recorded work, and the Fence that its completion signals.
 
 One in-order command queue per runtime, and one thread that enqueues every submission on it, in order, so
-the event loop never waits on the driver. A run ends with a marker whose completion callback (a pyopencl
-thread) hands the results over and signals the Fence: there is no waiter thread.
+the event loop never waits on the driver. A run ends with a marker. By default a waiter thread of the queue
+blocks in clWaitForEvents on each run's marker, in the order they were enqueued (the queue completes them in
+that order), then hands the results over and signals the Fence. The marker's completion callback would need no
+thread of ours, but NVIDIA's driver ran it long after the marker had completed (at times longer than the whole
+run on the device), while clWaitForEvents returned as soon as it had (tools/opencl_phases.py measures both);
+AIOMNN_OPENCL_WAIT=callback keeps the callback.
 
 Kernels are enqueued through ctypes: pyopencl creates an Event for every launch, and on a profiling queue
 each one adds to the driver's cost of the launch. A run needs no per-kernel events, only the marker at its
@@ -58,12 +62,34 @@ if _enqueue_kernel is None:
     log.info("enqueueing OpenCL kernels through pyopencl (its library was not found for ctypes)")
 
 
+#: How the end of a run is learned (AIOMNN_OPENCL_WAIT): "thread" (default): the queue's waiter thread blocks in
+#: clWaitForEvents on each run's marker, in order; "callback": the marker's completion callback, on a thread
+#: pyopencl starts for it.
+WAIT_MODES = ("thread", "callback")
+
+
+def _wait_then(marker: "cl.Event", done: Callable[[int], None]) -> None:
+    """On the waiter thread: wait for a run's marker, then complete the run as its callback would."""
+    try:
+        marker.wait()
+    except cl.Error as exc:  # a command of the run failed: done() hands the error to the fence
+        code = getattr(exc, "code", None)
+        done(code if isinstance(code, int) and code < 0 else -1)
+        return
+    done(cl.command_execution_status.COMPLETE)
+
+
 class Queue:
-    """A runtime's command queue (with profiling, for profile runs) and its submit thread."""
+    """A runtime's command queue (with profiling, for profile runs), its submit thread and its waiter thread."""
 
     def __init__(self, context: "cl.Context", device: "cl.Device"):
+        wait_mode = os.environ.get("AIOMNN_OPENCL_WAIT", "thread")
+        if wait_mode not in WAIT_MODES:
+            raise BackendError(f"AIOMNN_OPENCL_WAIT must be one of {WAIT_MODES}, not {wait_mode!r}")
         self.cl_queue = cl.CommandQueue(context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.submitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-submit")
+        self.waiter = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-wait")
+                       if wait_mode == "thread" else None)
 
     def launcher(self, kernel: "cl.Kernel", gws: tuple[int, ...], lws: tuple[int, ...] | None) -> Callable[[], None]:
         """A callable that enqueues this kernel on this queue, with no event; built once at resize."""
@@ -100,7 +126,8 @@ class Queue:
 
     def _enqueue(self, segment: "SegmentPlan", values: dict[str, Any], fence: Fence, timed: list | None) -> None:
         """Write the host values the segment needs, enqueue its kernels, read back what the rest of the pipeline
-        needs, and signal the fence from one marker's callback; any failure signals it with the error."""
+        needs, and signal the fence once one marker after them has completed (on the waiter thread, or from the
+        marker's callback); any failure signals it with the error."""
         try:
             q = self.cl_queue
             held: list[Any] = []  # host arrays and their transfer events, alive until the run completes
@@ -137,25 +164,32 @@ class Queue:
                         values[name] = host if host.dtype == dtype else host.astype(dtype)
                     held.clear()
                     fence.signal()
-                except BaseException as exc:  # errors raised in a callback would be lost: hand them over
+                except BaseException as exc:  # errors raised here would be lost on either thread: hand them over
                     fence.signal(error=exc)
 
-            marker.set_callback(cl.command_execution_status.COMPLETE, done)
-            q.flush()
+            if self.waiter is not None:
+                q.flush()
+                self.waiter.submit(_wait_then, marker, done)
+            else:
+                marker.set_callback(cl.command_execution_status.COMPLETE, done)
+                q.flush()
         except BaseException as exc:
             fence.signal(error=exc if isinstance(exc, BackendError)
                          else BackendError(f"OpenCL run failed: {type(exc).__name__}: {exc}"))
 
     def close(self) -> None:
-        """Stop the submit thread, let the device finish, and wait until pyopencl's callback threads are done with
-        it. A callback thread that reached the interpreter while it tears down would abort the process
-        ("terminate called without an active exception")."""
+        """Stop the submit thread, let the waiter complete the runs enqueued (or, with callbacks, wait until
+        pyopencl's callback threads are done: one that reached the interpreter while it tears down would abort
+        the process, "terminate called without an active exception")."""
         self.submitter.shutdown(wait=True, cancel_futures=True)
+        if self.waiter is not None:
+            self.waiter.shutdown(wait=True)
         try:
             self.cl_queue.finish()
         except cl.Error:
             pass
-        self._drain_callbacks()
+        if self.waiter is None:
+            self._drain_callbacks()
 
     def _drain_callbacks(self, timeout: float = 5.0) -> None:
         """Until pyopencl has run the completion callbacks of what the queue did: one last marker's callback runs
