@@ -93,10 +93,11 @@ class Reshaped(Execution):
 
     def again(self, inputs: list[Any]) -> tuple[Callable[[], bool], Any]:
         """Nothing to do again: the view of the same input is the same (replay.py)."""
-        return _done, inputs[0].reshape(self.shape)
+        return done, inputs[0].reshape(self.shape)
 
 
-def _done() -> bool:
+def done() -> bool:
+    """The call of a repeat that has nothing to do (replay.py): a view of the same memory is the same."""
     return True
 
 
