@@ -652,3 +652,31 @@ async def test_real_model_matches_onnxruntime(name, shape, runtime, precision, t
         assert g.shape == w.shape and g.dtype == w.dtype
         err = float(np.linalg.norm(g.astype(np.float64) - w) / np.linalg.norm(w.astype(np.float64)))
         assert err <= tol, f"{name} {out} {precision}: relative error {err:.2e}"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("mode", ["thread", "callback"])
+async def test_wait_modes(mode, monkeypatch):
+    """A run's end is learned by the queue's waiter thread (clWaitForEvents) or by the marker's callback
+    (AIOMNN_OPENCL_WAIT): both hand over onnxruntime's results, run after run, and close cleanly."""
+    monkeypatch.setenv("AIOMNN_OPENCL_WAIT", mode)
+    info = aiomnn.create_runtime(CONFIG)
+    try:
+        case = CONV[0]
+        want = None
+        for _ in range(3):
+            feeds, got, again, on_gpu = await run_case(case, info)
+            assert case.op in on_gpu
+            want = ort.InferenceSession(case.model(), providers=["CPUExecutionProvider"]).run(list(case.outputs),
+                                                                                             feeds)
+            for name, w in zip(case.outputs, want):
+                np.testing.assert_allclose(got[name], w, rtol=case.rtol, atol=case.atol)
+                np.testing.assert_array_equal(again[name], got[name])
+    finally:
+        info.close()
+
+
+def test_an_unknown_wait_mode_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("AIOMNN_OPENCL_WAIT", "sometimes")
+    with pytest.raises(aiomnn.AiomnnError, match="AIOMNN_OPENCL_WAIT"):
+        aiomnn.create_runtime(CONFIG).close()
