@@ -15,10 +15,12 @@ from aiomnn.errors import AiomnnError, BackendError, ModelError
 from aiomnn.fence import Fence, offload
 from aiomnn.graph import Node
 from aiomnn.memory import Block, StorageType
+from aiomnn.offered import Offered, Steps
 from aiomnn.profile import OpEvent
+from aiomnn.spelled_norm import find_spelled_norm
 
 from . import jit, ops  # noqa: F401  (ops registers every op)
-from .fuse import fuse
+from .fuse import Norm, fuse
 from .replay import Repeat, Replay, kept, repeat, replays
 from .execution import OPS, CpuOp, FunctionOp, Unsupported, create
 
@@ -52,10 +54,19 @@ class CpuBackend(Backend):
         self._planned: list[CpuOp] = []
         self._plans: dict[Segment, list[tuple]] = {}  # run_segment's view of each segment
         self._timed: dict[Segment, list[tuple]] = {}  # the same, each execution timed, with profiling on
+        # The ops offered in an alloc pass (who makes and reads each value, with shapes), for the LayerNorms that
+        # exporters spell out (aiomnn/spelled_norm.py), which fuse.py runs as one step: by their first node.
+        self.offered = Offered()
+        self._norms: dict[int, Norm] = {}
         self._replays: dict[Segment, Replay] = {}  # each segment's recorded run (replay.py), once it serves
         self._repeats: dict[Segment, int] = {}  # the repeating steps of each segment's last recorded run
 
     def on_create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution | None:
+        execution = self._create(node, inputs, outputs)
+        self.offered.add(node, None if execution is None else _Offer(), inputs, outputs)
+        return execution
+
+    def _create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution | None:
         impl = OPS.lookup(node)
         if impl is None:
             return None
@@ -109,6 +120,7 @@ class CpuBackend(Backend):
     def on_resize_begin(self) -> None:
         super().on_resize_begin()
         self._planned = []
+        self._norms = spelled_norms(self.offered.take())
 
     def clear_buffers(self) -> None:
         super().clear_buffers()
@@ -243,7 +255,7 @@ class CpuBackend(Backend):
                 (s.execution, s.inputs, [(i, o) for i, o in enumerate(s.outputs) if o], frees,
                  self.memory is not None and not getattr(s.execution, "writes_outputs", False) and not s.views,
                  s.node)
-                for s, frees in zip(segment.steps, segment.frees)], segment.gives)
+                for s, frees in zip(segment.steps, segment.frees)], segment.gives, self._norms)
         return plan
 
     def _timed_plan(self, segment: Segment) -> list[tuple]:
@@ -271,6 +283,32 @@ class _Timed(Execution):
             return self.execution.on_execute(inputs, outputs)
         finally:
             self.profile.add(OpEvent(self.name, self.op_type, "cpu", start, time.perf_counter_ns() - start, self.args))
+
+
+class _Offer:
+    """A created op's place among the offered ops (Offered numbers it), where the execution itself may not take
+    attributes."""
+
+    __slots__ = ("step",)
+
+
+def spelled_norms(created: list[tuple[Node, Any, list[Tensor | None], list[Tensor]]]) -> dict[int, Norm]:
+    """The spelled-out LayerNorms among an alloc pass's ops, with the ids of their nodes, by the id of their first
+    node."""
+    st = Steps(created)
+    taken: set[int] = set()
+    found: dict[int, Norm] = {}
+    for i, (node, offer, _, _) in enumerate(created):
+        if offer is None or node.op_type != "ReduceMean" or node.domain or i in taken:
+            continue
+        try:
+            match = find_spelled_norm(st, i, taken)
+        except Exception:  # a shape the matching did not foresee: no fusion
+            match = None
+        if match is not None:
+            taken.update(match.ops)
+            found[id(node)] = match, [id(created[k][0]) for k in match.ops]  # its nodes, which plan steps carry
+    return found
 
 
 def _root(a: np.ndarray) -> Any:

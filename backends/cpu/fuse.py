@@ -16,6 +16,8 @@ in arithmetic.
 
 * Dense layers, MatMul -> Add (-> GELU) as one product, and an attention's three projections as one: layers.py.
 * Residual and LayerNormalization: Add -> LayerNormalization over the last axis as one compiled pass.
+* A LayerNorm that an exporter spelled out (PP-OCRv4 rec's): its nine steps as that same pass, found by the
+  matching the GPU backends share (aiomnn/spelled_norm.py) among the ops the backend was offered.
 * A scale and shift by scalars after a conv (PP-OCRv4): Conv -> Mul -> Add (or one of the two), applied with the
   conv's activation to its output while that is in cache (conv_affine.py).
 * A sentence embedding's pooling over the attention mask, and its normalization: sentence.py.
@@ -29,9 +31,11 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Collection
+from typing import Any, Collection, Mapping
 
 import numpy as np
+
+from aiomnn.spelled_norm import SpelledNorm
 
 from . import conv_affine, heads, jit, layers, sentence, upsample_add
 from .fused import Fused, Step, feeds, outside
@@ -45,18 +49,26 @@ from .ops.pool import GlobalAveragePool
 from .ops.products import bias_tile, compiled, loop_bias, product
 
 
-def fuse(plan: list[Step], gives: Collection[str] = ()) -> list[Step]:
+#: A LayerNorm an exporter spelled out (aiomnn/spelled_norm.py's match), and the ids of its nodes in order.
+Norm = tuple[SpelledNorm, list[int]]
+
+
+def fuse(plan: list[Step], gives: Collection[str] = (), norms: Mapping[int, Norm] | None = None) -> list[Step]:
     """The plan with each fusable chain of steps replaced by one step; `gives` are the values that must be
-    there after it (read by later segments, or the model's outputs)."""
+    there after it (read by later segments, or the model's outputs); `norms` the spelled-out LayerNorms found among
+    the plan's ops, by the id of their first node."""
     out: list[Step] = []
     i = 0
     dense_ = functools.partial(layers.dense_chain, gives=set(gives))
     projections = functools.partial(layers.projections, gives=set(gives))
     pooling = functools.partial(sentence.find, gives=set(gives))
+    norms = norms or {}
+    spelled = functools.partial(_spelled_norm, norms=norms, gives=set(gives))
     while i < len(plan):
         for find, kind in ((_squeeze_excite, SqueezeExcite), (heads._attention, heads.Attention),
                            (projections, layers.Projections), (dense_, layers.Dense),
-                           (_add_norm, AddNorm), (conv_affine.find, conv_affine.ConvAffine),
+                           (_add_norm, AddNorm), (spelled, functools.partial(LayerNorm, norms=norms)),
+                           (conv_affine.find, conv_affine.ConvAffine),
                            (upsample_add.find, upsample_add.UpsampleAdd), (pooling, sentence.MaskedMean)):
             chain = find(plan, i)
             if chain is not None:
@@ -138,6 +150,50 @@ class AddNorm(Fused):
         if a.shape == b.shape and a.ndim and norm.axis in (-1, a.ndim - 1) and a.dtype == F32:
             out = self._output(norm.out[0], a.shape, (a, b))
             call = layer_norm_rows(a, b, values[self.scale], values[self.bias] if self.bias else None, norm.eps, out)
+            if call:
+                self._bind(inputs, out, call)
+                return out
+        return self._unfused(values)
+
+
+def _spelled_norm(plan: list[Step], i: int, norms: Mapping[int, Norm], gives: set[str]) -> list[Step] | None:
+    """The steps from i of a spelled-out LayerNorm, where they follow one another in the plan and the values between
+    them are read inside the chain alone (each freed there, none given to a later segment)."""
+    found = norms.get(id(plan[i][5]))
+    if found is None:
+        return None
+    ids = found[1]
+    chain = plan[i:i + len(ids)]
+    if [id(s[5]) for s in chain] != ids or any(len(s[2]) != 1 for s in chain):
+        return None
+    inner = {s[2][0][1] for s in chain[:-1]}
+    freed = {n for s in chain for n in s[3]}
+    if not inner <= freed or inner & gives:
+        return None
+    return chain
+
+
+class LayerNorm(Fused):
+    """A LayerNormalization that an exporter spelled out (ReduceMean, Sub, Pow, ReduceMean, Add eps, Sqrt, Div, and
+    a Mul by a scale and an Add of a bias; aiomnn/spelled_norm.py finds them), as one compiled pass over the
+    normalized axes (layer_norm_rows), where nine numpy calls made and read a tensor each."""
+
+    def __init__(self, chain: list[Step], names: list[str], norms: Mapping[int, Norm]):
+        super().__init__(chain, names)
+        match = norms[id(chain[0][5])][0]
+        self.x, self.axis, self.eps = chain[0][1][0], match.axis, match.eps
+        width = int(np.prod(match.x.shape[match.axis:]))
+        self.scale = np.ones(width, F32) if match.scale is None else np.ascontiguousarray(match.scale, F32)
+        self.bias = None if match.bias is None else np.ascontiguousarray(match.bias, F32)
+        self.last = chain[-1][0]
+
+    def _choose(self, values: dict[str, Any], inputs: list[Any]) -> Any:
+        x = values[self.x]
+        if isinstance(x, np.ndarray) and x.dtype == F32 and x.ndim > self.axis and x.flags.c_contiguous \
+                and math.prod(x.shape[self.axis:]) == self.scale.shape[0]:
+            out = self._output(getattr(self.last, "out", [None])[0], x.shape, (x,))
+            rows = (-1, self.scale.shape[0])
+            call = layer_norm_rows(x.reshape(rows), None, self.scale, self.bias, self.eps, out.reshape(rows))
             if call:
                 self._bind(inputs, out, call)
                 return out
