@@ -92,6 +92,29 @@ def test_split_hands_over_views_where_contiguous():
     np.testing.assert_array_equal(_first_output_after_a_second_run(data), np.ones((2, 8), np.float32))
 
 
+def test_slice_hands_over_views_where_contiguous():
+    """A Slice's contiguous piece (rows of a batch of one) is a view of its input, the same memory each run;
+    a strided piece (every other column) is copied. Values made while the view is still to be read cannot take
+    the viewed memory, and each run's values are right."""
+    consts = {"s0": np.array([2], np.int64), "e0": np.array([6], np.int64), "a0": np.array([1], np.int64),
+              "s1": np.array([0], np.int64), "e1": np.array([16], np.int64), "a1": np.array([2], np.int64),
+              "st": np.array([2], np.int64), "a12": np.array([1, 2], np.int64)}
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Slice", ["r", "s0", "e0", "a0"], ["rows"]),  # r[:, 2:6]: contiguous
+             helper.make_node("Slice", ["r", "s1", "e1", "a1", "st"], ["cols"]),  # r[:, :, ::2]: strided
+             helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Neg", ["e"], ["n"]),
+             helper.make_node("ReduceSum", ["cols", "a12"], ["cs"]),
+             helper.make_node("Add", ["rows", "cs"], ["ra"]),
+             helper.make_node("ReduceMean", ["n"], ["nm"], axes=[1, 2]),
+             helper.make_node("Add", ["ra", "nm"], ["y"])]
+    data = one_input_model(nodes, (1, 8, 16), consts, opset=13)
+    feeds = [{"x": RNG.standard_normal((1, 8, 16)).astype(np.float32)} for _ in range(3)]
+    outs, views = _run(data, feeds)
+    for f, got in zip(feeds, outs):
+        np.testing.assert_allclose(got, run_ort(data, f)[0], rtol=1e-5, atol=1e-5)
+    assert sum(views) == 2  # both Slices may view r; the strided one copies what it reads
+
+
 @pytest.mark.parametrize("model", ["minilm"])
 def test_public_model_with_views_matches_across_runs(model):
     """minilm reshapes its activations 24 times a run: three runs of new values, each against onnxruntime."""

@@ -42,7 +42,7 @@ REPLAYS = True
 #: Ops whose kernels return a view of their first input where numpy can: the plan keeps that input's memory
 #: while the view is read (Backend.views_input), where each view was copied out of it on every run before (a
 #: reshape of minilm's 8 x 128 activations, 1.5 MB, 24 times a run).
-VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Split"}
+VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Split", "Slice"}
 
 
 class CpuBackend(Backend):

@@ -9,7 +9,7 @@ the ones it meets. Operands that are not float32 scalars run the chain's kernels
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -61,6 +61,7 @@ class ConvAffine(Fused):
         self.last = chain[-1][0]
         self.fused: tuple[float, float, Conv] | None = None  # the scalars and the conv made for them
         self.placed: list[Any] | None = None  # the conv's inputs that its output buffer was chosen for
+        self.seen: list[Any] | None = None  # the inputs of the last run that the fused conv served
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         values = dict(zip(self.names, inputs))
@@ -78,7 +79,27 @@ class ConvAffine(Fused):
             arrays = tuple(a for a in ins if isinstance(a, np.ndarray))
             conv.write_into(None if planned is None else self._output(planned, planned.shape, arrays))
             self.placed = ins
+        self.seen = inputs
         return conv.on_execute(ins, [])
+
+    def again(self, inputs: list[Any]) -> tuple[Callable[[], bool], np.ndarray] | None:
+        """The fused conv's repeat (Conv.again), where these are the arrays of the last run (replay.py)."""
+        seen = self.seen
+        if self.fused is None or seen is None or len(seen) != len(inputs) \
+                or not all(same(a, b) for a, b in zip(inputs, seen)):
+            return None
+        values = dict(zip(self.names, inputs))
+        found = self.fused[2].again([values[n] if n else None for n in self.conv_inputs])
+        if found is None:
+            return None
+        run, y = found
+        fused, scale, shift = self.fused, values.get(self.scale), values.get(self.shift)
+
+        def call() -> bool:  # the scalars read again: they may be values a step makes anew each run
+            return (_scalar(scale) if self.scale else 1.0, _scalar(shift) if self.shift else 0.0) == fused[:2] \
+                and run()
+
+        return call, y
 
 
 def _scalar(c: Any) -> float | None:

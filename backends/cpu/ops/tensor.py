@@ -145,7 +145,9 @@ def slice_(x: np.ndarray, starts: list[int], ends: list[int], axes: list[int] | 
             s = min(max(s, 0), dim - 1)
             e = min(max(e, -1), dim - 1)
             index[a] = slice(s, None if e < 0 else e, st) if dim else slice(0, 0)
-    return x[tuple(index)]
+    # A contiguous piece is a view (the plan keeps x's memory while it is read: Backend.views_input); another is
+    # copied, as the kernels after it read rows end to end.
+    return np.ascontiguousarray(x[tuple(index)])
 
 
 @op("Slice", 1)
