@@ -48,6 +48,19 @@ extern "C" __global__ void im2col(const T* __restrict__ x, T* __restrict__ col, 
 }
 """
 
+def last_slice(count: str) -> str:
+    """Split K's hand-off in an implicit GEMM (conv.py, conv_mma.py), once a block has stored its slice's partial
+    tile: it counts itself in at `count`[tile]; the tile's last slice goes on to sum them all, the others return."""
+    return f"""  __threadfence();  // the partial is visible before the count says so
+  __syncthreads();
+  __shared__ bool g_last;
+  if (g_tid == 0) g_last = atomicAdd({count} + g_tile, 1u) == g_S - 1;
+  __syncthreads();
+  if (!g_last) return;
+  __threadfence();
+"""
+
+
 # --------------------------------------------------------------------------------------------
 # Fixed kernels, compiled once per storage type.
 STATIC = r"""

@@ -366,14 +366,7 @@ class Conv(ConvBase):
   for (int i = 0; i < 4; ++i)
     *reinterpret_cast<float4*>(g_part + (size_t)(blockIdx.x % g_S) * {bm * bn} + i * {bn}) =
         make_float4(g_acc[i][0], g_acc[i][1], g_acc[i][2], g_acc[i][3]);
-  __threadfence();  // the partial is visible before the count says so
-  __syncthreads();
-  __shared__ bool g_last;
-  if (g_tid == 0) g_last = atomicAdd({count} + g_tile, 1u) == g_S - 1;
-  __syncthreads();
-  if (!g_last) return;
-  __threadfence();
-  #pragma unroll
+{kernels.last_slice(count)}  #pragma unroll
   for (int i = 0; i < 4; ++i)
     #pragma unroll
     for (int j = 0; j < 4; ++j) g_acc[i][j] = 0.f;

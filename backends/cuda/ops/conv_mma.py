@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..kernels import last_slice
+
 if TYPE_CHECKING:
     from .conv import Conv
 
@@ -239,14 +241,7 @@ def mma_code(conv: "Conv", ptrs: list[str], at: int, epi: str) -> str:
   float* g_part = {part} + (size_t)g_tile * g_S * {bm * bn};
   for (unsigned e = g_tid; e < {bm * bn}; e += {nt})
     g_part[(size_t)(blockIdx.x % g_S) * {bm * bn} + e] = g_Cs[e / {bn}][e % {bn}];
-  __threadfence();  // the partial is visible before the count says so
-  __syncthreads();
-  __shared__ bool g_last;
-  if (g_tid == 0) g_last = atomicAdd({count} + g_tile, 1u) == g_S - 1;
-  __syncthreads();
-  if (!g_last) return;
-  __threadfence();
-  if (g_tid == 0) {count}[g_tile] = 0u;  // ready for the next run
+{last_slice(count)}  if (g_tid == 0) {count}[g_tile] = 0u;  // ready for the next run
 """
         value = f"""float v = 0.f;
     for (unsigned r = 0; r < g_S; ++r) v += __ldcg(g_part + (size_t)r * {bm * bn} + e);"""
