@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from .segments import Step
 
 
+#: The views whose bytes are those of their input, in order.
+SAME_BYTES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
 def keep_viewed(steps: list[Step], last_use: dict[str, int], keep: set[str]) -> None:
     """Marks the steps whose outputs may be views of their first input (Backend.views_input, outputs that are
     not the model's: those are handed to the caller), and makes that input's last use, and its own input's in a
@@ -88,11 +92,13 @@ def concat_slices(steps: list[Step], tensors: dict[str, Tensor], last_use: dict[
 
 def _inside(step: Step, x: str, tensors: dict[str, Tensor], axis: int) -> tuple[str, int | None]:
     """For a view x made by step (Backend.views_input): the value it views, and x's byte offset in it; None where
-    that is not known here. A one-output view (a reshape) starts at 0; a Split's pieces along the concatenated
-    axis follow one another (where the axes before it have length 1, as the Concat checked)."""
+    that is not known here. A reshape's view starts at 0 (its bytes are its input's, in order; not a Slice's, a
+    part of its input or its input reordered); a Split's pieces along the concatenated axis follow one another
+    (where the axes before it have length 1, as the Concat checked)."""
     base = step.inputs[0]
     if len(step.outputs) == 1:
-        return base, 0 if tensors[base].nbytes == tensors[x].nbytes else None
+        same = step.node.op_type in SAME_BYTES and tensors[base].nbytes == tensors[x].nbytes
+        return base, 0 if same else None
     if step.node.op_type != "Split" or int(step.node.attrs.get("axis", 0)) % len(tensors[x].shape or ()) != axis:
         return base, None
     offset = 0

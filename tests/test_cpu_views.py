@@ -115,6 +115,21 @@ def test_slice_hands_over_views_where_contiguous():
     assert sum(views) == 2  # both Slices may view r; the strided one copies what it reads
 
 
+def test_a_reversed_slice_is_not_its_input_in_a_concat():
+    """A Slice of all of its input, backward, has the input's size but not its bytes: a Concat of the two copies
+    the reversed one in (placement._inside takes only reshapes' views as their input's bytes)."""
+    consts = {"st": np.array([-1], np.int64), "en": np.array([-100], np.int64), "ax": np.array([1], np.int64),
+              "sp": np.array([-1], np.int64)}
+    nodes = [helper.make_node("Relu", ["x"], ["t"]),
+             helper.make_node("Slice", ["t", "st", "en", "ax", "sp"], ["s"]),
+             helper.make_node("Concat", ["s", "t"], ["y"], axis=1)]
+    data = one_input_model(nodes, (1, 4, 5, 6), consts, opset=13)
+    feeds = [{"x": RNG.standard_normal((1, 4, 5, 6)).astype(np.float32)} for _ in range(2)]
+    outs, _ = _run(data, feeds)
+    for f, got in zip(feeds, outs):
+        np.testing.assert_array_equal(got, run_ort(data, f)[0])
+
+
 @pytest.mark.parametrize("model", ["minilm"])
 def test_public_model_with_views_matches_across_runs(model):
     """minilm reshapes its activations 24 times a run: three runs of new values, each against onnxruntime."""
