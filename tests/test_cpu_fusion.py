@@ -50,7 +50,11 @@ def _se_model(c: int, *, project: bool, scale_first: bool = False, expose: str |
 
 
 def _run(model: bytes, xs: list[np.ndarray], monkeypatch, threads: int = 1) -> tuple[list[list[np.ndarray]], int]:
-    """Each input's outputs from one CPU session, and how many times a fused block ran."""
+    """Each input's outputs from one CPU session, and how many times a fused block ran (its execution each run:
+    replays, which call its bound work without it, are off)."""
+    from aiomnn.backends.cpu import backend
+
+    monkeypatch.setattr(backend, "REPLAYS", False)
     runs = []
     on_execute = fuse.SqueezeExcite.on_execute
     monkeypatch.setattr(fuse.SqueezeExcite, "on_execute",
@@ -138,3 +142,32 @@ def test_squeeze_excite_runs_unfused_on_an_unplanned_shape():
     sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(got, sess.run(None, {"x": other})[0], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(again, sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("project", [True, False])
+def test_squeeze_excite_replayed_follows_new_inputs(project, monkeypatch):
+    """Replayed runs call the block's bound loop (SqueezeExcite binds it): new inputs each run still give
+    onnxruntime's outputs."""
+    from aiomnn.backends.cpu import jit
+
+    import onnx
+
+    monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+    m = onnx.load_from_string(_se_model(16, project=project))
+    m.graph.node[-1].output[0] = "block"  # a step after the block, so that its output is planned memory
+    m.graph.node.append(helper.make_node("Neg", ["block"], ["y"]))
+    model = m.SerializeToString()
+    xs = [_rand(1, 16, 4, 50) for _ in range(6)]
+
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(model)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as session:
+            outs = [np.array((await session.run({"x": x}))["y"]) for x in xs]
+            replays = [b._replays for b in session.pipeline.backends if b.type.name == "CPU"]
+            return outs, replays
+
+    got, replays = asyncio.run(go())
+    assert jit.jitted("squeeze_excite") is not None and any(replays)
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for x, y in zip(xs, got):
+        np.testing.assert_allclose(y, sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 
@@ -215,12 +215,17 @@ class SqueezeExcite(Fused):
         self.out_shape = None if self.plan is None else self.plan["out_shape"]
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        again = self._repeat(inputs)
+        if again is not None:
+            return again
         x = inputs[0]
         if x.shape != self.shape or x.dtype != self.dtype:  # not what was planned
             return self._unfused(dict(zip(self.names, inputs)))
         looped = self._looped(x)
         if looped is not None:
-            return looped
+            out, call = looped
+            self._bind(inputs, out, call)
+            return out
         n, c = self.shape[:2]
         flat = x.reshape(n, c, -1)
         # Column vectors, one product per image as the unfused convs do: a batch's results do not depend on
@@ -256,10 +261,11 @@ class SqueezeExcite(Fused):
         product(packed["w"][0] * s.transpose(0, 2, 1), flat, y.reshape(n, self.out_shape[1], -1), bias, conv.activation)
         return y
 
-    def _looped(self, x: np.ndarray) -> np.ndarray | None:
+    def _looped(self, x: np.ndarray) -> tuple[np.ndarray, Callable[[], bool]] | None:
         """The block by loops.squeeze_excite, in one call: float32, activations that the loops apply (and the 1x1
-        conv after it applied to its output by one product with its weights scaled); None where that cannot serve
-        (numpy then does, step by step) or while it compiles."""
+        conv after it applied to its output by one product with its weights scaled); its output and the call that
+        makes it again (for Fused._bind); None where that cannot serve (numpy then does, step by step) or while it
+        compiles."""
         loop = jit.jitted("squeeze_excite")
         acts = [self.conv1.loop_act, self.conv2.loop_act, (0, 0.0, 0.0) if self.project is None else self.plan["loop_act"]]
         if loop is None or x.dtype != F32 or not x.flags.c_contiguous or any(a is None for a in acts):
@@ -277,10 +283,15 @@ class SqueezeExcite(Fused):
         macs = n * L * c * max(1, wp.shape[0])
         pieces = jit.product_pieces(macs, SE_PIECE)
         parts = 1 if n >= pieces else max(1, min(pieces, L // 64))
-        scratch = shared_scratch("squeeze_excite", (pieces, c + w1.shape[0] + wp.shape[0] * c), F32)[0]
-        loop(pieces, x.reshape(n, c, L), w1, loop_bias(b1), *acts[0], w2, loop_bias(b2), *acts[1], wp, loop_bias(bp),
-             *acts[2], out.reshape(n, out.shape[1], L), parts, scratch)
-        return out
+        fields = (x.reshape(n, c, L), w1, loop_bias(b1), *acts[0], w2, loop_bias(b2), *acts[1], wp, loop_bias(bp),
+                  *acts[2], out.reshape(n, out.shape[1], L), parts)
+        shape = (pieces, c + w1.shape[0] + wp.shape[0] * c)
+
+        def call() -> bool:  # the scratch is the calling thread's, fetched each time
+            return loop(pieces, *fields, shared_scratch("squeeze_excite", shape, F32)[0])
+
+        call()
+        return out, call
 
 
 #: A piece of loops.squeeze_excite holds at least this many multiply-adds of its product (or of the scaling).
