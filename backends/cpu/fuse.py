@@ -72,9 +72,7 @@ def fuse(plan: list[Step], gives: Collection[str] = (), norms: Mapping[int, Norm
                            (upsample_add.find, upsample_add.UpsampleAdd), (pooling, sentence.MaskedMean)):
             chain = find(plan, i)
             if chain is not None:
-                step = _step(kind, chain)
-                step[0].private = not any(name in gives for _, name in step[2])
-                out.append(step)
+                out.append(_step(kind, chain))
                 i += len(chain)
                 break
         else:

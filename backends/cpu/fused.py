@@ -46,10 +46,6 @@ class Fused(Execution):
         self._spare: np.ndarray | None = None
         self._bound: tuple[list[Any], Any, Callable[[], Any]] | None = None  # (inputs, output, call): see _repeat
         self._fresh = False  # the last _output was a new array
-        #: Whether only later steps of its segment read its outputs (fuse.py sets it): then, where the plan gave
-        #: an output no buffer (its op hands out views), it writes a buffer of its own, kept from run to run,
-        #: which its bound call may write again, instead of a new array each run.
-        self.private = False
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         again = self._repeat(inputs)
@@ -91,9 +87,9 @@ class Fused(Execution):
         then a buffer of the fused step's own. Without a planned buffer that fits (a model's output, which the
         caller then owns), a new array."""
         out = matches(planned, shape, F32)
-        self._fresh = out is None and not self.private
+        self._fresh = out is None
         if out is None:
-            return np.empty(shape, F32) if self._fresh else self._own(shape)
+            return np.empty(shape, F32)
         if not any(np.may_share_memory(out, a) for a in read):
             return out
         return self._own(shape)
