@@ -21,7 +21,7 @@ from aiomnn.spelled_norm import find_spelled_norm
 
 from . import jit, ops  # noqa: F401  (ops registers every op)
 from .fuse import Norm, fuse
-from .replay import Repeat, Replay, kept, repeat, replays
+from .replay import Repeat, Replay, kept, put, repeat, serves
 from .execution import OPS, CpuOp, FunctionOp, Unsupported, create
 
 if TYPE_CHECKING:
@@ -145,14 +145,15 @@ class CpuBackend(Backend):
         yield_at = time.perf_counter() + YIELD_EVERY if pool.nice > 0 and _sched_yield is not None else math.inf
         timed = self.profile is not None
         plan = self._timed_plan(segment) if timed else self._plan(segment)
-        replay = self._replays.get(segment) if REPLAYS and not timed else None
+        replaying = REPLAYS and not timed
+        replay = self._replays.get(segment) if replaying else None
         # The crew's workers awake from step to step (stepping aside while helpers share a step's numpy work);
         # IEEE results (inf * 0 is nan), never a NumPy warning.
         with jit.crew_held(pool.threads) as aside, pool.running(aside), np.errstate(all="ignore"):
             if replay is not None:
                 self._replay(replay, values, yield_at)
                 return
-            entries: list[Any] | None = [] if REPLAYS and not timed else None
+            entries: list[Any] | None = [] if replaying else None
             made: set[str] = set()  # what the repeating steps so far make (replay.repeat)
             for step in plan:
                 if time.perf_counter() >= yield_at:
@@ -161,11 +162,8 @@ class CpuBackend(Backend):
                 args = [values[x] if x else None for x in step[1]]
                 if entries is not None:
                     again = repeat(step, args, made)
-                    if again is not None and self._call(again.call, step[5]):
-                        for name, v in again.outputs:
-                            values[name] = v
-                        for x in again.frees:
-                            values.pop(x, None)
+                    if again is not None and _called(again):
+                        put(again, values)
                         made.update(name for name, _ in again.outputs)
                         entries.append(again)
                         continue
@@ -185,14 +183,9 @@ class CpuBackend(Backend):
             if type(entry) is not Repeat:
                 self._step(entry, [values[x] if x else None for x in entry[1]], values)
                 continue
-            if not changed or changed.isdisjoint(entry.reads):
-                try:
-                    if replays(entry, values):
-                        continue
-                except AiomnnError:
-                    raise
-                except Exception as exc:
-                    raise BackendError(f"{entry.step[5]} failed on the CPU: {type(exc).__name__}: {exc}") from exc
+            if (not changed or changed.isdisjoint(entry.reads)) and serves(entry, values) and _called(entry):
+                put(entry, values)
+                continue
             self._step(entry.step, [values[x] if x else None for x in entry.step[1]], values)
             if not kept(entry, values):
                 changed.update(name for name, _ in entry.outputs)
@@ -200,19 +193,11 @@ class CpuBackend(Backend):
     def _recorded(self, segment: Segment, replay: Replay) -> None:
         """A run recorded: its replay serves the runs after it once a recording finds no more repeating steps than
         the one before (the first runs bind the steps' calls), and no loop is still compiling (steps that ran
-        numpy's way meanwhile bind other calls, on other buffers, once their loops are there)."""
-        if replay.repeats and self._repeats.get(segment) == replay.repeats and not jit.pending():
+        numpy's way meanwhile bind other calls, on other buffers, once their loops are there). A replay without a
+        repeating step serves too: it is the usual run, and no run records again."""
+        if self._repeats.get(segment) == replay.repeats and not jit.pending():
             self._replays[segment] = replay
         self._repeats[segment] = replay.repeats
-
-    @staticmethod
-    def _call(call: Any, node: Node) -> bool:
-        try:
-            return bool(call())
-        except AiomnnError:
-            raise
-        except Exception as exc:
-            raise BackendError(f"{node} failed on the CPU: {type(exc).__name__}: {exc}") from exc
 
     def _step(self, step: tuple, args: list[Any], values: dict[str, Any]) -> None:
         """One step of a plan, the usual way: its execution on its inputs, its outputs put by name, what it frees
@@ -223,7 +208,7 @@ class CpuBackend(Backend):
         except AiomnnError:
             raise
         except Exception as exc:
-            raise BackendError(f"{node} failed on the CPU: {type(exc).__name__}: {exc}") from exc
+            raise _failed(node, exc) from exc
         if type(outs) is not tuple:
             outs = (outs,)
         try:
@@ -283,6 +268,20 @@ class _Timed(Execution):
             return self.execution.on_execute(inputs, outputs)
         finally:
             self.profile.add(OpEvent(self.name, self.op_type, "cpu", start, time.perf_counter_ns() - start, self.args))
+
+
+def _called(entry: Repeat) -> bool:
+    """A Repeat's call made: whether it did the work (false: nothing done, its step runs the usual way)."""
+    try:
+        return bool(entry.call())
+    except AiomnnError:
+        raise
+    except Exception as exc:
+        raise _failed(entry.step[5], exc) from exc
+
+
+def _failed(node: Node, exc: Exception) -> BackendError:
+    return BackendError(f"{node} failed on the CPU: {type(exc).__name__}: {exc}")
 
 
 class _Offer:

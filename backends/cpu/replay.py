@@ -70,20 +70,21 @@ def repeat(step: Step, args: list[Any], made: set[str]) -> Repeat | None:
     return Repeat(call, checks, [(name, outs[i]) for i, name in outputs], list(frees), step)
 
 
-def replays(entry: Repeat, values: dict[str, Any]) -> bool:
-    """Run a Repeat of a replay: False (nothing done) where an input is not what it was recorded with, or the
-    call did nothing."""
+def serves(entry: Repeat, values: dict[str, Any]) -> bool:
+    """Whether a Repeat's inputs from outside the repeating steps are the arrays it was recorded with."""
     for name, a in entry.checks:
         v = values.get(name)
         if v is not a and not same(v, a):
             return False
-    if not entry.call():
-        return False
+    return True
+
+
+def put(entry: Repeat, values: dict[str, Any]) -> None:
+    """After a Repeat's call: its outputs by name, and what it frees dropped."""
     for name, v in entry.outputs:
         values[name] = v
     for x in entry.frees:
         values.pop(x, None)
-    return True
 
 
 def kept(entry: Repeat, values: dict[str, Any]) -> bool:
