@@ -60,8 +60,7 @@ class ConvAffine(Fused):
         self.scale, self.shift = operands.get(Mul), operands.get(Add)
         self.last = chain[-1][0]
         self.fused: tuple[float, float, Conv] | None = None  # the scalars and the conv made for them
-        self.placed: list[Any] | None = None  # the conv's inputs that its output buffer was chosen for
-        self.seen: list[Any] | None = None  # the inputs of the last run that the fused conv served
+        self.seen: list[Any] | None = None  # the inputs that the fused conv's output buffer was chosen for
 
     def on_execute(self, inputs: list[Any], outputs: list[Any]) -> Any:
         values = dict(zip(self.names, inputs))
@@ -70,23 +69,21 @@ class ConvAffine(Fused):
         if scale is None or shift is None:
             return self._unfused(values)
         if self.fused is None or self.fused[:2] != (scale, shift):
-            self.fused, self.placed = (scale, shift, self.conv.then_affine(scale, shift)), None
+            self.fused, self.seen = (scale, shift, self.conv.then_affine(scale, shift)), None
         conv = self.fused[2]
         ins = [values[n] if n else None for n in self.conv_inputs]
-        if self.placed is None or not all(same(a, b) for a, b in zip(ins, self.placed)):
+        if self.seen is None or not all(same(a, b) for a, b in zip(inputs, self.seen)):
             # Looked at once for each set of input arrays (planned buffers and constants are the same each run).
             planned = self.last.out[0]
             arrays = tuple(a for a in ins if isinstance(a, np.ndarray))
             conv.write_into(None if planned is None else self._output(planned, planned.shape, arrays))
-            self.placed = ins
-        self.seen = inputs
+            self.seen = inputs
         return conv.on_execute(ins, [])
 
     def again(self, inputs: list[Any]) -> tuple[Callable[[], bool], np.ndarray] | None:
         """The fused conv's repeat (Conv.again), where these are the arrays of the last run (replay.py)."""
         seen = self.seen
-        if self.fused is None or seen is None or len(seen) != len(inputs) \
-                or not all(same(a, b) for a, b in zip(inputs, seen)):
+        if self.fused is None or seen is None or not all(same(a, b) for a, b in zip(inputs, seen)):
             return None
         values = dict(zip(self.names, inputs))
         found = self.fused[2].again([values[n] if n else None for n in self.conv_inputs])

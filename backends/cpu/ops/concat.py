@@ -28,9 +28,8 @@ class Concat(CpuOp):
 
     def run(self, *xs):
         xs = [x for x in xs if x is not None]
-        last = self._copies
-        if (last is not None and last[0] is self.out[0] and len(last[1]) == len(xs)
-                and all(a is b for a, b in zip(xs, last[1]))):
+        last = self._last(xs)
+        if last is not None:
             # The very arrays of the last run, into the same planned buffer: the inputs its producers did not
             # write in place (Backend.concats_in_place) are copied in; nothing else is worked out again.
             for dst, x in last[2]:
@@ -65,12 +64,19 @@ class Concat(CpuOp):
             np.copyto(dst, x)
         return out
 
-    def again(self, inputs: list[Any]) -> tuple[Callable[[], bool], np.ndarray] | None:
-        """The copies of the last run, where these are its very arrays (replay.py)."""
+    def _last(self, xs: list[Any]) -> tuple | None:
+        """The last run's (output, inputs, copies), where xs are its very inputs and the output is still the
+        planned buffer."""
         last = self._copies
-        xs = [x for x in inputs if x is not None]
         if last is None or last[0] is not self.out[0] or len(last[1]) != len(xs) \
                 or any(a is not b for a, b in zip(xs, last[1])):
+            return None
+        return last
+
+    def again(self, inputs: list[Any]) -> tuple[Callable[[], bool], np.ndarray] | None:
+        """The copies of the last run, where these are its very arrays (replay.py)."""
+        last = self._last([x for x in inputs if x is not None])
+        if last is None:
             return None
         copies = last[2]
 
