@@ -50,12 +50,12 @@ def test_unary_ops_by_the_compiled_loop_match_numpys_way(name, monkeypatch):
     x = np.concatenate([SPECIAL, (np.random.default_rng(4).standard_normal(20000) * 8).astype(np.float32)])
     calls = []
     looped = activations._looped
-    monkeypatch.setattr(activations, "_looped", lambda y, *a: calls.append(1) or looped(y, *a))
+    monkeypatch.setattr(activations, "_looped", lambda y, *a, **k: calls.append(1) or looped(y, *a, **k))
     fn(x.copy())
     assert jit.wait(300)
     got = fn(x.copy())
     with monkeypatch.context() as m, np.errstate(all="ignore"):  # inf * 0 is NaN, as run_segment lets it be
-        m.setattr(activations, "_looped", lambda *a: False)  # numpy's way
+        m.setattr(activations, "_looped", lambda *a, **k: False)  # numpy's way
         want = fn(x.copy())
     assert calls and jit.jitted("activation") is not None
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))

@@ -79,15 +79,25 @@ def relu_(y: np.ndarray) -> np.ndarray:
     return clip_ufunc(y, 0, np.inf, out=y)
 
 
-def _looped(y: np.ndarray, code: int, alpha: float = 0.0, beta: float = 0.0) -> bool:
-    """y = the activation of this code (scalars.activate) in place by the compiled loop, a pass where numpy takes
-    three or four; False (nothing done) where it cannot serve: other dtypes or layouts, or while it compiles."""
-    return (y.dtype == F32 and y.flags.c_contiguous and y.size > 0
-            and jit.split("activation", y.size, SLICE_ELEMENTS, y.reshape(-1), code, alpha, beta) is not None)
+def _looped(y: np.ndarray, name: str, **attrs: float) -> bool:
+    """y = the activation (op type and attributes, as jit.loop_activation takes them) in place by the compiled
+    loop, a pass where numpy takes three or four; False (nothing done) where it cannot serve: other dtypes or
+    layouts, or while it compiles."""
+    if y.dtype != F32 or not y.flags.c_contiguous or not y.size:
+        return False
+    act = _loop_code(name, tuple(attrs.items()))
+    return act is not None and jit.split("activation", y.size, SLICE_ELEMENTS, y.reshape(-1), *act) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _loop_code(name: str, attrs: tuple[tuple[str, float], ...]) -> tuple[int, float, float] | None:
+    """jit.loop_activation's code, looked up once for each activation and its attributes (a table's lookup takes
+    microseconds: a run asks for it at every step)."""
+    return jit.loop_activation((name, dict(attrs)))
 
 
 def sigmoid_(y: np.ndarray) -> np.ndarray:
-    if _looped(y, 4):
+    if _looped(y, "Sigmoid"):
         return y
     # 1 / (1 + exp(-y)), computed without overflow warnings for large |y|.
     np.negative(y, out=y)
@@ -98,7 +108,7 @@ def sigmoid_(y: np.ndarray) -> np.ndarray:
 
 
 def swish_(y: np.ndarray, alpha: float = 1.0) -> np.ndarray:
-    if _looped(y, 3, alpha):
+    if _looped(y, "Swish", alpha=alpha):
         return y
     t = _temp(y)
     np.multiply(y, y.dtype.type(-alpha), out=t)
@@ -109,7 +119,7 @@ def swish_(y: np.ndarray, alpha: float = 1.0) -> np.ndarray:
 
 
 def hard_sigmoid_(y: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.ndarray:
-    if _looped(y, 7, alpha, beta):
+    if _looped(y, "HardSigmoid", alpha=alpha, beta=beta):
         return y
     np.multiply(y, y.dtype.type(alpha), out=y)
     np.add(y, y.dtype.type(beta), out=y)
@@ -117,7 +127,7 @@ def hard_sigmoid_(y: np.ndarray, alpha: float = 0.2, beta: float = 0.5) -> np.nd
 
 
 def hard_swish_(y: np.ndarray) -> np.ndarray:
-    if _looped(y, 2):
+    if _looped(y, "HardSwish"):
         return y
     t = _temp(y)
     np.multiply(y, _SIXTH.get(y.dtype) or y.dtype.type(1 / 6), out=t)
