@@ -193,9 +193,13 @@ class CpuBackend(Backend):
     def _recorded(self, segment: Segment, replay: Replay) -> None:
         """A run recorded: its replay serves the runs after it once a recording finds no more repeating steps than
         the one before (the first runs bind the steps' calls), and no loop is still compiling (steps that ran
-        numpy's way meanwhile bind other calls, on other buffers, once their loops are there). A replay without a
-        repeating step serves too: it is the usual run, and no run records again."""
-        if self._repeats.get(segment) == replay.repeats and not jit.pending():
+        numpy's way meanwhile bind other calls, on other buffers, once their loops are there: a recording made
+        meanwhile counts for nothing). A replay without a repeating step serves too: it is the usual run, and no
+        run records again."""
+        if jit.pending():
+            self._repeats.pop(segment, None)
+            return
+        if self._repeats.get(segment) == replay.repeats:
             self._replays[segment] = replay
         self._repeats[segment] = replay.repeats
 
