@@ -171,7 +171,7 @@ async def _run(args: argparse.Namespace) -> int:
     net = aiomnn.Interpreter.from_file(args.model)
     feeds = random_feeds(net.inputs, _parse_shapes(args.shape, net.inputs), np.random.default_rng(0))
     config = aiomnn.ScheduleConfig(type=args.backend, num_threads=args.threads,
-                                   backend_config=aiomnn.BackendConfig(tuning=args.tuning),
+                                   backend_config=aiomnn.BackendConfig(tuning=args.tuning, precision=args.precision),
                                    profile=args.profile is not None)
     runtime = aiomnn.create_runtime(config)
     bar = Progress(0, "tuning ")
@@ -281,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=_count(1), default=None)
     p.add_argument("--tuning", default="normal", choices=["none", "fast", "normal", "heavy"],
                    help="GPU tuning level; tuning runs once, in the background, with a progress bar")
+    p.add_argument("--precision", default="normal", choices=["normal", "high", "low"],
+                   help="low: float16 where the backend supports it (GPU backends)")
     p.add_argument("--cache", metavar="FILE", help="tuning cache: read at start, written when tuning ends")
     p.add_argument("--profile", metavar="TRACE.json", help="time every op of every run; write a Chrome trace "
                    "(chrome://tracing, Perfetto) and print the ten costliest ops")

@@ -244,6 +244,7 @@ def model_file(tmp_path):
     ["--shape", "x=1x3xfoo"], ["--shape", "x"], ["--shape", "=1x3"], ["--shape", "x=1x-3"],
     ["--requests", "-5"], ["--requests", "many"], ["--concurrency", "0"], ["--threads", "0"],
     ["--shape", "image=1x3"], ["--shape", "x=2x3", "--shape", "y=1"], ["--backend", "gpu"],
+    ["--shape", "x=2x3", "--precision", "half"],
 ], ids=lambda a: " ".join(a))
 def test_bad_run_arguments_are_one_line_errors(capsys, model_file, argv):
     rc, out, err = run_cli(capsys, "run", model_file, *argv)
@@ -267,6 +268,15 @@ def test_run_with_shape_works(capsys, model_file):
     rc, out, err = run_cli(capsys, "run", model_file, "--shape", "x=2x3", "--backend", "cpu", "--requests", "2")
     assert rc == 0, err
     assert "output y: shape (2, 3)" in out
+
+
+def test_run_takes_a_precision(capsys, model_file, monkeypatch):
+    made = []
+    real = aiomnn.BackendConfig
+    monkeypatch.setattr(aiomnn, "BackendConfig", lambda **kw: made.append(kw) or real(**kw))
+    rc, out, err = run_cli(capsys, "run", model_file, "--shape", "x=2x3", "--backend", "cpu", "--precision", "low")
+    assert rc == 0, err
+    assert made and made[0]["precision"] == "low" and "output y: shape (2, 3)" in out
 
 
 def test_run_on_random_token_ids(capsys):

@@ -10,6 +10,7 @@ device is lavapipe (Mesa's CPU implementation); keep shapes small.
 
 from __future__ import annotations
 
+
 import math
 import subprocess
 import sys
@@ -574,24 +575,30 @@ async def test_staged_and_fence_paths(knobs, monkeypatch):
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("precision", ["normal", "low"])
 @pytest.mark.parametrize("limit", [None, 0])
-async def test_staged_outputs_are_handed_over_up_to_a_limit(limit, monkeypatch):
-    """Where outputs are staged through host memory the device imports, each output array is that memory
-    itself (no copy after the run) while callers hold less than memory.handed's limit; the slot it came
-    from is not written again until the array is gone, and then it is used again. Past the limit outputs
-    are copied, and so are outputs of fewer than HANDOVER_BYTES in all."""
+async def test_staged_outputs_are_handed_over_up_to_a_limit(limit, precision, monkeypatch):
+    """Where outputs are staged through host memory the device imports (or, with fp16 storage, cast into it as
+    float32), each output array is that memory itself (no copy after the run) while callers hold less than
+    memory.handed's limit; the slot it came from is not written again until the array is gone, and then it is
+    used again. Past the limit outputs are copied, and so are outputs of fewer than HANDOVER_BYTES in all."""
     import gc
 
     from aiomnn.memory import handed
 
-    monkeypatch.setenv("AIOMNN_VULKAN_FORCE_STAGING", "1")
+    config = replace(CONFIG, backend_config=aiomnn.BackendConfig(tuning="none", precision=precision))
+    tol = dict(rtol=1e-5, atol=1e-6) if precision == "normal" else dict(rtol=0, atol=2e-3)
+    if precision == "normal":
+        monkeypatch.setenv("AIOMNN_VULKAN_FORCE_STAGING", "1")
     monkeypatch.setattr(handed, "limit", handed.bytes + (1 << 30) if limit is None else limit)
-    info = aiomnn.create_runtime(CONFIG)
+    info = aiomnn.create_runtime(config)
     try:
         if not info.runtimes[ForwardType.VULKAN].ctx.import_align:
             pytest.skip("the device cannot import host memory (VK_EXT_external_memory_host)")
+        if precision == "low" and not info.runtimes[ForwardType.VULKAN].supports_fp16:
+            pytest.skip("the device has no 16-bit storage")
         net = aiomnn.Interpreter.from_bytes(chain_model(4, (1, 16, 64, 64)))
-        async with await net.create_session(CONFIG, info) as s:
+        async with await net.create_session(config, info) as s:
             xs = [r(1, 16, 64, 64, seed=i) for i in range(3)]
             wants = [(await run(chain_model(4, (1, 16, 64, 64)), {"x": x}, CPU))[0]["y"] for x in xs]
             gc.collect()
@@ -599,7 +606,8 @@ async def test_staged_outputs_are_handed_over_up_to_a_limit(limit, monkeypatch):
             outs = [(await s.run({"x": x}))["y"] for x in xs]
             rec = s.pipeline.main.plan.records[s.pipeline.segments[0]]
             for got, want in zip(outs, wants):  # later runs left earlier outputs alone
-                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+                assert got.dtype == np.float32
+                np.testing.assert_allclose(got, want, **tol)
                 assert (type(got.base) is HandedOver) == (limit is None)
             assert handed.bytes - before == (3 * outs[0].nbytes if limit is None else 0)
             assert len(rec.slots) == (3 if limit is None else 1)
@@ -608,10 +616,10 @@ async def test_staged_outputs_are_handed_over_up_to_a_limit(limit, monkeypatch):
             gc.collect()
             assert handed.bytes == before and not any(slot.lent for slot in rec.slots)
             for x, want in zip(xs, wants):  # the slots are used again, one at a time
-                np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose((await s.run({"x": x}))["y"], want, **tol)
             assert len(rec.slots) == (3 if limit is None else 1)
         small = aiomnn.Interpreter.from_bytes(chain_model(4, (1, 16, 8, 8)))  # 4 KiB out
-        async with await small.create_session(CONFIG, info) as s:
+        async with await small.create_session(config, info) as s:
             got = (await s.run({"x": r(1, 16, 8, 8)}))["y"]
             assert type(got.base) is not HandedOver
             assert len(s.pipeline.main.plan.records[s.pipeline.segments[0]].slots) == 1

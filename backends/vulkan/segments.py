@@ -109,31 +109,35 @@ def _build(plan: "Plan", exes: list, upload_names: list[str], download_names: li
     # Large inputs go to the device in pieces, each sent as soon as the host has filled it (Slot.sends).
     in_pieces = {n: copies.pieces(loc.nbytes, plan.store.itemsize) for n, loc, _ in uploads
                  if staged_in and not cast_in and copies.sent_in_pieces(loc.nbytes)}
-    readback, rb_offsets, down_views = None, [], []
-    # Staged fp32 outputs land in host memory each slot imports, handed to the caller as they are; small ones
-    # are copied out of one readback instead (HANDOVER_BYTES).
-    handover = (staged and not plan.fp16 and bool(plan.ctx.import_align)
-                and sum(loc.nbytes for _, loc, _ in downloads) >= HANDOVER_BYTES)
+    readback, rb_offsets, rb_size, down_views = None, [], 0, []
     if (staged or plan.fp16) and downloads:
         rb_size, rb_offsets = _host_layout(plan, [shape for *_, shape in downloads])
-        if not handover:
-            readback = plan.ctx.host_buffer(rb_size, readback=True)
-            plan.extra_bufs.append(readback)
-            down_views = _views(readback, downloads, rb_offsets)
+    # Outputs that land in host memory (staged, or cast to float32 from fp16 storage) land in memory each slot
+    # imports, handed to the caller as they are; small ones are copied out of one readback instead (HANDOVER_BYTES).
+    # fp16's casts once wrote into the one readback, and every run's outputs were copied out of it: 8.5 MB (rec at
+    # batch 8) took as long as the run on the H200 (benchmarks/RESULTS.md, session 30).
+    handover = bool(rb_size) and bool(plan.ctx.import_align) and rb_size >= HANDOVER_BYTES
+    if rb_size and not handover:
+        readback = plan.ctx.host_buffer(rb_size, readback=True)
+        plan.extra_bufs.append(readback)
+        down_views = _views(readback, downloads, rb_offsets)
         if plan.fp16:
-            cast_out = [_cast(plan, loc, readback, off, shape, to_f32=True)
-                        for (_, loc, shape), off in zip(downloads, rb_offsets)]
+            cast_out = _casts_out(plan, downloads, readback, rb_offsets)
             readback = None  # the casts fill it: nothing to copy
-    else:
+    elif not rb_size:
         down_views = [(n, host_view(plan, loc, shape)) for n, loc, shape in downloads]
     write_descriptors(plan, cast_in + cast_out)
 
     def make() -> Slot:
-        rb, views = readback, down_views  # the record's, or with handover this slot's own
+        rb, views, casts = readback, down_views, cast_out  # the record's, or with handover this slot's own
         if handover:
             rb = plan.ctx.import_host(rb_size)
             plan.extra_bufs.append(rb)
             views = _views(rb, downloads, rb_offsets)
+            if plan.fp16:
+                casts = _casts_out(plan, downloads, rb, rb_offsets)
+                write_descriptors(plan, casts)
+                rb = None  # the casts fill it
         sends = {n: [(b, _piece(plan, loc.offset + a, b - a)) for a, b in in_pieces[n]]
                  for n, loc, _ in uploads if n in in_pieces}
         cmd = plan.ctx.command_buffers(1)[0]
@@ -154,9 +158,9 @@ def _build(plan: "Plan", exes: list, upload_names: list[str], download_names: li
         if timed:  # profiling: each dispatch on its own, timed (record_timed)
             pool = plan.timestamps.pool(len(dispatches) + 1)
             record_timed(cmd, dispatches, pool)
-            record_cmds(cmd, cast_out)
+            record_cmds(cmd, casts)
         else:
-            record_cmds(cmd, dispatches + cast_out)
+            record_cmds(cmd, dispatches + casts)
         if rb is not None:
             barrier(cmd, COMPUTE, TRANSFER, vk.VK_ACCESS_SHADER_WRITE_BIT, vk.VK_ACCESS_TRANSFER_READ_BIT)
             for (_, loc, _), off in zip(downloads, rb_offsets):
@@ -200,6 +204,11 @@ def _host_layout(plan: "Plan", shapes: list[tuple[int, ...]]) -> tuple[int, list
 
 def _views(buf: "Buffer", downloads: list, offsets: list[int]) -> list[tuple[str, np.ndarray]]:
     return [(n, buf.view(off, F32, shape)) for (n, _, shape), off in zip(downloads, offsets)]
+
+
+def _casts_out(plan: "Plan", downloads: list, host: "Buffer", offsets: list[int]) -> list[Dispatch]:
+    """The dispatches that write each fp16 output into `host` as float32, at its offset."""
+    return [_cast(plan, loc, host, off, shape, to_f32=True) for (_, loc, shape), off in zip(downloads, offsets)]
 
 
 def _cast(plan: "Plan", dev: Loc, host: "Buffer", offset: int, shape: tuple[int, ...], to_f32: bool) -> Dispatch:
