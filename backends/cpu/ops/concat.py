@@ -91,11 +91,20 @@ class Concat(CpuOp):
 op("Concat", 1)(Concat)
 
 
+def image_blocks(a: np.ndarray) -> bool:
+    """Whether a is contiguous, or a batch of contiguous blocks one after another in order (a piece of a
+    contiguous batch cut along a later axis): what a conv's layout reads as it is (ops/direct.py)."""
+    if a.flags.c_contiguous:
+        return True
+    return a.ndim > 1 and a[0].flags.c_contiguous and a.strides[0] >= a[0].nbytes
+
+
 class Split(CpuOp):
     #: The pieces are views of x where the plan keeps x's memory for them (CpuOp.views) and they are
-    #: contiguous (along the first axis of a batch of one), the same view objects while x is the same array (the
-    #: steps after them find the arrays they bound); else copies into the planned buffers, which cost yolov8n's
-    #: Splits most of their time (benchmarks/RESULTS.md, "Split as views").
+    #: contiguous, or blocks of contiguous images (along the channels of a batch: a conv's layout reads these as
+    #: they are), the same view objects while x is the same array (the steps after them find the arrays they
+    #: bound); else copies into the planned buffers, which cost yolov8n's Splits most of their time
+    #: (benchmarks/RESULTS.md, "Split as views"; at batch 8, session 30).
     writes_outputs = True
 
     def __init__(self, node, inputs, outputs, axis=0, split=None, num_outputs=None):
@@ -128,7 +137,7 @@ class Split(CpuOp):
         if viewed is not None and same(viewed[0], x) and viewed[1] == sizes:
             return viewed[2]
         pieces = tuple(np.split(x, np.cumsum(sizes)[:-1], axis=axis))
-        if self.views and all(p.flags.c_contiguous for p in pieces):
+        if self.views and all(image_blocks(p) for p in pieces):
             self._viewed = (x, list(sizes), pieces, split)
             return pieces
         return tuple(copied(out, piece) for out, piece in zip(self.out, pieces))

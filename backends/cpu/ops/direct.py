@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import jit, vectors
+from .concat import image_blocks
 from ..threads import shared_scratch
 
 F32 = np.float32
@@ -90,11 +91,19 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     layout = d["layout"]
     tiles = jit.jitted("conv_tiles")
     lay = jit.jitted("conv_input") if layout is not None else None
-    if tiles is None or (layout is not None and lay is None) or not x.flags.c_contiguous:
+    if tiles is None or (layout is not None and lay is None):
+        return None
+    N = p["N"]
+    if x.flags.c_contiguous:
+        xf = x.reshape(N, -1)
+    elif layout is not None and image_blocks(x):
+        # A piece of a batch (a Split's view along the channels): each image's block is contiguous, a stride
+        # apart. The layout reads the first C*H*W values of each row of xf, the rows a stride long.
+        stride = x.strides[0] // x.itemsize
+        xf = np.lib.stride_tricks.as_strided(x, (N, stride), (x.strides[0], x.itemsize))
+    else:
         return None
     w, bias = pack(packed)
-    N = p["N"]
-    xf = x.reshape(N, -1)
     ys = y.reshape(N, p["co"], -1)
     xs, offs, far = d["fixed"]
     code, alpha, beta = p["loop_act"]
