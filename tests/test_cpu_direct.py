@@ -80,18 +80,21 @@ CASES = [
 
 @pytest.fixture
 def pieces(monkeypatch):
-    """The piece counts that each compiled loop was launched with (crew.Loop), by the loop's name."""
+    """The piece counts that each compiled loop was launched or bound with (crew.Loop), by the loop's name."""
     from aiomnn.backends.cpu import crew, loops
 
     used: dict[str, list[int]] = {}
-    call = crew.Loop.__call__
 
-    def recorded(loop, n, *values):
-        name = next(k for k in loops.SIGNATURES if jit.jitted(k) is loop)
-        used.setdefault(name, []).append(n)
-        return call(loop, n, *values)
+    def recording(method):
+        def recorded(loop, n, *values):
+            name = next(k for k in loops.SIGNATURES if jit.jitted(k) is loop)
+            used.setdefault(name, []).append(n)
+            return method(loop, n, *values)
 
-    monkeypatch.setattr(crew.Loop, "__call__", recorded)
+        return recorded
+
+    monkeypatch.setattr(crew.Loop, "__call__", recording(crew.Loop.__call__))
+    monkeypatch.setattr(crew.Loop, "bind", recording(crew.Loop.bind))
     return used
 
 

@@ -132,16 +132,23 @@ def stop(ctl):
     syscall(ctl, SYSCALL, SYS_FUTEX, GEN, FUTEX_WAKE_PRIVATE, 0x7FFFFFFF)
 
 
-def launch(ctl, fn, n, values):
-    """Pieces [0, n) of the cfunc at address fn, with `values` (a tuple) as the job's fields (fields.py), on the
-    crew whose control block is ctl; a single piece on this thread. Compiled for each loop with its fields' types
-    (loops.compile)."""
-    a = np.empty(1 + SLOT * len(values), np.int64)
+@numba.njit(nogil=True, cache=True)
+def fill(a, n, values):
+    """A job's fields (fields.py) into a: n pieces, then `values` (a tuple) one slot each. Compiled for each loop
+    with its fields' types (loops.compile)."""
     a[0] = n
     k = 0
     for value in literal_unroll(values):
         put(a, k, value)
         k += 1
+
+
+def launch(ctl, fn, n, values):
+    """Pieces [0, n) of the cfunc at address fn, with `values` (a tuple) as the job's fields (fields.py), on the
+    crew whose control block is ctl; a single piece on this thread. Compiled for each loop with its fields' types
+    (loops.compile)."""
+    a = np.empty(1 + SLOT * len(values), np.int64)
+    fill(a, n, values)
     if n == 1:
         call(fn, a.ctypes.data, 0)
     else:
@@ -149,6 +156,12 @@ def launch(ctl, fn, n, values):
     # A use of a by name after the pieces have read it through its address: numba frees an array after its last
     # use by name, which would otherwise come before them.
     a[0] = 0
+
+
+@numba.njit(nogil=True, cache=True)
+def alone(fn, args):
+    """The one piece of a job whose fields are at address args, on this thread."""
+    call(fn, args, 0)
 
 
 class Crew:
@@ -200,7 +213,8 @@ class Crew:
 class Loop:
     """A compiled loop that the crew runs in pieces (loops.compile): the address of its pieces' cfunc and its launch
     for its fields' types. loop(pieces, *values) runs pieces [0, pieces) with those fields, on this thread and up
-    to pieces - 1 workers; each piece takes its share of the loop's work (fields.share)."""
+    to pieces - 1 workers; each piece takes its share of the loop's work (fields.share). loop.bind(pieces, *values)
+    is the same job with its fields written once, for a step that repeats it on the same arrays (Bound)."""
 
     __slots__ = ("address", "launch")
 
@@ -210,6 +224,33 @@ class Loop:
     def __call__(self, pieces: int, *values: Any) -> bool:
         self.launch(_ALONE if pieces == 1 else shared(pieces).ctl, self.address, pieces, values)
         return True  # done (the bound calls of the ops return whether they ran)
+
+    def bind(self, pieces: int, *values: Any) -> Bound:
+        """The job loop(pieces, *values) as a call without arguments, its fields written now (the values must stay
+        what they are: arrays are read through their addresses)."""
+        a = np.empty(1 + SLOT * len(values), np.int64)
+        fill(a, pieces, values)
+        return Bound(self.address, a, pieces, values)
+
+
+class Bound:
+    """A loop's job with its fields written once (Loop.bind): each call runs it again. A call costs a call of two
+    integers and the control block, where a Loop's call passes its values through numba's dispatch, which typed
+    every value each time: 2.5 us a launch, and 24 us where a run's kernels had pushed numba's and Python's own
+    data out of the caches, against 0.6 and 8 bound (a /tmp probe on the VM, benchmarks/RESULTS.md, session 30)."""
+
+    __slots__ = ("address", "fields", "args", "pieces", "values")
+
+    def __init__(self, address: int, fields: np.ndarray, pieces: int, values: tuple):
+        self.address, self.fields, self.pieces, self.values = address, fields, pieces, values
+        self.args = fields.ctypes.data
+
+    def __call__(self) -> bool:
+        if self.pieces == 1:
+            alone(self.address, self.args)
+        else:
+            run(shared(self.pieces).ctl, self.address, self.args, self.pieces)
+        return True
 
 
 #: The control block a single piece is launched with (it runs on the caller, never reading the block).

@@ -285,8 +285,10 @@ class SqueezeExcite(Fused):
                   *acts[2], out.reshape(n, out.shape[1], L), parts)
         shape = (pieces, c + w1.shape[0] + wp.shape[0] * c)
 
+        jobs = jit.Binds(lambda scratch: loop.bind(pieces, *fields, scratch))
+
         def call() -> bool:  # the scratch is the calling thread's, fetched each time
-            return loop(pieces, *fields, shared_scratch("squeeze_excite", shape, F32)[0])
+            return jobs(shared_scratch("squeeze_excite", shape, F32)[0])()
 
         call()
         return out, call

@@ -189,7 +189,7 @@ class Attention(Fused):
             args = (pieces, *(split or (q, k, v)), scale, rows, result, split is not None, self.merge)
             compiled(*args)  # the heads shared by the crew's threads
             if viewed:  # a copy would keep this run's mask
-                self._bind(inputs, result, functools.partial(self._again, compiled, args, c))
+                self._bind(inputs, result, functools.partial(self._again, compiled, args, c, compiled.bind(*args)))
             return result
         # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).
         per = max(1, min(h, max(-(-h * b // threads()), -(-PIECE_MACS // max(1, 2 * s * t * q.shape[3])))))
@@ -216,7 +216,10 @@ class Attention(Fused):
             return 1.0
         return 1 / float(c.reshape(())) if self.divides else float(c.reshape(()))
 
-    def _again(self, compiled: Callable[..., Any], args: tuple[Any, ...], c: np.ndarray | None) -> bool:
-        """The compiled call again, on the same arrays, the scale read again from its input."""
-        return compiled(*args[:4], self._scale(c), *args[5:])
+    def _again(self, compiled: Callable[..., Any], args: tuple[Any, ...], c: np.ndarray | None,
+               bound: Callable[[], bool]) -> bool:
+        """The compiled call again, on the same arrays, the scale read again from its input: the bound job
+        (crew.Bound) while the scale is the one it was bound with."""
+        scale = self._scale(c)
+        return bound() if scale == args[4] else compiled(*args[:4], scale, *args[5:])
 

@@ -18,7 +18,6 @@ The loops themselves are in loops.py, which imports numba and is imported only h
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import os
@@ -155,9 +154,25 @@ def split(name: str, items: int, grain: int, *values: Any) -> Callable[[], Any] 
     loop = jitted(name)
     if loop is None:
         return None
-    pieces = max(1, min(items // max(1, grain), threads()))
-    loop(pieces, *values)
-    return functools.partial(loop, pieces, *values)
+    bound = loop.bind(max(1, min(items // max(1, grain), threads())), *values)
+    bound()
+    return bound
+
+
+class Binds:
+    """Jobs bound once (crew.Loop.bind) for each buffer that a calling thread brings them (its own scratch:
+    threads.shared_scratch), made by make(buffer) and kept while that buffer is the one it brings."""
+
+    __slots__ = ("make", "made")
+
+    def __init__(self, make: Callable[[Any], Any]):
+        self.make, self.made = make, {}
+
+    def __call__(self, buffer: Any) -> Any:
+        found = self.made.get(id(buffer))
+        if found is None or found[0] is not buffer:
+            found = self.made[id(buffer)] = buffer, self.make(buffer)
+        return found[1]
 
 
 def elementwise(name: str, x: Any, out: Any | None = None) -> bool:

@@ -358,13 +358,15 @@ def compile(name: str) -> Any:  # noqa: A001  (the one entry point, called by ji
     piece = _compiled_piece(fn, name in SLP)
     launch = numba.njit(types.void(_CONTROL, types.int64, types.int64, types.Tuple(values)), nogil=True,
                         cache=True)(crew.launch)
+    crew.fill.compile((_CONTROL, types.int64, types.Tuple(values)))  # for Loop.bind, before a run asks
     return crew.Loop(piece.address, launch)
 
 
 def _compile_crew() -> None:
     """The crew's own loops, compiled (or loaded from the disk cache) once, before a worker starts."""
     for fn, signature in ((crew.worker, (_CONTROL,)), (crew.stop, (_CONTROL,)), (crew.hold, (_CONTROL, types.int64)),
-                          (crew.run, (_CONTROL, types.int64, types.int64, types.int64))):
+                          (crew.run, (_CONTROL, types.int64, types.int64, types.int64)),
+                          (crew.alone, (types.int64, types.int64))):
         if not fn.signatures:
             fn.compile(signature)
 

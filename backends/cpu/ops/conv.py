@@ -313,7 +313,7 @@ class Conv(CpuOp):
         """A pointwise conv as products.compiled: one BLAS call a piece, its bias and activation fused."""
         N, L = p["N"], p["L"]
         return compiled(packed["w"][0], x.reshape(N, p["C"], L), y.reshape(N, p["co"], L), packed["b"], True,
-                        p["loop_act"])
+                        p["loop_act"], p)
 
     def _pointwise(self, x, y, p, packed):
         """One GEMM per image and group, in column chunks that stay in cache, each finished (bias and

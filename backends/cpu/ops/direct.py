@@ -117,13 +117,15 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     rest = (ys, *d["widths"], 0, N, 0, d["last"], code, alpha, beta, runs * groups, groups, *scratch)
     lay_pieces = pieces if x.size >= LAYOUT_ELEMENTS else 1
     shape = (N, d["xs"])
+    # The layout's job and the tiles', for the layout's buffer: the calling thread's own, fetched each time.
+    jobs = jit.Binds(lambda src: (None if layout is None else lay.bind(lay_pieces, xf, src, *layout, 0, N, 0, d["hq"]),
+                                  tiles.bind(pieces, src.reshape(-1), xs, offs, far, w, bias, *rest)))
 
     def call() -> bool:
-        src = xf
-        if layout is not None:
-            src = shared_scratch("direct", shape, F32)[0]  # the calling thread's own, fetched each time
-            lay(lay_pieces, xf, src, *layout, 0, N, 0, d["hq"])
-        return tiles(pieces, src.reshape(-1), xs, offs, far, w, bias, *rest)
+        laid, tiled = jobs(xf if layout is None else shared_scratch("direct", shape, F32)[0])
+        if laid is not None:
+            laid()
+        return tiled()
 
     call()
     return call

@@ -5,13 +5,13 @@ shared out: runs of images per numpy call (image_runs), tiles over threads (spli
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import numpy as np
 
 from .. import jit, packing, vectors
 from ..threads import parallel, shared_scratch
+from .dtypes import same
 
 F32 = np.dtype(np.float32)
 _NO_BIAS = np.empty(0, F32)
@@ -47,13 +47,14 @@ GEMM_COLUMNS = 64
 
 
 def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None, per_row: bool,
-             activation: tuple[int, float, float]) -> bool:
+             activation: tuple[int, float, float], kept: dict[str, Any] | None = None) -> bool:
     """out[i] = act(a @ b[i] + bias) for float32 a (m, k), or a[i] for a (N, m, k) (weights of each image's own),
     b (N, k, n), out (N, m, n), by loops.gemm: the bias a value per row of the product (per_row) or per column,
     the activation a loop code (jit.loop_activation).
     The crew's threads share its parts, whole products where there are images enough, else columns of b (of a
     layer's weights, which each thread then reads alone) and then rows. False (nothing done) where it cannot
-    serve: other dtypes or layouts, or while it compiles."""
+    serve: other dtypes or layouts, or while it compiles. A caller that brings the same arrays run after run
+    (a conv's plan) gives `kept`, where the job stays bound (crew.Bound) while they do."""
     arrays = (a, b, out) if bias is None else (a, b, out, bias)
     if any(x.dtype != F32 or not x.flags.c_contiguous for x in arrays):
         return False
@@ -67,7 +68,13 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
         return False
     cols = 1 if N >= pieces else max(1, min(pieces, n // GEMM_COLUMNS))
     rows = 1 if N >= pieces else max(1, min(pieces // cols, m // 16))
-    return loop(pieces, a, b, loop_bias(bias), out, per_row, *activation, rows, cols)
+    if kept is None:
+        return loop(pieces, a, b, loop_bias(bias), out, per_row, *activation, rows, cols)
+    found = kept.get("gemm.job")
+    if found is None or not (same(a, found[0]) and same(b, found[1]) and same(out, found[2]) and found[3] == pieces):
+        found = kept["gemm.job"] = a, b, out, pieces, loop.bind(pieces, a, b, loop_bias(bias), out, per_row,
+                                                                 *activation, rows, cols)
+    return found[4]()
 
 
 def panels(w: np.ndarray) -> packing.Packed | None:
@@ -110,7 +117,7 @@ def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: n
     rows, width = vectors.dense_tile()
     chunks = cols * runs
     scratch = np.empty((chunks, rows * width), F32), np.empty((chunks, rows), np.uint64)  # a tile's sums and rows
-    call = functools.partial(loop, chunks, x, wp, loop_bias(bias), out, *activation, cols, *scratch)
+    call = loop.bind(chunks, x, wp, loop_bias(bias), out, *activation, cols, *scratch)
     call()
     return call
 
