@@ -61,6 +61,33 @@ def test_every_piece_runs_once(bump):
     assert np.all(y == 300)
 
 
+@pytest.mark.parametrize("pieces", [1, 3])
+def test_a_bound_job_runs_again_on_the_same_memory(pieces):
+    """Loop.bind writes a job's fields once; each call of the Bound job runs the loop again over what the arrays
+    hold then, alone or on the crew, as the loop called with its values does."""
+    crew(3)
+    loop = jit.jitted("gelu")
+    y = np.linspace(-3, 3, 3000, dtype=np.float32)
+    want = y.copy()
+    loop(pieces, want)
+    bound = loop.bind(pieces, y)
+    assert bound() is True
+    np.testing.assert_array_equal(y, want)
+    y[:] = np.linspace(-3, 3, 3000, dtype=np.float32) * 2  # new values in the same memory
+    want = y.copy()
+    loop(pieces, want)
+    bound()
+    np.testing.assert_array_equal(y, want)
+
+
+def test_binds_make_a_job_for_each_buffer():
+    made = []
+    binds = jit.Binds(lambda buffer: made.append(buffer) or len(made))
+    a, b = np.zeros(4), np.zeros(4)
+    assert (binds(a), binds(a), binds(b), binds(a)) == (1, 1, 2, 1)
+    assert made[0] is a and made[1] is b
+
+
 def test_callers_at_once_each_get_all_their_pieces(bump):
     c = crew(3)
     ys = [np.zeros(16 * 10, np.float32) for _ in range(4)]
