@@ -80,12 +80,26 @@ def test_a_bound_job_runs_again_on_the_same_memory(pieces):
     np.testing.assert_array_equal(y, want)
 
 
-def test_binds_make_a_job_for_each_buffer():
+def test_binds_keep_one_job_a_thread():
+    """A thread's job is made again when it brings another buffer (its scratch grew), and the old one is let go;
+    each thread has its own."""
+    import gc
+    import weakref
+
     made = []
     binds = jit.Binds(lambda buffer: made.append(buffer) or len(made))
     a, b = np.zeros(4), np.zeros(4)
-    assert (binds(a), binds(a), binds(b), binds(a)) == (1, 1, 2, 1)
-    assert made[0] is a and made[1] is b
+    assert (binds(a), binds(a), binds(b), binds(b)) == (1, 1, 2, 2)
+    gone = weakref.ref(a)
+    del a
+    made.clear()
+    gc.collect()
+    assert gone() is None  # b's job replaced a's: the replaced buffer is not kept
+    other = []
+    t = threading.Thread(target=lambda: other.append(binds(b)))
+    t.start()
+    t.join()
+    assert other == [1] and binds(b) == 2  # the other thread made its own (the list was cleared: 0 + 1)
 
 
 def test_callers_at_once_each_get_all_their_pieces(bump):

@@ -160,8 +160,9 @@ def split(name: str, items: int, grain: int, *values: Any) -> Callable[[], Any] 
 
 
 class Binds:
-    """Jobs bound once (crew.Loop.bind) for each buffer that a calling thread brings them (its own scratch:
-    threads.shared_scratch), made by make(buffer) and kept while that buffer is the one it brings."""
+    """Jobs bound once (crew.Loop.bind) for the buffer that each calling thread brings them (its own scratch:
+    threads.shared_scratch), made by make(buffer), and made again when the thread brings another (its scratch
+    grew): one a thread, so that a replaced buffer is not kept alive."""
 
     __slots__ = ("make", "made")
 
@@ -169,9 +170,10 @@ class Binds:
         self.make, self.made = make, {}
 
     def __call__(self, buffer: Any) -> Any:
-        found = self.made.get(id(buffer))
+        thread = threading.get_ident()
+        found = self.made.get(thread)
         if found is None or found[0] is not buffer:
-            found = self.made[id(buffer)] = buffer, self.make(buffer)
+            found = self.made[thread] = buffer, self.make(buffer)
         return found[1]
 
 

@@ -252,11 +252,12 @@ def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, An
     # The four jobs, bound once for these arrays (crew.Bound): a conv's later runs bring the same ones (its input
     # and output the same memory, the scratch the calling thread's own).
     scratch = (xt, v, m, scratch_in, scratch_out, ut)
-    bound = p.setdefault("winograd.jobs", {})
-    found = bound.get(id(xt))
+    bound = p.setdefault("winograd.jobs", {})  # one for each calling thread (jit.Binds)
+    thread = threading.get_ident()
+    found = bound.get(thread)
     if found is None or not (same(x, found[0]) and same(y, found[1])) or any(
             a is not b for a, b in zip(found[2], scratch)):
-        found = bound[id(xt)] = x, y, scratch, (
+        found = bound[thread] = x, y, scratch, (
             layout.bind(min(threads, N * hp), x.reshape(N, C, -1), xt, h, w, pt, pl),
             into.bind(min(threads, tiles), xt, v, scratch_in, th, tw),
             gemm.bind(min(threads, T * T), v, ut, bias[:0], m, False, 0, 0.0, 0.0, 1, 1),
