@@ -10,7 +10,6 @@ device is lavapipe (Mesa's CPU implementation); keep shapes small.
 
 from __future__ import annotations
 
-
 import math
 import subprocess
 import sys

@@ -285,10 +285,11 @@ class SqueezeExcite(Fused):
                   *acts[2], out.reshape(n, out.shape[1], L), parts)
         shape = (pieces, c + w1.shape[0] + wp.shape[0] * c)
 
-        jobs = jit.Binds(lambda scratch: loop.bind(pieces, *fields, scratch))
+        jobs = jit.Binds()
 
         def call() -> bool:  # the scratch is the calling thread's, fetched each time
-            return jobs(shared_scratch("squeeze_excite", shape, F32)[0])()
+            scratch = shared_scratch("squeeze_excite", shape, F32)[0]
+            return jobs.get((scratch,), lambda s: loop.bind(pieces, *fields, s))()
 
         call()
         return out, call

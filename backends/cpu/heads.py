@@ -187,9 +187,10 @@ class Attention(Fused):
         if (compiled is not None and (split is not None or all(a.flags.c_contiguous for a in (q, k, v)))
                 and all(a.size for a in (q, k, v, out))):
             args = (pieces, *(split or (q, k, v)), scale, rows, result, split is not None, self.merge)
-            compiled(*args)  # the heads shared by the crew's threads
+            bound = compiled.bind(*args)
+            bound()  # the heads shared by the crew's threads
             if viewed:  # a copy would keep this run's mask
-                self._bind(inputs, result, functools.partial(self._again, compiled, args, c, compiled.bind(*args)))
+                self._bind(inputs, result, functools.partial(self._again, compiled, args, c, bound))
             return result
         # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).
         per = max(1, min(h, max(-(-h * b // threads()), -(-PIECE_MACS // max(1, 2 * s * t * q.shape[3])))))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import operator
 import os
 import threading
 from typing import Any, Callable, ContextManager
@@ -160,20 +161,21 @@ def split(name: str, items: int, grain: int, *values: Any) -> Callable[[], Any] 
 
 
 class Binds:
-    """Jobs bound once (crew.Loop.bind) for the buffer that each calling thread brings them (its own scratch:
-    threads.shared_scratch), made by make(buffer), and made again when the thread brings another (its scratch
-    grew): one a thread, so that a replaced buffer is not kept alive."""
+    """A step's jobs bound once (crew.Loop.bind), one for each calling thread (some read its own scratch:
+    threads.shared_scratch): get(key, make) gives the job that make(*key) made, while the step brings what it was
+    made for (each of key alike, by `alike`: by default the same object), and makes it again when the step brings
+    other arrays (new memory, the thread's grown scratch), so that what it replaced is not kept alive."""
 
-    __slots__ = ("make", "made")
+    __slots__ = ("alike", "made")
 
-    def __init__(self, make: Callable[[Any], Any]):
-        self.make, self.made = make, {}
+    def __init__(self, alike: Callable[[Any, Any], bool] = operator.is_):
+        self.alike, self.made = alike, {}
 
-    def __call__(self, buffer: Any) -> Any:
+    def get(self, key: tuple, make: Callable[..., Any]) -> Any:
         thread = threading.get_ident()
         found = self.made.get(thread)
-        if found is None or found[0] is not buffer:
-            found = self.made[thread] = buffer, self.make(buffer)
+        if found is None or not all(map(self.alike, found[0], key)):
+            found = self.made[thread] = key, make(*key)
         return found[1]
 
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..execution import CpuOp, Unsupported, done, op
-from .dtypes import matches, same
+from .dtypes import image_blocks, matches, same
 from .tensor import copied, ints, norm_axis
 
 
@@ -89,14 +89,6 @@ class Concat(CpuOp):
 
 
 op("Concat", 1)(Concat)
-
-
-def image_blocks(a: np.ndarray) -> bool:
-    """Whether a is contiguous, or a batch of contiguous blocks one after another in order (a piece of a
-    contiguous batch cut along a later axis): what a conv's layout reads as it is (ops/direct.py)."""
-    if a.flags.c_contiguous:
-        return True
-    return a.ndim > 1 and a[0].flags.c_contiguous and a.strides[0] >= a[0].nbytes
 
 
 class Split(CpuOp):

@@ -87,10 +87,8 @@ def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, An
     b, pt, pl = packed["loop_b"], p["pads"][0], p["pads"][1]
     each = Ho * Wo * w.shape[1] * w.shape[2]
     pieces = max(1, min(threads(), planes, planes * each // LOOP_PIECE))
-    found = p.get("depthwise.job")  # bound once for the same memory (crew.Bound)
-    if found is None or not (same(x, found[0]) and same(y, found[1]) and found[2] == pieces):
-        found = p["depthwise.job"] = x, y, pieces, loop.bind(pieces, xs, w, b, ys, sh, sw, pt, pl, *loop_act, 0, planes)
-    found[3]()
+    jobs = p.setdefault("depthwise.jobs", jit.Binds(same))  # bound once for the same memory
+    jobs.get((x, y), lambda *_: loop.bind(pieces, xs, w, b, ys, sh, sw, pt, pl, *loop_act, 0, planes))()
     if p["loop_act"] is None and act is not None:
         act(y)
     return True

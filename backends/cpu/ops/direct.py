@@ -19,8 +19,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import jit, vectors
-from .concat import image_blocks
 from ..threads import shared_scratch
+from .dtypes import image_blocks
 
 F32 = np.float32
 #: A piece of a conv holds at least this many multiply-adds: on the crew held through a run, pieces of a quarter
@@ -117,12 +117,16 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     rest = (ys, *d["widths"], 0, N, 0, d["last"], code, alpha, beta, runs * groups, groups, *scratch)
     lay_pieces = pieces if x.size >= LAYOUT_ELEMENTS else 1
     shape = (N, d["xs"])
-    # The layout's job and the tiles', for the layout's buffer: the calling thread's own, fetched each time.
-    jobs = jit.Binds(lambda src: (None if layout is None else lay.bind(lay_pieces, xf, src, *layout, 0, N, 0, d["hq"]),
-                                  tiles.bind(pieces, src.reshape(-1), xs, offs, far, w, bias, *rest)))
+    jobs = jit.Binds()
+
+    def make(src: np.ndarray) -> tuple:
+        """The layout's job and the tiles', for the layout's buffer."""
+        return (None if layout is None else lay.bind(lay_pieces, xf, src, *layout, 0, N, 0, d["hq"]),
+                tiles.bind(pieces, src.reshape(-1), xs, offs, far, w, bias, *rest))
 
     def call() -> bool:
-        laid, tiled = jobs(xf if layout is None else shared_scratch("direct", shape, F32)[0])
+        # The layout's buffer is the calling thread's own, fetched each time.
+        laid, tiled = jobs.get((xf if layout is None else shared_scratch("direct", shape, F32)[0],), make)
         if laid is not None:
             laid()
         return tiled()

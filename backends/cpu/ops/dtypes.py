@@ -33,6 +33,14 @@ def same(a: Any, b: Any) -> bool:
                       and a.strides == b.strides and a.dtype == b.dtype and a.ctypes.data == b.ctypes.data)
 
 
+def image_blocks(a: np.ndarray) -> bool:
+    """Whether a is contiguous, or a batch of contiguous blocks one after another in order (a piece of a
+    contiguous batch cut along a later axis): what a conv's layout reads as it is (ops/direct.py)."""
+    if a.flags.c_contiguous:
+        return True
+    return a.ndim > 1 and a[0].flags.c_contiguous and a.strides[0] >= a[0].nbytes
+
+
 def is_float(dt: np.dtype) -> bool:
     return dt.kind == "f" or dt in ML_FLOATS
 

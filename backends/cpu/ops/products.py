@@ -70,11 +70,9 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
     rows = 1 if N >= pieces else max(1, min(pieces // cols, m // 16))
     if kept is None:
         return loop(pieces, a, b, loop_bias(bias), out, per_row, *activation, rows, cols)
-    found = kept.get("gemm.job")
-    if found is None or not (same(a, found[0]) and same(b, found[1]) and same(out, found[2]) and found[3] == pieces):
-        found = kept["gemm.job"] = a, b, out, pieces, loop.bind(pieces, a, b, loop_bias(bias), out, per_row,
-                                                                 *activation, rows, cols)
-    return found[4]()
+    jobs = kept.setdefault("gemm.jobs", jit.Binds(same))
+    return jobs.get((a, b, out), lambda *_: loop.bind(pieces, a, b, loop_bias(bias), out, per_row, *activation, rows,
+                                                      cols))()
 
 
 def panels(w: np.ndarray) -> packing.Packed | None:

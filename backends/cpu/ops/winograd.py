@@ -249,19 +249,14 @@ def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, An
         bias = np.zeros(0, np.float32) if packed["b"] is None else np.ascontiguousarray(packed["b"], np.float32)
         packed["winograd.looped"] = ut, bias
     code, alpha, beta = p["loop_act"]
-    # The four jobs, bound once for these arrays (crew.Bound): a conv's later runs bring the same ones (its input
-    # and output the same memory, the scratch the calling thread's own).
-    scratch = (xt, v, m, scratch_in, scratch_out, ut)
-    bound = p.setdefault("winograd.jobs", {})  # one for each calling thread (jit.Binds)
-    thread = threading.get_ident()
-    found = bound.get(thread)
-    if found is None or not (same(x, found[0]) and same(y, found[1])) or any(
-            a is not b for a, b in zip(found[2], scratch)):
-        found = bound[thread] = x, y, scratch, (
-            layout.bind(min(threads, N * hp), x.reshape(N, C, -1), xt, h, w, pt, pl),
-            into.bind(min(threads, tiles), xt, v, scratch_in, th, tw),
-            gemm.bind(min(threads, T * T), v, ut, bias[:0], m, False, 0, 0.0, 0.0, 1, 1),
-            out.bind(rows, m, bias, y.reshape(N, co, -1), scratch_out, code, alpha, beta, ho, wo, th, tw))
-    for job in found[3]:
+    # The four jobs, bound once for these arrays: a conv's later runs bring the same ones (its input and output the
+    # same memory, the scratch the calling thread's own).
+    key = (x, y, xt, v, m, scratch_in, scratch_out, ut)
+    jobs = p.setdefault("winograd.jobs", jit.Binds(same)).get(key, lambda *_: (
+        layout.bind(min(threads, N * hp), x.reshape(N, C, -1), xt, h, w, pt, pl),
+        into.bind(min(threads, tiles), xt, v, scratch_in, th, tw),
+        gemm.bind(min(threads, T * T), v, ut, bias[:0], m, False, 0, 0.0, 0.0, 1, 1),
+        out.bind(rows, m, bias, y.reshape(N, co, -1), scratch_out, code, alpha, beta, ho, wo, th, tw)))
+    for job in jobs:
         job()
     return True
