@@ -163,6 +163,36 @@ def test_compiled_loops_match_reference(xs, ws, pads, group, act, monkeypatch):
     check(got, reference(feeds["x"], w, b, pads, group, act), 1e-5)
 
 
+def test_compiled_loops_take_a_split_piece_of_a_batch(monkeypatch):
+    """A Split's piece of a batch along the channels is a view of blocks a stride apart (ops/concat.py): the
+    compiled loops gather its images and serve it, run after run."""
+    from tests.oracle import run_ort
+
+    monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+    for name, value in (("MIN_SIDE", 1), ("MIN_CHANNELS", 0), ("LOOPED_CHANNELS", 0), ("LOOPED_TILES", 1)):
+        monkeypatch.setattr(winograd, name, value)
+    served = []
+    looped = winograd.looped
+    monkeypatch.setattr(winograd, "looped", lambda *a: served.append((a[0].flags.c_contiguous, looped(*a))) or
+                        served[-1][1])
+    w = (RNG.standard_normal((8, 8, 3, 3)) / 9).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Split", ["r"], ["a", "b"], axis=1, num_outputs=2),
+             helper.make_node("Conv", ["a", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Concat", ["c", "b"], ["y"], axis=1)]
+    data = one_input_model(nodes, (2, 16, 9, 10), {"w": w}, opset=18)
+    feeds = {"x": RNG.standard_normal((2, 16, 9, 10)).astype(np.float32)}
+
+    async def go():
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as s:
+            return [(await s.run(feeds))["y"] for _ in range(3)]
+
+    for got in asyncio.run(go()):
+        np.testing.assert_allclose(got, run_ort(data, feeds)[0], rtol=1e-5, atol=1e-5)
+    assert (False, True) in served  # the view itself, served
+
+
 def test_compiled_loops_leave_big_maps_to_the_tile_loop(monkeypatch):
     """Maps whose transformed tiles would take more than LOOPED_BYTES keep the tile loop (memory that grows with
     the map, held at once)."""

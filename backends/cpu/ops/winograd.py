@@ -30,7 +30,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .. import jit
 from ..threads import parallel, shared_scratch
-from .dtypes import same
+from .dtypes import image_blocks, same
 from .products import SILU_CHUNK, silu_negated
 
 #: Output tile size. F(2, 3) moves 4x the input through its transforms where F(4, 3) moves 2.25x, and was never
@@ -228,8 +228,12 @@ def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, An
     BLAS (loops.gemm), the output tiles transformed, with the bias and the activation (planes.winograd_out); each
     shared by the crew, for a conv they serve (loops_serve). False (nothing done) while the loops compile."""
     loops = [jit.jitted(name) for name in LOOPS]
-    if None in loops or not x.flags.c_contiguous:
+    if None in loops or not image_blocks(x):
         return False
+    if not x.flags.c_contiguous:  # a Split's piece of a batch: its images gathered, as the Split once copied them
+        gathered = shared_scratch("winograd.x", x.shape, np.float32)[0]
+        np.copyto(gathered, x)
+        x = gathered
     layout, into, gemm, out = loops
     N, C, co = p["N"], p["C"], p["co"]
     (h, w), (ho, wo), (pt, pl) = p["spatial"], p["outs"], p["pads"][:2]
