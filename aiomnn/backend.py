@@ -96,6 +96,11 @@ class Backend:
         self.arena = Arena()
         self.blocks: list[Block] = []
 
+    def sibling(self) -> "Backend":
+        """A backend for another plan of the same pipeline (a kept shape's), on this runtime with this config. A
+        device backend gives it its queue, so that a session's plans take turns on one stream."""
+        return self.runtime.new_backend(self.config)
+
     # Creation -----------------------------------------------------------
     def on_create(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor]) -> Execution | None:
         """An Execution of node on this backend, or None where the op or its shapes are not supported here

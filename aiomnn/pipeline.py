@@ -63,10 +63,11 @@ Op = tuple[Node, list["Tensor | None"], list[Tensor]]
 class Pipeline:
     """The plan for the current input shapes, and those of shapes seen before (an LRU, KEPT_PLANS and
     KEPT_BYTES): a run at an earlier shape takes its plan back instead of planning again. Each plan has
-    backends of its own, made by `spawn` (without it, one plan at a time, re-made at each new shape)."""
+    backends of its own, made by `spawn` from the current pair (without it, one plan at a time, re-made at each new
+    shape)."""
 
     def __init__(self, graph: Graph, main: Backend, backup: Backend,
-                 spawn: Callable[[], tuple[Backend, Backend]] | None = None):
+                 spawn: Callable[..., tuple[Backend, Backend]] | None = None):
         self.graph = graph
         self.main = main
         self.backup = backup
@@ -106,7 +107,7 @@ class Pipeline:
         if self.segments:  # kept; a plan that failed or was never made leaves its backends to the next
             self._kept[_key(self.input_shapes)] = Plan(self.main, self.backup, self.tensors, self.segments, self.consts)
             if plan is None:
-                self.main, self.backup = self._spawn()
+                self.main, self.backup = self._spawn((self.main, self.backup))
         if plan is None:
             self.tensors, self.segments, self.consts = {}, [], {}
             return False

@@ -375,10 +375,16 @@ def _own_outputs(outputs: dict[str, Any], feeds: dict[str, np.ndarray]) -> dict[
     return {name: own(v) for name, v in outputs.items()}
 
 
-def _backends(main_rt: "Runtime", backup_rt: "Runtime", config: Any, profile: Profile | None) -> tuple[Any, Any]:
-    """A new plan's (main, backup) backends; one backend where the backup is the main runtime."""
-    main = main_rt.new_backend(config)
-    backup = main if backup_rt is main_rt else backup_rt.new_backend(config)
+def _backends(main_rt: "Runtime", backup_rt: "Runtime", config: Any, profile: Profile | None,
+              kin: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
+    """A new plan's (main, backup) backends; one backend where the backup is the main runtime. With kin (the
+    current plan's pair), their siblings: a GPU session's plans share one queue (Backend.sibling)."""
+    if kin is None:
+        main = main_rt.new_backend(config)
+        backup = main if backup_rt is main_rt else backup_rt.new_backend(config)
+    else:
+        main = kin[0].sibling()
+        backup = main if kin[1] is kin[0] else kin[1].sibling()
     if profile is not None:
         main.profile = backup.profile = profile
     return main, backup

@@ -9,6 +9,7 @@ in fp16 (precision="low").
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import time
@@ -663,8 +664,6 @@ async def test_models_one_after_another_on_one_runtime_keep_their_own_constants(
     uploads by the array's id, which a later model's array may reuse once the first is collected. Sessions of
     models that differ only in those constants, made and closed one after another on one runtime, each give
     their own result (the ONNX suite's BatchNorm cases had found the last model's constants)."""
-    import gc
-
     from onnx import helper, numpy_helper
 
     cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(tuning="none"))
@@ -703,10 +702,20 @@ async def test_resize_to_new_shapes():
     cuda = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(tuning="none"))
     async with await net.create_session(cuda) as s, \
             await net.create_session(aiomnn.ScheduleConfig(type="cpu")) as cpu:
-        for shape in [(1, 8, 9, 7), (3, 8, 16, 16), (1, 8, 9, 7)]:
+        queues = set()
+        for shape in [(1, 8, 9, 7), (3, 8, 16, 16), (1, 8, 9, 7), (3, 8, 16, 16)]:
             x = {"x": r(*shape)}
             got, want = await s.run(x), await cpu.run(x)
             assert rel_error(got["y"], want["y"]) <= 1e-4
+            queues.add(s.pipeline.main.queue)
+        # The kept plans take turns on the session's one stream and waiter thread.
+        assert len(queues) == 1 and len(s.pipeline._kept) == 1
+        waiter = queues.pop()._waiter
+        assert waiter is not None and waiter._thread.is_alive()
+    del s, queues
+    gc.collect()
+    waiter._thread.join(5)
+    assert not waiter._thread.is_alive(), "a closed session's waiter thread must end"
 
 
 @needs_gpu
@@ -748,8 +757,6 @@ async def test_outputs_are_handed_over_in_pinned_blocks_up_to_a_limit(limit, mon
     """Outputs come back in pinned blocks handed to the caller (no copy after the run) while callers hold
     less than memory.handed's limit in them; past it the session copies them into ordinary memory. Either way a
     later run leaves earlier outputs alone, and a dropped output gives its bytes back."""
-    import gc
-
     from aiomnn.memory import HandedOver, handed
 
     # Other tests' outputs may still count: the limit is set from what is held now.

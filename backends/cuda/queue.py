@@ -157,13 +157,18 @@ class Queue:
                 self._blas = Blas(self.stream.ptr, self.rt.malloc(WORKSPACE_BYTES))
         return self._blas
 
+    def __del__(self) -> None:  # its backends are gone
+        self.close()
+
     def close(self) -> None:
         """Stop the waiter once what it was given has been waited for, and free the cuBLAS handle."""
-        if self._waiter is not None:
-            self._waiter.close()
-        if self._blas is not None:
+        waiter, self._waiter = getattr(self, "_waiter", None), None
+        if waiter is not None:
+            waiter.close()
+        blas, self._blas = getattr(self, "_blas", None), None
+        if blas is not None:
             try:
-                self._blas.close()
+                blas.close()
             except Exception:  # pragma: no cover - interpreter shutdown
                 pass
 

@@ -1,7 +1,7 @@
 """The CUDA runtime: one device, its memory pool, its kernels (program.py) and uploaded weights.
 
-Sessions on one runtime share these. Each session's backend has its own
-stream (queue.py), and each of its plans (plan.py) its own arena and graphs.
+Sessions on one runtime share these. Each session has its own stream and waiter (queue.py), which the
+backends of its kept plans share, and each plan (plan.py) its own arena and graphs.
 """
 
 from __future__ import annotations
