@@ -29,7 +29,10 @@ import aiomnn
 from aiomnn import models
 from aiomnn.backends.cpu import jit
 
-TURN = 25
+#: Runs of each engine in a turn. The VM's speed drifts within seconds: turns of 25 runs, one each at --runs 20, read
+#: YOLOv8n b1 at 1.56 and 1.18 in two calls minutes apart (benchmarks/RESULTS.md, session 31); short turns put both
+#: engines in the same spells, and the first run of a turn (caches the other engine emptied) is not timed.
+TURN = 5
 
 
 async def warm(session: aiomnn.Session, feeds: dict[str, np.ndarray]) -> None:
@@ -56,11 +59,13 @@ async def bench(model, feeds: dict[str, np.ndarray], threads: int, runs: int,
         t_ort: list[float] = []
         t_ai: list[float] = []
         while len(t_ai) < runs:
+            sess.run(None, feeds)
             for _ in range(TURN):
                 t = time.perf_counter()
                 sess.run(None, feeds)
                 t_ort.append(time.perf_counter() - t)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the other engine's threads stop spinning
+            await s.run(feeds)
             for _ in range(TURN):
                 t = time.perf_counter()
                 await s.run(feeds)
