@@ -14,7 +14,7 @@ from onnx import helper
 
 import aiomnn
 from aiomnn.backends.cpu import jit
-from aiomnn.backends.cpu.ops import products
+from aiomnn.backends.cpu.ops import conv, products
 from tests.oracle import counting, one_input_model, run_ort
 
 pytest.importorskip("onnxruntime")
@@ -136,7 +136,8 @@ ACTIVATIONS = {
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("activation", list(ACTIVATIONS))
 @pytest.mark.parametrize("xs,co,bias", [((1, 16, 9, 9), 8, True), ((4, 32, 20, 20), 48, False),
-                                        ((1, 1024, 4, 4), 256, True), ((2, 3, 1, 1), 5, True)])
+                                        ((1, 1024, 4, 4), 256, True), ((2, 3, 1, 1), 5, True),
+                                        ((1, 256, 16, 16), 24, True)])
 def test_pointwise_convs_match_onnxruntime(gemm, xs, co, bias, activation, threads, calls):
     x = RNG.standard_normal(xs).astype(np.float32)
     consts = {"w": (RNG.standard_normal((co, xs[1], 1, 1)) / np.sqrt(xs[1])).astype(np.float32)}
@@ -150,8 +151,10 @@ def test_pointwise_convs_match_onnxruntime(gemm, xs, co, bias, activation, threa
     nodes = [helper.make_node("Conv", inputs, ["c" if tail else "y"])] + tail
     data = one_input_model(nodes, xs, consts)
     np.testing.assert_allclose(_run(data, {"x": x}, threads), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
-    # A batch takes the compiled product; one image the conv tile loop (conv.Conv._compiled_serves).
-    assert calls["compiled"] >= 1 if xs[0] > 1 else calls["compiled"] == 0
+    # A batch takes the compiled product; one image the conv tile loop, but for a long product over many columns a
+    # thread (conv.Conv._compiled_serves).
+    long = xs[1] >= conv.BLAS_CHANNELS and xs[2] * xs[3] >= conv.BLAS_COLUMNS * threads
+    assert calls["compiled"] >= 1 if xs[0] > 1 or long else calls["compiled"] == 0
 
 
 def test_numpy_serves_where_it_declines(monkeypatch, calls):

@@ -55,6 +55,12 @@ from .window import conv_geometry, ints, tap_phases
 
 F32 = np.dtype(np.float32)
 
+#: One image's pointwise conv of at least this many input channels, over at least BLAS_COLUMNS positions a thread,
+#: takes the BLAS product, which packs its panels, rather than the tile loop, which reads its input's rows as they
+#: are: rec's 240 and 480 channel convs at 6-12 x 80 ran 7-20% faster so on the VM at 2 threads, and convs of fewer
+#: channels or positions 0-26% slower (tools/pointwise_paths.py; benchmarks/RESULTS.md, session 31).
+BLAS_CHANNELS = 240
+BLAS_COLUMNS = 120
 #: im2col works in tiles of about this many column elements (2 MiB of float32), to stay in cache.
 _TILE = 1 << 19
 #: A pointwise conv computes its output in column chunks of about this many elements (512 KiB of float32).
@@ -305,9 +311,10 @@ class Conv(CpuOp):
         """Whether a pointwise conv takes products.compiled: for a batch, whose BLAS products are shared an image or
         more a piece. One image takes the tile loop (direct.py), which shares its positions: on the 2-core VM
         YOLOv8n and rec at batch 1 ran 4-7% faster so, cls at batch 8 4-8% slower (benchmarks/RESULTS.md,
-        session 26)."""
+        session 26). Except a long product over many columns a thread (BLAS_CHANNELS, BLAS_COLUMNS)."""
         return (p["path"] == "pointwise" and self.group == 1 and p["cdt"] == F32 and p["loop_act"] is not None
-                and (p["N"] > 1 or not p["tiles"]))
+                and (p["N"] > 1 or not p["tiles"]
+                     or p["C"] >= BLAS_CHANNELS and p["L"] >= BLAS_COLUMNS * threads()))
 
     def _compiled(self, x, y, p, packed) -> bool:
         """A pointwise conv as products.compiled: one BLAS call a piece, its bias and activation fused."""
