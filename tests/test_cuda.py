@@ -306,6 +306,8 @@ OP_CASES = {
     "gap": lambda: make_model("GlobalAveragePool", {"x": r(2, 7, 45, 50)}, ["y"]),
     # Many long rows: a block per row (a warp per row was slow there)
     "gap_long_rows": lambda: make_model("GlobalAveragePool", {"x": r(2, 300, 48, 48)}, ["y"]),
+    # Rows of an odd length: each row's 16-byte loads start after a head of single values.
+    "gap_odd_rows": lambda: make_model("GlobalAveragePool", {"x": r(3, 5, 47, 49)}, ["y"]),
     "gmp": lambda: make_model("GlobalMaxPool", {"x": r(1, 7, 5, 6)}, ["y"]),
     # Few long rows: reduced in slices (reduce_slices, then reduce_parts).
     "gmp_slices": lambda: make_model("GlobalMaxPool", {"x": r(1, 5, 40, 60)}, ["y"]),
@@ -530,7 +532,7 @@ async def test_tuner_offers_mma_in_fp16_and_runs_its_choice(tmp_path, monkeypatc
 @needs_gpu
 @pytest.mark.anyio
 @pytest.mark.parametrize("case", ["conv3x3", "conv1x1", "depthwise3x3", "convtranspose_k2s2", "maxpool2", "gap",
-                                  "resize_linear", "softmax_last", "layernorm", "matmul_4d", "gemm", "batchnorm",
+                                  "gap_odd_rows", "gap_long_rows", "gmp_slices", "resize_linear", "softmax_last", "layernorm", "matmul_4d", "gemm", "batchnorm",
                                   "add_bcast", "hardswish", "concat", "transpose", "reducemean_last"])
 async def test_op_fp16(case):
     data, feeds = OP_CASES[case]()
