@@ -137,7 +137,7 @@ ACTIVATIONS = {
 @pytest.mark.parametrize("activation", list(ACTIVATIONS))
 @pytest.mark.parametrize("xs,co,bias", [((1, 16, 9, 9), 8, True), ((4, 32, 20, 20), 48, False),
                                         ((1, 1024, 4, 4), 256, True), ((2, 3, 1, 1), 5, True),
-                                        ((1, 256, 16, 16), 24, True)])
+                                        ((1, 256, 16, 16), 24, True), ((1, 256, 16, 16), 256, False)])
 def test_pointwise_convs_match_onnxruntime(gemm, xs, co, bias, activation, threads, calls):
     x = RNG.standard_normal(xs).astype(np.float32)
     consts = {"w": (RNG.standard_normal((co, xs[1], 1, 1)) / np.sqrt(xs[1])).astype(np.float32)}
@@ -153,7 +153,7 @@ def test_pointwise_convs_match_onnxruntime(gemm, xs, co, bias, activation, threa
     np.testing.assert_allclose(_run(data, {"x": x}, threads), run_ort(data, {"x": x})[0], rtol=1e-4, atol=1e-4)
     # A batch takes the compiled product; one image the conv tile loop, but for a long product over many columns a
     # thread (conv.Conv._compiled_serves).
-    long = xs[1] >= conv.BLAS_CHANNELS and xs[2] * xs[3] >= conv.BLAS_COLUMNS * threads
+    long = min(xs[1], co) >= conv.BLAS_CHANNELS and xs[2] * xs[3] >= conv.BLAS_COLUMNS * threads
     assert calls["compiled"] >= 1 if xs[0] > 1 or long else calls["compiled"] == 0
 
 

@@ -55,10 +55,11 @@ from .window import conv_geometry, ints, tap_phases
 
 F32 = np.dtype(np.float32)
 
-#: One image's pointwise conv of at least this many input channels, over at least BLAS_COLUMNS positions a thread,
-#: takes the BLAS product, which packs its panels, rather than the tile loop, which reads its input's rows as they
-#: are: rec's 240 and 480 channel convs at 6-12 x 80 ran 7-20% faster so on the VM at 2 threads, and convs of fewer
-#: channels or positions 0-26% slower (tools/pointwise_paths.py; benchmarks/RESULTS.md, session 31).
+#: One image's pointwise conv of at least this many input and output channels, over at least BLAS_COLUMNS positions
+#: a thread, takes the BLAS product, which packs its panels, rather than the tile loop, which reads its input's rows
+#: as they are: rec's 240 and 480 channel convs at 3-12 x 80 ran up to 20% faster so on the VM at 2 threads, and
+#: convs of fewer channels or positions (YOLOv8n's 384 -> 128 at 20 x 20) up to 26% slower
+#: (tools/pointwise_paths.py; benchmarks/RESULTS.md, session 31).
 BLAS_CHANNELS = 240
 BLAS_COLUMNS = 120
 #: im2col works in tiles of about this many column elements (2 MiB of float32), to stay in cache.
@@ -314,7 +315,7 @@ class Conv(CpuOp):
         session 26). Except a long product over many columns a thread (BLAS_CHANNELS, BLAS_COLUMNS)."""
         return (p["path"] == "pointwise" and self.group == 1 and p["cdt"] == F32 and p["loop_act"] is not None
                 and (p["N"] > 1 or not p["tiles"]
-                     or p["C"] >= BLAS_CHANNELS and p["L"] >= BLAS_COLUMNS * threads()))
+                     or min(p["C"], p["co"]) >= BLAS_CHANNELS and p["L"] >= BLAS_COLUMNS * threads()))
 
     def _compiled(self, x, y, p, packed) -> bool:
         """A pointwise conv as products.compiled: one BLAS call a piece, its bias and activation fused."""
