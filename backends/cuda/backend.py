@@ -59,8 +59,8 @@ class CudaBackend(Backend):
         self.rt = runtime
         self.half = config.precision == "low"
         self.t_dtype = F16 if self.half else F32
-        # Shared by the backends of one session's plans (sibling): each plan's runs on its own stream, with its
-        # own waiter thread, made alternating shapes cost 5-30% more a run than a repeated one on the H200.
+        # One queue for the backends of a session's kept plans (sibling): when each plan had its own stream and
+        # waiter thread, alternating shapes cost 4-29% more a run than a repeated shape on the H200.
         self.queue = queue or Queue(runtime)
         self.stream = self.queue.stream
         self._created: list[Step] = []
