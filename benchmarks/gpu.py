@@ -9,7 +9,7 @@ over CUDA's (and CUDA's over torch's):
   sessions of a model and batch are open together and timed in turns;
 - on CUDA also with the input already on the GPU and the outputs left there (cupy in and out: device);
 - torch eager and torch.compile with CUDA graphs, numpy in and out, and with the
-  input already on the GPU (device).
+  input already on the GPU (device); where fp16 is timed, torch.compile under float16 autocast too.
 The torch models come from a small interpreter of the ONNX graph written here
 (shape-only subgraphs are folded first by aiomnn's encode step), checked
 against onnxruntime before timing.
@@ -331,7 +331,9 @@ async def time_in_turns(runs: dict, n: int) -> dict:
     return {k: median_ms(v) for k, v in samples.items()}
 
 
-def bench_torch(name, shape, n, compile_):
+def bench_torch(name, shape, n, compile_, half=False):
+    """torch's times: eager and compiled, numpy in and out and on the device; with half, the compiled model alone
+    under autocast to float16 (convs and products in fp16, as torch users run half precision)."""
     import torch
 
     path = models.path(name)
@@ -350,16 +352,19 @@ def bench_torch(name, shape, n, compile_):
                 torch.cuda.synchronize()
             return go
 
-        ref = [o.cpu().numpy() for o in model(*xd)]
-        res["eager"] = (time_sync(e2e(model), n), time_sync(dev(model), n))
-        if compile_:
-            t0 = time.perf_counter()
-            cm = torch.compile(model, mode="reduce-overhead", dynamic=False)
-            for _ in range(3):
-                cm(*xd)
-            torch.cuda.synchronize()
-            res["compile_s"] = time.perf_counter() - t0
-            res["compile"] = (time_sync(e2e(cm), n), time_sync(dev(cm), n))
+        cast = torch.autocast("cuda", torch.float16) if half else contextlib.nullcontext()
+        with cast:
+            ref = [o.float().cpu().numpy() for o in model(*xd)]
+            if not half:
+                res["eager"] = (time_sync(e2e(model), n), time_sync(dev(model), n))
+            if compile_:
+                t0 = time.perf_counter()
+                cm = torch.compile(model, mode="reduce-overhead", dynamic=False)
+                for _ in range(3):
+                    cm(*xd)
+                torch.cuda.synchronize()
+                res["compile_s"] = time.perf_counter() - t0
+                res["compile"] = (time_sync(e2e(cm), n), time_sync(dev(cm), n))
     return res, ref
 
 
@@ -602,6 +607,13 @@ async def main(argv=None):
                         r["compile_s"] = tr["compile_s"]
                 except Exception as exc:  # report and go on
                     r["torch_error"] = f"{type(exc).__name__}: {exc}"
+                if "fp16" in args.precisions.split(",") and not args.no_compile:
+                    try:
+                        tr, ref = bench_torch(name, shape, args.n, True, half=True)
+                        r["err_torch16"] = max(rel_error(a, w) for a, w in zip(ref, want))
+                        r["compile16"], r["compile16_dev"] = tr["compile"]
+                    except Exception as exc:
+                        r["torch16_error"] = f"{type(exc).__name__}: {exc}"
             results["models"][f"{name} b{b}"] = r
             print(f"{name} b{b} {json.dumps(r, default=float)}", flush=True)
             rows.append((f"{name} {'x'.join(map(str, shape))}", r))
@@ -624,11 +636,14 @@ def report(rows: list[tuple[str, dict]], backends: list[str]) -> str:
 
     cols = [(f"{b} {t}", f"{b}_{t}") for b in backends for t in ("fp32", "fp16")]
     cols += [(f"cuda {t} (device)", f"cuda_{t}_dev") for t in ("fp32", "fp16") if "cuda" in backends]
-    head = [c for c, _ in cols] + ["torch eager", "eager (device)", "torch.compile", "compile (device)"]
+    torch_cols = [("torch eager", "eager"), ("eager (device)", "eager_dev"), ("torch.compile", "compile"),
+                  ("compile (device)", "compile_dev"), ("compile fp16", "compile16"),
+                  ("compile fp16 (device)", "compile16_dev")]
+    head = [c for c, _ in cols] + [c for c, _ in torch_cols]
     lines = ["ms per run (numpy in and out unless marked device)", "",
              "| model | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for label, r in rows:
-        vals = [f(r.get(k)) for _, k in cols] + [f(r.get(k)) for k in ("eager", "eager_dev", "compile", "compile_dev")]
+        vals = [f(r.get(k)) for _, k in cols + torch_cols]
         lines.append(f"| {label} | " + " | ".join(vals) + " |")
     if "cuda" in backends:
         pairs = [(f"{b} / cuda {t}", f"{b}_{t}", f"cuda_{t}") for b in backends if b != "cuda"
@@ -636,6 +651,7 @@ def report(rows: list[tuple[str, dict]], backends: list[str]) -> str:
         pairs += [(f"cuda fp32 / {name}", "cuda_fp32", key) for name, key in (("torch eager", "eager"),
                                                                              ("torch.compile", "compile"))]
         pairs += [(f"cuda {t} (device) / compile (device)", f"cuda_{t}_dev", "compile_dev") for t in ("fp32", "fp16")]
+        pairs += [("cuda fp16 (device) / compile fp16 (device)", "cuda_fp16_dev", "compile16_dev")]
         lines += ["", "time over the peer's, in the same process (below 1: aiomnn's backend is faster)", "",
                   "| model | " + " | ".join(c for c, _, _ in pairs) + " |", "|---" * (len(pairs) + 1) + "|"]
         for label, r in rows:

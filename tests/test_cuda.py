@@ -346,6 +346,15 @@ OP_CASES = {
                                {"w": r(20, 30), "c": r(20)}),
     "concat": lambda: make_model("Concat", {"a": r(1, 3, 4, 5), "b": r(1, 2, 4, 5), "c": r(1, 1, 4, 5)}, ["y"],
                                  {"axis": 1}),
+    # Pieces of a batch along the channels: rows a stride apart, in 16-byte vectors (20 values a channel) or not
+    # (15), as a Concat and Split of a batch copy them (tensor.py's row copy).
+    "concat_batch": lambda: make_model("Concat", {"a": r(3, 4, 4, 5), "b": r(3, 8, 4, 5)}, ["y"], {"axis": 1}),
+    "concat_batch_odd": lambda: make_model("Concat", {"a": r(3, 3, 3, 5), "b": r(3, 2, 3, 5), "c": r(3, 1, 3, 5)},
+                                           ["y"], {"axis": 1}),
+    "split_batch": lambda: make_model("Split", {"x": r(4, 12, 4, 5)}, ["y0", "y1"], {"axis": 1},
+                                      {"sp": np.array([4, 8], np.int64)}),
+    "split_batch_odd": lambda: make_model("Split", {"x": r(4, 7, 3, 5)}, ["y0", "y1"], {"axis": 1},
+                                          {"sp": np.array([3, 4], np.int64)}),
     "concat_int": lambda: make_model("Concat", {"a": np.arange(6).reshape(2, 3), "b": np.arange(4).reshape(2, 2)},
                                      ["y"], {"axis": -1}),
     "slice_steps": lambda: make_model("Slice", {"x": r(5, 12, 7)}, ["y"], {},
@@ -533,7 +542,8 @@ async def test_tuner_offers_mma_in_fp16_and_runs_its_choice(tmp_path, monkeypatc
 @pytest.mark.anyio
 @pytest.mark.parametrize("case", ["conv3x3", "conv1x1", "depthwise3x3", "convtranspose_k2s2", "maxpool2", "gap",
                                   "gap_odd_rows", "gap_long_rows", "gmp_slices", "resize_linear", "softmax_last", "layernorm", "matmul_4d", "gemm", "batchnorm",
-                                  "add_bcast", "hardswish", "concat", "transpose", "reducemean_last"])
+                                  "add_bcast", "hardswish", "concat", "concat_batch", "concat_batch_odd",
+                                  "split_batch", "split_batch_odd", "transpose", "reducemean_last"])
 async def test_op_fp16(case):
     data, feeds = OP_CASES[case]()
     await check(data, feeds, tol=1e-2, precision="low")

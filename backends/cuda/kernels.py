@@ -267,6 +267,22 @@ COPY_KERNELS(copy1, unsigned char)
 COPY_KERNELS(copy2, unsigned short)
 COPY_KERNELS(copy4, unsigned int)
 COPY_KERNELS(copy8, unsigned long long)
+// Rows of n contiguous elements, a stride apart in each operand (a Concat's or Split's piece of a batch, a Slice):
+// no division an element. copy_rows16 moves 16-byte vectors, where every row start is 16-byte aligned.
+#define ROW_KERNEL(NAME, E)                                                                              \
+extern "C" __global__ void NAME(const E* __restrict__ src, E* __restrict__ dst, unsigned rows, unsigned n, \
+                                long long sstride, long long dstride, long long sbase, long long dbase) {   \
+  for (unsigned r = blockIdx.y; r < rows; r += gridDim.y) {                                               \
+    const E* s = src + sbase + (long long)r * sstride;                                                    \
+    E* d = dst + dbase + (long long)r * dstride;                                                          \
+    GRID_LOOP(j, n) d[j] = s[j];                                                                          \
+  }                                                                                                       \
+}
+ROW_KERNEL(copy_rows1, unsigned char)
+ROW_KERNEL(copy_rows2, unsigned short)
+ROW_KERNEL(copy_rows4, unsigned int)
+ROW_KERNEL(copy_rows8, unsigned long long)
+ROW_KERNEL(copy_rows16, uint4)
 """
 
 MAX_COPY_RANK = 8
