@@ -267,22 +267,26 @@ COPY_KERNELS(copy1, unsigned char)
 COPY_KERNELS(copy2, unsigned short)
 COPY_KERNELS(copy4, unsigned int)
 COPY_KERNELS(copy8, unsigned long long)
-// Rows of n contiguous elements, a stride apart in each operand (a Concat's or Split's piece of a batch, a Slice):
-// no division an element. copy_rows16 moves 16-byte vectors, where every row start is 16-byte aligned.
-#define ROW_KERNEL(NAME, E)                                                                              \
-extern "C" __global__ void NAME(const E* __restrict__ src, E* __restrict__ dst, unsigned rows, unsigned n, \
-                                long long sstride, long long dstride, long long sbase, long long dbase) {   \
+// Pieces of rows, one a blockIdx.z (a Concat's or Split's pieces of a batch, a Slice): piece z's table row holds
+// its source and destination addresses, its rows, their length n, and the rows' strides in each, in elements of E.
+// No division an element; copy_pieces16 moves 16-byte vectors, where every row starts on a 16-byte boundary.
+#define PIECES_KERNEL(NAME, E)                                                                           \
+extern "C" __global__ void NAME(const long long* __restrict__ t) {                                       \
+  const long long* q = t + 6 * blockIdx.z;                                                                \
+  const E* src = reinterpret_cast<const E*>(q[0]);                                                        \
+  E* dst = reinterpret_cast<E*>(q[1]);                                                                    \
+  const unsigned rows = (unsigned)q[2], n = (unsigned)q[3];                                               \
   for (unsigned r = blockIdx.y; r < rows; r += gridDim.y) {                                               \
-    const E* s = src + sbase + (long long)r * sstride;                                                    \
-    E* d = dst + dbase + (long long)r * dstride;                                                          \
+    const E* s = src + (long long)r * q[4];                                                               \
+    E* d = dst + (long long)r * q[5];                                                                     \
     GRID_LOOP(j, n) d[j] = s[j];                                                                          \
   }                                                                                                       \
 }
-ROW_KERNEL(copy_rows1, unsigned char)
-ROW_KERNEL(copy_rows2, unsigned short)
-ROW_KERNEL(copy_rows4, unsigned int)
-ROW_KERNEL(copy_rows8, unsigned long long)
-ROW_KERNEL(copy_rows16, uint4)
+PIECES_KERNEL(copy_pieces1, unsigned char)
+PIECES_KERNEL(copy_pieces2, unsigned short)
+PIECES_KERNEL(copy_pieces4, unsigned int)
+PIECES_KERNEL(copy_pieces8, unsigned long long)
+PIECES_KERNEL(copy_pieces16, uint4)
 """
 
 MAX_COPY_RANK = 8

@@ -24,49 +24,63 @@ def cstrides(shape) -> list[int]:
 
 
 def copy_launch(exe: CudaOp, src, dst, dims, sstr, dstr, sbase: int = 0, dbase: int = 0):
-    """A launch of the strided copy kernel: dst[dbase + c.dstr] = src[sbase + c.sstr] over dims."""
-    total = int(np.prod(dims, dtype=np.int64)) if dims else 1
-    if total == 0:
-        return None
-    dims2, (ss, ds) = collapse(list(dims) or [1], list(sstr) or [0], list(dstr) or [0])
-    e = src.dtype.itemsize
-    if ss == ds == [1] and src.data.ptr + sbase * e == dst.data.ptr + dbase * e:
-        return None  # already in place: the backend planned the piece into the whole (Concat, Split)
-    if len(dims2) <= 2 and ss[-1] == ds[-1] == 1:
-        rows, n = (1, dims2[0]) if len(dims2) == 1 else dims2
-        return _rows_launch(exe, src, dst, rows, n, ss[0] if len(dims2) == 2 else 0,
-                            ds[0] if len(dims2) == 2 else 0, sbase, dbase)
-    if len(dims2) > MAX_COPY_RANK:
-        raise Decline("copy of rank over 8")
-    pad = [0] * (MAX_COPY_RANK - len(dims2))
-    meta = [len(dims2)] + dims2 + pad + ss + pad + ds + pad + [int(sbase), int(dbase)]
-    kern = exe.be.rt.programs.static_kernel(f"copy{src.dtype.itemsize}", False)
-    m = cupy.asarray(np.asarray(meta, dtype=np.int32))  # the meta table, kept with the op
-    exe.keep.append(m)
-    return launcher(kern, total, (src, dst, m, np.uint32(total)))
+    """A launch of the strided copy kernel: dst[dbase + c.dstr] = src[sbase + c.sstr] over dims (None: nothing
+    to copy). Rows of contiguous elements take the pieces' kernel (copies_launches)."""
+    launches = copies_launches(exe, [(src, dst, dims, sstr, dstr, sbase, dbase)])
+    return launches[0] if launches else None
 
 
-def _rows_launch(exe: CudaOp, src, dst, rows: int, n: int, sstride: int, dstride: int, sbase: int, dbase: int):
-    """A launch of the row copy (kernels.COPY's copy_rows): rows of n contiguous elements, a stride apart in each
-    operand. In 16-byte vectors where every row starts on a 16-byte boundary in both: a batch's pieces of a
-    Concat or Split along the channels took the general copy's divisions for each element, 6-7 us a piece on the
-    H200 at batch 8 (benchmarks/RESULTS.md, session 32)."""
-    e = src.dtype.itemsize
-    lanes = 16 // e
-    starts = (src.data.ptr + sbase * e, dst.data.ptr + dbase * e, sstride * e, dstride * e, n * e)
-    if all(v % 16 == 0 for v in starts):
-        kern = exe.be.rt.programs.static_kernel("copy_rows16", False)
-        rows_args = (n // lanes, sstride // lanes, dstride // lanes, sbase // lanes, dbase // lanes)
-    else:
-        kern = exe.be.rt.programs.static_kernel(f"copy_rows{e}", False)
-        rows_args = (n, sstride, dstride, sbase, dbase)
-    n_, sst, dst_, sb, db = rows_args
+def copies_launches(exe: CudaOp, copies: list[tuple]) -> list:
+    """The launches for copies (src, dst, dims, sstr, dstr, sbase, dbase), each as copy_launch's: those that are
+    rows of contiguous elements a stride apart (a Concat's or Split's pieces, of a batch too), all in one launch
+    of kernels.COPY's copy_pieces; the rest one launch each of the general copy, which divides for every index
+    of every element. At batch 8 the general copy took 6-7 us a piece of YOLOv8n's Concats and Splits on the
+    H200 (benchmarks/RESULTS.md, session 32)."""
+    rows, launches = [], []
+    for src, dst, dims, sstr, dstr, sbase, dbase in copies:
+        total = int(np.prod(dims, dtype=np.int64)) if dims else 1
+        if total == 0:
+            continue
+        dims2, (ss, ds) = collapse(list(dims) or [1], list(sstr) or [0], list(dstr) or [0])
+        e = src.dtype.itemsize
+        if ss == ds == [1] and src.data.ptr + sbase * e == dst.data.ptr + dbase * e:
+            continue  # already in place: the backend planned the piece into the whole (Concat, Split)
+        if len(dims2) <= 2 and ss[-1] == ds[-1] == 1:
+            count, n = (1, dims2[0]) if len(dims2) == 1 else dims2
+            steps = (ss[0], ds[0]) if len(dims2) == 2 else (0, 0)
+            rows.append((src.data.ptr + sbase * e, dst.data.ptr + dbase * e, count, n, *steps, e))
+            continue
+        if len(dims2) > MAX_COPY_RANK:
+            raise Decline("copy of rank over 8")
+        pad = [0] * (MAX_COPY_RANK - len(dims2))
+        meta = [len(dims2)] + dims2 + pad + ss + pad + ds + pad + [int(sbase), int(dbase)]
+        kern = exe.be.rt.programs.static_kernel(f"copy{e}", False)
+        m = cupy.asarray(np.asarray(meta, dtype=np.int32))  # the meta table, kept with the op
+        exe.keep.append(m)
+        launches.append(launcher(kern, total, (src, dst, m, np.uint32(total))))
+    if rows:
+        launches.append(_pieces_launch(exe, rows))
+    return launches
+
+
+def _pieces_launch(exe: CudaOp, rows: list[tuple]):
+    """One launch of copy_pieces for these pieces (source and destination addresses, rows, n, the two strides,
+    all in elements, and the element size): in 16-byte vectors where every row of every piece starts on a
+    16-byte boundary in both, else by elements."""
+    e = rows[0][-1]
+    vector = all(v * (1 if i < 2 else e) % 16 == 0 for r in rows for i, v in enumerate(r[:-1]) if i != 2)
+    lanes = 16 // e if vector else 1
+    table = np.asarray([(a, b, count, n // lanes, ss // lanes, ds // lanes) for a, b, count, n, ss, ds, _ in rows],
+                       np.int64)
+    t = cupy.asarray(table)
+    exe.keep.append(t)
+    kern = exe.be.rt.programs.static_kernel(f"copy_pieces{16 if vector else e}", False)
     block = 256
-    grid = (max(1, min(-(-n_ // block), 1 << 16)), max(1, min(rows, 65535)))
-    args = (src, dst, np.uint32(rows), np.uint32(n_), np.int64(sst), np.int64(dst_), np.int64(sb), np.int64(db))
+    grid = (max(1, min(-(-int(table[:, 3].max()) // block), 1 << 16)), max(1, min(int(table[:, 2].max()), 65535)),
+            len(rows))
 
     def go() -> None:
-        kern(grid, (block,), args)
+        kern(grid, (block,), (t,))
 
     return go
 
@@ -160,16 +174,14 @@ class Concat(CudaOp):
     def bind(self, plan):
         out = plan.view(self.out_names[0])
         ost = cstrides(self.out_shape)
-        off = 0
-        self.launches = []
+        off, copies = 0, []
         for t in self.ins:
             if t is None:
                 continue
             s = tuple(t.shape)
-            fn = copy_launch(self, plan.view(t.name), out, list(s), cstrides(s), ost, 0, off * ost[self.axis])
-            if fn:
-                self.launches.append(fn)
+            copies.append((plan.view(t.name), out, list(s), cstrides(s), ost, 0, off * ost[self.axis]))
             off += s[self.axis]
+        self.launches = copies_launches(self, copies)
 
 
 @op("Split")
@@ -183,17 +195,14 @@ class Split(CudaOp):
         s = self.in_shape(0)
         st = cstrides(s)
         src = plan.view(self.in_names[0])
-        off = 0
-        self.launches = []
+        off, copies = 0, []
         for t in self.outs:
             if t.shape is None:
                 raise Decline("unknown split")
             if t.name:
-                fn = copy_launch(self, src, plan.view(t.name), list(t.shape), st, cstrides(t.shape),
-                                 off * st[self.axis])
-                if fn:
-                    self.launches.append(fn)
+                copies.append((src, plan.view(t.name), list(t.shape), st, cstrides(t.shape), off * st[self.axis], 0))
             off += t.shape[self.axis]
+        self.launches = copies_launches(self, copies)
 
 
 @op("Gather")
