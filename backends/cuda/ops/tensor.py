@@ -48,7 +48,7 @@ def copies_launches(exe: CudaOp, copies: list[tuple]) -> list:
         if len(dims2) <= 2 and ss[-1] == ds[-1] == 1:
             count, n = (1, dims2[0]) if len(dims2) == 1 else dims2
             steps = (ss[0], ds[0]) if len(dims2) == 2 else (0, 0)
-            rows.append((src.data.ptr + sbase * e, dst.data.ptr + dbase * e, count, n, *steps, e))
+            rows.append((src.data.ptr + sbase * e, dst.data.ptr + dbase * e, count, n, *steps))
             continue
         if len(dims2) > MAX_COPY_RANK:
             raise Decline("copy of rank over 8")
@@ -58,19 +58,18 @@ def copies_launches(exe: CudaOp, copies: list[tuple]) -> list:
         m = cupy.asarray(np.asarray(meta, dtype=np.int32))  # the meta table, kept with the op
         exe.keep.append(m)
         launches.append(launcher(kern, total, (src, dst, m, np.uint32(total))))
-    if rows:
-        launches.append(_pieces_launch(exe, rows))
+    if rows:  # one op's copies: one dtype
+        launches.append(_pieces_launch(exe, rows, copies[0][0].dtype.itemsize))
     return launches
 
 
-def _pieces_launch(exe: CudaOp, rows: list[tuple]):
-    """One launch of copy_pieces for these pieces (source and destination addresses, rows, n, the two strides,
-    all in elements, and the element size): in 16-byte vectors where every row of every piece starts on a
-    16-byte boundary in both, else by elements."""
-    e = rows[0][-1]
-    vector = all(v * (1 if i < 2 else e) % 16 == 0 for r in rows for i, v in enumerate(r[:-1]) if i != 2)
+def _pieces_launch(exe: CudaOp, rows: list[tuple], e: int):
+    """One launch of copy_pieces for these pieces (source and destination addresses in bytes; rows, their length
+    n and their two strides in elements of e bytes): in 16-byte vectors where every row of every piece starts on
+    a 16-byte boundary in both, else by elements."""
+    vector = all(v % 16 == 0 for a, b, _, n, ss, ds in rows for v in (a, b, n * e, ss * e, ds * e))
     lanes = 16 // e if vector else 1
-    table = np.asarray([(a, b, count, n // lanes, ss // lanes, ds // lanes) for a, b, count, n, ss, ds, _ in rows],
+    table = np.asarray([(a, b, count, n // lanes, ss // lanes, ds // lanes) for a, b, count, n, ss, ds in rows],
                        np.int64)
     t = cupy.asarray(table)
     exe.keep.append(t)
