@@ -172,20 +172,21 @@ def depthwise(args, chunk):
 def max_pool(args, piece):
     """y[p] = the max over each kh x kw window of x[p], stride sh x sw, for the planes of x (P, H, W) into y (P,
     Ho, Wo); the pieces share the planes. With padding (pt rows above, pl columns left, and whatever more the
-    windows reach: hp x wp in all), each plane is first copied into a buffer of -inf around it. A kernel row's taps
-    go along whole output rows, so that each vectorizes; at stride 1, the separable way (_max_separable). Fields
-    x, y, kh, kw, sh, sw, pt, pl, hp, wp."""
+    windows reach: hp x wp in all), the planes are first copied into a buffer of -inf around them. At stride 1,
+    the separable way over runs of planes (_max_flat); else a kernel row's taps go along whole output rows, so
+    that each vectorizes. Fields x, y, kh, kw, sh, sw, pt, pl, hp, wp."""
     a = fields(args, 10)
     x, y, kh, kw, sh, sw = array3(a, 0, F), array3(a, 1, F), i64(a, 2), i64(a, 3), i64(a, 4), i64(a, 5)
     pt, pl, hp, wp = i64(a, 6), i64(a, 7), i64(a, 8), i64(a, 9)
+    first, end = share(a, piece, x.shape[0])
+    if sh == 1 and sw == 1:
+        _max_flat(x, y, kh, kw, pt, pl, hp, wp, first, end)
+        return
     H, W = x.shape[1], x.shape[2]
     Ho, Wo = y.shape[1], y.shape[2]
     padded = hp != H or wp != W
     buf = np.empty((hp, wp) if padded else (0, 0), np.float32)
-    flat = sh == 1 and sw == 1
-    rows = np.empty(hp * wp if flat else 0, np.float32)  # the maxima along rows, then along columns
-    cols = np.empty(Ho * wp if flat else 0, np.float32)
-    for p in range(*share(a, piece, x.shape[0])):
+    for p in range(first, end):
         xp, yp = x[p], y[p]
         if padded:
             for r in range(hp):
@@ -197,9 +198,6 @@ def max_pool(args, piece):
                 for c in range(W):
                     dst[c] = src[c]
             xp = buf
-        if flat:
-            _max_separable(xp, yp, kh, kw, rows, cols)
-            continue
         for oh in range(Ho):
             row = yp[oh]
             top = xp[oh * sh]
@@ -212,32 +210,67 @@ def max_pool(args, piece):
                         row[ow] = max(row[ow], xr[ow * sw + j])
 
 
+#: _max_flat's runs of planes: about this many floats in each of its two buffers, to stay in L1.
+POOL_RUN = 4096
+
+
 @numba.njit(forceinline=True, nogil=True, cache=True, fastmath=scalars.FAST, error_model="numpy")
-def _max_separable(xp, yp, kh, kw, rows, cols):
-    """Stride-1 max pooling of one (padded) plane xp (hp x wp) into yp (Ho x Wo), the window's max taken along
-    rows, then along columns, each over the plane as one flat row (positions whose window wraps past a row are
-    computed and never read): passes as long as the plane, which vectorize, where the output rows are as short
-    as YOLOv8n's 10 x 10 maps."""
+def _max_flat(x, y, kh, kw, pt, pl, hp, wp, first, end):
+    """Stride-1 max pooling of planes [first, end) of x into y, a run of planes at a time: the run laid out
+    padded (hp x wp a plane) as one flat row, the window's max taken along rows, then along columns, each as one
+    pass over the whole run (positions whose window wraps past a row or plane are computed and never read):
+    passes as long as the run, which vectorize, where the output rows are as short as YOLOv8n's 10 x 10 maps.
+    Indices are unsigned, so that no index needs a test for wrapping around (as in tiles.py)."""
     U = np.uint64
-    wp = U(xp.shape[1])
-    src = xp.reshape(-1)
-    n = U(src.shape[0]) - U(kw - 1)
-    for i in range(n):
-        rows[i] = src[i]
-    for j in range(U(1), U(kw)):
+    H, W, Ho, Wo = U(x.shape[1]), U(x.shape[2]), U(y.shape[1]), U(y.shape[2])
+    hp, wp, pt, pl = U(hp), U(wp), U(pt), U(pl)
+    plane = hp * wp
+    run = max(U(1), U(POOL_RUN) // plane)
+    buf = np.empty(run * plane, np.float32)
+    rows = np.empty(run * plane, np.float32)
+    src, dst = x.reshape(-1), y.reshape(-1)
+    for p0 in range(U(first), U(end), run):
+        count = min(run, U(end) - p0)
+        n = count * plane
         for i in range(n):
-            rows[i] = max(rows[i], src[i + j])
-    m = U(yp.shape[0]) * wp
-    for i in range(m):
-        cols[i] = rows[i]
-    for r in range(U(1), U(kh)):
-        at = r * wp
-        for i in range(m):
-            cols[i] = max(cols[i], rows[at + i])
-    for oh in range(U(yp.shape[0])):
-        row, at = yp[oh], oh * wp
-        for ow in range(U(yp.shape[1])):
-            row[ow] = cols[at + ow]
+            buf[i] = NEG_INF
+        for p in range(count):
+            for r in range(H):
+                at, fr = (p * hp + pt + r) * wp + pl, ((p0 + p) * H + r) * W
+                for c in range(W):
+                    buf[at + c] = src[fr + c]
+        _window_max(buf, rows, n - U(kw - 1), kw, U(1))
+        _window_max(rows, buf, n - U(kh - 1) * wp - U(kw - 1), kh, wp)
+        for p in range(count):
+            for oh in range(Ho):
+                at, to = (p * hp + oh) * wp, ((p0 + p) * Ho + oh) * Wo
+                for ow in range(Wo):
+                    dst[to + ow] = buf[at + ow]
+
+
+@numba.njit(inline="always")
+def _window_max(src, dst, n, k, step):
+    """dst[i] = the max of src[i + t * step] over t < k, for i < n (unsigned n and step). The common windows
+    are spelled out: a loop over the taps inside the loop over i kept LLVM from vectorizing it."""
+    U = np.uint64
+    if k == 2:
+        for i in range(n):
+            dst[i] = max(src[i], src[i + step])
+    elif k == 3:
+        s2 = U(2) * step
+        for i in range(n):
+            dst[i] = max(max(src[i], src[i + step]), src[i + s2])
+    elif k == 5:
+        s2, s3, s4 = U(2) * step, U(3) * step, U(4) * step
+        for i in range(n):
+            dst[i] = max(max(max(src[i], src[i + step]), max(src[i + s2], src[i + s3])), src[i + s4])
+    else:
+        for i in range(n):
+            dst[i] = src[i]
+        for t in range(U(1), U(k)):
+            at = t * step
+            for i in range(n):
+                dst[i] = max(dst[i], src[i + at])
 
 
 def upsample(args, piece):
