@@ -1774,37 +1774,41 @@ def test_conv_register_tiles_write_their_scratch():
 
 
 PLACES_CASES = [
-    # (case, copy dispatches left): a C2f block at batch 1. The Split's outputs are views of the conv's output,
+    # (case, copy dispatches left, their kernel): a C2f block at batch 1. The Split's outputs are views of the conv's output,
     # which the conv writes into the Concat's output, as the Relu does the third piece: no copies.
     (Case("places_c2f", [n("Conv", ["x", "w"], ["a"]), n("Split", ["a"], ["p", "q"], axis=1),
                          n("Relu", ["q"], ["rq"]), n("Concat", ["p", "q", "rq"], ["cat"], axis=1),
                          n("Sigmoid", ["cat"], ["y"])], {"x": (1, 4, 6, 6)}, ("Split", "Concat"),
-          {"w": r(8, 4, 1, 1, seed=1)}, opset=13), 0),
-    # At batch 2 the pieces are not contiguous in the whole: 2 + 3 copies.
+          {"w": r(8, 4, 1, 1, seed=1)}, opset=13), 0, "copy"),
+    # At batch 2 the pieces are not contiguous in the whole: 2 + 3 copies, each two rows of whole four-vectors
+    # a stride apart (copy_rows).
     (Case("places_c2f_b2", [n("Conv", ["x", "w"], ["a"]), n("Split", ["a"], ["p", "q"], axis=1),
                             n("Relu", ["q"], ["rq"]), n("Concat", ["p", "q", "rq"], ["cat"], axis=1),
                             n("Sigmoid", ["cat"], ["y"])], {"x": (2, 4, 6, 6)}, ("Split", "Concat"),
-          {"w": r(8, 4, 1, 1, seed=1)}, opset=13), 5),
-    # Pieces of 25 floats: offsets the device cannot bind (64-byte alignment), so copies: 2 + 2.
+          {"w": r(8, 4, 1, 1, seed=1)}, opset=13), 5, "copy_rows"),
+    # Pieces of 25 floats: offsets the device cannot bind (64-byte alignment), so copies: 2 + 2, by the general
+    # copy (no whole four-vectors).
     (Case("places_unaligned", [n("Relu", ["x"], ["a"]), n("Split", ["a"], ["p", "q"], axis=1, split=[1, 2]),
                                n("Tanh", ["p"], ["tp"]), n("Concat", ["q", "tp"], ["cat"], axis=1),
-                               n("Sigmoid", ["cat"], ["y"])], {"x": (1, 3, 5, 5)}, ("Split", "Concat"), opset=11), 4),
+                               n("Sigmoid", ["cat"], ["y"])], {"x": (1, 3, 5, 5)}, ("Split", "Concat"), opset=11), 4, "copy"),
     # A piece read twice by the Concat, and a Concat whose output is the graph's: each copied.
     (Case("places_repeat_output", [n("Relu", ["x"], ["a"]), n("Tanh", ["x"], ["b"]),
-                                   n("Concat", ["a", "b", "a"], ["y"], axis=1)], {"x": (1, 16, 2, 2)}, ("Concat",)), 3),
+                                   n("Concat", ["a", "b", "a"], ["y"], axis=1)], {"x": (1, 16, 2, 2)}, ("Concat",)), 3,
+     "copy_rows"),
 ]
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("case,copies", PLACES_CASES, ids=[c.id for c, _ in PLACES_CASES])
-async def test_concat_split_in_place(case, copies, runtime):
-    """Concat and Split pieces that are contiguous ranges of the whole share its memory and are not copied."""
+@pytest.mark.parametrize("case,copies,kernel", PLACES_CASES, ids=[c.id for c, _, _ in PLACES_CASES])
+async def test_concat_split_in_place(case, copies, kernel, runtime):
+    """Concat and Split pieces that are contiguous ranges of the whole share its memory and are not copied; the
+    others are copied as rows of four-vectors where they can be (copy_rows.comp), else element by element."""
     data, feeds, got, again, _, steps = await run_twice(case, runtime)
     kernels = [k for op, _, ks in steps if op in ("Concat", "Split") for k in ks]
     ops = {op: kind for op, kind, _ in steps}
     for op in case.on_vulkan:
         assert ops.get(op) == "vulkan", ops
-    assert kernels == ["copy"] * copies
+    assert kernels == [kernel] * copies
     want, _, _ = await run(data, feeds, CPU)
     np.testing.assert_array_equal(again["y"], got["y"])
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-6)

@@ -174,8 +174,26 @@ class VkOp(Execution):
         if n == 0:
             return
         dims, (ss, ds) = collapse(list(shape), list(src_strides), list(dst_strides))
+        rows = vector_rows(dims, ss, ds, src_base, dst_base)
+        if rows is not None:
+            self.dispatch("copy_rows", [dst, src], pack(*rows), Grid(rows[0]))
+            return
         self.dispatch("copy", [dst, src], pack(n, src_base, dst_base, pad(dims), pad(ss), pad(ds)),
                       Grid(n), consts=(len(dims),))
+
+
+def vector_rows(dims: list[int], ss: list[int], ds: list[int], src_base: int, dst_base: int) -> tuple[int, ...] | None:
+    """copy_rows.comp's fields (items, row length, the two bases, the two row strides: all in four-vectors) for a
+    collapsed copy that is rows of unit stride a stride apart, every length, base and stride a whole number of
+    four-vectors; else None (the general copy)."""
+    if len(dims) > 2 or ss[-1] != 1 or ds[-1] != 1:
+        return None
+    rows, n = (dims[0], dims[1]) if len(dims) == 2 else (1, dims[0])
+    src_row, dst_row = (ss[0], ds[0]) if len(dims) == 2 else (0, 0)
+    fields = (n, src_base, dst_base, src_row, dst_row)
+    if any(v % 4 for v in fields):
+        return None
+    return (rows * n // 4, *(v // 4 for v in fields))
 
 
 #: The Vulkan ops, by op type and the opset version each implementation starts at (the one registry type of
