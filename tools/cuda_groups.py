@@ -51,8 +51,7 @@ async def main(args: argparse.Namespace) -> None:
     config = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(tuning="none",
                                                                             precision=args.precision))
     session = await net.create_session(config)
-    name, dims = next(iter(feeds_shape.items()))
-    await session.run(models.sample_feeds(args.model, dims))
+    await session.run(models.sample_feeds(args.model, next(iter(feeds_shape.values()))))
     wanted = set(args.ops.split(","))
     for seg in session.pipeline.segments:
         backend = seg.backend
@@ -65,8 +64,8 @@ async def main(args: argparse.Namespace) -> None:
             if exe is None or exe.node.op_type not in wanted:
                 continue
             into = plan.absorbed.get(s.index)
-            line = f"{exe.node.op_type:8s} {exe.node.name:40s} {'-> ' + plan.steps[into].exe.node.name if into is not None else 'own kernel'}"
-            print(line)
+            where = "own kernel" if into is None else "-> " + plan.steps[into].exe.node.name
+            print(f"{exe.node.op_type:8s} {exe.node.name:40s} {where}")
             for x in s.ins:
                 i = plan.producer.get(x) if x else None
                 if i is None:

@@ -17,7 +17,7 @@ import numba
 import numpy as np
 import pyopencl as cl
 
-from aiomnn.backends.opencl.queue import _enqueue_kernel
+from aiomnn.backends.opencl.queue import _enqueue_kernel, opencl_library
 
 SOURCE = "__kernel void add1(__global float *x) { size_t i = get_global_id(0); x[i] = x[i] + 1.0f; }"
 
@@ -25,7 +25,7 @@ SOURCE = "__kernel void add1(__global float *x) { size_t i = get_global_id(0); x
 def numba_loop():
     """A compiled loop of n enqueues of one kernel (all pointers as integers: the same calling convention), with a
     flush after every 32nd, as a run's enqueue loop does; returns the first error code, or 0."""
-    lib = ctypes.CDLL(_library())
+    lib = opencl_library()
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
     enqueue = lib.clEnqueueNDRangeKernel
     enqueue.argtypes = [u64, u64, u32, u64, u64, u64, u32, u64, u64]
@@ -45,13 +45,6 @@ def numba_loop():
         return 0
 
     return loop
-
-
-def _library() -> str:
-    """The path of the OpenCL ICD loader this process mapped (pyopencl's)."""
-    with open("/proc/self/maps") as maps:
-        return next(line.rsplit(None, 1)[-1] for line in maps
-                    if "/libOpenCL" in line and line.rsplit(None, 1)[-1].startswith("/"))
 
 
 def main() -> None:

@@ -217,7 +217,7 @@ POOL_RUN = 4096
 @numba.njit(forceinline=True, nogil=True, cache=True, fastmath=scalars.FAST, error_model="numpy")
 def _max_flat(x, y, kh, kw, pt, pl, hp, wp, first, end):
     """Stride-1 max pooling of planes [first, end) of x into y, a run of planes at a time: the run laid out
-    padded (hp x wp a plane) as one flat row, the window's max taken along rows, then along columns, each as one
+    padded (hp x wp a plane) as one flat row (or read where it is, without padding), the window's max taken along rows, then along columns, each as one
     pass over the whole run (positions whose window wraps past a row or plane are computed and never read):
     passes as long as the run, which vectorize, where the output rows are as short as YOLOv8n's 10 x 10 maps.
     Indices are unsigned, so that no index needs a test for wrapping around (as in tiles.py)."""
@@ -229,17 +229,21 @@ def _max_flat(x, y, kh, kw, pt, pl, hp, wp, first, end):
     buf = np.empty(run * plane, np.float32)
     rows = np.empty(run * plane, np.float32)
     src, dst = x.reshape(-1), y.reshape(-1)
+    padded = hp != H or wp != W
     for p0 in range(U(first), U(end), run):
         count = min(run, U(end) - p0)
         n = count * plane
-        for i in range(n):
-            buf[i] = NEG_INF
-        for p in range(count):
-            for r in range(H):
-                at, fr = (p * hp + pt + r) * wp + pl, ((p0 + p) * H + r) * W
-                for c in range(W):
-                    buf[at + c] = src[fr + c]
-        _window_max(buf, rows, n - U(kw - 1), kw, U(1))
+        if padded:
+            for i in range(n):
+                buf[i] = NEG_INF
+            for p in range(count):
+                for r in range(H):
+                    at, fr = (p * hp + pt + r) * wp + pl, ((p0 + p) * H + r) * W
+                    for c in range(W):
+                        buf[at + c] = src[fr + c]
+            _window_max(buf, rows, n - U(kw - 1), kw, U(1))
+        else:  # the planes as they are: no window reaches past them
+            _window_max(src[p0 * plane:p0 * plane + n], rows, n - U(kw - 1), kw, U(1))
         _window_max(rows, buf, n - U(kh - 1) * wp - U(kw - 1), kh, wp)
         for p in range(count):
             for oh in range(Ho):

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("aiomnn.opencl")
 
 
-def _loaded_opencl() -> "ctypes._NamedFuncPointer | None":
-    """clEnqueueNDRangeKernel of the ICD loader this process already mapped (pyopencl's)."""
+def opencl_library() -> ctypes.CDLL | None:
+    """The OpenCL ICD loader this process already mapped (pyopencl's), where it has clEnqueueNDRangeKernel."""
     try:
         with open("/proc/self/maps") as maps:
             paths = [line.rsplit(None, 1)[-1] for line in maps]
@@ -47,14 +47,24 @@ def _loaded_opencl() -> "ctypes._NamedFuncPointer | None":
     for path in paths:
         if path.startswith("/") and os.path.basename(path).startswith("libOpenCL"):
             try:
-                fn = ctypes.CDLL(path).clEnqueueNDRangeKernel
+                library = ctypes.CDLL(path)
+                library.clEnqueueNDRangeKernel
             except (OSError, AttributeError):
                 continue
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
-            fn.restype = ctypes.c_int32
-            return fn
+            return library
     return None
+
+
+def _loaded_opencl() -> "ctypes._NamedFuncPointer | None":
+    """clEnqueueNDRangeKernel of the loader pyopencl mapped, typed for the hot path's call."""
+    library = opencl_library()
+    if library is None:
+        return None
+    fn = library.clEnqueueNDRangeKernel
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+                   ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int32
+    return fn
 
 
 _enqueue_kernel = _loaded_opencl()

@@ -30,8 +30,8 @@ SHADER_DIR = Path(__file__).resolve().parent / "shaders"
 PIPELINE_SUFFIX = ".vkpipelines"
 
 #: Bindings per kernel: output first, then inputs (see shaders/*.comp).
-KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "copy_rows": 2, "conv": 4, "convt": 4, "matmul": 6, "matmul_direct": 6,
-                   "matmul_small": 6, "se": 6,  # out, x, w1, b1, w2, b2
+KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "copy_rows": 2, "conv": 4, "convt": 4, "matmul": 6,
+                   "matmul_direct": 6, "matmul_small": 6, "se": 6,  # out, x, w1, b1, w2, b2
                    "pool": 2, "reduce": 2, "softmax": 2, "layernorm": 4, "resize": 3,
                    "conv_gemm": 6,  # out, x, w, bias, partial sums, tile counters
                    "conv_narrow": 6,  # conv_gemm's bindings (it reads the first four)
