@@ -1599,6 +1599,55 @@ async def test_matmul_register_tiles_fp16(choice, monkeypatch):
         info.close()
 
 
+@pytest.mark.anyio
+async def test_matmul_coop_fp16(monkeypatch):
+    """matmul_coop (half-float fragments on cooperative matrices, float32 sums), forced, runs as its own kernel
+    and matches numpy to fp16 rounding at every tile edge, with broadcast batches, transposes, alpha, beta, bias,
+    activation, and a pointwise conv's fused scale and residual."""
+    from aiomnn.backends.vulkan.launch import Matmul
+
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
+    info = aiomnn.create_runtime(config)
+    try:
+        rt = info.runtimes[ForwardType.VULKAN]
+        if not rt.ctx.coop:
+            pytest.skip(f"{rt.ctx.info.name} has no VK_NV_cooperative_matrix with 16x16x16 half-float fragments "
+                        "summed in float32 in subgroups of 32")
+        monkeypatch.setattr(rt, "tuned_choice", lambda la, *_: ["coop"] if isinstance(la.work, Matmul) else None)
+        for cid, data, feeds, want in reg_edge_cases():
+            async with await aiomnn.Interpreter.from_bytes(data).create_session(config, info) as s:
+                got = await s.run(feeds)
+                kernels = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps
+                           for d in getattr(st.execution, "dispatches", [])]
+            assert "matmul_coop" in kernels, (cid, kernels)
+            err = np.linalg.norm(got["y"] - want) / max(np.linalg.norm(want), 1e-30)
+            assert err < 5e-3, f"{cid}: fp16 relative error {err:.2e}"
+    finally:
+        info.close()
+
+
+def test_matmul_coop_is_the_half_float_default():
+    """With half floats on a device with cooperative matrices, a large product takes matmul_coop by default and
+    tuning tries it first; without either, it is no candidate at all."""
+    from types import SimpleNamespace
+
+    from aiomnn.backends.vulkan.launch import Launch, Matmul
+
+    def ctx(coop):
+        return SimpleNamespace(info=SimpleNamespace(is_gpu=True), max_invocations=1024,
+                               max_groups=(65535, 65535, 65535), coop=coop)
+
+    big = Launch(ctx(True), "matmul", True, (0,), b"", Matmul(480, 480, 8, 480), [])
+    assert big.default() == ["coop"] and big.choices(8)[:2] == [["coop"], "tiled"]
+    assert big.resolve(["coop"]) == ("matmul_coop", (128, 1, 1), (8, 8, 8))
+    small = Launch(ctx(True), "matmul", True, (0,), b"", Matmul(7, 5, 1, 9), [])
+    assert small.default() == ["small", 16, 16] and ["coop"] in small.choices(100)
+    for launch in (Launch(ctx(True), "matmul", False, (0,), b"", Matmul(480, 480, 8, 480), []),
+                   Launch(ctx(False), "matmul", True, (0,), b"", Matmul(480, 480, 8, 480), [])):
+        assert launch.default() == "tiled" and ["coop"] not in launch.choices(100)
+        assert launch.resolve(["coop"])[0] == "matmul"  # an invalid choice falls back to the default
+
+
 def test_matmul_register_tiles_are_candidates():
     """Tuning tries the register-blocked tiles (early for large products, late for small ones), each valid one
     resolving to its kernel and grid; the default on GPUs is the 64 x 64 tile, or matmul_small for a product of a

@@ -5,7 +5,8 @@
     python tools/build_shaders.py --check  # fail if any .spv is stale, missing or invalid
 
 Each backends/vulkan/shaders/NAME.comp is built twice: NAME.spv (float32 storage) and
-NAME_fp16.spv (-DFP16: float16 storage, float32 arithmetic). The manifest
+NAME_fp16.spv (-DFP16: float16 storage, float32 arithmetic; FP16_ONLY's sources, which multiply half
+floats, only the latter). The manifest
 shaders/manifest.json records, per .spv, the SHA-256 of what it was built from
 (the source, every file it includes, and the defines) and of the .spv itself,
 so --check needs no compiler: only spirv-val, which it runs when present.
@@ -45,6 +46,8 @@ EXTRA = {stem: {f"_{wy * rm}x{wx * rn}": [f"-DWX={wx}", f"-DWY={wy}", f"-DRM={rm
                 for wx, wy, rm, rn in tiles}
          for stem, tiles in {"matmul": ((16, 16, 8, 4), (16, 16, 4, 8), (16, 16, 8, 8), (16, 8, 8, 4)),
                              "conv_gemm": ((16, 8, 4, 4), (16, 8, 4, 8), (16, 8, 8, 4), (16, 16, 4, 8))}.items()}
+#: Sources built only with float16 storage (they multiply half floats): NAME_fp16.spv alone.
+FP16_ONLY = {"matmul_coop"}
 #: GLSL as a dialect of the unary table's expressions (aiomnn/expressions.py); tanh_, erf_, sigmoid_ and
 #: softplus_ are common.glsl's, for accuracy that drivers' own tanh and plain formulas lack.
 GLSL = Dialect({"round": "roundEven", "tanh": "tanh_", "erf": "erf_", "sigmoid": "sigmoid_", "softplus": "softplus_",
@@ -97,6 +100,8 @@ def targets() -> list[tuple[Path, str, list[str], Path]]:
     for src in sorted(SHADERS.glob("*.comp")):
         for extra, more in {"": [], **EXTRA.get(src.stem, {})}.items():
             for suffix, defines in VARIANTS.items():
+                if src.stem in FP16_ONLY and "-DFP16" not in defines:
+                    continue
                 out.append((src, extra + suffix, more + defines, SHADERS / f"{src.stem}{extra}{suffix}.spv"))
     return out
 

@@ -33,6 +33,9 @@ _HOST_CACHED = vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT
 _DEVICE_LOCAL = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
 
 HOST_IMPORT = "VK_EXT_external_memory_host"
+#: Tensor cores from shaders (matmul_coop): half-float fragments multiplied by a subgroup. glslang 12, which
+#: Debian ships, knows only the NV extension's GLSL, not the later KHR one's.
+COOP = "VK_NV_cooperative_matrix"
 _HOST_ALLOCATION = vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT
 
 _BUFFER_USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
@@ -162,39 +165,48 @@ class Context:
         self.family_queue_count = int(families[self.family].queueCount)
         self.timestamps = int(families[self.family].timestampValidBits) > 0  # what profiling and tuning time with
 
-        # Features: timeline semaphores (1.2) and 16-bit storage (1.1).
-        self.timeline = False
-        self.storage16 = False
-        enable_chain = None
-        if props.apiVersion >= vk.VK_MAKE_VERSION(1, 2, 0):
-            f11 = vk.VkPhysicalDeviceVulkan11Features()
-            f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f11)
-            vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=f12))
-            self.timeline = bool(f12.timelineSemaphore)
-            self.storage16 = bool(f11.storageBuffer16BitAccess)
-            e11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=int(self.storage16))
-            enable_chain = vk.VkPhysicalDeviceVulkan12Features(pNext=e11, timelineSemaphore=int(self.timeline))
-        else:
-            f16 = vk.VkPhysicalDevice16BitStorageFeatures()
-            vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=f16))
-            self.storage16 = bool(f16.storageBuffer16BitAccess)
-            enable_chain = vk.VkPhysicalDevice16BitStorageFeatures(storageBuffer16BitAccess=int(self.storage16))
-
+        extensions = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)}
         # Subgroup shuffles in compute shaders (the se kernel adds its lanes' partial sums with them).
         sg = vk.VkPhysicalDeviceSubgroupProperties()
         vk.vkGetPhysicalDeviceProperties2(physical, vk.VkPhysicalDeviceProperties2(pNext=sg))
         self.subgroup_shuffle = bool(sg.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
                                      and sg.supportedOperations & vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT)
 
+        # Features: timeline semaphores (1.2), 16-bit storage (1.1), and cooperative matrices (coop).
+        self.timeline = False
+        self.storage16 = False
+        self.coop = False
+        enable_chain = None
+        if props.apiVersion >= vk.VK_MAKE_VERSION(1, 2, 0):
+            f11 = vk.VkPhysicalDeviceVulkan11Features()
+            f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f11)
+            fc = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=f12) if COOP in extensions else f12
+            vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=fc))
+            self.timeline = bool(f12.timelineSemaphore)
+            self.storage16 = bool(f11.storageBuffer16BitAccess)
+            self.coop = (fc is not f12 and bool(fc.cooperativeMatrix) and self.storage16 and bool(f12.shaderFloat16)
+                         and bool(f12.vulkanMemoryModel) and int(sg.subgroupSize) == 32
+                         and _coop_fragments(physical) and not os.environ.get("AIOMNN_VULKAN_NO_COOP"))
+            e11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=int(self.storage16))
+            enable_chain = vk.VkPhysicalDeviceVulkan12Features(
+                pNext=e11, timelineSemaphore=int(self.timeline), shaderFloat16=int(self.coop),
+                vulkanMemoryModel=int(self.coop))
+            if self.coop:
+                enable_chain = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=enable_chain, cooperativeMatrix=1)
+        else:
+            f16 = vk.VkPhysicalDevice16BitStorageFeatures()
+            vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=f16))
+            self.storage16 = bool(f16.storageBuffer16BitAccess)
+            enable_chain = vk.VkPhysicalDevice16BitStorageFeatures(storageBuffer16BitAccess=int(self.storage16))
+
         # Host memory the GPU copies outputs into can become the caller's arrays where it can be imported
         # (VK_EXT_external_memory_host): numpy owns it, so it outlives this device (import_host).
-        extensions = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)}
         self.import_align = 0
         if HOST_IMPORT in extensions and not os.environ.get("AIOMNN_VULKAN_NO_IMPORT"):
             hp = vk.VkPhysicalDeviceExternalMemoryHostPropertiesEXT()
             vk.vkGetPhysicalDeviceProperties2(physical, vk.VkPhysicalDeviceProperties2(pNext=hp))
             self.import_align = int(hp.minImportedHostPointerAlignment)
-        enabled = [HOST_IMPORT] if self.import_align else []
+        enabled = [HOST_IMPORT] * bool(self.import_align) + [COOP] * self.coop
 
         qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=[1.0])
         self.device = vk.vkCreateDevice(physical, vk.VkDeviceCreateInfo(
@@ -319,3 +331,16 @@ class Context:
         self._modules.clear()
         vk.vkDestroyCommandPool(self.device, self.command_pool, None)
         vk.vkDestroyDevice(self.device, None)
+
+
+def _coop_fragments(physical: Any) -> bool:
+    """Whether the device multiplies 16 x 16 x 16 half-float fragments into float32 sums in a subgroup."""
+    try:
+        query = vk.vkGetInstanceProcAddr(instance(), "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
+        shapes = query(physical)
+    except Exception:  # the binding or the driver lacks the query: no cooperative matrices
+        return False
+    # VK_COMPONENT_TYPE_FLOAT16_NV, _FLOAT32_NV and VK_SCOPE_SUBGROUP_NV by value: the binding has them as None.
+    half, single, subgroup = 0, 1, 3
+    return any((p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, p.DType, p.scope)
+               == (16, 16, 16, half, half, single, single, subgroup) for p in shapes)

@@ -4,7 +4,8 @@ Work says what a kernel iterates over:
   Grid(n)          a grid-stride loop over n items (elementwise, conv, pool, copy, resize);
   Rows(n, l)       one workgroup per row, l invocations reducing it (reduce, softmax, layernorm);
   Matmul(m,n,b,k)  a batch of m x n outputs, sums of k products: the tiled shared-memory kernel (64 x 64
-                   tiles, or one of the register-blocked ones, REG_TILES), the direct one, or the small one.
+                   tiles, or one of the register-blocked ones, REG_TILES), the direct one, the small one, or,
+                   in half floats where the device has cooperative matrices, matmul_coop's tensor cores.
   Convolution      an implicit-GEMM convolution (conv_gemm): a tile shape (or one of the register-blocked
                    tiles, CONV_REG_TILES) and how many ways to split the sum; or, for few output channels,
                    conv_narrow.
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from .program import CONV_REG_LOCAL, REG_TILE_LOCAL, SHADER_DIR
+from .program import CONV_REG_LOCAL, COOP_LOCAL, REG_TILE_LOCAL, SHADER_DIR
 
 if TYPE_CHECKING:
     from .device import Context
@@ -116,7 +117,7 @@ def shader_hash(kernel: str) -> str:
         files = json.loads((SHADER_DIR / "manifest.json").read_text()).get("files", {})
     except (OSError, ValueError):
         return "unknown"
-    tiles = {"matmul": [reg_kernel(t) for t in REG_TILES], "conv_gemm": [conv_reg_kernel(t) for t in CONV_REG_TILES]}
+    tiles = {"matmul": [reg_kernel(t) for t in REG_TILES] + ["matmul_coop"], "conv_gemm": [conv_reg_kernel(t) for t in CONV_REG_TILES]}
     names = [kernel] + tiles.get(kernel, [])
     text = "|".join(f"{files.get(k + '.spv', {}).get('spv')}|{files.get(k + '_fp16.spv', {}).get('spv')}"
                     for k in names)
@@ -178,7 +179,10 @@ class Launch:
             # whole sum alone, a barrier every step. (What a launch runs that tuning leaves at its default, such
             # as cls's final 1 x 200 x 2 product with its bias.)
             few = few_tiles(w.m, w.n, w.batch)
-            return ["small", 16, 16] if few and self.valid(["small", 16, 16]) else "tiled"
+            if few and self.valid(["small", 16, 16]):
+                return ["small", 16, 16]
+            # Half floats on tensor cores where the device has cooperative matrices (matmul_coop).
+            return ["coop"] if self.valid(["coop"]) else "tiled"
         if isinstance(w, Convolution):
             bm, bn = (16, 128) if w.m <= 16 else (32, 64)
             return ["gemm", bm, bn, self._conv_split("gemm", (bm, bn))]
@@ -215,7 +219,7 @@ class Launch:
             # The register-blocked tiles right after the 64 x 64 one where they fill the device and the matrix
             # (large products), else last (small ones: the small and direct kernels first).
             early = [t for t in REG_TILES if self._reg_fits(t)]
-            options = (["tiled"] + [["reg", *t] for t in early]
+            options = ([["coop"], "tiled"] + [["reg", *t] for t in early]
                        + [["direct", 8], ["small", 64, 1], ["small", 64, 4], ["small", 32, 8], ["small", 16, 16],
                           ["direct", 16], ["direct", 4], ["small", 128, 2]]
                        + [["reg", *t] for t in REG_TILES if t not in early])
@@ -251,6 +255,10 @@ class Launch:
                     and all(g <= c for g, c in zip(groups, self.ctx.max_groups)))
         if choice == "tiled":
             return self.ctx.max_invocations >= 256
+        if choice == ["coop"]:
+            groups = (-(-w.n // 64), -(-w.m // 64), w.batch)
+            return (self.fp16 and self.ctx.coop and COOP_LOCAL[0] <= self.ctx.max_invocations
+                    and all(g <= c for g, c in zip(groups, self.ctx.max_groups)))
         if isinstance(choice, list) and len(choice) == 3 and choice[0] == "reg":
             tile = tuple(choice[1:])
             if tile not in REG_TILES:
@@ -289,6 +297,8 @@ class Launch:
             return "conv_gemm", (bn // 4, bm // 4, 1), groups
         if choice == "tiled":
             return "matmul", (16, 16, 1), (-(-w.n // 64), -(-w.m // 64), w.batch)
+        if choice == ["coop"]:
+            return "matmul_coop", COOP_LOCAL, (-(-w.n // 64), -(-w.m // 64), w.batch)
         if choice[0] == "reg":
             tm, tn = choice[1:]
             wx, wy = REG_TILES[(tm, tn)]

@@ -58,10 +58,10 @@ class VulkanRuntime(Runtime):
         self._files = _Files()  # where close() saves the pipeline cache
         self.own(_release, self.tuner, self.submitter, self._backends, self._files, self.queue, self.static,
                  self.programs, self.ctx)
-        log.info("Vulkan runtime on %s (api %s, %s memory, %s, fp16 storage %s)", info.name,
+        log.info("Vulkan runtime on %s (api %s, %s memory, %s, fp16 storage %s, cooperative matrices %s)", info.name,
                  vkdev.version_str(info.api), "unified" if self.ctx.unified else
                  "device-local, inputs mapped (resizable BAR)" if self.ctx.rebar else "device-local + staging",
-                 "timeline semaphore" if self.ctx.timeline else "fences", self.ctx.storage16)
+                 "timeline semaphore" if self.ctx.timeline else "fences", self.ctx.storage16, self.ctx.coop)
 
     @property
     def supports_fp16(self) -> bool:
@@ -122,7 +122,8 @@ class VulkanRuntime(Runtime):
         c = self.ctx
         return {"device": c.info.name, "api": vkdev.version_str(c.info.api), "unified_memory": c.unified,
                 "resizable_bar": c.rebar,
-                "timeline_semaphore": c.timeline, "fp16_storage": c.storage16, "queue_family": c.family,
+                "timeline_semaphore": c.timeline, "fp16_storage": c.storage16, "cooperative_matrix": c.coop,
+                "queue_family": c.family,
                 "weights_bytes": self.static.bytes}
 
     def gc(self, level: int = 0) -> None:
