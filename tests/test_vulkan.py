@@ -371,6 +371,31 @@ async def test_small_pointwise_scale_residual_is_one_matmul(runtime, monkeypatch
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.anyio
+async def test_conv_coop_fp16(runtime, monkeypatch):
+    """conv_coop (conv_gemm's unfolded input on cooperative matrices, half floats summed in float32), forced, gives
+    the CPU's result to fp16 rounding: padding, strides, dilation, 1-D, groups, tile edges and deep sums; the
+    pointwise ones run as matmul_coop."""
+    from aiomnn.backends.vulkan.launch import Convolution, Matmul
+
+    rt = runtime.runtimes[ForwardType.VULKAN]
+    if not rt.ctx.coop:
+        pytest.skip(f"{rt.ctx.info.name} has no VK_NV_cooperative_matrix with 16x16x16 half-float fragments "
+                    "summed in float32 in subgroups of 32")
+    monkeypatch.setattr(rt, "tuned_choice", lambda la, *_: ["coop"] if isinstance(la.work, (Convolution, Matmul))
+                        else None)
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
+    for case in [c for c in CASES if c.id.startswith("conv_gemm")]:
+        data, feeds = case.model(), case.feeds()
+        want, _, _ = await run(data, feeds, CPU)
+        async with await aiomnn.Interpreter.from_bytes(data).create_session(config, runtime) as s:
+            got = await s.run(feeds)
+            kernels = [d.kernel.name for _, d in conv_launches(s)]
+        assert kernels and set(kernels) <= {"conv_coop", "matmul_coop"}, (case.id, kernels)
+        err = np.linalg.norm(got["y"] - want["y"]) / np.linalg.norm(want["y"])
+        assert err <= 3e-3, (case.id, err)
+
+
 NARROW = ["conv_gemm_relu", "conv_gemm_tiles", "conv_gemm_dilated_asym", "conv_gemm_1d_relu"]
 
 
@@ -1626,17 +1651,21 @@ async def test_matmul_coop_fp16(monkeypatch):
         info.close()
 
 
-def test_matmul_coop_is_the_half_float_default():
-    """With half floats on a device with cooperative matrices, a large product takes matmul_coop by default and
-    tuning tries it first; without either, it is no candidate at all."""
+def test_coop_is_the_half_float_default():
+    """With half floats on a device with cooperative matrices, a conv_gemm convolution takes conv_coop and a large
+    product matmul_coop by default, and tuning tries them first; without either, they are no candidates at all."""
     from types import SimpleNamespace
 
-    from aiomnn.backends.vulkan.launch import Launch, Matmul
+    from aiomnn.backends.vulkan.launch import Convolution, Launch, Matmul
 
     def ctx(coop):
         return SimpleNamespace(info=SimpleNamespace(is_gpu=True), max_invocations=1024,
                                max_groups=(65535, 65535, 65535), coop=coop)
 
+    conv = Launch(ctx(True), "conv_gemm", True, (0,), b"", Convolution(64, 4096, 576, 1, 16), [])
+    assert conv.default() == ["coop"] and conv.choices(8)[0] == ["coop"]
+    assert conv.resolve(["coop"]) == ("conv_coop", (128, 1, 1), (64, 1, 1))
+    assert Launch(ctx(False), "conv_gemm", True, (0,), b"", Convolution(64, 4096, 576, 1, 16), []).default()[0] == "gemm"
     big = Launch(ctx(True), "matmul", True, (0,), b"", Matmul(480, 480, 8, 480), [])
     assert big.default() == ["coop"] and big.choices(8)[:2] == [["coop"], "tiled"]
     assert big.resolve(["coop"]) == ("matmul_coop", (128, 1, 1), (8, 8, 8))

@@ -47,7 +47,7 @@ EXTRA = {stem: {f"_{wy * rm}x{wx * rn}": [f"-DWX={wx}", f"-DWY={wy}", f"-DRM={rm
          for stem, tiles in {"matmul": ((16, 16, 8, 4), (16, 16, 4, 8), (16, 16, 8, 8), (16, 8, 8, 4)),
                              "conv_gemm": ((16, 8, 4, 4), (16, 8, 4, 8), (16, 8, 8, 4), (16, 16, 4, 8))}.items()}
 #: Sources built only with float16 storage (they multiply half floats): NAME_fp16.spv alone.
-FP16_ONLY = {"matmul_coop"}
+FP16_ONLY = {"matmul_coop", "conv_coop"}
 #: GLSL as a dialect of the unary table's expressions (aiomnn/expressions.py); tanh_, erf_, sigmoid_ and
 #: softplus_ are common.glsl's, for accuracy that drivers' own tanh and plain formulas lack.
 GLSL = Dialect({"round": "roundEven", "tanh": "tanh_", "erf": "erf_", "sigmoid": "sigmoid_", "softplus": "softplus_",

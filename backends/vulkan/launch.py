@@ -8,7 +8,7 @@ Work says what a kernel iterates over:
                    in half floats where the device has cooperative matrices, matmul_coop's tensor cores.
   Convolution      an implicit-GEMM convolution (conv_gemm): a tile shape (or one of the register-blocked
                    tiles, CONV_REG_TILES) and how many ways to split the sum; or, for few output channels,
-                   conv_narrow.
+                   conv_narrow; or, in half floats where the device has cooperative matrices, conv_coop.
   Blocks(n, l)     one workgroup of l invocations per item (se: an image), not tuned.
 
 Each Work's `cost` ranks what to tune first where a model has more ops than are tuned: multiply-adds for
@@ -117,7 +117,7 @@ def shader_hash(kernel: str) -> str:
         files = json.loads((SHADER_DIR / "manifest.json").read_text()).get("files", {})
     except (OSError, ValueError):
         return "unknown"
-    tiles = {"matmul": [reg_kernel(t) for t in REG_TILES] + ["matmul_coop"], "conv_gemm": [conv_reg_kernel(t) for t in CONV_REG_TILES]}
+    tiles = {"matmul": [reg_kernel(t) for t in REG_TILES] + ["matmul_coop"], "conv_gemm": [conv_reg_kernel(t) for t in CONV_REG_TILES] + ["conv_coop"]}
     names = [kernel] + tiles.get(kernel, [])
     text = "|".join(f"{files.get(k + '.spv', {}).get('spv')}|{files.get(k + '_fp16.spv', {}).get('spv')}"
                     for k in names)
@@ -184,6 +184,8 @@ class Launch:
             # Half floats on tensor cores where the device has cooperative matrices (matmul_coop).
             return ["coop"] if self.valid(["coop"]) else "tiled"
         if isinstance(w, Convolution):
+            if w.m >= 32 and self.valid(["coop"]):  # half floats on tensor cores (conv_coop)
+                return ["coop"]
             bm, bn = (16, 128) if w.m <= 16 else (32, 64)
             return ["gemm", bm, bn, self._conv_split("gemm", (bm, bn))]
         return 64
@@ -198,11 +200,13 @@ class Launch:
         elif isinstance(w, Blocks):
             options = [w.local]
         elif isinstance(w, Convolution):
-            # The default's neighbours first: its tile split in half as many or twice as many. Then the
+            # In half floats with cooperative matrices, conv_coop first. Then conv_gemm's default tile (the
+            # default without them) and its neighbours: split in half as many or twice as many. Then the
             # register-blocked tiles at least half full of outputs, best fitting first, each split as the default
             # would split it, and the first one also split in half as many and twice as many. Then the other
             # tiles, the default's split first, and the other register-blocked choices.
-            _, dm, dn, ds = self.default()
+            bm, bn = (16, 128) if w.m <= 16 else (32, 64)
+            dm, dn, ds = bm, bn, self._conv_split("gemm", (bm, bn))
             gemm = sorted([["gemm", bm, bn, s] for s in CONV_SPLITS for bm, bn in CONV_TILES],
                           key=lambda c: abs(c[3].bit_length() - ds.bit_length()) + 1.5 * ((c[1], c[2]) != (dm, dn)))
             split = {t: self._conv_split("greg", t) for t in CONV_REG_TILES}
@@ -210,7 +214,8 @@ class Launch:
             early = [t for t in tiles if 2 * self._conv_fill(t) >= 1]
             reg = [["greg", *t, s] for t in tiles
                    for s in sorted(CONV_SPLITS, key=lambda s: abs(s.bit_length() - split[t].bit_length()))]
-            options = [["narrow"]] * bool(w.narrow) + [["gemm", dm, dn, ds // 2], ["gemm", dm, dn, 2 * ds]]
+            options = [["coop"]] + [["narrow"]] * bool(w.narrow) + [["gemm", dm, dn, ds], ["gemm", dm, dn, ds // 2],
+                                                                 ["gemm", dm, dn, 2 * ds]]
             options += [["greg", *t, split[t]] for t in early]
             if early:
                 options += [["greg", *early[0], split[early[0]] // 2], ["greg", *early[0], 2 * split[early[0]]]]
@@ -240,6 +245,11 @@ class Launch:
             if choice & (choice - 1) or choice > self.ctx.max_invocations:
                 return False
             return choice <= 256 if isinstance(w, Rows) else True
+        if choice == ["coop"] and isinstance(w, (Matmul, Convolution)):
+            groups = ((-(-w.n // 64), -(-w.m // 64), w.batch) if isinstance(w, Matmul)
+                      else (-(-w.n // 64), -(-w.m // 64), w.groups))
+            return (self.fp16 and self.ctx.coop and COOP_LOCAL[0] <= self.ctx.max_invocations
+                    and all(g <= c for g, c in zip(groups, self.ctx.max_groups)))
         if isinstance(w, Convolution):
             if choice == ["narrow"]:
                 invocations = NARROW_LOCAL[0] * NARROW_LOCAL[1]
@@ -255,10 +265,6 @@ class Launch:
                     and all(g <= c for g, c in zip(groups, self.ctx.max_groups)))
         if choice == "tiled":
             return self.ctx.max_invocations >= 256
-        if choice == ["coop"]:
-            groups = (-(-w.n // 64), -(-w.m // 64), w.batch)
-            return (self.fp16 and self.ctx.coop and COOP_LOCAL[0] <= self.ctx.max_invocations
-                    and all(g <= c for g, c in zip(groups, self.ctx.max_groups)))
         if isinstance(choice, list) and len(choice) == 3 and choice[0] == "reg":
             tile = tuple(choice[1:])
             if tile not in REG_TILES:
@@ -290,6 +296,8 @@ class Launch:
         if isinstance(w, Convolution):
             if choice == ["narrow"]:
                 return "conv_narrow", NARROW_LOCAL, (w.narrow, 1, 1)
+            if choice == ["coop"]:
+                return "conv_coop", COOP_LOCAL, (-(-w.n // 64), -(-w.m // 64), w.groups)
             bm, bn, s = choice[1:]
             groups = (-(-w.n // bn), -(-w.m // bm), w.groups * s)
             if choice[0] == "greg":

@@ -46,10 +46,11 @@ REG_TILE_LOCAL = {"matmul_128x64": (16, 16, 1), "matmul_64x128": (16, 16, 1), "m
                   "matmul_128x128": (16, 16, 1)}
 KERNEL_BINDINGS.update(dict.fromkeys(REG_TILE_LOCAL, KERNEL_BINDINGS["matmul"]))
 FIXED_LOCAL.update(REG_TILE_LOCAL)
-#: matmul on cooperative matrices (its own source, half floats only): four subgroups of 32, a 64 x 64 tile.
+#: matmul and conv_gemm on cooperative matrices (sources of their own, half floats only): four subgroups of 32,
+#: a 64 x 64 tile.
 COOP_LOCAL = (128, 1, 1)
-KERNEL_BINDINGS["matmul_coop"] = KERNEL_BINDINGS["matmul"]
-FIXED_LOCAL["matmul_coop"] = COOP_LOCAL
+KERNEL_BINDINGS.update(matmul_coop=KERNEL_BINDINGS["matmul"], conv_coop=KERNEL_BINDINGS["conv_gemm"])
+FIXED_LOCAL.update(matmul_coop=COOP_LOCAL, conv_coop=COOP_LOCAL)
 #: conv_gemm's register-blocked tiles (launch.CONV_REG_TILES: output channels x pixels), the same way.
 CONV_REG_LOCAL = {"conv_gemm_32x64": (16, 8, 1), "conv_gemm_32x128": (16, 8, 1), "conv_gemm_64x64": (16, 8, 1),
                   "conv_gemm_64x128": (16, 16, 1)}
@@ -61,7 +62,7 @@ PUSH_BYTES = 128  # the minimum every device guarantees
 #: code (the divisions by them, the loop counts) and each layer gets its own pipeline. Their shaders declare
 #: `layout(constant_id = 16 + i)` in the push block's order and have no push block.
 SPECIALIZED = {"conv", "conv_gemm", "conv_narrow", "convt", "matmul", "matmul_direct", "matmul_small", "se",
-               "attention", "matmul_coop", *REG_TILE_LOCAL, *CONV_REG_LOCAL}
+               "attention", "matmul_coop", "conv_coop", *REG_TILE_LOCAL, *CONV_REG_LOCAL}
 PUSH_ID = 16
 
 

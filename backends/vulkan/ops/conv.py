@@ -89,13 +89,16 @@ class Conv(VkOp):
 
         Pointwise convs do, unless the matmul's 64 x 64 tiles are too few to fill a GPU (each walks all of
         k alone: latency) and k is deep enough to split: conv_gemm splits the sum instead (not on CPU
-        implementations: there the matmul's barrier-free direct kernel wins).
+        implementations: there the matmul's barrier-free direct kernel wins). In half floats on a device with
+        cooperative matrices they all do: the tensor cores' matmul_coop walks a deep sum quicker than
+        conv_gemm's float32 sums split.
         """
         n, c, h, w, co, _, _, kernel, _, _, _, g = self.geo
         k = c // g * kernel[0] * kernel[1]
         small = k < CONV_GEMM_MIN_K or co // g < CONV_GEMM_MIN_M
         underfills = self.ctx.info.is_gpu and n * -(-co // 64) * -(-h * w // 64) < CONV_BUSY
-        return self.pointwise and (small or not underfills or k < 2 * CONV_SLICE)
+        coop = self.backend.fp16 and self.ctx.coop
+        return self.pointwise and (small or not underfills or k < 2 * CONV_SLICE or coop)
 
     def matmul(self, on: VkOp, inputs: list[Tensor | None], out: Loc, x: Loc, res: Loc | None = None,
                scale: Loc | None = None) -> None:
