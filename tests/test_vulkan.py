@@ -396,6 +396,37 @@ async def test_conv_coop_fp16(runtime, monkeypatch):
         assert err <= 3e-3, (case.id, err)
 
 
+DEPTHWISE = [  # (id, input shape, kernel, attributes)
+    ("dw3x3_s1", (2, 6, 9, 11), (3, 3), dict(pads=[1, 1, 1, 1])),
+    ("dw5x5_s1_relu", (1, 7, 12, 10), (5, 5), dict(pads=[2, 2, 2, 2])),
+    ("dw3x3_s2_asym", (2, 4, 13, 15), (3, 3), dict(strides=[2, 2], pads=[0, 1, 2, 1])),
+    ("dw3x3_dilated", (1, 3, 10, 9), (3, 3), dict(dilations=[2, 2], pads=[2, 3, 2, 1])),
+    ("dw1x5_s2", (1, 5, 1, 21), (1, 5), dict(strides=[1, 2], pads=[0, 2, 0, 1])),
+    ("dw_wide_row", (1, 2, 3, 70), (3, 7), dict(strides=[1, 3], pads=[1, 3, 1, 3])),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("precision", ["normal", "low"])
+@pytest.mark.parametrize("cid,shape,kernel,attrs", DEPTHWISE, ids=[d[0] for d in DEPTHWISE])
+async def test_conv_depthwise_rows(cid, shape, kernel, attrs, precision, runtime):
+    """Depthwise convs run conv_dw (runs of 4 pixels a row, their inputs loaded once) and give the CPU's result:
+    strides, asymmetric pads, dilation, rows that are no multiple of 4, a wide kernel row, a fused Relu."""
+    c = shape[1]
+    nodes = [n("Conv", ["x", "w", "b"], ["c"], group=c, **attrs), n("Relu", ["c"], ["y"])]
+    case = Case(cid, nodes, {"x": shape}, ("Conv",), {"w": r(c, 1, *kernel, seed=1), "b": r(c, seed=2)})
+    data, feeds = case.model(), case.feeds()
+    want, _, _ = await run(data, feeds, CPU)
+    config = aiomnn.ScheduleConfig(type="vulkan",
+                                   backend_config=aiomnn.BackendConfig(tuning="none", precision=precision))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(config, runtime) as s:
+        got = await s.run(feeds)
+        [(_, dispatch)] = conv_launches(s)
+    assert dispatch.kernel.name == "conv_dw"
+    err = np.linalg.norm(got["y"] - want["y"]) / np.linalg.norm(want["y"])
+    assert err <= (1e-6 if precision == "normal" else 3e-3), err
+
+
 NARROW = ["conv_gemm_relu", "conv_gemm_tiles", "conv_gemm_dilated_asym", "conv_gemm_1d_relu"]
 
 

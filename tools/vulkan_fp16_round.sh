@@ -3,7 +3,7 @@
 # CUDA fp16: what the device offers, the coop tests, then benchmarks/gpu.py in fp16. Through the device tool:
 #     run(command="bash tools/vulkan_fp16_round.sh", carry=[".cache/lc", ".models"], timeout_s=600)
 # MODELS (default rec,yolov8n,det), BATCHES (default 1,8) and N (default 20) pick the cases; STEPS the parts
-# (default "device tests bench"); CUDA=0 leaves CUDA out of the bench.
+# (default "device tests bench"); CUDA=0 leaves CUDA out of the bench, COOPS=1 the run without coop.
 set -u
 source tools/gpu_setup.sh >/dev/null 2>&1
 M="${MODELS:-rec,yolov8n,det}"; B="${BATCHES:-1,8}"; N="${N:-20}"
@@ -35,7 +35,7 @@ PY
     ;;
     tests) python3 -m pytest tests/test_vulkan.py -q -p no:cacheprovider \
              -k "coop or register_tiles or fp16 or matmul_every or pointwise or real" 2>&1 | tail -4 ;;
-    bench) for coop in 1 0; do
+    bench) for coop in ${COOPS:-1 0}; do
              echo "== Vulkan fp16, cooperative matrices $coop"
              if [ "$coop" = 1 ]; then unset AIOMNN_VULKAN_NO_COOP; else export AIOMNN_VULKAN_NO_COOP=1; fi
              python3 benchmarks/gpu.py --models "$M" --batches "$B" --backends vulkan --precisions fp16 --n "$N" \

@@ -34,6 +34,9 @@ CONV_GEMM_MIN_K = 27
 CONV_GEMM_MIN_M = 8
 #: Bytes of float32 partial sums a convolution may use to split its sums (where its grid is small).
 CONV_SCRATCH = 4 << 20
+#: conv_dw's pixels an invocation, and the most inputs a kernel row of them may read (the shader's PX and SEG).
+DW_PX = 4
+DW_SEG = 32
 #: Convolutions (group 1) with at most this many output channels may run conv_narrow instead.
 NARROW_CO = 32
 
@@ -131,7 +134,11 @@ class Conv(VkOp):
         blocks = -(-cog // 4)
         push = pack(n, c, h, w, co, oh, ow, kernel[0], kernel[1], strides[0], strides[1], dils[0], dils[1],
                     pads[0], pads[1], g, int(b is not None), to_f32(a1), to_f32(a2), blocks)
-        if small:  # depthwise and the like: the direct kernel
+        if g == c == co and (DW_PX - 1) * strides[1] + (kernel[1] - 1) * dils[1] + 1 <= DW_SEG:
+            # depthwise: runs of pixels a row, their inputs loaded once
+            self.dispatch("conv_dw", [out, x, wt, bl], push, Grid(n * co * oh * -(-ow // DW_PX)), consts=(code,))
+            return
+        if small:  # grouped with few channels a group, and the like: the direct kernel
             self.dispatch("conv", [out, x, wt, bl], push, Grid(n * g * blocks * oh * ow), consts=(code,))
             return
         # The implicit GEMM (conv_gemm.comp), one per group. Tuning picks its tile and how many workgroups
