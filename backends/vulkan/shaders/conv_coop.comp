@@ -15,10 +15,7 @@
 // 32 rows of k, the weights' 64 x 32 and the unfolded input's 32 x 64, in shared memory, the next step's
 // values fetched into registers meanwhile. The sum is not split (bindings 4 and 5, conv_gemm's scratch for
 // that, go unused); the sums go through shared memory to the bias and activation, written along the pixels.
-#define BM 64
-#define BN 64
-#define TK 32
-#define NT 128
+#include "coop.glsl"
 layout(local_size_x = NT, local_size_y = 1, local_size_z = 1) in;
 layout(std430, set = 0, binding = 0) writeonly buffer O { STORE o[]; };
 layout(std430, set = 0, binding = 1) readonly buffer X { STORE x[]; };
@@ -27,31 +24,23 @@ layout(std430, set = 0, binding = 3) readonly buffer Bias { STORE bias[]; };
 layout(constant_id = 3) const int ACT = 0;
 #include "conv_shape.glsl"
 
-// Row strides padded by 16 bytes; every row and fragment starts on a 16-byte boundary.
-#define AS (TK + 8)
-#define BS (BN + 8)
-#define CS (BN + 4)
-shared float16_t As[BM * AS];  // weights, [output channel][k]
-shared float16_t Bs[TK * BS];  // the unfolded input, [k][pixel]
-shared float Cs[BM * CS];      // the tile's sums, [output channel][pixel]
-shared ivec3 kt[2][TK];        // per row of a step: offset in the input, and the tap's (dh, dw)
+shared ivec3 kt[2][TK];  // per row of a step: offset in the input, and the tap's (dh, dw)
 
-#define LA (BM * TK / NT)  // weights each invocation loads per step
-#define RS (NT / BN)       // invocations per pixel of the input tile
+#define LA (TM * TK / NT)  // weights each invocation loads per step
+#define RS (NT / TN)       // invocations per pixel of the input tile
 #define LB (TK / RS)       // inputs each invocation loads per step: rows kb + j * RS of its pixel
 #define OUT (-(1 << 29))   // a row far outside the input
 
 void main() {
     int tid = int(gl_LocalInvocationID.x);
-    int wm = int(gl_SubgroupID) >> 1, wn = int(gl_SubgroupID) & 1;  // this subgroup's quarter of the tile
     int g = int(gl_WorkGroupID.z);
     int cig = C / G, cog = CO / G, ksz = KH * KW, K = cig * ksz, hw = H * W;
     int ohw = OH * OW, npix = N * ohw;
-    int m0 = int(gl_WorkGroupID.y) * BM, n0 = int(gl_WorkGroupID.x) * BN;
+    int m0 = int(gl_WorkGroupID.y) * TM, n0 = int(gl_WorkGroupID.x) * TN;
     int wb = (g * cog + m0) * K;  // the tile's first weight row
 
     // The pixel whose inputs this invocation gathers.
-    int nn = tid % BN, kb = tid / BN;
+    int nn = tid % TN, kb = tid / TN;
     int ih0, iw0, xo;
     {
         int pix = n0 + nn, n = pix / ohw, r = pix - n * ohw, oh = r / OW, ow = r - oh * OW;
@@ -75,9 +64,7 @@ void main() {
         }                                                                                         \
     }
 
-    fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc[2][2];
-    [[unroll]] for (int i = 0; i < 2; ++i)
-        [[unroll]] for (int j = 0; j < 2; ++j) acc[i][j] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+    COOP_BEGIN
     if (tid < TK) kt[0][tid] = ROW(tid);
     barrier();
     LOAD(0, 0)
@@ -92,23 +79,12 @@ void main() {
         barrier();
         buf ^= 1;
         if (k0 + TK < K) LOAD(k0 + TK, buf)  // in flight while this step computes
-        [[unroll]] for (int kk = 0; kk < TK; kk += 16) {
-            fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> fa[2], fb[2];
-            [[unroll]] for (int i = 0; i < 2; ++i)
-                coopMatLoadNV(fa[i], As, uint((wm * 32 + i * 16) * AS + kk), uint(AS), false);
-            [[unroll]] for (int j = 0; j < 2; ++j)
-                coopMatLoadNV(fb[j], Bs, uint(kk * BS + wn * 32 + j * 16), uint(BS), false);
-            [[unroll]] for (int i = 0; i < 2; ++i)
-                [[unroll]] for (int j = 0; j < 2; ++j) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);
-        }
+        COOP_STEP
         barrier();
     }
-    [[unroll]] for (int i = 0; i < 2; ++i)
-        [[unroll]] for (int j = 0; j < 2; ++j)
-            coopMatStoreNV(acc[i][j], Cs, uint((wm * 32 + i * 16) * CS + wn * 32 + j * 16), uint(CS), false);
-    barrier();
-    [[unroll]] for (int t = 0; t < BM * BN / NT; ++t) {
-        int e = tid + t * NT, mm = e / BN, pj = e % BN;
+    COOP_END
+    [[unroll]] for (int t = 0; t < TM * TN / NT; ++t) {
+        int e = tid + t * NT, mm = e / TN, pj = e % TN;
         int co = m0 + mm, pix = n0 + pj;
         if (co >= cog || pix >= npix) continue;
         int n = pix / ohw;

@@ -15,10 +15,7 @@
 // (2 x 2 fragments). A 64 x 32 slice of A and a 32 x 64 slice of B are staged in shared memory a step,
 // the next step's values fetched into registers while this one is summed; the sums go through shared
 // memory to the epilogue (bias, activation, residual), which writes rows of the output coalesced.
-#define TM 64
-#define TN 64
-#define TK 32
-#define NT 128
+#include "coop.glsl"
 layout(local_size_x = NT, local_size_y = 1, local_size_z = 1) in;
 layout(std430, set = 0, binding = 0) writeonly buffer O { STORE o[]; };
 layout(std430, set = 0, binding = 1) readonly buffer A { STORE a[]; };
@@ -30,15 +27,6 @@ layout(constant_id = 3) const int ACT = 0;
 layout(constant_id = 4) const bool RES = false;
 layout(constant_id = 5) const bool SCALE = false;
 #include "matmul_shape.glsl"
-
-// Row strides padded by 16 bytes, so that the rows a fragment load reads fall in different banks; every row
-// and fragment starts on a 16-byte boundary.
-#define AS (TK + 8)
-#define BS (TN + 8)
-#define CS (TN + 4)
-shared float16_t As[TM * AS];  // A's slice, [m][k]
-shared float16_t Bs[TK * BS];  // B's slice, [k][n]
-shared float Cs[TM * CS];      // the tile's sums, [m][n]
 
 #define LA (TM * TK / NT)
 #define LB (TN * TK / NT)
@@ -67,14 +55,11 @@ void fetch(int tid, int bz, int offA, int offB, int m0, int n0, int k0) {
 
 void main() {
     int tid = int(gl_LocalInvocationID.x);
-    int wm = int(gl_SubgroupID) >> 1, wn = int(gl_SubgroupID) & 1;  // this subgroup's quarter of the tile
     int bz = int(gl_WorkGroupID.z);
     ivec2 off = batch_offsets(bz);
     int offA = off.x, offB = off.y;
     int m0 = int(gl_WorkGroupID.y) * TM, n0 = int(gl_WorkGroupID.x) * TN;
-    fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc[2][2];
-    [[unroll]] for (int i = 0; i < 2; ++i)
-        [[unroll]] for (int j = 0; j < 2; ++j) acc[i][j] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+    COOP_BEGIN
     fetch(tid, bz, offA, offB, m0, n0, 0);
     for (int k0 = 0; k0 < K; k0 += TK) {
         [[unroll]] for (int t = 0; t < LA; ++t) {
@@ -87,21 +72,10 @@ void main() {
         }
         barrier();
         if (k0 + TK < K) fetch(tid, bz, offA, offB, m0, n0, k0 + TK);
-        [[unroll]] for (int kk = 0; kk < TK; kk += 16) {
-            fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> fa[2], fb[2];
-            [[unroll]] for (int i = 0; i < 2; ++i)
-                coopMatLoadNV(fa[i], As, uint((wm * 32 + i * 16) * AS + kk), uint(AS), false);
-            [[unroll]] for (int j = 0; j < 2; ++j)
-                coopMatLoadNV(fb[j], Bs, uint(kk * BS + wn * 32 + j * 16), uint(BS), false);
-            [[unroll]] for (int i = 0; i < 2; ++i)
-                [[unroll]] for (int j = 0; j < 2; ++j) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);
-        }
+        COOP_STEP
         barrier();
     }
-    [[unroll]] for (int i = 0; i < 2; ++i)
-        [[unroll]] for (int j = 0; j < 2; ++j)
-            coopMatStoreNV(acc[i][j], Cs, uint((wm * 32 + i * 16) * CS + wn * 32 + j * 16), uint(CS), false);
-    barrier();
+    COOP_END
     int ob = bz * M * N;
     [[unroll]] for (int t = 0; t < TM * TN / NT; ++t) {
         int e = tid + t * NT;
