@@ -117,7 +117,8 @@ def shader_hash(kernel: str) -> str:
         files = json.loads((SHADER_DIR / "manifest.json").read_text()).get("files", {})
     except (OSError, ValueError):
         return "unknown"
-    tiles = {"matmul": [reg_kernel(t) for t in REG_TILES] + ["matmul_coop"], "conv_gemm": [conv_reg_kernel(t) for t in CONV_REG_TILES] + ["conv_coop"]}
+    tiles = {"matmul": [reg_kernel(t) for t in REG_TILES] + ["matmul_coop"],
+             "conv_gemm": [conv_reg_kernel(t) for t in CONV_REG_TILES] + ["conv_coop"]}
     names = [kernel] + tiles.get(kernel, [])
     text = "|".join(f"{files.get(k + '.spv', {}).get('spv')}|{files.get(k + '_fp16.spv', {}).get('spv')}"
                     for k in names)
@@ -186,9 +187,14 @@ class Launch:
         if isinstance(w, Convolution):
             if w.m >= 32 and self.valid(["coop"]):  # half floats on tensor cores (conv_coop)
                 return ["coop"]
-            bm, bn = (16, 128) if w.m <= 16 else (32, 64)
-            return ["gemm", bm, bn, self._conv_split("gemm", (bm, bn))]
+            return self._gemm_default()
         return 64
+
+    def _gemm_default(self) -> list:
+        """conv_gemm's default choice: 32 x 64 tiles (16 x 128 for 16 channels or fewer), split as _conv_split
+        says."""
+        bm, bn = (16, 128) if self.work.m <= 16 else (32, 64)
+        return ["gemm", bm, bn, self._conv_split("gemm", (bm, bn))]
 
     def choices(self, limit: int) -> list[Any]:
         w = self.work
@@ -205,8 +211,7 @@ class Launch:
             # register-blocked tiles at least half full of outputs, best fitting first, each split as the default
             # would split it, and the first one also split in half as many and twice as many. Then the other
             # tiles, the default's split first, and the other register-blocked choices.
-            bm, bn = (16, 128) if w.m <= 16 else (32, 64)
-            dm, dn, ds = bm, bn, self._conv_split("gemm", (bm, bn))
+            _, dm, dn, ds = self._gemm_default()
             gemm = sorted([["gemm", bm, bn, s] for s in CONV_SPLITS for bm, bn in CONV_TILES],
                           key=lambda c: abs(c[3].bit_length() - ds.bit_length()) + 1.5 * ((c[1], c[2]) != (dm, dn)))
             split = {t: self._conv_split("greg", t) for t in CONV_REG_TILES}
