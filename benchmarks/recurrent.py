@@ -139,7 +139,8 @@ async def main() -> None:
     print("|---|---|---|---|")
     for b, ts in times.items():
         ms = statistics.median(ts)
-        print(f"| {b} | {ms:.3f} | {', '.join(f'{t:.3f}' for t in ts)} | {ms / cpu:.2f} |" if cpu else f"| {b} | {ms:.3f} |")
+        rounds = ", ".join(f"{t:.3f}" for t in ts)
+        print(f"| {b} | {ms:.3f} | {rounds} | {ms / cpu:.2f} |" if cpu else f"| {b} | {ms:.3f} | {rounds} | |")
     for s in sessions.values():
         await s.close()
 

@@ -309,6 +309,13 @@ def conv_launches(session) -> list:
             for pair in zip(st.execution.launches, st.execution.dispatches)]
 
 
+def skip_without_coop(rt) -> None:
+    """Skip where the device cannot run matmul_coop and conv_coop (device.Context.coop)."""
+    if not rt.ctx.coop:
+        pytest.skip(f"{rt.ctx.info.name} has no VK_NV_cooperative_matrix with 16x16x16 half-float fragments "
+                    "summed in float32 in subgroups of 32")
+
+
 def as_gpu(runtime, monkeypatch) -> None:
     """Plan as on a GPU, where pointwise convs with few matmul tiles take conv_gemm (on lavapipe they stay matmuls)."""
     ctx = runtime.runtimes[ForwardType.VULKAN].ctx
@@ -379,9 +386,7 @@ async def test_conv_coop_fp16(runtime, monkeypatch):
     from aiomnn.backends.vulkan.launch import Convolution, Matmul
 
     rt = runtime.runtimes[ForwardType.VULKAN]
-    if not rt.ctx.coop:
-        pytest.skip(f"{rt.ctx.info.name} has no VK_NV_cooperative_matrix with 16x16x16 half-float fragments "
-                    "summed in float32 in subgroups of 32")
+    skip_without_coop(rt)
     monkeypatch.setattr(rt, "tuned_choice", lambda la, *_: ["coop"] if isinstance(la.work, (Convolution, Matmul))
                         else None)
     config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none", precision="low"))
@@ -1666,9 +1671,7 @@ async def test_matmul_coop_fp16(monkeypatch):
     info = aiomnn.create_runtime(config)
     try:
         rt = info.runtimes[ForwardType.VULKAN]
-        if not rt.ctx.coop:
-            pytest.skip(f"{rt.ctx.info.name} has no VK_NV_cooperative_matrix with 16x16x16 half-float fragments "
-                        "summed in float32 in subgroups of 32")
+        skip_without_coop(rt)
         monkeypatch.setattr(rt, "tuned_choice", lambda la, *_: ["coop"] if isinstance(la.work, Matmul) else None)
         for cid, data, feeds, want in reg_edge_cases():
             async with await aiomnn.Interpreter.from_bytes(data).create_session(config, info) as s:
@@ -1696,7 +1699,8 @@ def test_coop_is_the_half_float_default():
     conv = Launch(ctx(True), "conv_gemm", True, (0,), b"", Convolution(64, 4096, 576, 1, 16), [])
     assert conv.default() == ["coop"] and conv.choices(8)[0] == ["coop"]
     assert conv.resolve(["coop"]) == ("conv_coop", (128, 1, 1), (64, 1, 1))
-    assert Launch(ctx(False), "conv_gemm", True, (0,), b"", Convolution(64, 4096, 576, 1, 16), []).default()[0] == "gemm"
+    plain = Launch(ctx(False), "conv_gemm", True, (0,), b"", Convolution(64, 4096, 576, 1, 16), [])
+    assert plain.default()[0] == "gemm"
     big = Launch(ctx(True), "matmul", True, (0,), b"", Matmul(480, 480, 8, 480), [])
     assert big.default() == ["coop"] and big.choices(8)[:2] == [["coop"], "tiled"]
     assert big.resolve(["coop"]) == ("matmul_coop", (128, 1, 1), (8, 8, 8))

@@ -16,15 +16,6 @@ cfg = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(p
 info = aiomnn.create_runtime(cfg)
 ctx = info.runtimes[aiomnn.ForwardType.VULKAN].ctx
 print("device", ctx.info.name, "coop", ctx.coop, "storage16", ctx.storage16)
-vk = d.vk
-f11 = vk.VkPhysicalDeviceVulkan11Features()
-f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f11)
-fc = vk.VkPhysicalDeviceCooperativeMatrixFeaturesNV(pNext=f12)
-vk.vkGetPhysicalDeviceFeatures2(ctx.physical, vk.VkPhysicalDeviceFeatures2(pNext=fc))
-sg = vk.VkPhysicalDeviceSubgroupProperties()
-vk.vkGetPhysicalDeviceProperties2(ctx.physical, vk.VkPhysicalDeviceProperties2(pNext=sg))
-print("cooperativeMatrix", fc.cooperativeMatrix, "shaderFloat16", f12.shaderFloat16, "vulkanMemoryModel",
-      f12.vulkanMemoryModel, "subgroupSize", sg.subgroupSize, "fragments ok", d._coop_fragments(ctx.physical))
 try:
     q = d.vk.vkGetInstanceProcAddr(d.instance(), "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
     print("fragments", [(p.MSize, p.NSize, p.KSize, p.AType, p.CType, p.scope) for p in q(ctx.physical)])

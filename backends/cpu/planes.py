@@ -217,9 +217,10 @@ POOL_RUN = 4096
 @numba.njit(forceinline=True, nogil=True, cache=True, fastmath=scalars.FAST, error_model="numpy")
 def _max_flat(x, y, kh, kw, pt, pl, hp, wp, first, end):
     """Stride-1 max pooling of planes [first, end) of x into y, a run of planes at a time: the run laid out
-    padded (hp x wp a plane) as one flat row (or read where it is, without padding), the window's max taken along rows, then along columns, each as one
-    pass over the whole run (positions whose window wraps past a row or plane are computed and never read):
-    passes as long as the run, which vectorize, where the output rows are as short as YOLOv8n's 10 x 10 maps.
+    padded (hp x wp a plane) as one flat row (or read where it is, without padding), the window's max taken
+    along rows, then along columns, each as one pass over the whole run (positions whose window wraps past a
+    row or plane are computed and never read): passes as long as the run, which vectorize, where the output
+    rows are as short as YOLOv8n's 10 x 10 maps.
     Indices are unsigned, so that no index needs a test for wrapping around (as in tiles.py)."""
     U = np.uint64
     H, W, Ho, Wo = U(x.shape[1]), U(x.shape[2]), U(y.shape[1]), U(y.shape[2])

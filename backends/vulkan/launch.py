@@ -190,6 +190,12 @@ class Launch:
             return self._gemm_default()
         return 64
 
+    def _coop_grid(self) -> tuple[int, int, int]:
+        """matmul_coop's and conv_coop's workgroups: 64 x 64 tiles of the columns and rows, for each matrix of a
+        batch (a group of a convolution)."""
+        w = self.work
+        return -(-w.n // 64), -(-w.m // 64), w.batch if isinstance(w, Matmul) else w.groups
+
     def _gemm_default(self) -> list:
         """conv_gemm's default choice: 32 x 64 tiles (16 x 128 for 16 channels or fewer), split as _conv_split
         says."""
@@ -251,10 +257,8 @@ class Launch:
                 return False
             return choice <= 256 if isinstance(w, Rows) else True
         if choice == ["coop"] and isinstance(w, (Matmul, Convolution)):
-            groups = ((-(-w.n // 64), -(-w.m // 64), w.batch) if isinstance(w, Matmul)
-                      else (-(-w.n // 64), -(-w.m // 64), w.groups))
             return (self.fp16 and self.ctx.coop and COOP_LOCAL[0] <= self.ctx.max_invocations
-                    and all(g <= c for g, c in zip(groups, self.ctx.max_groups)))
+                    and all(g <= c for g, c in zip(self._coop_grid(), self.ctx.max_groups)))
         if isinstance(w, Convolution):
             if choice == ["narrow"]:
                 invocations = NARROW_LOCAL[0] * NARROW_LOCAL[1]
@@ -302,7 +306,7 @@ class Launch:
             if choice == ["narrow"]:
                 return "conv_narrow", NARROW_LOCAL, (w.narrow, 1, 1)
             if choice == ["coop"]:
-                return "conv_coop", COOP_LOCAL, (-(-w.n // 64), -(-w.m // 64), w.groups)
+                return "conv_coop", COOP_LOCAL, self._coop_grid()
             bm, bn, s = choice[1:]
             groups = (-(-w.n // bn), -(-w.m // bm), w.groups * s)
             if choice[0] == "greg":
@@ -311,7 +315,7 @@ class Launch:
         if choice == "tiled":
             return "matmul", (16, 16, 1), (-(-w.n // 64), -(-w.m // 64), w.batch)
         if choice == ["coop"]:
-            return "matmul_coop", COOP_LOCAL, (-(-w.n // 64), -(-w.m // 64), w.batch)
+            return "matmul_coop", COOP_LOCAL, self._coop_grid()
         if choice[0] == "reg":
             tm, tn = choice[1:]
             wx, wy = REG_TILES[(tm, tn)]
