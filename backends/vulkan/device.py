@@ -184,8 +184,8 @@ class Context:
             vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=fc))
             self.timeline = bool(f12.timelineSemaphore)
             self.storage16 = bool(f11.storageBuffer16BitAccess)
-            self.coop = (COOP in extensions and bool(fc.cooperativeMatrix) and self.storage16 and bool(f12.shaderFloat16)
-                         and bool(f12.vulkanMemoryModel) and int(sg.subgroupSize) == 32
+            self.coop = (COOP in extensions and bool(fc.cooperativeMatrix) and self.storage16
+                         and bool(f12.shaderFloat16) and bool(f12.vulkanMemoryModel) and int(sg.subgroupSize) == 32
                          and _coop_fragments(physical) and not os.environ.get("AIOMNN_VULKAN_NO_COOP"))
             e11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=int(self.storage16))
             enable_chain = vk.VkPhysicalDeviceVulkan12Features(
