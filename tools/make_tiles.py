@@ -22,8 +22,8 @@ from typing import Callable
 #: The tiles written, as (loop, rows, columns): each tile loop's shape for narrow (256-bit) and wide (512-bit)
 #: vectors, as backends/cpu/vectors.py chooses them. A narrow conv tile is 6 x 16 sums in 12 AVX registers (with 2
 #: for a row of inputs and 1 for a broadcast weight: enough sums in flight to cover the multiply-add latency;
-#: 4 x 16 and 8 x 8 ran slower, benchmarks/RESULTS.md); a wide one 8 x 32 in 16 AVX-512 registers.
-TILES = (("conv", 6, 16), ("conv", 8, 32), ("dense", 6, 16), ("dense", 8, 32))
+#: 4 x 16 and 8 x 8 ran slower, benchmarks/RESULTS.md); a wide one 8 x 48 in 24 AVX-512 registers (vectors.SHAPES).
+TILES = (("conv", 6, 16), ("conv", 8, 48), ("dense", 6, 16), ("dense", 8, 32))
 HEADER = '''"""The {loop} tile loop's block of sums for a tile of {mr} x {nr} (tiles.py), written by tools/make_tiles.py:
 edit that, not this (tiles.py holds the SHA-256 of the sums, so that numba's disk cache compiles the loops again
 when they change)."""

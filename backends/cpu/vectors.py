@@ -18,9 +18,12 @@ import sys
 
 _PREFER_WIDE = "-prefer-256-bit"
 #: A tile's rows and columns of sums by vector width: (conv tile loop, dense tile loop). Narrow: 6 x 16 sums in
-#: 12 AVX registers. Wide: 8 x 32 in 16 AVX-512 registers; 8 rows divide most layers' channel counts, where a
-#: 12 x 16 tile left an eighth of a 64-channel conv's rows empty and ran it slower (benchmarks/RESULTS.md).
-SHAPES = {False: ((6, 16), (6, 16)), True: ((8, 32), (8, 32))}
+#: 12 AVX registers. Wide: the conv's 8 x 48 in 24 AVX-512 registers, the dense loop's 8 x 32 in 16; 8 rows divide
+#: most layers' channel counts, where a 12 x 16 tile left an eighth of a 64-channel conv's rows empty and ran it
+#: slower. A conv tap's 8 weights serve 3 vectors of positions in a tile 48 wide, 2 in one 32 wide: a third fewer
+#: weight loads a multiply-add ran the 3x3 convs about 10% faster, for some loss on the 10 x 10 pointwise convs
+#: whose 100 positions fill tiles of 48 worse (benchmarks/RESULTS.md, session 35).
+SHAPES = {False: ((6, 16), (6, 16)), True: ((8, 48), (8, 32))}
 
 
 @functools.cache
@@ -77,6 +80,7 @@ def l1_data_bytes() -> int:
 @functools.cache
 def conv_block() -> int:
     """Taps a block of the conv tile loop (tiles.KC): a block's inputs, a row of positions a tap, and its weights
-    stay in L1 while every channel block uses them. With 512-bit vectors and 48 KiB of L1 or more, 256 taps (32
-    KiB of inputs) ran the 3x3 convs a few percent faster than 128 (benchmarks/RESULTS.md, session 22); else 128."""
-    return 256 if wide() and l1_data_bytes() >= 48 << 10 else 128
+    stay in L1 while every channel block uses them. With 512-bit vectors and 48 KiB of L1 or more, 160 taps (30
+    KiB of inputs in rows of 48; with rows of 32, 256 taps ran the 3x3 convs a few percent faster than 128,
+    benchmarks/RESULTS.md, session 22); else 128."""
+    return 160 if wide() and l1_data_bytes() >= 48 << 10 else 128
