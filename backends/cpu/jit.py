@@ -17,6 +17,7 @@ The loops themselves are in loops.py, which imports numba and is imported only h
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import math
@@ -42,7 +43,7 @@ _failed: set[str] = set()
 _idle = threading.Event()
 _idle.set()
 _worker: threading.Thread | None = None
-_no_more = False  # a child forked during a compile compiles nothing more
+_no_more = False  # no compile starts: in a child forked during a compile, and once the process exits
 _crew: Any = None  # crew.py, once a loop is compiled (it imports numba)
 
 
@@ -67,7 +68,7 @@ def jitted(name: str) -> Callable[..., Any] | None:
         return _ready.get(name)
     global _worker
     with _lock:
-        if name in _ready or name in _failed or name in _wanted:
+        if name in _ready or name in _failed or name in _wanted or _no_more:
             return _ready.get(name)
         _wanted.append(name)
         _idle.clear()
@@ -133,6 +134,23 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _finish_at_exit() -> None:
+    """At exit, no compile starts and the one under way finishes first. numba compiles inside LLVM with the GIL
+    released: a compiling thread left running while the interpreter tore down llvmlite's objects crashed processes
+    as they exited (SIGSEGV, or SIGABRT from LLVM's assertions: benchmarks/RESULTS.md, session 35)."""
+    global _no_more
+    with _lock:
+        _no_more = True
+        del _wanted[1:]  # the first is under way
+        worker = _worker
+    if worker is not None and worker.is_alive():
+        log.info("waiting for the numba compile under way to finish before exiting")
+        worker.join()
+
+
+atexit.register(_finish_at_exit)
 
 
 def _compile(name: str) -> None:
