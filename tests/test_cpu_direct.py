@@ -249,3 +249,36 @@ def test_conv_block_follows_the_l1_cache(monkeypatch, tmp_path):
         vectors.conv_block.cache_clear()
         assert vectors.conv_block() == block
     vectors.conv_block.cache_clear()
+
+
+def test_split_writes_a_jobs_fields_once_for_the_same_memory(monkeypatch):
+    """jit.split binds a loop's job (numba types every field) only for memory it has not seen: the same arrays, or
+    other views of the same memory, reuse the job; other memory, or the same address with another shape, binds
+    anew. Each call computes on the arrays it is given."""
+    from aiomnn.backends.cpu import crew
+
+    monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+    monkeypatch.setattr(jit._jobs, "made", {}, raising=False)
+    assert jit.jitted("activation") is not None
+    binds = []
+    bind = crew.Loop.bind
+    monkeypatch.setattr(crew.Loop, "bind", lambda self, pieces, *values: binds.append(values[0].shape) or bind(
+        self, pieces, *values))
+    sigmoid = (4, 1.0, 0.0)  # scalars.activate's code and parameters
+
+    def expect(v: np.ndarray, times: int) -> np.ndarray:
+        for _ in range(times):
+            v = 1 / (1 + np.exp(-v))
+        return v.astype(np.float32)
+
+    x = RNG.standard_normal(1000).astype(np.float32)
+    a, b = x.copy(), x.copy()
+    for v in (a, b, a, a[:], a.reshape(10, 100).reshape(-1)):
+        assert jit.split("activation", v.size, 1 << 20, v, *sigmoid) is not None
+    assert binds == [(1000,), (1000,)]
+    np.testing.assert_allclose(a, expect(x.astype(np.float64), 4), rtol=1e-5)
+    np.testing.assert_allclose(b, expect(x.astype(np.float64), 1), rtol=1e-5)
+    assert jit.split("activation", 500, 1 << 20, a[:500], *sigmoid) is not None
+    assert binds == [(1000,), (1000,), (500,)]
+    np.testing.assert_allclose(a[500:], expect(x[500:].astype(np.float64), 4), rtol=1e-5)
+    np.testing.assert_allclose(a[:500], expect(x[:500].astype(np.float64), 5), rtol=1e-5)

@@ -167,15 +167,42 @@ def _compile(name: str) -> None:
     _ready[name] = fn
 
 
+#: Each thread's latest jobs that split bound, JOBS at most: what a job's fields were written from -> the job
+#: without its values. Binding a job types every value through numba's dispatch, 25-45 us in a YOLOv8n run (its
+#: SPPF pools, upsamples, Sigmoid and Softmax, a dozen a run), where a step that runs again on the same memory
+#: writes the same fields (benchmarks/RESULTS.md, session 35).
+_jobs = threading.local()
+JOBS = 64
+
+
 def split(name: str, items: int, grain: int, *values: Any) -> Callable[[], Any] | None:
     """Loop `name` with these fields over its `items` items, in pieces of `grain` items or more, one a thread at
-    most (threads.threads); returns the same call to make again, or None (nothing done) while the loop compiles."""
+    most (threads.threads); returns the same call to make again, or None (nothing done) while the loop compiles.
+    The job's fields are written again only where they change (a job read arrays through their addresses)."""
     loop = jitted(name)
     if loop is None:
         return None
-    bound = loop.bind(max(1, min(items // max(1, grain), threads())), *values)
+    pieces = max(1, min(items // max(1, grain), threads()))
+    key = (loop.address, pieces, *map(_field, values))
+    made = _jobs.__dict__.setdefault("made", {})
+    kept = made.pop(key, None)
+    if kept is not None:
+        bound = type(kept)(kept.address, kept.fields, pieces, values)  # holds these values while it is kept
+    else:
+        bound = loop.bind(pieces, *values)
+        kept = type(bound)(bound.address, bound.fields, pieces, ())  # no array is kept alive here
+        if len(made) >= JOBS:
+            del made[next(iter(made))]  # the least recently used
+    made[key] = kept
     bound()
     return bound
+
+
+def _field(value: Any) -> tuple:
+    """What a job's field is written from: an array's address, shape, strides and type; a number's type and value."""
+    if isinstance(value, np.ndarray):
+        return value.__array_interface__["data"][0], value.shape, value.strides, value.dtype.char
+    return type(value), value
 
 
 class Binds:
