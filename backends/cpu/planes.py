@@ -90,7 +90,7 @@ def _layout_job(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1, job)
             if s == 1:
                 for qx in range(uhi - ulo):
                     pn[d + ulo + qx] = xn[src + qx]
-            elif s == 2:  # a stride LLVM knows: it loads whole vectors and shuffles, where a variable one gathers
+            elif s == 2:  # a constant stride: with caches warm, a plain copy's speed against 1.7x its time
                 for qx in range(uhi - ulo):
                     pn[d + ulo + qx] = xn[src + qx * U(2)]
             else:
