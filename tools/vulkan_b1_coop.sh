@@ -17,10 +17,9 @@ for mode in coop nocoop; do
 import collections, json, sys
 text = json.load(open(sys.argv[1]))
 kinds = collections.Counter()
-for dev in text["devices"].values():
-    entries = dev if isinstance(dev, dict) else {}
-    for key, value in (entries.get("entries", entries)).items():
-        kinds[str(value)[:40]] += 1
+for entries in text["devices"].values():  # the cache's entries by device: {key: {"choice": ..., "us": ...}}
+    for value in entries.values():
+        kinds[str(value.get("choice"))] += 1
 print("tuned choices:", kinds.most_common(12))
 PY
   timeout 150 python3 benchmarks/gpu.py --models yolov8n --batches 1 --backends vulkan --precisions fp16 --n 30 \

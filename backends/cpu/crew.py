@@ -245,6 +245,11 @@ class Bound:
         self.address, self.fields, self.pieces, self.values = address, fields, pieces, values
         self.args = fields.ctypes.data
 
+    def over(self, values: tuple) -> Bound:
+        """The same job, its fields as written, holding `values` instead: arrays at the same addresses, of the
+        same shapes, and the same numbers (jit.split keeps jobs with no values, so as to keep no array alive)."""
+        return Bound(self.address, self.fields, self.pieces, values)
+
     def __call__(self) -> bool:
         if self.pieces == 1:
             alone(self.address, self.args)

@@ -168,9 +168,9 @@ def _compile(name: str) -> None:
 
 
 #: Each thread's latest jobs that split bound, JOBS at most: what a job's fields were written from -> the job
-#: without its values. Binding a job types every value through numba's dispatch, 25-45 us in a YOLOv8n run (its
-#: SPPF pools, upsamples, Sigmoid and Softmax, a dozen a run), where a step that runs again on the same memory
-#: writes the same fields (benchmarks/RESULTS.md, session 35).
+#: without its values. Binding a job types every value through numba's dispatch, a cost that a step which runs
+#: again on the same memory need not pay, as it writes the same fields (YOLOv8n's pools, upsamples, Sigmoid and
+#: Softmax did at every run: benchmarks/RESULTS.md, session 35).
 _jobs = threading.local()
 JOBS = 64
 
@@ -187,10 +187,10 @@ def split(name: str, items: int, grain: int, *values: Any) -> Callable[[], Any] 
     made = _jobs.__dict__.setdefault("made", {})
     kept = made.pop(key, None)
     if kept is not None:
-        bound = type(kept)(kept.address, kept.fields, pieces, values)  # holds these values while it is kept
+        bound = kept.over(values)  # holds these values while the caller keeps it
     else:
         bound = loop.bind(pieces, *values)
-        kept = type(bound)(bound.address, bound.fields, pieces, ())  # no array is kept alive here
+        kept = bound.over(())  # no array is kept alive here
         if len(made) >= JOBS:
             del made[next(iter(made))]  # the least recently used
     made[key] = kept

@@ -90,7 +90,7 @@ def _layout_job(x, xp, c, h, w, pt, pl, s, hq, wq, first, last, row0, row1, job)
             if s == 1:
                 for qx in range(uhi - ulo):
                     pn[d + ulo + qx] = xn[src + qx]
-            elif s == 2:  # a constant stride: with caches warm, a plain copy's speed against 1.7x its time
+            elif s == 2:  # a constant stride, which LLVM copies faster than a variable one (RESULTS.md, session 35)
                 for qx in range(uhi - ulo):
                     pn[d + ulo + qx] = xn[src + qx * U(2)]
             else:

@@ -20,9 +20,9 @@ _PREFER_WIDE = "-prefer-256-bit"
 #: A tile's rows and columns of sums by vector width: (conv tile loop, dense tile loop). Narrow: 6 x 16 sums in
 #: 12 AVX registers. Wide: the conv's 8 x 48 in 24 AVX-512 registers, the dense loop's 8 x 32 in 16; 8 rows divide
 #: most layers' channel counts, where a 12 x 16 tile left an eighth of a 64-channel conv's rows empty and ran it
-#: slower. A conv tap's 8 weights serve 3 vectors of positions in a tile 48 wide, 2 in one 32 wide: a third fewer
-#: weight loads a multiply-add ran the 3x3 convs about 10% faster, for some loss on the 10 x 10 pointwise convs
-#: whose 100 positions fill tiles of 48 worse (benchmarks/RESULTS.md, session 35).
+#: slower. A conv tap's 8 weights serve 3 vectors of positions in a tile 48 wide, 2 in one 32 wide: with a third
+#: fewer weight loads a multiply-add the 3x3 convs ran faster, the 10 x 10 pointwise convs, whose 100 positions
+#: fill tiles of 48 worse, slower (benchmarks/RESULTS.md, session 35).
 SHAPES = {False: ((6, 16), (6, 16)), True: ((8, 48), (8, 32))}
 
 
