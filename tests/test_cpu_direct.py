@@ -282,3 +282,40 @@ def test_split_writes_a_jobs_fields_once_for_the_same_memory(monkeypatch):
     assert binds == [(1000,), (1000,), (500,)]
     np.testing.assert_allclose(a[500:], expect(x[500:].astype(np.float64), 4), rtol=1e-5)
     np.testing.assert_allclose(a[:500], expect(x[:500].astype(np.float64), 5), rtol=1e-5)
+
+
+def _shares(tiles: int, blocks: int, runs: int, groups: int, pieces: int) -> list[tuple[int, set[int]]]:
+    """Each piece's (tile x block units, channel blocks read) under the tile loop's chunking (tiles._conv_chunk),
+    counted one chunk at a time."""
+    chunks, out = runs * groups, []
+    for p in range(pieces):
+        units, read = 0, set()
+        for c in range(p * chunks // pieces, (p + 1) * chunks // pieces):
+            r, q = divmod(c, groups)
+            b0, b1 = q * blocks // groups, (q + 1) * blocks // groups
+            units += ((r + 1) * tiles // runs - r * tiles // runs) * (b1 - b0)
+            read |= set(range(b0, b1))
+        out.append((units, read))
+    return out
+
+
+@pytest.mark.parametrize("tiles,blocks,least,pieces", [(3, 16, 3, 2), (3, 32, 5, 2), (3, 8, 1, 16), (10, 8, 1, 16)])
+def test_few_tiles_share_the_channels_evenly(tiles, blocks, least, pieces):
+    """A conv of a few tiles and many channel blocks (YOLOv8n's 10 x 10 convs) gives each piece an equal share of
+    the work and of the weights, where splitting 3 tiles into 2 runs gave one piece twice the other's work, and
+    every piece every weight."""
+    runs, groups = direct._best_split(tiles, blocks, least, pieces, 1152, 51200)
+    assert groups >= least
+    shares = _shares(tiles, blocks, runs, groups, pieces)
+    units = [u for u, _ in shares]
+    assert sum(units) == tiles * blocks
+    assert max(units) == -(-tiles * blocks // pieces)
+    if pieces <= blocks:
+        assert all(len(read) <= -(-blocks // pieces) + blocks // groups for _, read in shares)
+
+
+def test_many_tiles_share_the_positions():
+    """A conv of many tiles and few channel blocks (YOLOv8n's first convs) splits its positions: every piece reads
+    every weight, a share of the input."""
+    runs, groups = direct._best_split(537, 2, 1, 2, 27, 1228800)
+    assert (runs, groups) == (2, 1)

@@ -3,14 +3,15 @@ machine's noise hits both alike): backends/cpu/tiles.py against a changed copy o
 (git-ignored): changed by hand, or written here from tiles.py with another tile width or block of taps.
 
     cp backends/cpu/tiles.py backends/cpu/tiles_exp.py     # then change tiles_exp.py's conv
-    python tools/ab_tiles.py pw32,s1,s1small,s2,first [--threads 1,2] [--runs 300] [--batch 8]
+    python tools/ab_tiles.py pw32,s1,s1small,s2,first [--threads 1,2] [--runs 300] [--batch 8] [--flush 8]
     NR=32 KC=256 NUMBA_CACHE_DIR=/tmp/nb32 python tools/ab_tiles.py pw32,s1     # the copy 32 wide, 256 taps a block
 
 With NR or KC, the copy's sums must exist in backends/cpu/sums (tools/make_tiles.py writes those of
 make_tiles.TILES; add the shape there for a run), and each NR and KC wants a NUMBA_CACHE_DIR of its own: numba's
 cache does not see them change. The kinds are benchmarks/conv_vs_ort.py's (YOLOv8n's kinds of conv), each followed
 by SiLU as there. Prints each kind's median microseconds a call for both (exp / base), after checking that their
-outputs agree.
+outputs agree. --flush MB copies that many megabytes before each call, so that the call finds its weights and input
+out of L2, as a conv inside a model does (the model's weights pass L2).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _copy(nr: str | None, kc: str | None) -> None:
     (folder / "tiles_exp.py").write_text(text)
 
 
-async def ab(kind: str, threads: int, runs: int, batch: int) -> str:
+async def ab(kind: str, threads: int, runs: int, batch: int, flush: float) -> str:
     from aiomnn.backends.cpu import tiles_exp
 
     loops.SIGNATURES["conv_tiles_exp"] = (tiles_exp.conv, loops.SIGNATURES["conv_tiles"][1])
@@ -71,16 +72,18 @@ async def ab(kind: str, threads: int, runs: int, batch: int) -> str:
                 a = list(tile_args(p, weights, bias, xl, ys[name], pieces))
                 if name == "conv_tiles_exp":  # its own tiles' runs and scratch
                     NR = tiles_exp.NR
-                    runs_ = min(pieces, batch * -(-d["last"] // NR))
-                    groups = max(d["groups"], min(weights.shape[0], pieces // runs_))
+                    runs_, groups = direct.split(d, batch, pieces)
                     a[16], a[17] = runs_ * groups, groups
                     a[18] = np.empty((pieces, weights.shape[0] * weights.shape[2] * NR), np.float32)
                     a[19] = np.empty((pieces, NR, 3), np.uint64)
                 args[name] = a
             times: dict[str, list[float]] = {n: [] for n in args}
+            junk = np.ones(int(flush * (1 << 18)), np.float32)
+            spare = np.empty_like(junk)
             for _ in range(runs):
                 for name, a in args.items():
                     loop = jit.jitted(name)
+                    np.copyto(spare, junk)
                     t0 = time.perf_counter()
                     loop(pieces, *a)
                     times[name].append(time.perf_counter() - t0)
@@ -95,12 +98,13 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--runs", type=int, default=300)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--flush", type=float, default=0.0, help="megabytes copied before each call")
     args = ap.parse_args()
     if os.environ.get("NR") or os.environ.get("KC"):
         _copy(os.environ.get("NR"), os.environ.get("KC"))
     for t in (int(v) for v in args.threads.split(",")):
         for kind in args.kinds.split(","):
-            print(f"{kind:8s} {t} threads: {asyncio.run(ab(kind, t, args.runs, args.batch))}", flush=True)
+            print(f"{kind:8s} {t} threads: {asyncio.run(ab(kind, t, args.runs, args.batch, args.flush))}", flush=True)
 
 
 if __name__ == "__main__":

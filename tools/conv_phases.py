@@ -45,8 +45,7 @@ def tile_args(p: dict[str, Any], weights: np.ndarray, bias: np.ndarray, laid: np
     xs, offs, far = d["fixed"]
     code, alpha, beta = p["loop_act"]
     mr, nr = vectors.conv_tile()
-    runs = min(pieces, images * -(-d["last"] // nr))
-    groups = max(d["groups"], min(weights.shape[0], pieces // runs))
+    runs, groups = direct.split(d, images, pieces)
     scratch = np.empty((pieces, weights.shape[0] * mr * nr), np.float32), np.empty((pieces, nr, 3), np.uint64)
     return (laid.reshape(-1), xs, offs, far, weights, bias, y, *d["widths"], 0, images, 0,
             d["last"], code, alpha, beta, runs * groups, groups, *scratch)

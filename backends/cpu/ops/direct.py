@@ -58,7 +58,9 @@ def plan(p: dict[str, Any], group: int) -> bool:
         offs=offs, layout=layout, hq=hq, macs=macs, rw=rw, last=last, xs=xs,
         # the loop's fixed arguments: the layout's image stride, the farthest tap, row and output widths
         fixed=(xs, offs, int(offs.max())), widths=(rw, Wo),
-        groups=_groups(-(-p["co"] // MR), offs.shape[0], 1))
+        groups=_groups(-(-p["co"] // MR), offs.shape[0], 1),
+        # for split: an image's tiles, the channel blocks, the taps and the bytes of an image's input
+        tiles=-(-last // NR), blocks=-(-p["co"] // MR), taps=offs.shape[0], x_bytes=4 * C * H * W)
     return True
 
 
@@ -109,8 +111,7 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     code, alpha, beta = p["loop_act"]
     MR, NR = vectors.conv_tile()
     pieces = jit.product_pieces(d["macs"] * N, PIECE_MACS)
-    runs = min(pieces, N * -(-d["last"] // NR))
-    groups = max(d["groups"], min(w.shape[0], pieces // runs))
+    runs, groups = split(d, N, pieces)
     scratch = d.get("scratch")  # each piece's tile of sums and output runs, kept with the plan
     if scratch is None or scratch[1].shape[0] != pieces:
         scratch = d["scratch"] = np.empty((pieces, w.shape[0] * MR * NR), F32), np.empty((pieces, NR, 3), np.uint64)
@@ -133,6 +134,64 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
 
     call()
     return call
+
+
+def split(d: dict[str, Any], images: int, pieces: int) -> tuple[int, int]:
+    """(runs, groups): how the tile loop's pieces share a conv of `images` images. Chunk c is run c // groups of
+    the tiles (of every image) for group c % groups of the channel blocks, and each piece takes a run of
+    consecutive chunks; so a piece computes its chunks' tiles x blocks, reads the weights of the groups it meets
+    and the input of the runs it meets. Of the splits with groups of weights that stay in L2 (d["groups"] at
+    least), the one whose busiest piece costs least, multiply-adds and bytes read from past L2 together. A conv
+    of few positions and many channels (YOLOv8n's at 10 x 10: 3 tiles, 16 or 32 blocks) thus shares its channels,
+    each piece reading its share of the weights, where splitting 3 tiles in 2 runs gave one thread twice the
+    other's work and both every weight."""
+    key = (images, pieces)
+    found = d.setdefault("splits", {}).get(key)
+    if found is None:
+        found = d["splits"][key] = _best_split(images * d["tiles"], d["blocks"], d["groups"], pieces,
+                                               d["taps"], d["x_bytes"] * images)
+    return found
+
+
+#: What a byte read from past L2 costs, in multiply-adds of the tile loop (about 40 G multiply-adds and 8 GB
+#: a second a core on the VM).
+BYTE_MACS = 5
+
+
+def _best_split(tiles: int, blocks: int, least: int, pieces: int, taps: int, x_bytes: int) -> tuple[int, int]:
+    """The (runs, groups) of split, of those with up to four chunks a piece (each piece's cost in O(1): the tiles
+    of runs [0, r) are r * tiles // runs, and the blocks of groups [0, q) are q * blocks // groups)."""
+    MR, NR = vectors.conv_tile()
+    unit, w_bytes, x_tile = MR * NR * taps, MR * taps * 4, x_bytes / tiles
+    best, choice = None, (1, least)
+    for runs in range(1, min(tiles, 4 * pieces) + 1):
+        for groups in range(least, max(least, min(blocks, 4 * pieces // runs)) + 1):
+            chunks = runs * groups
+            if chunks < pieces and (runs < tiles or groups < blocks):
+                continue
+
+            def done(c: int) -> int:  # tile x block units in chunks [0, c)
+                r, q = divmod(c, groups)
+                return r * tiles // runs * blocks + ((r + 1) * tiles // runs - r * tiles // runs) * (q * blocks // groups)
+
+            cost = 0.0
+            for p in range(pieces):
+                a, b = p * chunks // pieces, (p + 1) * chunks // pieces
+                if a == b:
+                    continue
+                r0, r1 = a // groups, (b - 1) // groups + 1
+                met_x = r1 * tiles // runs - r0 * tiles // runs
+                q0, n = a % groups, b - a
+                if n >= groups:
+                    met_w = blocks
+                elif q0 + n <= groups:
+                    met_w = (q0 + n) * blocks // groups - q0 * blocks // groups
+                else:
+                    met_w = blocks - q0 * blocks // groups + (q0 + n - groups) * blocks // groups
+                cost = max(cost, (done(b) - done(a)) * unit + BYTE_MACS * (met_w * w_bytes + met_x * x_tile))
+            if best is None or cost < best:
+                best, choice = cost, (runs, groups)
+    return choice
 
 
 def _groups(blocks: int, taps: int, threads: int) -> int:
