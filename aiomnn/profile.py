@@ -192,10 +192,13 @@ def _ops(runs: Iterable[RunRecord]) -> Iterable[OpEvent]:
 
 
 def format_summary(stats: list[OpStat]) -> str:
-    """A summary as a table: a header, then one op a line."""
+    """A summary as a table: a header, then one op a line, with the backend that ran it (a GPU session's op has a
+    row for its runs on the backup, while it tuned, and one for its runs on the GPU)."""
     w = min(max([len(s.name) for s in stats] + [2]), 60)
     t = min(max([len(s.op_type) for s in stats] + [4]), 40)
-    lines = [f"{'op':{w}}  {'type':{t}}  {'total ms':>10}  {'calls':>6}  {'share':>6}"]
+    b = max([len(s.backend) for s in stats] + [7])
+    lines = [f"{'op':{w}}  {'type':{t}}  {'backend':{b}}  {'total ms':>10}  {'calls':>6}  {'share':>6}"]
     for s in stats:
-        lines.append(f"{s.name[:w]:{w}}  {s.op_type[:t]:{t}}  {s.total_ms:10.3f}  {s.calls:6d}  {100 * s.share:5.1f}%")
+        lines.append(f"{s.name[:w]:{w}}  {s.op_type[:t]:{t}}  {s.backend:{b}}  {s.total_ms:10.3f}  {s.calls:6d}  "
+                     f"{100 * s.share:5.1f}%")
     return "\n".join(lines)

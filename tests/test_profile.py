@@ -233,3 +233,4 @@ def test_cli_profile(tmp_path):
     table = lines[head + 1:head + 11]
     assert len(table) == 10 and all(line.rstrip().endswith("%") for line in table)
     assert all(" 4 " in line for line in table)  # four calls of each
+    assert all(line.split()[2] == "cpu" for line in table)  # the backend that ran it
