@@ -179,7 +179,7 @@ def test_the_sums_stamp_matches_their_files():
     from pathlib import Path
 
     folder = Path(tiles.__file__).parent / "sums"
-    shapes = ("conv_6x16", "conv_8x48", "dense_6x16", "dense_8x32")  # make_tiles.TILES
+    shapes = ("conv_6x16", "conv_8x48", "dense_6x16", "dense_8x32", "channels_6x16", "channels_8x32")  # TILES
     texts = b"".join((folder / f"{name}.py").read_bytes() for name in shapes)
     assert tiles.SUMS == hashlib.sha256(texts).hexdigest()
 
@@ -319,3 +319,32 @@ def test_many_tiles_share_the_positions():
     every weight, a share of the input."""
     runs, groups = direct._best_split(537, 2, 1, 2, 27, 1228800)
     assert (runs, groups) == (2, 1)
+
+
+CHANNEL_CASES = [
+    # (input, weight, attributes): maps of at most direct.CHANNEL_POSITIONS outputs, 32 output channels or more
+    ((1, 128, 10, 10), (128, 128, 3, 3), {"pads": [1, 1, 1, 1]}),  # YOLOv8n's 10 x 10 convs
+    ((1, 64, 20, 20), (72, 64, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # a last panel that overlaps
+    ((2, 48, 7, 7), (40, 48, 1, 1), {}),  # 49 positions an image, a batch: blocks across images
+    ((3, 16, 9, 11), (33, 16, 3, 3), {"pads": [2, 1, 0, 2], "dilations": [2, 1]}),
+    ((1, 24, 3, 3), (32, 24, 3, 3), {}),  # one position: a block of 8 needs a batch or more positions
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("xs,ws,attrs", CHANNEL_CASES)
+def test_few_positions_take_the_channel_tiles(xs, ws, attrs, threads, pieces):
+    """A conv of few output positions and many channels runs with the output channels along the vectors
+    (tiles.channels), shared by the threads, as onnxruntime computes it."""
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = (RNG.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    b = RNG.standard_normal(ws[0]).astype(np.float32)
+    data = one_input_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+                            helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])],
+                           xs, {"w": w, "b": b})
+    want = run_ort(data, {"x": x})[0]
+    np.testing.assert_allclose(_run(data, {"x": x}, threads), want, rtol=1e-4, atol=1e-4)
+    served = "conv_channels" in pieces
+    assert served == (xs[2:] != (3, 3)), pieces  # 1 position and 1 image: fewer than a block, the tile loop
+    if served and threads > 1 and np.prod(ws) * want[0, 0].size * xs[0] >= 2 * direct.PIECE_MACS:
+        assert max(pieces["conv_channels"]) > 1

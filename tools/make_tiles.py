@@ -23,7 +23,8 @@ from typing import Callable
 #: vectors, as backends/cpu/vectors.py chooses them. A narrow conv tile is 6 x 16 sums in 12 AVX registers (with 2
 #: for a row of inputs and 1 for a broadcast weight: enough sums in flight to cover the multiply-add latency;
 #: 4 x 16 and 8 x 8 ran slower, benchmarks/RESULTS.md); a wide one 8 x 48 in 24 AVX-512 registers (vectors.SHAPES).
-TILES = (("conv", 6, 16), ("conv", 8, 48), ("dense", 6, 16), ("dense", 8, 32))
+TILES = (("conv", 6, 16), ("conv", 8, 48), ("dense", 6, 16), ("dense", 8, 32), ("channels", 6, 16),
+         ("channels", 8, 32))
 HEADER = '''"""The {loop} tile loop's block of sums for a tile of {mr} x {nr} (tiles.py), written by tools/make_tiles.py:
 edit that, not this (tiles.py holds the SHA-256 of the sums, so that numba's disk cache compiles the loops again
 when they change)."""
@@ -101,13 +102,30 @@ def dense(mr: int, nr: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def channels(mr: int, nr: int) -> str:
+    """channels_MRxNR: one tile of a conv with the output channels along the vectors (tiles.channels): mr output
+    positions, whose inputs start at qs[0..mr) of the layout x, by panel p of nr output channels of the weights wp
+    (P, taps, nr), over every tap (a tap k reads x at offs[k] past each position's start), from the bias at
+    channels n0.. into t (flat, position by position); a step of k reads nr weights in a row and mr inputs, and
+    prefetches the weights AHEAD floats on in `flat`, where the panel starts at `at`."""
+    lines = [DECORATOR,
+             f"def channels_{mr}x{nr}(x, qs, offs, wp, p, kk, t, bias, n0, flat, at):"]
+    lines += ["    " + "; ".join(f"q{i} = qs[{i}]" for i in range(mr))]
+    lines += _rows(4, mr, nr, lambda i, j: f"s{i}_{j} = bias[n0 + U({j})]")
+    lines += ["    for k in range(U(0), kk):", "        o = offs[k]"]
+    lines += [f"        prefetch(flat, at + k * U({nr}) + U({AHEAD + line}))" for line in range(0, nr, 16)]
+    lines += _step(mr, nr, "w{j} = wp[p, k, U({j})]", "x[o + q{i}]", "w")
+    lines += _rows(4, mr, nr, lambda i, j: f"t[U({i * nr + j})] = s{i}_{j}")
+    return "\n".join(lines) + "\n"
+
+
 #: What each loop's sums import.
-IMPORTS = {"conv": "FAST", "dense": "FAST, prefetch"}
+IMPORTS = {"conv": "FAST", "dense": "FAST, prefetch", "channels": "FAST, prefetch"}
 
 
 def main() -> None:
     folder = pathlib.Path(__file__).resolve().parent.parent / "backends" / "cpu"
-    write = {"conv": conv, "dense": dense}
+    write = {"conv": conv, "dense": dense, "channels": channels}
     texts = b""
     for loop, mr, nr in TILES:  # the stamp: the files' texts in this order (tiles.SUMS)
         text = HEADER.format(loop=loop, mr=mr, nr=nr, imports=IMPORTS[loop]) + "\n\n" + write[loop](mr, nr)

@@ -319,6 +319,7 @@ def _array(ndim: int, readonly: bool = False, dtype: Any = types.float32) -> Any
 _IN, _IN2, _IN3, _IN4 = (_array(n, True) for n in (1, 2, 3, 4))
 _OUT, _OUT2, _OUT3, _OUT4 = (_array(n) for n in (1, 2, 3, 4))
 _I, _F, _B = types.int64, types.float64, types.boolean  # a float field is float32 in the job (fields.py)
+_UIN = _array(1, True, types.uint64)  # indices
 #: Each loop's pieces, and the types of its fields, in order (what a caller hands jit.Loop after the piece count).
 SIGNATURES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "erf": (erf, (_IN, _OUT)),
@@ -342,10 +343,12 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "winograd_out": (planes.winograd_out, (_IN3, _IN, _OUT3, _OUT2, _I, _F, _F, *[_I] * 4)),
     "conv_tiles": (tiles.conv, (_IN, _I, _array(1, True, types.uint64), _I, _IN3, _IN, _OUT3, *[_I] * 7, _F, _F, _I,
                                 _I, _OUT2, _array(3, False, types.uint64))),
+    "conv_channels": (tiles.channels, (_IN, _UIN, _IN3, _IN, _OUT, _UIN, _UIN, _I, _I, _F, _F, _OUT2,
+                                       _array(2, False, types.uint64))),
     "dense": (tiles.dense, (_IN2, _IN3, _IN, _OUT2, _I, _F, _F, _I, _OUT2, _array(2, False, types.uint64))),
 }
 #: Compiled with LLVM's SLP vectorizer, which packs a tile's scalar sums into vectors (numba leaves it off).
-SLP = {"conv_tiles", "dense"}
+SLP = {"conv_tiles", "conv_channels", "dense"}
 _CONTROL = _array(1, False, types.int64)
 
 

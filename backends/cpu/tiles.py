@@ -1,4 +1,5 @@
-"""The tile loops, compiled by numba (loops.py): the conv's and a dense product's. Their blocks of sums (sums/)
+"""The tile loops, compiled by numba (loops.py): the conv's (positions along the vectors, or the output channels:
+channels), and a dense product's. Their blocks of sums (sums/)
 are written by tools/make_tiles.py.
 
 conv computes y[n, m, oy * wo + ox] = act(bias[m] + sum over k of w[m, k] * x[n * xs + offs[k] + p]), act being
@@ -40,8 +41,9 @@ MR, NR = vectors.conv_tile()
 DR, DC = vectors.dense_tile()
 _sums = tile("conv", MR, NR)
 _dense_sums = tile("dense", DR, DC)
+_channel_sums = tile("channels", DR, DC)
 #: The SHA-256 of the files of sums/, in make_tiles.TILES's order (tools/make_tiles.py writes them and this).
-SUMS = "d03928452593e90bade327880b1fa8cf3882d71f5a2103f7f53c73d8959af188"
+SUMS = "98a839f20cb31328be63c204ec9ae3908f44202cdd85069ddd386031fd9f5536"
 #: The SHA-256 of the modules whose functions the loops here inline (make_tiles.INLINED: scalars.py, fields.py,
 #: atomics.py): numba's disk cache checks only this file for changes, so a change there comes with a new stamp here
 #: (tools/make_tiles.py writes it).
@@ -127,6 +129,53 @@ def _conv_chunk(x, xs, offs, far, w, bias, y, rw, wo, first, last, p_first, p_la
                 j0, d, length = seg[k, 0], seg[k, 1], seg[k, 2]
                 for j in range(length):
                     y[n, i, d + j] = t[row + j0 + j]
+
+
+def channels(args, piece):
+    """A piece of a conv with the output channels along the vectors: the dense loop's tile (DR output positions
+    by a panel of DC output channels, the panel's weights streamed once a tile) over the conv's layout, each
+    position's input broadcast from where its taps start. A map of a few positions (10 x 10: 100) fills its tiles
+    of DR positions where the tile loop's rows of NR padded positions left a third of them empty. y is flat: output
+    position r of channel c at outs[r] + c * plane. The jobs are (panel, block of positions), panel by panel, and
+    the pieces share them, so that a piece reads the weights of its panels. Fields x, offs, wp (P, taps, DC: panel
+    p holds channels min(p DC, co - DC) on), bias (co, zeros where none), y, pos (each position's start in x),
+    outs, plane, act, alpha, beta, and the pieces' scratch: a tile's sums and its positions' starts."""
+    a = fields(args, 13)
+    x, offs, wp, bias, y = array1(a, 0, F), array1(a, 1, U), array3(a, 2, F), array1(a, 3, F), array1(a, 4, F)
+    pos, outs, plane = array1(a, 5, U), array1(a, 6, U), U(i64(a, 7))
+    blocks = (U(pos.shape[0]) + U(DR - 1)) // U(DR)
+    first, last = share(a, piece, wp.shape[0] * blocks)
+    _channel_jobs(x, offs, wp, bias, y, pos, outs, plane, i64(a, 8), f32(a, 9), f32(a, 10), U(first), U(last),
+                  array2(a, 11, F)[piece], array2(a, 12, U)[piece])
+
+
+@numba.njit(forceinline=True, nogil=True, cache=True, fastmath=FAST - {"reassoc"}, error_model="numpy",
+            boundscheck=False)
+def _channel_jobs(x, offs, wp, bias, y, pos, outs, plane, act, alpha, beta, first, last, t, qs):
+    """Jobs [first, last) of channels; t holds a tile's sums, qs its positions' starts. A last block of positions
+    overlaps the one before (it computes some positions twice, the same values) and writes only its own; the last
+    panel likewise."""
+    kk = U(offs.shape[0])
+    m = U(pos.shape[0])
+    n = U(bias.shape[0])
+    blocks = (m + U(DR - 1)) // U(DR)
+    flat = wp.reshape(-1)
+    for job in range(first, last):
+        p, b = job // blocks, job % blocks
+        lo = p * U(DC)  # the first channel this panel writes
+        n0 = min(lo, n - U(DC))  # the first it computes
+        top = b * U(DR)
+        m0 = top if top + U(DR) <= m else m - U(DR)
+        for i in range(DR):
+            qs[i] = pos[m0 + U(i)]
+        _channel_sums(x, qs, offs, wp, p, kk, t, bias, n0, flat, p * kk * U(DC))
+        activate(t, U(0), U(DR * DC), act, alpha, beta)
+        for i in range(DR):
+            r = m0 + U(i)
+            if r >= top:
+                row, d = U(i * DC), outs[r]
+                for j in range(lo - n0, U(DC)):
+                    y[d + (n0 + j) * plane] = t[row + j]
 
 
 def dense(args, c):

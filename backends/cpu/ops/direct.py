@@ -8,7 +8,12 @@ row ky and column kx is one offset into that layout, and the tile loop's sums fo
 positions (vectors.conv_tile) stay in registers over all the taps. Bias and the fused activation are applied
 as a tile leaves the registers, and the padding columns are dropped there.
 
-The loop holds no GIL, so a conv's pieces run at once, on the crew of workers (crew.py). While the loops compile
+A map of few output positions (CHANNEL_POSITIONS an image: YOLOv8n's 10 x 10 maps, rec's 1 x 40) takes the other
+tile loop instead, tiles.channels: the output channels along the vectors and a block of positions broadcast from
+the same layout, so that its tiles hold only real positions (a 10 x 10 map with padded rows of 12 filled 3 tiles of
+48 for 100 positions), its weights streamed once a tile with prefetches, as the dense product's are.
+
+The loops hold no GIL, so a conv's pieces run at once, on the crew of workers (crew.py). While the loops compile
 (jit.py), Conv's numpy paths serve.
 """
 
@@ -60,8 +65,45 @@ def plan(p: dict[str, Any], group: int) -> bool:
         fixed=(xs, offs, int(offs.max())), widths=(rw, Wo),
         groups=_groups(-(-p["co"] // MR), offs.shape[0], 1),
         # for split: an image's tiles, the channel blocks, the taps and the bytes of an image's input
-        tiles=-(-last // NR), blocks=-(-p["co"] // MR), taps=offs.shape[0], x_bytes=4 * C * H * W)
+        tiles=-(-last // NR), blocks=-(-p["co"] // MR), taps=offs.shape[0], x_bytes=4 * C * H * W,
+        # the output channels along the vectors (tiles.channels) for a map of few positions
+        channels=Ho * Wo <= CHANNEL_POSITIONS and p["co"] >= vectors.dense_tile()[1]
+        and p["N"] * Ho * Wo >= vectors.dense_tile()[0])
     return True
+
+
+def positions(d: dict[str, Any], images: int, co: int, outs: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """For tiles.channels: where each output position's taps start in the layout of `images` images, and its
+    index in the flat output (channel 0), image by image; made once for each count of images."""
+    found = d.setdefault("positions", {}).get(images)
+    if found is None:
+        (ho, wo), U = outs, np.uint64
+        n, oy, ox = np.meshgrid(np.arange(images, dtype=U), np.arange(ho, dtype=U), np.arange(wo, dtype=U),
+                                indexing="ij")
+        found = d["positions"][images] = ((n * U(d["xs"]) + oy * U(d["rw"]) + ox).reshape(-1),
+                                          (n * U(co * ho * wo) + oy * U(wo) + ox).reshape(-1))
+    return found
+
+
+#: A conv of at most this many output positions an image takes tiles.channels: on the VM, one thread, its 10 x 10
+#: maps (pointwise, 3x3, stride 2 onto 10 x 10) ran in 0.72-0.86 of the tile loop's time, caches warm or not, and
+#: its 20 x 20 and bigger maps in 0.9-1.7 (benchmarks/RESULTS.md, session 36).
+CHANNEL_POSITIONS = 144
+
+
+def panels(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The weights as tiles.channels reads them, (panel, tap, DC) (the last panel ending at the last channel), and
+    the bias (zeros where there is none), made once per weight."""
+    found = packed.get("channels")
+    if found is None:
+        DC = vectors.dense_tile()[1]
+        w = packed["w"][0]  # (co, taps), taps in (channel, kernel row, kernel column) order
+        co = w.shape[0]
+        wt = w.T
+        wp = np.ascontiguousarray(np.stack([wt[:, min(c, co - DC):min(c, co - DC) + DC] for c in range(0, co, DC)]))
+        bias = np.zeros(co, F32) if packed["b"] is None else np.ascontiguousarray(packed["b"], F32)
+        found = packed["channels"] = (wp, bias)
+    return found
 
 
 def pack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -82,7 +124,7 @@ def pack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> Callable[[], Any] | None:
-    """y = act(conv(x)) by the tile loop for a plan it serves. Returns the same work as a call to make again on
+    """y = act(conv(x)) by the tile loop (tiles.channels where the plan says) for a plan it serves. Returns the same work as a call to make again on
     the same x and y (it returns True), None (nothing done) while the loops compile.
 
     The crew's threads and this one lay the input out, in jobs of rows, then share the chunks of the tile loop:
@@ -91,7 +133,7 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     longer over it than one, where the tiles still gain."""
     d = p["direct"]
     layout = d["layout"]
-    tiles = jit.jitted("conv_tiles")
+    tiles = jit.jitted("conv_channels" if d["channels"] else "conv_tiles")
     lay = jit.jitted("conv_input") if layout is not None else None
     if tiles is None or (layout is not None and lay is None):
         return None
@@ -105,25 +147,32 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
         xf = np.lib.stride_tricks.as_strided(x, (N, stride), (x.strides[0], x.itemsize))
     else:
         return None
-    w, bias = pack(packed)
-    ys = y.reshape(N, p["co"], -1)
     xs, offs, far = d["fixed"]
     code, alpha, beta = p["loop_act"]
-    MR, NR = vectors.conv_tile()
     pieces = jit.product_pieces(d["macs"] * N, PIECE_MACS)
-    runs, groups = split(d, N, pieces)
-    scratch = d.get("scratch")  # each piece's tile of sums and output runs, kept with the plan
-    if scratch is None or scratch[1].shape[0] != pieces:
-        scratch = d["scratch"] = np.empty((pieces, w.shape[0] * MR * NR), F32), np.empty((pieces, NR, 3), np.uint64)
-    rest = (ys, *d["widths"], 0, N, 0, d["last"], code, alpha, beta, runs * groups, groups, *scratch)
+    if d["channels"]:
+        bind = _channels(tiles, d, p, packed, y, pieces)
+    else:
+        w, bias = pack(packed)
+        ys = y.reshape(N, p["co"], -1)
+        MR, NR = vectors.conv_tile()
+        runs, groups = split(d, N, pieces)
+        scratch = d.get("scratch")  # each piece's tile of sums and output runs, kept with the plan
+        if scratch is None or scratch[1].shape[0] != pieces:
+            scratch = d["scratch"] = (np.empty((pieces, w.shape[0] * MR * NR), F32),
+                                      np.empty((pieces, NR, 3), np.uint64))
+        rest = (ys, *d["widths"], 0, N, 0, d["last"], code, alpha, beta, runs * groups, groups, *scratch)
+
+        def bind(src: np.ndarray) -> Any:
+            return tiles.bind(pieces, src.reshape(-1), xs, offs, far, w, bias, *rest)
+
     lay_pieces = pieces if x.size >= LAYOUT_ELEMENTS else 1
     shape = (N, d["xs"])
     jobs = jit.Binds()
 
     def make(src: np.ndarray) -> tuple:
         """The layout's job and the tiles', for the layout's buffer."""
-        return (None if layout is None else lay.bind(lay_pieces, xf, src, *layout, 0, N, 0, d["hq"]),
-                tiles.bind(pieces, src.reshape(-1), xs, offs, far, w, bias, *rest))
+        return None if layout is None else lay.bind(lay_pieces, xf, src, *layout, 0, N, 0, d["hq"]), bind(src)
 
     def call() -> bool:
         # The layout's buffer is the calling thread's own, fetched each time.
@@ -134,6 +183,23 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
 
     call()
     return call
+
+
+def _channels(loop: Any, d: dict[str, Any], p: dict[str, Any], packed: dict[str, Any], y: np.ndarray,
+              pieces: int) -> Callable[[np.ndarray], Any]:
+    """The binding of tiles.channels' job to a layout's buffer, for direct.run: its pieces, no more than its
+    (panel, block of positions) jobs, each with its scratch (kept with the plan)."""
+    DR, DC = vectors.dense_tile()
+    wp, bias = panels(packed)
+    pos, outs = positions(d, p["N"], p["co"], p["outs"])
+    pieces = max(1, min(pieces, wp.shape[0] * -(-pos.shape[0] // DR)))
+    scratch = d.get("channel_scratch")
+    if scratch is None or scratch[1].shape[0] != pieces:
+        scratch = d["channel_scratch"] = np.empty((pieces, DR * DC), F32), np.empty((pieces, DR), np.uint64)
+    offs = d["fixed"][1]
+    plane = p["outs"][0] * p["outs"][1]
+    return lambda src: loop.bind(pieces, src.reshape(-1), offs, wp, bias, y.reshape(-1), pos, outs, plane,
+                                 *p["loop_act"], *scratch)
 
 
 def split(d: dict[str, Any], images: int, pieces: int) -> tuple[int, int]:
