@@ -124,8 +124,9 @@ def pack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> Callable[[], Any] | None:
-    """y = act(conv(x)) by the tile loop (tiles.channels where the plan says) for a plan it serves. Returns the same work as a call to make again on
-    the same x and y (it returns True), None (nothing done) while the loops compile.
+    """y = act(conv(x)) by the tile loop (tiles.channels where the plan says) for a plan it serves. Returns the
+    same work as a call to make again on the same x and y (it returns True), None (nothing done) while the loops
+    compile, or where y is not contiguous.
 
     The crew's threads and this one lay the input out, in jobs of rows, then share the chunks of the tile loop:
     runs of tiles (of every image), each for a group of the channels (groups where there are fewer tiles than
@@ -135,7 +136,7 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
     layout = d["layout"]
     tiles = jit.jitted("conv_channels" if d["channels"] else "conv_tiles")
     lay = jit.jitted("conv_input") if layout is not None else None
-    if tiles is None or (layout is not None and lay is None):
+    if tiles is None or (layout is not None and lay is None) or not y.flags.c_contiguous:
         return None
     N = p["N"]
     if x.flags.c_contiguous:
@@ -235,11 +236,6 @@ def _best_split(tiles: int, blocks: int, least: int, pieces: int, taps: int, x_b
             chunks = runs * groups
             if chunks < pieces and (runs < tiles or groups < blocks):
                 continue
-
-            def done(c: int) -> int:  # tile x block units in chunks [0, c)
-                r, q = divmod(c, groups)
-                return r * tiles // runs * blocks + ((r + 1) * tiles // runs - r * tiles // runs) * (q * blocks // groups)
-
             cost = 0.0
             for p in range(pieces):
                 a, b = p * chunks // pieces, (p + 1) * chunks // pieces
@@ -254,10 +250,17 @@ def _best_split(tiles: int, blocks: int, least: int, pieces: int, taps: int, x_b
                     met_w = (q0 + n) * blocks // groups - q0 * blocks // groups
                 else:
                     met_w = blocks - q0 * blocks // groups + (q0 + n - groups) * blocks // groups
-                cost = max(cost, (done(b) - done(a)) * unit + BYTE_MACS * (met_w * w_bytes + met_x * x_tile))
+                units = _done(b, tiles, blocks, runs, groups) - _done(a, tiles, blocks, runs, groups)
+                cost = max(cost, units * unit + BYTE_MACS * (met_w * w_bytes + met_x * x_tile))
             if best is None or cost < best:
                 best, choice = cost, (runs, groups)
     return choice
+
+
+def _done(c: int, tiles: int, blocks: int, runs: int, groups: int) -> int:
+    """The tile x block units of chunks [0, c) under split's chunking."""
+    r, q = divmod(c, groups)
+    return r * tiles // runs * blocks + ((r + 1) * tiles // runs - r * tiles // runs) * (q * blocks // groups)
 
 
 def _groups(blocks: int, taps: int, threads: int) -> int:
