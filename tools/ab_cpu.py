@@ -4,7 +4,9 @@
     python tools/ab_cpu.py minilm 1x16 16 aiomnn.backends.cpu.ops.products.GEMM_PIECE 1048576,131072
 
 The value is set while each session plans and runs (a constant read at plan time and one read at run time both
-take effect). Prints each value's median milliseconds.
+take effect). Each value gets two sessions, made in mirrored order (A B ... B A): the session made first read up to
+12% slower on cls whatever its value (benchmarks/RESULTS.md, session 36). Prints each value's median milliseconds
+over both of its sessions, and the two sessions' medians apart.
 """
 
 from __future__ import annotations
@@ -29,24 +31,28 @@ async def main(name: str, shape: tuple[int, ...], threads: int, target: str, val
         kind = lambda v: v.strip().lower() in ("1", "true", "yes", "on")  # noqa: E731
     feeds = models.sample_feeds(name, shape)
     net = aiomnn.Interpreter.from_file(models.path(name))
-    times: dict[str, list[float]] = {v: [] for v in values}
+    order = [(v, 0) for v in values] + [(v, 1) for v in reversed(values)]  # A B ... B A
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in order}
     sessions = {}
-    for v in values:
-        setattr(mod, attr, kind(v))
-        s = sessions[v] = await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads))
+    for key in order:
+        setattr(mod, attr, kind(key[0]))
+        s = sessions[key] = await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads))
         await s.run(feeds)
         jit.wait(300)
         await s.run(feeds)
     for round_ in range(8):
-        for v in values if round_ % 2 == 0 else values[::-1]:  # each value first in half the rounds
-            setattr(mod, attr, kind(v))
-            for _ in range(10):
+        for key in order if round_ % 2 == 0 else order[::-1]:  # each session first in some rounds
+            setattr(mod, attr, kind(key[0]))
+            for _ in range(5):
                 t = time.perf_counter()
-                await sessions[v].run(feeds)
-                times[v].append(time.perf_counter() - t)
+                await sessions[key].run(feeds)
+                times[key].append(time.perf_counter() - t)
             await asyncio.sleep(0.02)
     for v in values:
-        print(f"{name} {'x'.join(map(str, shape))} threads {threads} {target}={v}: {np.median(times[v]) * 1e3:.2f} ms")
+        both = times[(v, 0)] + times[(v, 1)]
+        apart = " / ".join(f"{np.median(times[(v, i)]) * 1e3:.2f}" for i in (0, 1))
+        print(f"{name} {'x'.join(map(str, shape))} threads {threads} {target}={v}: {np.median(both) * 1e3:.2f} ms "
+              f"(sessions made early / late: {apart})")
     for s in sessions.values():
         await s.close()
 
