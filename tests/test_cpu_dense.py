@@ -151,11 +151,15 @@ from onnx import helper
 rng = np.random.default_rng(5)
 x = rng.standard_normal((1, 16, 32, 32)).astype(np.float32)
 consts = {"w": rng.standard_normal((32, 16, 3, 3)).astype(np.float32) / 12,
+          "w3": rng.standard_normal((40, 32, 3, 3)).astype(np.float32) / 16,
           "w2": rng.standard_normal((64, 70)).astype(np.float32) / 8, "b2": rng.standard_normal(70).astype(np.float32)}
+# the tile loop (32 x 32), the channel tiles (8 x 8 outputs), the dense loop
 nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
-         helper.make_node("Reshape", ["r", "shape"], ["f"]), helper.make_node("MatMul", ["f", "w2"], ["m"]),
+         helper.make_node("Conv", ["r", "w3"], ["c2"], pads=[1, 1, 1, 1], strides=[4, 4]),
+         helper.make_node("Relu", ["c2"], ["r2"]),
+         helper.make_node("Reshape", ["r2", "shape"], ["f"]), helper.make_node("MatMul", ["f", "w2"], ["m"]),
          helper.make_node("Add", ["m", "b2"], ["y"])]
-consts["shape"] = np.array([1, 512, 64], np.int64)
+consts["shape"] = np.array([1, 40, 64], np.int64)
 data = one_input_model(nodes, x.shape, consts)
 
 async def go():
@@ -171,8 +175,8 @@ print("wide" if vectors.wide() else "narrow")
 
 def test_the_other_vector_width():
     """On a machine with AVX-512 the loops take 512-bit vectors and their wide tiles, and AIOMNN_VECTORS=256
-    keeps the narrow ones: a process of the width this one does not use gives onnxruntime's values on a conv
-    and a Dense step (this process's width runs every other test)."""
+    keeps the narrow ones: a process of the width this one does not use gives onnxruntime's values on a conv, a
+    conv of few positions (the channel tiles) and a Dense step (this process's width runs every other test)."""
     import llvmlite.binding as ll
 
     if not ll.get_host_cpu_features().get("avx512f"):
