@@ -83,6 +83,11 @@ def _step(mr: int, nr: int, load: str, row_value: str, name: str) -> list[str]:
 AHEAD = 2048
 
 
+def _prefetches(nr: int) -> list[str]:
+    """A step's prefetches of a panel's weights, AHEAD floats on in `flat` from the step's row of nr: one a line."""
+    return [f"        prefetch(flat, at + k * U({nr}) + U({AHEAD + line}))" for line in range(0, nr, 16)]
+
+
 def dense(mr: int, nr: int) -> str:
     """dense_MRxNR: one tile of a product, rows rs of x (M, K) times panel p of nr columns of the weights
     wp (P, K, nr), from the bias at columns n0.. (where there is one) into t (flat, row by row); a step of k
@@ -96,7 +101,7 @@ def dense(mr: int, nr: int) -> str:
     lines += ["    else:"]
     lines += _rows(8, mr, nr, lambda i, j: f"s{i}_{j} = np.float32(0)")
     lines += ["    for k in range(U(0), kk):"]
-    lines += [f"        prefetch(flat, at + k * U({nr}) + U({AHEAD + line}))" for line in range(0, nr, 16)]
+    lines += _prefetches(nr)
     lines += _step(mr, nr, "w{j} = wp[p, k, U({j})]", "x[r{i}, k]", "w")
     lines += _rows(4, mr, nr, lambda i, j: f"t[U({i * nr + j})] = s{i}_{j}")
     return "\n".join(lines) + "\n"
@@ -113,7 +118,7 @@ def channels(mr: int, nr: int) -> str:
     lines += ["    " + "; ".join(f"q{i} = qs[{i}]" for i in range(mr))]
     lines += _rows(4, mr, nr, lambda i, j: f"s{i}_{j} = bias[n0 + U({j})]")
     lines += ["    for k in range(U(0), kk):", "        o = offs[k]"]
-    lines += [f"        prefetch(flat, at + k * U({nr}) + U({AHEAD + line}))" for line in range(0, nr, 16)]
+    lines += _prefetches(nr)
     lines += _step(mr, nr, "w{j} = wp[p, k, U({j})]", "x[o + q{i}]", "w")
     lines += _rows(4, mr, nr, lambda i, j: f"t[U({i * nr + j})] = s{i}_{j}")
     return "\n".join(lines) + "\n"

@@ -26,6 +26,7 @@ import numpy as np
 from .. import jit, vectors
 from ..threads import shared_scratch
 from .dtypes import image_blocks
+from .products import column_panels
 
 F32 = np.float32
 #: A piece of a conv holds at least this many multiply-adds: on the crew held through a run, pieces of a quarter
@@ -96,13 +97,9 @@ def panels(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     the bias (zeros where there is none), made once per weight."""
     found = packed.get("channels")
     if found is None:
-        DC = vectors.dense_tile()[1]
         w = packed["w"][0]  # (co, taps), taps in (channel, kernel row, kernel column) order
-        co = w.shape[0]
-        wt = w.T
-        wp = np.ascontiguousarray(np.stack([wt[:, min(c, co - DC):min(c, co - DC) + DC] for c in range(0, co, DC)]))
-        bias = np.zeros(co, F32) if packed["b"] is None else np.ascontiguousarray(packed["b"], F32)
-        found = packed["channels"] = (wp, bias)
+        bias = np.zeros(w.shape[0], F32) if packed["b"] is None else np.ascontiguousarray(packed["b"], F32)
+        found = packed["channels"] = (column_panels(w.T, vectors.dense_tile()[1]), bias)
     return found
 
 
@@ -148,12 +145,12 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
         xf = np.lib.stride_tricks.as_strided(x, (N, stride), (x.strides[0], x.itemsize))
     else:
         return None
-    xs, offs, far = d["fixed"]
-    code, alpha, beta = p["loop_act"]
     pieces = jit.product_pieces(d["macs"] * N, PIECE_MACS)
     if d["channels"]:
         bind = _channels(tiles, d, p, packed, y, pieces)
     else:
+        xs, offs, far = d["fixed"]
+        code, alpha, beta = p["loop_act"]
         w, bias = pack(packed)
         ys = y.reshape(N, p["co"], -1)
         MR, NR = vectors.conv_tile()

@@ -83,12 +83,14 @@ def panels(w: np.ndarray) -> packing.Packed | None:
     if w.dtype != F32 or w.ndim != 2 or w.shape[1] < cols or not w.shape[0]:
         return None
 
-    def make() -> dict[str, Any]:
-        n = w.shape[1]
-        firsts = [min(p, n - cols) for p in range(0, n, cols)]
-        return {"panels": np.ascontiguousarray(np.stack([w[:, c:c + cols] for c in firsts]))}
+    return packing.shared(w, None, ("dense", cols), lambda: {"panels": column_panels(w, cols)})
 
-    return packing.shared(w, None, ("dense", cols), make)
+
+def column_panels(w: np.ndarray, cols: int) -> np.ndarray:
+    """w (K, N) as panels of `cols` columns, (P, K, cols), the last panel ending at the last column (it overlaps
+    the one before where N is not a whole number of panels): the dense tile loops' weights (tiles.py)."""
+    n = w.shape[1]
+    return np.ascontiguousarray(np.stack([w[:, min(p, n - cols):min(p, n - cols) + cols] for p in range(0, n, cols)]))
 
 
 def dense(x: np.ndarray, packed: packing.Packed, bias: np.ndarray | None, out: np.ndarray,
