@@ -1,10 +1,12 @@
 """One conv layer's phases on the CPU backend: the input layout, the tile loop, and the session's whole run, as
 the conv's own plan makes them (ops/direct.py), by thread count.
 
-    python tools/conv_phases.py [--kinds pw32,s1,...] [--threads 1,2,16] [--runs 80]
+    python tools/conv_phases.py [--kinds pw32,s1,...] [--threads 1,2,16] [--runs 80] [--ort]
 
 The kinds are benchmarks/conv_vs_ort.py's. Prints the median microseconds of each phase called directly (in
-the pieces the plan gives, on the crew held awake), and of a whole `await run()`.
+the pieces the plan gives, on the crew held awake), and of a whole `await run()`. --ort runs onnxruntime's
+session of the same layer in turns with them and adds its conv's kernel time and its activation's, from its own
+profile (its layout changes, ReorderInput and ReorderOutput, left out: inside a model it keeps its layout).
 planned_conv and tile_args serve tools/ab_tiles.py too.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
@@ -51,10 +54,31 @@ def tile_args(p: dict[str, Any], weights: np.ndarray, bias: np.ndarray, laid: np
             d["last"], code, alpha, beta, runs * groups, groups, *scratch)
 
 
-async def phases(kind: str, threads: int, runs: int) -> str:
+def ort_session(model: bytes, threads: int) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.enable_profiling = threads, True
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def ort_kernels(session: Any, runs: int) -> tuple[float, float]:
+    """Microseconds a run over the last `runs` runs of session: its conv's kernel (median) and its activation's
+    nodes (mean)."""
+    with open(session.end_profiling()) as f:
+        events = [e for e in json.load(f) if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    conv = [e["dur"] for e in events if "nchwc" in e["name"] or e["args"].get("op_name") in ("Conv", "FusedConv")]
+    act = [e["dur"] for e in events if e["args"].get("op_name") in ("QuickGelu", "Sigmoid", "Mul")]
+    per_run = len(act) // max(1, len(conv))
+    return float(np.median(conv[-runs:])), float(np.sum(act[-runs * per_run:])) / runs if per_run else 0.0
+
+
+async def phases(kind: str, threads: int, runs: int, peer: bool) -> str:
     c, h, w, co, k, s = KINDS[kind]
     x = np.random.default_rng(0).random((1, c, h, w), np.float32)
-    net = aiomnn.Interpreter.from_bytes(layer(c, h, w, co, k, s, 1))
+    model = layer(c, h, w, co, k, s, 1)
+    theirs = ort_session(model, threads) if peer else None
+    net = aiomnn.Interpreter.from_bytes(model)
     async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as session:
         await warm(session, {"x": x})
         p, weights, bias = planned_conv(session)
@@ -78,8 +102,15 @@ async def phases(kind: str, threads: int, runs: int) -> str:
                 t2 = time.perf_counter()
                 await session.run({"x": x})
                 times.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+                if theirs is not None:
+                    theirs.run(None, {"x": x})
     r = np.median(np.array(times), axis=0) * 1e6
-    return f"pieces {pieces:2d}  layout {r[0]:7.1f}  tiles {r[1]:7.1f}  whole run {r[2]:7.1f}"
+    line = f"pieces {pieces:2d}  layout {r[0]:7.1f}  tiles {r[1]:7.1f}  whole run {r[2]:7.1f}"
+    if theirs is None:
+        return line
+    conv, act = ort_kernels(theirs, runs)
+    return f"{line}  onnxruntime conv {conv:7.1f} act {act:6.1f}  (layout+tiles)/(conv+act) " \
+           f"{(r[0] + r[1]) / (conv + act):.2f}"
 
 
 def main() -> None:
@@ -87,10 +118,11 @@ def main() -> None:
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--threads", default="1,2")
     p.add_argument("--runs", type=int, default=80)
+    p.add_argument("--ort", action="store_true", help="onnxruntime's conv and activation kernels beside")
     args = p.parse_args()
     for threads in (int(t) for t in args.threads.split(",")):
         for kind in args.kinds.split(","):
-            print(f"{kind:8s} {threads:2d} threads, us: {asyncio.run(phases(kind, threads, args.runs))}", flush=True)
+            print(f"{kind:8s} {threads:2d} threads, us: {asyncio.run(phases(kind, threads, args.runs, args.ort))}", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,12 @@
 buffers): each step of the CPU plan is timed around its execution, summed by its kind (the execution's class,
 and the shape of its constant weights where it has them), beside the whole run's time.
 
-    python tools/step_times.py MODEL SHAPE THREADS [--runs 40]     # e.g. minilm 1x16 16
+    python tools/step_times.py MODEL SHAPE THREADS [--runs 40] [--nodes] [--ort]    # e.g. minilm 1x16 16
+
+--nodes times each node (a fused chain by its first node) instead of each kind; --ort adds onnxruntime's own
+profile of the same model at the same threads beside it, node by node (an activation that onnxruntime runs as
+a node of its own, QuickGeluFusion for x * sigmoid(x), is added to its conv's time, as aiomnn fuses it), so
+the widest gaps come first.
 
 Unlike benchmarks/cpu_ops.py (the profile the product records, node by node), this keeps the plan as it is and
 adds only a clock read around each step; what the run spends outside its steps (the hand-off to the worker and
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import time
 from typing import Any
 
@@ -47,7 +53,28 @@ def kind(execution: Any) -> str:
     return f"{type(execution).__name__} {shape}".strip()
 
 
-async def main(name: str, shape: tuple[int, ...], threads: int, runs: int) -> None:
+def ort_nodes(name: str, feeds: dict[str, np.ndarray], threads: int, runs: int) -> dict[str, float]:
+    """onnxruntime's median kernel time of each node, microseconds, its fused activations added to their convs."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.enable_profiling = threads, True
+    session = ort.InferenceSession(models.path(name), options, providers=["CPUExecutionProvider"])
+    for _ in range(runs):
+        session.run(None, feeds)
+    with open(session.end_profiling()) as f:
+        events = json.load(f)
+    found: dict[str, list[float]] = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            # a conv in onnxruntime's blocked layout is named after its output; its activation after the Mul
+            node = e["name"][: -len("_kernel_time")].replace("_output_0_nchwc", "")
+            node = node.replace("/act/Mul/QuickGeluFusion/", "/conv/Conv")
+            found[node].append(e["dur"])
+    return {k: float(np.sum(v)) / runs for k, v in found.items()}
+
+
+async def main(name: str, shape: tuple[int, ...], threads: int, runs: int, nodes: bool, peer: bool) -> None:
     net = aiomnn.Interpreter.from_file(models.path(name))
     feeds = models.sample_feeds(name, shape)
     times: dict[str, list[float]] = collections.defaultdict(list)
@@ -60,7 +87,8 @@ async def main(name: str, shape: tuple[int, ...], threads: int, runs: int) -> No
             await session.run(feeds)
         for segment in session.pipeline.segments:
             plan = segment.backend._plans[segment]
-            plan[:] = [(Timed(step[0], kind(step[0]), times), *step[1:]) for step in plan]
+            plan[:] = [(Timed(step[0], step[-1].name if nodes else kind(step[0]), times), *step[1:])
+                       for step in plan]
         for _ in range(5):
             await session.run(feeds)
         times.clear()
@@ -72,8 +100,15 @@ async def main(name: str, shape: tuple[int, ...], threads: int, runs: int) -> No
     steps = sum(sum(v) for v in times.values()) / runs
     print(f"{name} {'x'.join(map(str, shape))}, {threads} threads: run {np.median(whole) * 1e3:.3f} ms (median), "
           f"steps {steps * 1e3:.3f} ms a run (mean)")
-    for k, v in sorted(times.items(), key=lambda kv: -sum(kv[1])):
-        print(f"  {k:28s} {sum(v) / runs * 1e3:7.3f} ms  {len(v) // runs:3d} a run  {np.median(v) * 1e6:8.1f} us each")
+    if not peer:
+        for k, v in sorted(times.items(), key=lambda kv: -sum(kv[1])):
+            print(f"  {k:28s} {sum(v) / runs * 1e3:7.3f} ms  {len(v) // runs:3d} a run  {np.median(v) * 1e6:8.1f} us each")
+        return
+    theirs = ort_nodes(name, feeds, threads, runs)
+    ours = {k: sum(v) / runs * 1e6 for k, v in times.items()}
+    print(f"onnxruntime's nodes: {sum(theirs.values()) / 1e3:.3f} ms a run; aiomnn's against them, us a run:")
+    for k in sorted(set(ours) | set(theirs), key=lambda k: theirs.get(k, 0) - ours.get(k, 0)):
+        print(f"  {k:48s} {ours.get(k, 0):8.1f} {theirs.get(k, 0):8.1f}")
 
 
 if __name__ == "__main__":
@@ -82,5 +117,7 @@ if __name__ == "__main__":
     p.add_argument("shape")
     p.add_argument("threads", type=int)
     p.add_argument("--runs", type=int, default=40)
+    p.add_argument("--nodes", action="store_true", help="time each node, not each kind")
+    p.add_argument("--ort", action="store_true", help="onnxruntime's node times beside (implies --nodes)")
     a = p.parse_args()
-    asyncio.run(main(a.model, tuple(int(d) for d in a.shape.split("x")), a.threads, a.runs))
+    asyncio.run(main(a.model, tuple(int(d) for d in a.shape.split("x")), a.threads, a.runs, a.nodes or a.ort, a.ort))
