@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import tempfile
 import sys
 import time
 from typing import Any
@@ -59,14 +60,17 @@ def ort_session(model: bytes, threads: int) -> Any:
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.enable_profiling = threads, True
+    options.profile_file_prefix = os.path.join(tempfile.gettempdir(), "aiomnn_ort_profile")
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
 def ort_kernels(session: Any, runs: int) -> tuple[float, float]:
     """Microseconds a run over the last `runs` runs of session: its conv's kernel (median) and its activation's
     nodes (mean)."""
-    with open(session.end_profiling()) as f:
+    path = session.end_profiling()
+    with open(path) as f:
         events = [e for e in json.load(f) if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    os.remove(path)
     conv = [e["dur"] for e in events if "nchwc" in e["name"] or e["args"].get("op_name") in ("Conv", "FusedConv")]
     act = [e["dur"] for e in events if e["args"].get("op_name") in ("QuickGelu", "Sigmoid", "Mul")]
     per_run = len(act) // max(1, len(conv))

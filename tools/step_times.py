@@ -20,6 +20,8 @@ import argparse
 import asyncio
 import collections
 import json
+import os
+import tempfile
 import time
 from typing import Any
 
@@ -59,11 +61,14 @@ def ort_nodes(name: str, feeds: dict[str, np.ndarray], threads: int, runs: int) 
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.enable_profiling = threads, True
+    options.profile_file_prefix = os.path.join(tempfile.gettempdir(), "aiomnn_ort_profile")
     session = ort.InferenceSession(models.path(name), options, providers=["CPUExecutionProvider"])
     for _ in range(runs):
         session.run(None, feeds)
-    with open(session.end_profiling()) as f:
+    path = session.end_profiling()
+    with open(path) as f:
         events = json.load(f)
+    os.remove(path)
     found: dict[str, list[float]] = collections.defaultdict(list)
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
