@@ -119,3 +119,56 @@ def test_replays_can_be_turned_off(monkeypatch):
     for f, y in zip(feeds, got):
         np.testing.assert_allclose(y, sess.run(None, f)[0], rtol=1e-4, atol=1e-4)
     assert replayed == 0
+
+
+def _conv_chain() -> bytes:
+    """Convs whose repeats are bound jobs alone: the tile loop (a 3x3, a pointwise), a depthwise loop, the channel
+    tiles (a stride-2 onto a 10 x 10 map); the last conv makes the model's output, a new array each run."""
+    consts = {"w1": _rand(16, 8, 3, 3) * 0.3, "b1": _rand(16), "wd": _rand(16, 1, 3, 3) * 0.3, "bd": _rand(16),
+              "w2": _rand(24, 16, 1, 1) * 0.3, "b2": _rand(24), "w3": _rand(32, 24, 3, 3) * 0.2, "b3": _rand(32),
+              "w4": _rand(8, 32, 1, 1) * 0.3, "b4": _rand(8)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "wd", "bd"], ["c2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=16),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Conv", ["r2", "w2", "b2"], ["c3"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["c3", "w3", "b3"], ["c4"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                              strides=[2, 2]),
+             helper.make_node("Conv", ["c4", "w4", "b4"], ["y"], kernel_shape=[1, 1])]
+    graph = helper.make_graph(
+        nodes, "chained", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 20, 20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(a, n) for n, a in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_steps_of_bound_jobs_run_as_one_chain(monkeypatch, threads):
+    """A replay runs the convs after the first (which reads a new feed each run, and runs the usual way) as one
+    compiled chain of their jobs; the outputs are onnxruntime's, and the same as with chains off."""
+    from aiomnn.backends.cpu import jit
+
+    model = _conv_chain()
+    feeds = [{"x": _rand(1, 8, 20, 20)} for _ in range(8)]
+    chained = []
+    original = cpu._chained
+    monkeypatch.setattr(cpu, "_chained", lambda link, values: chained.append(len(link.members)) or original(
+        link, values))
+
+    async def go(chains: bool) -> list[np.ndarray]:
+        monkeypatch.setattr(cpu, "CHAINS", chains)
+        net = aiomnn.Interpreter.from_bytes(model)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=threads)) as session:
+            await session.run(feeds[0])
+            jit.wait(300)  # the loops compiled: later runs record, then replay
+            return [np.array((await session.run(f))["y"]) for f in feeds]
+
+    got = asyncio.run(go(True))
+    assert chained and all(n == 3 for n in chained)  # the depthwise, pointwise and stride-2 convs, every replay
+    plain = asyncio.run(go(False))
+    sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    for f, y, z in zip(feeds, got, plain):
+        np.testing.assert_allclose(y, sess.run(None, f)[0], rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(y, z)

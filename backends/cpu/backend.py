@@ -21,7 +21,7 @@ from aiomnn.spelled_norm import find_spelled_norm
 
 from . import jit, ops  # noqa: F401  (ops registers every op)
 from .fuse import Norm, fuse
-from .replay import Repeat, Replay, kept, put, repeat, serves
+from .replay import Link, Repeat, Replay, kept, put, repeat, serves
 from .execution import OPS, CpuOp, FunctionOp, Unsupported, create
 
 if TYPE_CHECKING:
@@ -37,6 +37,8 @@ YIELD_EVERY = 0.0005
 _sched_yield = getattr(os, "sched_yield", None)  # it also lets go of the GIL, which the woken loop needs
 #: Whether a segment's later runs replay a recorded run (replay.py); tools/ab_cpu.py turns it off to compare.
 REPLAYS = True
+#: Whether a replay runs consecutive steps of bound jobs as one compiled chain (replay.Link); for comparisons too.
+CHAINS = True
 
 
 #: Ops whose kernels return a view of their first input where numpy can: the plan keeps that input's memory
@@ -176,10 +178,23 @@ class CpuBackend(Backend):
         """Run a segment's recorded replay. A Repeat that does not serve runs its step the usual way; where that
         makes new arrays (`changed`), the Repeats that read them do too."""
         changed: set[str] = set()
-        for entry in replay.entries:
+        entries, ends = replay.entries, replay.ends if CHAINS and jit.mode() != "off" else {}
+        i = 0
+        while i < len(entries):
             if time.perf_counter() >= yield_at:
                 _sched_yield()
                 yield_at = time.perf_counter() + YIELD_EVERY
+            end = ends.get(i)
+            if end is not None:  # the entries from here that serve this time, as one chain of their jobs
+                j = i
+                while j < end and (not changed or changed.isdisjoint(entries[j].reads)) \
+                        and serves(entries[j], values):
+                    j += 1
+                if j - i >= 2 and _chained(replay.link(i, j), values):
+                    i = j
+                    continue
+            entry = entries[i]
+            i += 1
             if type(entry) is not Repeat:
                 self._step(entry, [values[x] if x else None for x in entry[1]], values)
                 continue
@@ -272,6 +287,18 @@ class _Timed(Execution):
             return self.execution.on_execute(inputs, outputs)
         finally:
             self.profile.add(OpEvent(self.name, self.op_type, "cpu", start, time.perf_counter_ns() - start, self.args))
+
+
+def _chained(link: Link, values: dict[str, Any]) -> bool:
+    """A Link's Repeats, each serving, run as one chain of their jobs, their outputs put by name; False (nothing
+    done) where one cannot give its jobs: they run one by one."""
+    chain = link.chain()
+    if chain is None:
+        return False
+    chain()
+    for member in link.members:
+        put(member, values)
+    return True
 
 
 def _called(entry: Repeat) -> bool:

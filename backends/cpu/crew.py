@@ -114,6 +114,17 @@ def run(ctl, fn, args, n):
 
 
 @numba.njit(nogil=True, cache=True)
+def sequence(ctl, table):
+    """The jobs of table one after another, a row each: (cfunc address, fields address, pieces); a job of one
+    piece on this thread, of more shared with the crew whose control block is ctl (run), as Bound calls them."""
+    for i in range(table.shape[0]):
+        if table[i, 2] == 1:
+            call(table[i, 0], table[i, 1], 0)
+        else:
+            run(ctl, table[i, 0], table[i, 1], table[i, 2])
+
+
+@numba.njit(nogil=True, cache=True)
 def hold(ctl, change):
     """Holds on the crew, one more (change 1) or one fewer (-1): while a run holds it, its workers spin between
     jobs instead of sleeping, so that no job of the run waits for a worker's wake-up, and the first hold wakes
@@ -250,11 +261,32 @@ class Bound:
         same shapes, and the same numbers (jit.split keeps jobs with no values, so as to keep no array alive)."""
         return Bound(self.address, self.fields, self.pieces, values)
 
+    def bounds(self) -> tuple[Bound]:
+        """The job itself, as a replay chains the jobs of consecutive steps (replay.py)."""
+        return (self,)
+
     def __call__(self) -> bool:
         if self.pieces == 1:
             alone(self.address, self.args)
         else:
             run(shared(self.pieces).ctl, self.address, self.args, self.pieces)
+        return True
+
+
+class Chain:
+    """Bound jobs run by one compiled call (sequence), with no Python between them: a replay's run of steps whose
+    repeats are bound jobs alone (replay.py). It holds the jobs, and they the arrays that they read and write."""
+
+    __slots__ = ("jobs", "table", "ctl")
+
+    def __init__(self, jobs: list[Bound]):
+        self.jobs = jobs
+        self.table = np.array([(job.address, job.args, job.pieces) for job in jobs], np.int64).reshape(-1, 3)
+        most = max((job.pieces for job in jobs), default=1)
+        self.ctl = _ALONE if most == 1 else shared(most).ctl
+
+    def __call__(self) -> bool:
+        sequence(self.ctl, self.table)
         return True
 
 

@@ -287,10 +287,14 @@ class SqueezeExcite(Fused):
 
         jobs = jit.Binds()
 
-        def call() -> bool:  # the scratch is the calling thread's, fetched each time
+        def bounds() -> tuple:  # the scratch is the calling thread's, fetched each time
             scratch = shared_scratch("squeeze_excite", shape, F32)[0]
-            return jobs.get((scratch,), lambda s: loop.bind(pieces, *fields, s))()
+            return (jobs.get((scratch,), lambda s: loop.bind(pieces, *fields, s)),)
 
+        def call() -> bool:
+            return bounds()[0]()
+
+        call.bounds = bounds  # replay.py runs the jobs of consecutive steps as one chain
         call()
         return out, call
 

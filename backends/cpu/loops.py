@@ -369,7 +369,8 @@ def _compile_crew() -> None:
     """The crew's own loops, compiled (or loaded from the disk cache) once, before a worker starts."""
     for fn, signature in ((crew.worker, (_CONTROL,)), (crew.stop, (_CONTROL,)), (crew.hold, (_CONTROL, types.int64)),
                           (crew.run, (_CONTROL, types.int64, types.int64, types.int64)),
-                          (crew.alone, (types.int64, types.int64))):
+                          (crew.alone, (types.int64, types.int64)),
+                          (crew.sequence, (_CONTROL, types.Array(types.int64, 2, "C")))):
         if not fn.signatures:
             fn.compile(signature)
 

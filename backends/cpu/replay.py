@@ -15,13 +15,23 @@ those it was recorded with (a new feed), or whose call did nothing, runs the usu
 then makes other arrays than it was recorded with, the repeating steps that read them run the usual way too.
 A call stays valid while the plan lives: it holds the arrays it reads and writes, and computes the same function
 of the same memory.
+
+Most repeats are bound jobs of the compiled loops alone (a conv's layout and tiles, a depthwise conv, Winograd's
+four jobs, a squeeze-and-excite; a view or an in-place Concat has none): the call says so by its `bounds()`, the
+jobs for the calling thread. A replay runs a stretch of such steps that serve this time as one crew.Chain, a
+compiled loop over their jobs: the Python between kernels (the steps' calls, the replay's checks and puts) took
+as long as cls's kernels at batch 1 (benchmarks/RESULTS.md, session 37).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import threading
+from typing import TYPE_CHECKING, Any, Callable
 
 from .ops.dtypes import same
+
+if TYPE_CHECKING:
+    from .crew import Chain
 
 #: One step of run_segment's plan (fused.Step): (execution, input names, [(output index, name)], names freed
 #: after it, whether to copy outputs that view planned memory, node).
@@ -33,22 +43,71 @@ class Repeat:
     was recorded with), its outputs by name, the names it frees, and the step itself (run the usual way where the
     call does not serve)."""
 
-    __slots__ = ("call", "checks", "outputs", "frees", "step", "reads")
+    __slots__ = ("call", "checks", "outputs", "frees", "step", "reads", "jobs")
 
     def __init__(self, call: Callable[[], Any], checks: list[tuple[str, Any]], outputs: list[tuple[str, Any]],
                  frees: list[str], step: Step):
         self.call, self.checks, self.outputs, self.frees, self.step = call, checks, outputs, frees, step
         self.reads = frozenset(name for name in step[1] if name)
+        #: Where the call is bound jobs alone (a crew.Bound, or a call with `bounds`): its jobs for the calling
+        #: thread (None where it cannot give them this time).
+        self.jobs: Callable[[], tuple | None] | None = getattr(call, "bounds", None)
+
+
+class Link:
+    """Consecutive Repeats whose calls are bound jobs alone: their jobs run as one crew.Chain, made once for each
+    thread (a job may read the calling thread's scratch), with no Python between the kernels."""
+
+    __slots__ = ("members", "chains")
+
+    def __init__(self, members: list[Repeat]):
+        self.members = members
+        self.chains: dict[int, Chain] = {}
+
+    def chain(self) -> Chain | None:
+        """The chain for this thread; None where a member cannot give its jobs."""
+        thread = threading.get_ident()
+        found = self.chains.get(thread)
+        if found is None:
+            from .crew import Chain  # (numba's, loaded by now: the jobs are its loops') after vectors.wide
+
+            jobs = []
+            for member in self.members:
+                got = member.jobs()
+                if got is None:
+                    return None
+                jobs.extend(got)
+            found = self.chains[thread] = Chain(jobs)
+        return found
 
 
 class Replay:
-    """A recorded run of a segment: for each step, its Repeat, or the step itself where it has none."""
+    """A recorded run of a segment: for each step, its Repeat, or the step itself where it has none. `ends` holds,
+    for each entry inside a run of two or more Repeats of bound jobs, where that run ends: a replay runs as one
+    chain the entries from there that serve this time (a model's first conv reads a new feed each run: it runs the
+    usual way, and the rest of its run of entries as a chain), through Links made once for each stretch."""
 
-    __slots__ = ("entries", "repeats")
+    __slots__ = ("entries", "repeats", "ends", "links")
 
     def __init__(self, entries: list[Repeat | Step]):
         self.entries = entries
         self.repeats = sum(type(e) is Repeat for e in entries)
+        self.ends: dict[int, int] = {}
+        self.links: dict[tuple[int, int], Link] = {}
+        start = 0
+        for i in range(len(entries) + 1):
+            if i < len(entries) and type(entries[i]) is Repeat and entries[i].jobs is not None:
+                continue
+            if i - start >= 2:
+                self.ends.update((k, i) for k in range(start, i))
+            start = i + 1
+
+    def link(self, start: int, end: int) -> Link:
+        """The Link of entries [start, end)."""
+        found = self.links.get((start, end))
+        if found is None:
+            found = self.links[(start, end)] = Link(self.entries[start:end])
+        return found
 
 
 def repeat(step: Step, args: list[Any], made: set[str]) -> Repeat | None:

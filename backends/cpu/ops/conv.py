@@ -216,7 +216,14 @@ class Conv(CpuOp):
         if fast is None or x.shape != fast[0] or x.dtype != fast[1]:
             return None
         run, y = fast[2], self.out[0]
-        return (lambda: run(x) is y), y
+
+        def call() -> bool:
+            return run(x) is y
+
+        bounds = getattr(run, "bounds", None)  # its jobs on this input, where the run is its jobs alone
+        if bounds is not None:
+            call.bounds = lambda: bounds(x)  # replay.py runs the jobs of consecutive steps as one chain
+        return call, y
 
     def _bind_fast(self, x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> None:
         """After a run into the planned output with constant weights: the same run as one closure over what
@@ -235,6 +242,8 @@ class Conv(CpuOp):
                 if winograd.looped(x, y, p, packed):
                     return y
                 return self.run(x, self.w_const, self.b_const)  # still compiling
+
+            fast.bounds = lambda x: winograd.jobs(x, y, p, packed)
         elif p["tiles"]:
             last: list[Any] = [None, None]  # the x of the last run and the tile loop's call for it
 
@@ -246,6 +255,8 @@ class Conv(CpuOp):
                     last[:] = x, call
                     return y
                 return self.run(x, self.w_const, self.b_const)  # still compiling
+
+            fast.bounds = lambda x: last[1].bounds() if last[1] is not None and same(x, last[0]) else None
         elif p["path"] == "pointwise" and p["direct"]:
             w2 = packed["w"][0]
             xshape, ys = (p["N"], p["C"], p["L"]), y.reshape(p["N"], p["co"], p["L"])
@@ -268,6 +279,9 @@ class Conv(CpuOp):
                     else:
                         numpy_way(x, y, p, packed, self.group, act, self.silu, _TILE)
                 return y
+
+            if p["loop"] and (p["loop_act"] is not None or act is None):  # no activation left to numpy
+                fast.bounds = lambda x: depthwise.jobs(x, y, p, packed)
         else:
             return
         self._fast = (x.shape, x.dtype, fast)

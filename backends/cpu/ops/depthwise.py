@@ -70,11 +70,23 @@ LOOP_PIECE = 1 << 18
 def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any], act) -> bool:
     """y = conv(x) by planes.depthwise, its planes shared among the crew's threads, for a plan it serves
     (loop_serves); False (nothing done) while it compiles, or for other layouts."""
-    if x.dtype != np.float32 or not x.flags.c_contiguous or not y.flags.c_contiguous:
+    found = jobs(x, y, p, packed)
+    if found is None:
         return False
+    found[0]()
+    if p["loop_act"] is None and act is not None:
+        act(y)
+    return True
+
+
+def jobs(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> tuple | None:
+    """looped's job, bound once for the same memory (before an activation that the loop cannot apply, which
+    looped applies after it); None while it compiles, or for other layouts."""
+    if x.dtype != np.float32 or not x.flags.c_contiguous or not y.flags.c_contiguous:
+        return None
     loop = jit.jitted("depthwise")
     if loop is None:
-        return False
+        return None
     w = packed.get("loop_w")
     if w is None:
         kh, kw = p["kernel"]
@@ -87,11 +99,8 @@ def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, An
     b, pt, pl = packed["loop_b"], p["pads"][0], p["pads"][1]
     each = Ho * Wo * w.shape[1] * w.shape[2]
     pieces = max(1, min(threads(), planes, planes * each // LOOP_PIECE))
-    jobs = p.setdefault("depthwise.jobs", jit.Binds(same))  # bound once for the same memory
-    jobs.get((x, y), lambda *_: loop.bind(pieces, xs, w, b, ys, sh, sw, pt, pl, *loop_act, 0, planes))()
-    if p["loop_act"] is None and act is not None:
-        act(y)
-    return True
+    found = p.setdefault("depthwise.jobs", jit.Binds(same))  # bound once for the same memory
+    return (found.get((x, y), lambda *_: loop.bind(pieces, xs, w, b, ys, sh, sw, pt, pl, *loop_act, 0, planes)),)
 
 
 def _plan_band(p: dict[str, Any], budget: int) -> bool:

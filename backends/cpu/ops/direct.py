@@ -122,8 +122,8 @@ def pack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
 
 def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> Callable[[], Any] | None:
     """y = act(conv(x)) by the tile loop (tiles.channels where the plan says) for a plan it serves. Returns the
-    same work as a call to make again on the same x and y (it returns True), None (nothing done) while the loops
-    compile, or where y is not contiguous.
+    same work as a call to make again on the same x and y (it returns True; its `bounds()` gives its jobs for the
+    calling thread, replay.py), None (nothing done) while the loops compile, or where y is not contiguous.
 
     The crew's threads and this one lay the input out, in jobs of rows, then share the chunks of the tile loop:
     runs of tiles (of every image), each for a group of the channels (groups where there are fewer tiles than
@@ -172,13 +172,17 @@ def run(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any])
         """The layout's job and the tiles', for the layout's buffer."""
         return None if layout is None else lay.bind(lay_pieces, xf, src, *layout, 0, N, 0, d["hq"]), bind(src)
 
-    def call() -> bool:
+    def bounds() -> tuple:
         # The layout's buffer is the calling thread's own, fetched each time.
         laid, tiled = jobs.get((xf if layout is None else shared_scratch("direct", shape, F32)[0],), make)
-        if laid is not None:
-            laid()
-        return tiled()
+        return (tiled,) if laid is None else (laid, tiled)
 
+    def call() -> bool:
+        for job in bounds():
+            job()
+        return True
+
+    call.bounds = bounds  # replay.py runs the jobs of consecutive steps as one chain
     call()
     return call
 

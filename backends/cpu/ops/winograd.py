@@ -234,6 +234,23 @@ def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, An
         gathered = shared_scratch("winograd.x", x.shape, np.float32)[0]
         np.copyto(gathered, x)
         x = gathered
+    for job in _jobs(x, y, p, packed, loops):
+        job()
+    return True
+
+
+def jobs(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any]) -> tuple | None:
+    """looped's jobs for the calling thread, where they are all it does (replay.py runs them in a chain): None
+    while the loops compile, or where x is a batch's piece that it gathers first."""
+    loops = [jit.jitted(name) for name in LOOPS]
+    if None in loops or not x.flags.c_contiguous:
+        return None
+    return _jobs(x, y, p, packed, loops)
+
+
+def _jobs(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, Any], loops: list[Any]) -> tuple:
+    """The four jobs of looped on a contiguous x, bound once for these arrays: a conv's later runs bring the same
+    ones (its input and output the same memory, the scratch the calling thread's own)."""
     layout, into, gemm, out = loops
     N, C, co = p["N"], p["C"], p["co"]
     (h, w), (ho, wo), (pt, pl) = p["spatial"], p["outs"], p["pads"][:2]
@@ -253,14 +270,9 @@ def looped(x: np.ndarray, y: np.ndarray, p: dict[str, Any], packed: dict[str, An
         bias = np.zeros(0, np.float32) if packed["b"] is None else np.ascontiguousarray(packed["b"], np.float32)
         packed["winograd.looped"] = ut, bias
     code, alpha, beta = p["loop_act"]
-    # The four jobs, bound once for these arrays: a conv's later runs bring the same ones (its input and output the
-    # same memory, the scratch the calling thread's own).
     key = (x, y, xt, v, m, scratch_in, scratch_out, ut)
-    jobs = p.setdefault("winograd.jobs", jit.Binds(same)).get(key, lambda *_: (
+    return p.setdefault("winograd.jobs", jit.Binds(same)).get(key, lambda *_: (
         layout.bind(min(threads, N * hp), x.reshape(N, C, -1), xt, h, w, pt, pl),
         into.bind(min(threads, tiles), xt, v, scratch_in, th, tw),
         gemm.bind(min(threads, T * T), v, ut, bias[:0], m, False, 0, 0.0, 0.0, 1, 1),
         out.bind(rows, m, bias, y.reshape(N, co, -1), scratch_out, code, alpha, beta, ho, wo, th, tw)))
-    for job in jobs:
-        job()
-    return True
