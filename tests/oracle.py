@@ -22,11 +22,12 @@ def one_input_model(nodes: list, x_shape: tuple, consts: dict[str, np.ndarray] |
     return model.SerializeToString()
 
 
-def counting(monkeypatch, key: str, fn, *modules) -> dict[str, int]:
-    """Count the calls of fn that serve (return something true: True, or a bound call), under {key: n}: fn is
-    replaced by a counting wrapper under its own name in each of the modules (those that imported it by name, or
-    its own)."""
-    count = {key: 0}
+def counting(monkeypatch, key: str, fn, *modules, into: dict[str, int] | None = None) -> dict[str, int]:
+    """Count the calls of fn that serve (return something true: True, or a bound call), under {key: n} (or into
+    another count's dict): fn is replaced by a counting wrapper under its own name in each of the modules (those
+    that imported it by name, or its own)."""
+    count = {} if into is None else into
+    count.setdefault(key, 0)
 
     def counted(*args):
         done = fn(*args)

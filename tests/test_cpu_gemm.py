@@ -38,12 +38,13 @@ def gemm():
 
 @pytest.fixture
 def calls(monkeypatch):
-    """How many products the compiled loop computed (products.compiled returning True), by the steps that
-    call it (each module imported it by name)."""
+    """How many products the compiled loop computed (products.compiled returning True, or a conv's job of it,
+    products.gemm_job), by the steps that call it (each module imported it by name)."""
     from aiomnn.backends.cpu import fuse, layers
     from aiomnn.backends.cpu.ops import conv
 
-    return counting(monkeypatch, "compiled", products.compiled, conv, fuse, layers)
+    count = counting(monkeypatch, "compiled", products.compiled, fuse, layers)
+    return counting(monkeypatch, "compiled", products.gemm_job, conv, into=count)
 
 
 def _gelu(z: np.ndarray) -> np.ndarray:

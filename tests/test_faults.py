@@ -79,9 +79,11 @@ async def test_a_kernel_that_raises_mid_run_fails_that_run_only():
 
     def broken(inputs, outputs):
         middle.execution.on_execute = real  # fails once
+        del middle.execution.again
         raise RuntimeError("injected kernel fault")
 
     middle.execution.on_execute = broken
+    middle.execution.again = lambda inputs: None  # no repeat offered (replay.py): the run calls on_execute
     with pytest.raises(aiomnn.BackendError, match=f"{middle.node.name}.*injected kernel fault") as err:
         await s.run({"image": X})
     assert err.value.backend == "cpu"

@@ -292,10 +292,15 @@ class _Timed(Execution):
 def _chained(link: Link, values: dict[str, Any]) -> bool:
     """A Link's Repeats, each serving, run as one chain of their jobs, their outputs put by name; False (nothing
     done) where one cannot give its jobs: they run one by one."""
-    chain = link.chain()
-    if chain is None:
-        return False
-    chain()
+    try:
+        chain = link.chain()
+        if chain is None:
+            return False
+        chain()
+    except AiomnnError:
+        raise
+    except Exception as exc:
+        raise _failed(link.members[0].step[5], exc) from exc
     for member in link.members:
         put(member, values)
     return True

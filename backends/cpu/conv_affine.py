@@ -58,6 +58,9 @@ class ConvAffine(Fused):
         # The Mul's and the Add's other operand: the one that the step before did not make.
         operands = {type(s[0]): next(n for n in s[1] if n != a[2][0][1]) for a, s in zip(chain, chain[1:])}
         self.scale, self.shift = operands.get(Mul), operands.get(Add)
+        # Whether both scalars are the model's constants: then a repeat need not read them again, and its conv's
+        # jobs are all it does (replay.py chains them).
+        self.constant = all(s[0].consts[list(s[1]).index(operands[type(s[0])])] for s in chain[1:])
         self.last = chain[-1][0]
         self.fused: tuple[float, float, Conv] | None = None  # the scalars and the conv made for them
         self.seen: list[Any] | None = None  # the inputs that the fused conv's output buffer was chosen for
@@ -96,6 +99,8 @@ class ConvAffine(Fused):
             return (_scalar(scale) if self.scale else 1.0, _scalar(shift) if self.shift else 0.0) == fused[:2] \
                 and run()
 
+        if self.constant and getattr(run, "bounds", None) is not None:
+            call.bounds = run.bounds  # replay.py runs the jobs of consecutive steps as one chain
         return call, y
 
 

@@ -47,6 +47,25 @@ def activation(args, c):
     scalars.activate(y, np.uint64(lo), np.uint64(hi), act, alpha, beta)
 
 
+def binary(args, c):
+    """y = act(x op z) elementwise over float32 arrays of one shape (op 0 adds, 1 subtracts, 2 multiplies), then a
+    fused activation's code (scalars.activate, with alpha and beta); y may be x or z. Fields x, z, y (flat), op,
+    act, alpha, beta."""
+    a = fields(args, 7)
+    x, z, y, op = array1(a, 0, F), array1(a, 1, F), array1(a, 2, F), i64(a, 3)
+    lo, hi = share(a, c, y.shape[0])
+    if op == 0:
+        for i in range(lo, hi):
+            y[i] = x[i] + z[i]
+    elif op == 1:
+        for i in range(lo, hi):
+            y[i] = x[i] - z[i]
+    else:
+        for i in range(lo, hi):
+            y[i] = x[i] * z[i]
+    scalars.activate(y, np.uint64(lo), np.uint64(hi), i64(a, 4), f32(a, 5), f32(a, 6))
+
+
 def gelu(args, c):
     """y = y/2 (1 + erf(y / sqrt 2)), in place: field y (flat)."""
     a = fields(args, 1)
@@ -325,6 +344,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "erf": (erf, (_IN, _OUT)),
     "gelu": (gelu, (_OUT,)),
     "activation": (activation, (_OUT, _I, _F, _F)),
+    "binary": (binary, (_IN, _IN, _OUT, _I, _I, _F, _F)),
     "softmax_axis": (softmax_axis, (_IN3, _OUT3, _OUT2, _I)),
     "softmax": (softmax, (_OUT2, _F, _IN2, _I, _I)),
     "layer_norm": (layer_norm, (_IN2, _IN2, _IN, _IN, _F, _OUT2)),

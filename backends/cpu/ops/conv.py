@@ -48,7 +48,7 @@ from .. import jit, packing
 from ..execution import CpuOp, Unsupported, op
 from ..threads import threads
 from . import depthwise, direct, im2col, winograd
-from .products import PARALLEL_MACS, bias_tile, compiled, product, silu_product, split
+from .products import PARALLEL_MACS, bias_tile, gemm_job, product, silu_product, split
 from .activations import activation_fn
 from .dtypes import float_compute_dtype, out_buffer, same
 from .window import conv_geometry, ints, tap_phases
@@ -237,6 +237,12 @@ class Conv(CpuOp):
                 if self._compiled(x, y, p, packed):
                     return y
                 return self.run(x, self.w_const, self.b_const)  # still compiling
+
+            def bounds(x):
+                job = self._gemm_job(x, y, p, packed)
+                return None if job is None else (job,)
+
+            fast.bounds = bounds
         elif p["winograd_loops"]:
             def fast(x):
                 if winograd.looped(x, y, p, packed):
@@ -332,9 +338,14 @@ class Conv(CpuOp):
                      or min(p["C"], p["co"]) >= BLAS_CHANNELS and p["L"] >= BLAS_COLUMNS * threads()))
 
     def _compiled(self, x, y, p, packed) -> bool:
-        """A pointwise conv as products.compiled: one BLAS call a piece, its bias and activation fused."""
+        """A pointwise conv as products.compiled does it: one BLAS call a piece, its bias and activation fused."""
+        job = self._gemm_job(x, y, p, packed)
+        return job is not None and bool(job())
+
+    def _gemm_job(self, x, y, p, packed) -> Any:
+        """_compiled's job (crew.Bound), bound once for these arrays; None where it cannot serve."""
         N, L = p["N"], p["L"]
-        return compiled(packed["w"][0], x.reshape(N, p["C"], L), y.reshape(N, p["co"], L), packed["b"], True,
+        return gemm_job(packed["w"][0], x.reshape(N, p["C"], L), y.reshape(N, p["co"], L), packed["b"], True,
                         p["loop_act"], p)
 
     def _pointwise(self, x, y, p, packed):

@@ -10,15 +10,16 @@ float8...) are computed in float32 and rounded once at the end (dtypes.py).
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
+from .. import jit
 from ..execution import CpuOp, op
 
 from ..threads import SLICE_ELEMENTS, parallel_slices, threads
 from .activations import activation_fn
-from .dtypes import F32, ML_INTS, compute_dtype, is_float, matches, widen
+from .dtypes import F32, ML_INTS, compute_dtype, is_float, matches, same, widen
 
 
 # ------------------------------------------------------------- binary arithmetic
@@ -52,12 +53,19 @@ class Binary(CpuOp):
     writes_outputs = True
     ufunc: np.ufunc
 
+    #: The compiled loop's op (loops.binary) where it has one.
+    looped: int | None = None
+
     def __init__(self, node, inputs, outputs, broadcast=None, axis=None, consumed_inputs=None, _activation=None):
         super().__init__(node, inputs, outputs)
         self.activation = activation_fn(_activation)
+        self.loop_act = jit.loop_activation(_activation)
         self.legacy = node.opset < 7 and broadcast is not None
         self.broadcast, self.axis = broadcast, axis
         self._key: tuple | None = None
+        self._job: tuple | None = None  # the last run's inputs, output and the compiled loop's job
+        #: Which operands are the model's constants (a fused step that reads one as a scalar need not read it again).
+        self.consts = tuple(t is not None and t.is_const for t in inputs)
 
     def compute(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         return self.ufunc(a, b, out=out)
@@ -73,6 +81,8 @@ class Binary(CpuOp):
         out = matches(self.out[0], shape, dt)
         if not self._native:
             return self._run_wide(a, b, shape, out)
+        if out is not None and self._looped(a, b, out):
+            return out
         if out is None:
             out = np.empty(shape, dt)
         pieces = min(threads(), out.size // SLICE_ELEMENTS)  # (det's feature pyramid adds big maps)
@@ -82,6 +92,28 @@ class Binary(CpuOp):
         with np.errstate(all="ignore"):
             self.compute(a, b, out)
         return out if self.activation is None else self.activation(out)
+
+    def _looped(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+        """out = act(a op b) by the compiled loop (loops.binary), for float32 operands of out's shape, contiguous,
+        into the planned buffer; the job kept for again. False (nothing done) where it does not serve, or while
+        it compiles."""
+        if self.looped is None or self.loop_act is None or a.shape != b.shape or out.dtype != F32 \
+                or not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
+            return False
+        job = jit.split("binary", out.size, SLICE_ELEMENTS, a.reshape(-1), b.reshape(-1), out.reshape(-1),
+                        self.looped, *self.loop_act)
+        if job is None:
+            return False
+        self._job = (a, b, out, job)
+        return True
+
+    def again(self, inputs: list[Any]) -> tuple[Callable[[], bool], np.ndarray] | None:
+        """The compiled loop's job of the last run, where these are its very operands (replay.py)."""
+        job = self._job
+        if job is None or len(inputs) != 2 or not same(inputs[0], job[0]) or not same(inputs[1], job[1]) \
+                or job[2] is not self.out[0]:
+            return None
+        return job[3], job[2]
 
     def _shared(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, pieces: int) -> None:
         """The op over slices of out along its first axis long enough to share, each slice (and its
@@ -117,15 +149,15 @@ class Binary(CpuOp):
         return out
 
 
-def _binary(op_type: str, ufunc: np.ufunc) -> type:
-    cls = type(op_type, (Binary,), {"ufunc": ufunc})
+def _binary(op_type: str, ufunc: np.ufunc, looped: int | None = None) -> type:
+    cls = type(op_type, (Binary,), {"ufunc": ufunc, "looped": looped})
     op(op_type, 1)(cls)
     return cls
 
 
-Add = _binary("Add", np.add)
-Sub = _binary("Sub", np.subtract)
-Mul = _binary("Mul", np.multiply)
+Add = _binary("Add", np.add, 0)
+Sub = _binary("Sub", np.subtract, 1)
+Mul = _binary("Mul", np.multiply, 2)
 
 
 class Div(Binary):

@@ -55,24 +55,32 @@ def compiled(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | N
     layer's weights, which each thread then reads alone) and then rows. False (nothing done) where it cannot
     serve: other dtypes or layouts, or while it compiles. A caller that brings the same arrays run after run
     (a conv's plan) gives `kept`, where the job stays bound (crew.Bound) while they do."""
+    job = gemm_job(a, b, out, bias, per_row, activation, kept)
+    return job is not None and bool(job())
+
+
+def gemm_job(a: np.ndarray, b: np.ndarray, out: np.ndarray, bias: np.ndarray | None, per_row: bool,
+             activation: tuple[int, float, float], kept: dict[str, Any] | None = None) -> Callable[[], Any] | None:
+    """compiled's job, to call: bound once (crew.Bound) for these arrays where `kept` holds it; None where it
+    cannot serve."""
     arrays = (a, b, out) if bias is None else (a, b, out, bias)
     if any(x.dtype != F32 or not x.flags.c_contiguous for x in arrays):
-        return False
+        return None
     a = a if a.ndim == 3 else a[None]
     (m, k), (N, _, n) = a.shape[1:], b.shape
     if not (m and k and n and N) or a.shape[0] not in (1, N):  # BLAS refuses a leading dimension of 0
-        return False
+        return None
     pieces = jit.product_pieces(N * m * n * k, GEMM_PIECE)
     loop = jit.jitted("gemm")
     if loop is None:
-        return False
+        return None
     cols = 1 if N >= pieces else max(1, min(pieces, n // GEMM_COLUMNS))
     rows = 1 if N >= pieces else max(1, min(pieces // cols, m // 16))
     if kept is None:
-        return loop(pieces, a, b, loop_bias(bias), out, per_row, *activation, rows, cols)
+        return lambda: loop(pieces, a, b, loop_bias(bias), out, per_row, *activation, rows, cols)
     jobs = kept.setdefault("gemm.jobs", jit.Binds(same))
     return jobs.get((a, b, out), lambda *_: loop.bind(pieces, a, b, loop_bias(bias), out, per_row, *activation, rows,
-                                                      cols))()
+                                                      cols))
 
 
 def panels(w: np.ndarray) -> packing.Packed | None:
