@@ -155,6 +155,9 @@ class Attention(Fused):
         self.mask = None if add is None else next(x for x in add[1] if x != inner[self.scaled])
         self.v = steps[-1][1][1]
         self.last = chain[-1][0]
+        # Whether the scale is the model's constant (or there is none): then a repeat need not read it again, and
+        # its bound job is all it does (replay.py chains it).
+        self.constant = not self.scaled or steps[1][0].consts[list(steps[1][1]).index(self.scale)]
 
     def _choose(self, values: dict[str, Any], inputs: list[Any]) -> Any:
         q, k, v = values[self.q], values[self.k], values[self.v]
@@ -190,7 +193,10 @@ class Attention(Fused):
             bound = compiled.bind(*args)
             bound()  # the heads shared by the crew's threads
             if viewed:  # a copy would keep this run's mask
-                self._bind(inputs, result, functools.partial(self._again, compiled, args, c, bound))
+                again = functools.partial(self._again, compiled, args, c, bound)
+                if self.constant:
+                    again.bounds = bound.bounds  # replay.py runs the jobs of consecutive steps as one chain
+                self._bind(inputs, result, again)
             return result
         # Heads a piece: a piece a thread, each of PIECE_MACS or more (two products of s x d x t a head).
         per = max(1, min(h, max(-(-h * b // threads()), -(-PIECE_MACS // max(1, 2 * s * t * q.shape[3])))))
