@@ -33,6 +33,15 @@ def same(a: Any, b: Any) -> bool:
                       and a.strides == b.strides and a.dtype == b.dtype and a.ctypes.data == b.ctypes.data)
 
 
+def repeat_of(kept: tuple | None, inputs: list[Any], planned: Any) -> tuple[Any, Any] | None:
+    """A step's repeat (its again, replay.py) from what its last run kept, (inputs, output, job): the job (a bound
+    call, crew.Bound) and the output, where these are the very inputs and that output is still the planned buffer;
+    None otherwise."""
+    if kept is None or kept[1] is not planned or len(inputs) != len(kept[0]) or not all(map(same, inputs, kept[0])):
+        return None
+    return kept[2], kept[1]
+
+
 def image_blocks(a: np.ndarray) -> bool:
     """Whether a is contiguous, or a batch of contiguous blocks one after another in order (a piece of a
     contiguous batch cut along a later axis): what a conv's layout reads as it is (ops/direct.py)."""

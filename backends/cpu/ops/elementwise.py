@@ -19,7 +19,7 @@ from ..execution import CpuOp, op
 
 from ..threads import SLICE_ELEMENTS, parallel_slices, threads
 from .activations import activation_fn
-from .dtypes import F32, ML_INTS, compute_dtype, is_float, matches, same, widen
+from .dtypes import F32, ML_INTS, compute_dtype, is_float, matches, repeat_of, widen
 
 
 # ------------------------------------------------------------- binary arithmetic
@@ -63,7 +63,7 @@ class Binary(CpuOp):
         self.legacy = node.opset < 7 and broadcast is not None
         self.broadcast, self.axis = broadcast, axis
         self._key: tuple | None = None
-        self._job: tuple | None = None  # the last run's inputs, output and the compiled loop's job
+        self._kept: tuple | None = None  # the last run's operands, output and the compiled loop's job
         #: Which operands are the model's constants (a fused step that reads one as a scalar need not read it again).
         self.consts = tuple(t is not None and t.is_const for t in inputs)
 
@@ -104,16 +104,12 @@ class Binary(CpuOp):
                         self.looped, *self.loop_act)
         if job is None:
             return False
-        self._job = (a, b, out, job)
+        self._kept = ((a, b), out, job)
         return True
 
     def again(self, inputs: list[Any]) -> tuple[Callable[[], bool], np.ndarray] | None:
         """The compiled loop's job of the last run, where these are its very operands (replay.py)."""
-        job = self._job
-        if job is None or len(inputs) != 2 or not same(inputs[0], job[0]) or not same(inputs[1], job[1]) \
-                or job[2] is not self.out[0]:
-            return None
-        return job[3], job[2]
+        return repeat_of(self._kept, inputs, self.out[0])
 
     def _shared(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, pieces: int) -> None:
         """The op over slices of out along its first axis long enough to share, each slice (and its

@@ -10,6 +10,7 @@ maximum, as ONNX Runtime does.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from aiomnn.window import pool_geometry, window_span
 from .. import jit
 from ..execution import CpuOp, Unsupported, op
 from ..threads import SLICE_ELEMENTS, shared_scratch
-from .dtypes import float_compute_dtype, out_buffer
+from .dtypes import float_compute_dtype, out_buffer, repeat_of
 from .window import ints
 
 
@@ -43,6 +44,7 @@ class _Pool(CpuOp):
         self.want_indices = len(outputs) > 1 and bool(outputs[1].name)
         self._plan_key = None
         self._plan = None
+        self._kept: tuple | None = None  # the last run's input, output and compiled job (max pooling)
 
     def _geometry(self, shape):
         key = tuple(shape)
@@ -135,18 +137,18 @@ def _max_flat(x: np.ndarray, p: dict, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _max_compiled(x: np.ndarray, p: dict, planned: np.ndarray | None) -> np.ndarray | None:
+def _max_compiled(x: np.ndarray, p: dict, planned: np.ndarray | None) -> tuple[np.ndarray, Any] | None:
     """2-D float32 max pooling without dilation (cls's 2 x 2 of stride 2, YOLOv8n's padded 5 x 5 of stride 1;
-    windows past the edge too) by planes.max_pool, planes shared by the pieces; None (nothing done) where it cannot
-    serve or compiles."""
+    windows past the edge too) by planes.max_pool, planes shared by the pieces: the output and the job (jit.split's,
+    to call again); None (nothing done) where it cannot serve or compiles."""
     if p["n"] != 2 or x.dtype != np.float32 or not x.flags.c_contiguous or any(d != 1 for d in p["dils"]):
         return None
     out = out_buffer(planned, p["out_shape"], x.dtype)
     (H, W), (kh, kw), (sh, sw), (hp, wp) = x.shape[2:], p["kernel"], p["strides"], p["need"]
     xs, ys = x.reshape(-1, H, W), out.reshape((-1,) + tuple(p["outs"]))
-    done = jit.split("max_pool", xs.shape[0], max(1, SLICE_ELEMENTS // max(1, H * W)), xs, ys, kh, kw, sh, sw,
-                     p["pads"][0], p["pads"][1], hp, wp)
-    return out if done is not None else None
+    job = jit.split("max_pool", xs.shape[0], max(1, SLICE_ELEMENTS // max(1, H * W)), xs, ys, kh, kw, sh, sw,
+                    p["pads"][0], p["pads"][1], hp, wp)
+    return None if job is None else (out, job)
 
 
 def _lowest(dtype: np.dtype):
@@ -168,9 +170,10 @@ class _WindowPool(_Pool):
         if self.reduce == "max" and self.want_indices:
             return self._max_with_indices(x, p)
         if self.reduce == "max":
-            out = _max_compiled(x, p, self.out[0])
-            if out is not None:
-                return out
+            found = _max_compiled(x, p, self.out[0])
+            if found is not None:
+                self._kept = ((x,), *found)
+                return found[0]
         # Stride 1 the flat way while the loop compiles: long numpy calls over the whole tensor, where short rows
         # would take a numpy call each.
         if self.reduce == "max" and all(s_ == 1 for s_ in strides) and x.dtype.kind == "f" and x.ndim > 2:
@@ -203,6 +206,10 @@ class _WindowPool(_Pool):
             out[...] = y
             return out
         return y
+
+    def again(self, inputs: list[Any]) -> tuple[Any, np.ndarray] | None:
+        """The compiled max pooling's job of the last run, where this is its very input (replay.py)."""
+        return repeat_of(self._kept, inputs, self.out[0])
 
     def _average(self, y, shape, p):
         n = p["n"]

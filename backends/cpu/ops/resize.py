@@ -14,7 +14,7 @@ from ..execution import CpuOp, Unsupported, op
 
 from ..threads import SLICE_ELEMENTS, parallel_slices, threads
 from . import resample
-from .dtypes import out_buffer
+from .dtypes import out_buffer, repeat_of
 
 
 class _ResizeBase(CpuOp):
@@ -35,6 +35,10 @@ class _ResizeBase(CpuOp):
         self.mode = self.spec.mode
         self._key: Any = None
         self._plan: sampling.ResizePlan | None = None
+        # Whether the scales, sizes and roi are the model's constants (or absent): then a nearest upscale's job,
+        # bound to them, may repeat on the same input (again).
+        self.fixed = all(t is None or t.is_const for t in inputs[1:])
+        self._kept: tuple | None = None  # the last run's inputs, output and compiled job
 
     def _arguments(self, x, *rest):
         """The input, scales, sizes and roi of a run, as resize takes them."""
@@ -59,7 +63,9 @@ class _ResizeBase(CpuOp):
             return out
         reps = plan.factors
         if reps is not None:
-            if resample.upsample(x, None, out, reps):
+            job = resample.upsample(x, None, out, reps)
+            if job:
+                self._kept = (x, out, job)
                 return out
             # Slices of the first axis longer than one, if it comes before the first resized axis (batch or
             # channels): each slice of out is then contiguous, and reshapes as a view.
@@ -103,7 +109,15 @@ class _ResizeBase(CpuOp):
         return plan.factors
 
     def run(self, *inputs):
-        return self.resize(*self._arguments(*inputs))
+        self._kept = None
+        out = self.resize(*self._arguments(*inputs))
+        if self._kept is not None:  # the upscale's job alone, on this input (the rest constants)
+            self._kept = (inputs, out, self._kept[2]) if self.fixed else None
+        return out
+
+    def again(self, inputs: list[Any]) -> tuple[Any, np.ndarray] | None:
+        """The nearest upscale's job of the last run, where these are its very inputs (replay.py)."""
+        return repeat_of(self._kept, inputs, self.out[0])
 
     def _extrapolate(self, y, plans):
         masks = [p for p in plans if p.extrap is not None]
