@@ -161,8 +161,11 @@ from tests.oracle import one_input_model
 
 rng = np.random.default_rng(0)
 x = rng.standard_normal((1, 64, 40, 40)).astype(np.float32)
-data = one_input_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], x.shape,
-                       {"w": rng.standard_normal((64, 64, 3, 3)).astype(np.float32)})
+# Three convs: the first two repeat into planned buffers, a replay runs them as one chain (replay.Link).
+data = one_input_model([helper.make_node("Conv", ["x", "w"], ["a"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Conv", ["a", "w"], ["b"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Conv", ["b", "w"], ["y"], pads=[1, 1, 1, 1])], x.shape,
+                       {"w": rng.standard_normal((64, 64, 3, 3)).astype(np.float32) / 24})
 net = aiomnn.Interpreter.from_bytes(data)
 
 async def make():
@@ -174,10 +177,12 @@ async def make():
 
 s, want = asyncio.run(make())
 assert jit.jitted("conv_tiles") is not None
+segment = s.pipeline.segments[0]
+assert segment.backend._replays[segment].ends  # the parent replays a chain; the child makes its own
 if sys.argv[1] == "fork":
     pid = os.fork()
     if pid == 0:
-        got = asyncio.run(s.run({"x": x}))["y"]  # the conv's call bound to the parent's crew
+        got = asyncio.run(s.run({"x": x}))["y"]  # the convs' calls bound to the parent's crew
         os._exit(0 if np.array_equal(got, want) else 1)
     deadline = time.monotonic() + 60
     while not os.waitpid(pid, os.WNOHANG)[0]:

@@ -277,16 +277,16 @@ class Chain:
     """Bound jobs run by one compiled call (sequence), with no Python between them: a replay's run of steps whose
     repeats are bound jobs alone (replay.py). It holds the jobs, and they the arrays that they read and write."""
 
-    __slots__ = ("jobs", "table", "ctl")
+    __slots__ = ("jobs", "table", "most")
 
     def __init__(self, jobs: list[Bound]):
         self.jobs = jobs
         self.table = np.array([(job.address, job.args, job.pieces) for job in jobs], np.int64).reshape(-1, 3)
-        most = max((job.pieces for job in jobs), default=1)
-        self.ctl = _ALONE if most == 1 else shared(most).ctl
+        self.most = max((job.pieces for job in jobs), default=1)
 
     def __call__(self) -> bool:
-        sequence(self.ctl, self.table)
+        # The crew asked for at each call, as Bound does: a forked child has a crew of its own.
+        sequence(_ALONE if self.most == 1 else shared(self.most).ctl, self.table)
         return True
 
 
