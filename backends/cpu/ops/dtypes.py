@@ -33,6 +33,11 @@ def same(a: Any, b: Any) -> bool:
                       and a.strides == b.strides and a.dtype == b.dtype and a.ctypes.data == b.ctypes.data)
 
 
+def memory(a: np.ndarray) -> tuple:
+    """Where an array's values are (address, shape, strides, dtype): what same() compares, kept without the array."""
+    return a.__array_interface__["data"][0], a.shape, a.strides, a.dtype
+
+
 def repeat_of(kept: tuple | None, inputs: list[Any], planned: Any) -> tuple[Any, Any] | None:
     """A step's repeat (its again, replay.py) from what its last run kept, (inputs, output, job): the job (a bound
     call, crew.Bound) and the output, where these are the very inputs and that output is still the planned buffer;

@@ -19,7 +19,7 @@ from ..execution import CpuOp, op
 
 from ..threads import SLICE_ELEMENTS, parallel_slices, threads
 from .activations import activation_fn
-from .dtypes import F32, ML_INTS, compute_dtype, is_float, matches, repeat_of, widen
+from .dtypes import F32, ML_INTS, compute_dtype, is_float, matches, memory, repeat_of, widen
 
 
 # ------------------------------------------------------------- binary arithmetic
@@ -64,6 +64,7 @@ class Binary(CpuOp):
         self.broadcast, self.axis = broadcast, axis
         self._key: tuple | None = None
         self._kept: tuple | None = None  # the last run's operands, output and the compiled loop's job
+        self._seen: tuple | None = None  # where the last run's operands were (memory)
         #: Which operands are the model's constants (a fused step that reads one as a scalar need not read it again).
         self.consts = tuple(t is not None and t.is_const for t in inputs)
 
@@ -99,6 +100,12 @@ class Binary(CpuOp):
         it compiles."""
         if self.looped is None or self.loop_act is None or a.shape != b.shape or out.dtype != F32 \
                 or not (a.flags.c_contiguous and b.flags.c_contiguous and out.flags.c_contiguous):
+            return False
+        # The first run, and then operands in the same memory as the last run's (planned buffers), which a repeat
+        # needs: binding the loop's job to new ones each run (a step that makes new arrays before it) can take
+        # longer than numpy's add of a few thousand values.
+        seen, self._seen = self._seen, (memory(a), memory(b))
+        if seen is not None and seen != self._seen:
             return False
         job = jit.split("binary", out.size, SLICE_ELEMENTS, a.reshape(-1), b.reshape(-1), out.reshape(-1),
                         self.looped, *self.loop_act)
