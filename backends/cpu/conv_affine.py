@@ -60,7 +60,7 @@ class ConvAffine(Fused):
         self.scale, self.shift = operands.get(Mul), operands.get(Add)
         # Whether both scalars are the model's constants: then a repeat need not read them again, and its conv's
         # jobs are all it does (replay.py chains them).
-        self.constant = all(s[0].consts[list(s[1]).index(operands[type(s[0])])] for s in chain[1:])
+        self.constant = all(s[0].fixed[list(s[1]).index(operands[type(s[0])])] for s in chain[1:])
         self.last = chain[-1][0]
         self.fused: tuple[float, float, Conv] | None = None  # the scalars and the conv made for them
         self.seen: list[Any] | None = None  # the inputs that the fused conv's output buffer was chosen for

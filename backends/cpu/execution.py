@@ -48,6 +48,9 @@ class CpuOp(Execution):
 
     def __init__(self, node: Node, inputs: list[Tensor | None], outputs: list[Tensor], **attrs: Any):
         self.node = node
+        #: For each input, whether the model fixes it (a constant, or absent): a repeat bound to its value need not
+        #: read it again (replay.py).
+        self.fixed = tuple(t is None or t.is_const for t in inputs)
         self.out_tensors = outputs
         self.out: list[np.ndarray | None] = [None] * len(outputs)
 

@@ -157,7 +157,7 @@ class Attention(Fused):
         self.last = chain[-1][0]
         # Whether the scale is the model's constant (or there is none): then a repeat need not read it again, and
         # its bound job is all it does (replay.py chains it).
-        self.constant = not self.scaled or steps[1][0].consts[list(steps[1][1]).index(self.scale)]
+        self.constant = not self.scaled or steps[1][0].fixed[list(steps[1][1]).index(self.scale)]
 
     def _choose(self, values: dict[str, Any], inputs: list[Any]) -> Any:
         q, k, v = values[self.q], values[self.k], values[self.v]

@@ -65,8 +65,6 @@ class Binary(CpuOp):
         self._key: tuple | None = None
         self._kept: tuple | None = None  # the last run's operands, output and the compiled loop's job
         self._seen: tuple | None = None  # where the last run's operands were (memory)
-        #: Which operands are the model's constants (a fused step that reads one as a scalar need not read it again).
-        self.consts = tuple(t is not None and t.is_const for t in inputs)
 
     def compute(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         return self.ufunc(a, b, out=out)

@@ -35,10 +35,7 @@ class _ResizeBase(CpuOp):
         self.mode = self.spec.mode
         self._key: Any = None
         self._plan: sampling.ResizePlan | None = None
-        # Whether the scales, sizes and roi are the model's constants (or absent): then a nearest upscale's job,
-        # bound to them, may repeat on the same input (again).
-        self.fixed = all(t is None or t.is_const for t in inputs[1:])
-        self._kept: tuple | None = None  # the last run's inputs, output and compiled job
+        self._kept: Any = None  # the last run's inputs, output and compiled job (resize puts the job alone here)
 
     def _arguments(self, x, *rest):
         """The input, scales, sizes and roi of a run, as resize takes them."""
@@ -65,7 +62,7 @@ class _ResizeBase(CpuOp):
         if reps is not None:
             job = resample.upsample(x, None, out, reps)
             if job:
-                self._kept = (x, out, job)
+                self._kept = job
                 return out
             # Slices of the first axis longer than one, if it comes before the first resized axis (batch or
             # channels): each slice of out is then contiguous, and reshapes as a view.
@@ -111,8 +108,9 @@ class _ResizeBase(CpuOp):
     def run(self, *inputs):
         self._kept = None
         out = self.resize(*self._arguments(*inputs))
-        if self._kept is not None:  # the upscale's job alone, on this input (the rest constants)
-            self._kept = (inputs, out, self._kept[2]) if self.fixed else None
+        # The upscale's job, where it was all the run did, repeats on this input while the model fixes the rest
+        # (the scales, sizes and roi it was bound to).
+        self._kept = (inputs, out, self._kept) if self._kept is not None and all(self.fixed[1:]) else None
         return out
 
     def again(self, inputs: list[Any]) -> tuple[Any, np.ndarray] | None:
