@@ -55,7 +55,8 @@ def tile_args(p: dict[str, Any], weights: np.ndarray, bias: np.ndarray, laid: np
             d["last"], code, alpha, beta, runs * groups, groups, *scratch)
 
 
-def ort_session(model: bytes, threads: int) -> Any:
+def ort_session(model: bytes | str, threads: int) -> Any:
+    """An onnxruntime session of the model (bytes or a path) on `threads` threads that profiles its runs."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -64,13 +65,19 @@ def ort_session(model: bytes, threads: int) -> Any:
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
-def ort_kernels(session: Any, runs: int) -> tuple[float, float]:
-    """Microseconds a run over the last `runs` runs of session: its conv's kernel (median) and its activation's
-    nodes (mean)."""
+def ort_events(session: Any) -> list[dict[str, Any]]:
+    """The kernel-time events of each node in the session's profile so far, the profile's file removed."""
     path = session.end_profiling()
     with open(path) as f:
         events = [e for e in json.load(f) if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     os.remove(path)
+    return events
+
+
+def ort_kernels(session: Any, runs: int) -> tuple[float, float]:
+    """Microseconds a run over the last `runs` runs of session: its conv's kernel (median) and its activation's
+    nodes (mean)."""
+    events = ort_events(session)
     conv = [e["dur"] for e in events if "nchwc" in e["name"] or e["args"].get("op_name") in ("Conv", "FusedConv")]
     act = [e["dur"] for e in events if e["args"].get("op_name") in ("QuickGelu", "Sigmoid", "Mul")]
     per_run = len(act) // max(1, len(conv))

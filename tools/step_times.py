@@ -19,9 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import os
-import tempfile
+import sys
 import time
 from typing import Any
 
@@ -30,6 +29,9 @@ import numpy as np
 import aiomnn
 from aiomnn import models
 from aiomnn.backends.cpu import backend, jit
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conv_phases import ort_events, ort_session  # noqa: E402
 
 
 class Timed:
@@ -56,26 +58,16 @@ def kind(execution: Any) -> str:
 
 
 def ort_nodes(name: str, feeds: dict[str, np.ndarray], threads: int, runs: int) -> dict[str, float]:
-    """onnxruntime's median kernel time of each node, microseconds, its fused activations added to their convs."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.enable_profiling = threads, True
-    options.profile_file_prefix = os.path.join(tempfile.gettempdir(), "aiomnn_ort_profile")
-    session = ort.InferenceSession(models.path(name), options, providers=["CPUExecutionProvider"])
+    """onnxruntime's kernel time of each node, microseconds a run (its events summed over `runs` runs), its fused
+    activations added to their convs."""
+    session = ort_session(models.path(name), threads)
     for _ in range(runs):
         session.run(None, feeds)
-    path = session.end_profiling()
-    with open(path) as f:
-        events = json.load(f)
-    os.remove(path)
     found: dict[str, list[float]] = collections.defaultdict(list)
-    for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
-            # a conv in onnxruntime's blocked layout is named after its output; its activation after the Mul
-            node = e["name"][: -len("_kernel_time")].replace("_output_0_nchwc", "")
-            node = node.replace("/act/Mul/QuickGeluFusion/", "/conv/Conv")
-            found[node].append(e["dur"])
+    for e in ort_events(session):
+        # a conv in onnxruntime's blocked layout is named after its output; its activation after the Mul
+        node = e["name"][: -len("_kernel_time")].replace("_output_0_nchwc", "")
+        found[node.replace("/act/Mul/QuickGeluFusion/", "/conv/Conv")].append(e["dur"])
     return {k: float(np.sum(v)) / runs for k, v in found.items()}
 
 
