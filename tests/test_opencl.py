@@ -421,6 +421,47 @@ async def test_concurrent_sessions_share_the_runtime(runtime):
         await s.close()
 
 
+@pytest.mark.anyio
+async def test_large_transfers_go_through_pinned_memory(runtime, monkeypatch):
+    """An input that the copy threads split (copies.large) is filled into pinned memory and sent piece by piece;
+    a large output lands in pinned memory handed to the caller as the array (memory.HandedOver). A later run
+    leaves an earlier output alone, and once the caller's arrays are gone their buffers are taken again."""
+    import gc
+
+    from aiomnn import copies
+    from aiomnn.backends.opencl import staging
+    from aiomnn.memory import HandedOver, handed
+
+    monkeypatch.setattr(copies, "THREADS", 4)  # the VM's 2 cores would keep the copy in one piece
+    monkeypatch.setattr(handed, "limit", handed.bytes + (1 << 30))
+    shape = (1, 3, 1024, 1024)  # 12 MiB each way
+    case = Case("big", [node("Relu", ["x"], ["a"]), node("Sigmoid", ["a"], ["y"])], {"x": shape}, {"y": F}, "Relu")
+    assert staging.staged_upload(4 * int(np.prod(shape))) and staging.staged_download(4 * int(np.prod(shape)))
+    pool = runtime.runtimes[ForwardType.OPENCL].queue.staging
+    net = aiomnn.Interpreter.from_bytes(case.model())
+    xs = [np.random.default_rng(i).standard_normal(shape).astype(np.float32) for i in range(3)]
+    ref = ort.InferenceSession(case.model(), providers=["CPUExecutionProvider"])
+    wants = [ref.run(None, {"x": x})[0] for x in xs]
+    async with await net.create_session(CONFIG, runtime) as s:
+        gc.collect()
+        before = handed.bytes
+        outs = [(await s.run({"x": x}))["y"] for x in xs]
+        for got, want in zip(outs, wants):
+            assert type(got.base) is HandedOver
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert handed.bytes - before == 3 * outs[0].nbytes
+        del got
+        outs.clear()
+        gc.collect()
+        assert handed.bytes == before
+        kept = sum(len(v) for v in pool._free.values())
+        assert kept == 4  # the three outputs' buffers and the input's
+        for x, want in zip(xs, wants):
+            np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=1e-5, atol=1e-6)
+        gc.collect()
+        assert sum(len(v) for v in pool._free.values()) == kept  # taken again, none new
+
+
 # The tiled kernels (tiles.py) with each of their choices forced -------------------------------------
 from aiomnn.backends.opencl import tiles as cl_tiles  # noqa: E402
 from aiomnn.backends.opencl.tune import launch_key  # noqa: E402

@@ -30,6 +30,9 @@ import pyopencl as cl
 
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence, offload
+from aiomnn.memory import HandedOver, Lease, handed
+
+from . import staging
 
 if TYPE_CHECKING:
     from .plan import SegmentPlan
@@ -100,6 +103,7 @@ class Queue:
         self.submitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-submit")
         self.waiter = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-wait")
                        if wait_mode == "thread" else None)
+        self.staging = staging.Staging(context, device)
 
     def launcher(self, kernel: "cl.Kernel", gws: tuple[int, ...], lws: tuple[int, ...] | None) -> Callable[[], None]:
         """A callable that enqueues this kernel on this queue, with no event; built once at resize."""
@@ -141,12 +145,17 @@ class Queue:
         try:
             q = self.cl_queue
             held: list[Any] = []  # host arrays and their transfer events, alive until the run completes
+            pinned: list[staging.Pinned] = []  # staging buffers of the uploads, given back when the run completes
             for name, block, t, storage in segment.uploads:
-                host = np.asarray(values[name], dtype=storage)
-                if not host.flags.c_contiguous:
-                    host = host.copy(order="C")
+                host = np.asarray(values[name])
                 if host.shape != t.shape:
                     raise BackendError(f"value {name!r} has shape {host.shape}, the plan expects {t.shape}")
+                if staging.staged_upload(host.size * np.dtype(storage).itemsize):
+                    staging.upload(q, self.staging, block.memory, block.offset, host, np.dtype(storage), pinned)
+                    continue
+                host = np.asarray(host, dtype=storage)
+                if not host.flags.c_contiguous:
+                    host = host.copy(order="C")
                 held.append((host, cl.enqueue_copy(q, block.memory, host, dst_offset=block.offset,
                                                    is_blocking=False)))
             if timed is None:
@@ -159,7 +168,7 @@ class Queue:
                              for launch in segment.launches)
             results = []
             for name, block, t, storage in segment.downloads:
-                host = np.empty(t.shape, dtype=storage)
+                host = self._download_array(t.shape, np.dtype(storage), t.dtype)
                 held.append(cl.enqueue_copy(q, host, block.memory, src_offset=block.offset, is_blocking=False))
                 results.append((name, host, t.dtype))
             for x in segment.frees:
@@ -173,6 +182,8 @@ class Queue:
                     for name, host, dtype in results:
                         values[name] = host if host.dtype == dtype else host.astype(dtype)
                     held.clear()
+                    for buffer in pinned:
+                        self.staging.give(buffer)
                     fence.signal()
                 except BaseException as exc:  # errors raised here would be lost on either thread: hand them over
                     fence.signal(error=exc)
@@ -187,6 +198,20 @@ class Queue:
             fence.signal(error=exc if isinstance(exc, BackendError)
                          else BackendError(f"OpenCL run failed: {type(exc).__name__}: {exc}"))
 
+    def _download_array(self, shape: tuple[int, ...], storage: np.dtype, dtype: np.dtype) -> np.ndarray:
+        """Where a download lands: for a large output stored as its own dtype, pinned memory handed to the caller
+        as the array (staging.py), within the bytes callers may hold (memory.handed); else a new numpy array."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * storage.itemsize
+        if storage != dtype or not staging.staged_download(nbytes) or not handed.take(nbytes):
+            return np.empty(shape, dtype=storage)
+        try:
+            buffer = self.staging.take(nbytes)
+        except BaseException:
+            handed.give_back(nbytes)
+            raise
+        lease = Lease(buffer, nbytes, lambda: self.staging.give(buffer))
+        return np.asarray(HandedOver(lease, buffer.host.ctypes.data, shape, storage))
+
     def close(self) -> None:
         """Stop the submit thread, let the waiter complete the runs enqueued (or, with callbacks, wait until
         pyopencl's callback threads are done: one that reached the interpreter while it tears down would abort
@@ -200,6 +225,7 @@ class Queue:
             pass
         if self.waiter is None:
             self._drain_callbacks()
+        self.staging.close()
 
     def _drain_callbacks(self, timeout: float = 5.0) -> None:
         """Until pyopencl has run the completion callbacks of what the queue did: one last marker's callback runs
