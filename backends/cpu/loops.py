@@ -21,13 +21,13 @@ from numba import types  # noqa: E402
 
 from . import crew, planes, pooled, scalars, tiles  # noqa: E402
 from .fields import array1, array2, array3, array4, f32, fields, i64, share  # noqa: E402
-from .scalars import FAST, NEG_INF, exp_neg  # noqa: E402
+from .scalars import FAST, NEG_INF, exp_neg, most  # noqa: E402
 
 F = np.float32
 #: The SHA-256 of the modules whose functions the loops here inline (make_tiles.INLINED: scalars.py, fields.py,
 #: atomics.py): numba's disk cache checks only this file for changes, so a change there comes with a new stamp here
 #: (tools/make_tiles.py writes it).
-INLINED = "ff13fcca88cb2dca9e99f3efeda14490f0ca0eab82e9c345a13a915825d47139"
+INLINED = "3b2a267be929e2d6acd0c87283c3fff5366ce7c8c17d34523e6f0fd3e02201b2"
 
 
 def erf(args, c):
@@ -125,17 +125,15 @@ def softmax_axis(args, c):
 @numba.njit(inline="always", fastmath=FAST, error_model="numpy")
 def _softmax_row(yr, scale, mr, masked):
     cols = yr.shape[0]
-    m = NEG_INF
     if masked:
         for c in range(cols):
-            v = yr[c] * scale + mr[c]
-            yr[c] = v
-            m = max(m, v)
+            yr[c] = yr[c] * scale + mr[c]
     else:
         for c in range(cols):
-            v = yr[c] * scale
-            yr[c] = v
-            m = max(m, v)
+            yr[c] = yr[c] * scale
+    m = NEG_INF
+    for c in range(cols):  # apart from the pass above: with its stores, the reduction did not vectorize
+        m = most(m, yr[c])
     s = F(0)
     for c in range(cols):
         e = exp_neg(yr[c] - m)

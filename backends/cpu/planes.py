@@ -22,7 +22,7 @@ JOBS = 64
 #: The SHA-256 of the modules whose functions the loops here inline (make_tiles.INLINED: scalars.py, fields.py,
 #: atomics.py): numba's disk cache checks only this file for changes, so a change there comes with a new stamp here
 #: (tools/make_tiles.py writes it).
-INLINED = "ff13fcca88cb2dca9e99f3efeda14490f0ca0eab82e9c345a13a915825d47139"
+INLINED = "3b2a267be929e2d6acd0c87283c3fff5366ce7c8c17d34523e6f0fd3e02201b2"
 
 
 def conv_input(args, piece):
