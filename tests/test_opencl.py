@@ -277,6 +277,12 @@ LAYOUT = [
          {"y1": F, "y2": F, "y3": F}, "Split", opset=18),
     Case("split_sizes", [node("Split", ["x", "s"], ["y1", "y2"], axis=-1)], {"x": (2, 3, 7)}, {"y1": F, "y2": F},
          "Split", {"s": _ints(2, 5)}),
+    Case("slice_rows_3d", [node("Slice", ["x", "st", "en", "ax"], ["y"])], {"x": (3, 4, 5, 6)}, {"y": F}, "Slice",
+         {"st": _ints(0, 1), "en": _ints(2, 4), "ax": _ints(1, 2)}),
+    Case("concat_rows_int64", [node("Concat", ["a", "b"], ["y"], axis=1)],
+         {"a": ((2, 3, 2), np.int64), "b": ((2, 1, 2), np.int64)}, {"y": TensorProto.INT64}, "Concat"),
+    Case("concat_rows_uint8", [node("Concat", ["a", "b"], ["y"], axis=1)],
+         {"a": ((2, 3, 5), np.uint8), "b": ((2, 2, 5), np.uint8)}, {"y": TensorProto.UINT8}, "Concat"),
     Case("expand", [node("Expand", ["x", "s"], ["y"])], {"x": (3, 1)}, {"y": F}, "Expand", {"s": _ints(2, 3, 4)}),
     Case("reshape_alias_then_ops",  # the reshape's input dies at the reshape, its alias lives on
          [node("Relu", ["x"], ["r"]), node("Reshape", ["r", "s"], ["q"]), node("Sigmoid", ["x"], ["g"]),
@@ -389,7 +395,7 @@ async def test_fp16_storage(runtime, monkeypatch):
     """precision='low' stores floats as half (vload_half/vstore_half): forced on here to test the path,
     which PoCL, lacking cl_khr_fp16, would not take."""
     config = half_storage(runtime, monkeypatch)
-    for case in [CONV[0], CONV[6], DECONV[0], MATMUL[1], REDUCE[0], LAYOUT[0], RESIZE[3], BINARY[3], POOL[0]]:
+    for case in [CONV[0], CONV[6], DECONV[0], MATMUL[1], REDUCE[0], LAYOUT[0], RESIZE[0], RESIZE[3], BINARY[3], POOL[0]]:
         feeds, got, _, on_gpu = await run_case(case, runtime, config)
         assert case.op in on_gpu
         want = ort.InferenceSession(case.model(), providers=["CPUExecutionProvider"]).run(list(case.outputs), feeds)
@@ -419,6 +425,24 @@ async def test_concurrent_sessions_share_the_runtime(runtime):
         np.testing.assert_allclose(results[i], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
     for s in sessions:
         await s.close()
+
+
+def test_strided_copies_with_contiguous_rows_copy_rows():
+    """A copy whose last dim is contiguous on both sides goes by rows, with vectors as wide as the row length
+    allows; others element by element (the LAYOUT cases check the results)."""
+    from aiomnn.backend import Tensor
+    from aiomnn.backends.opencl.ops.base import In, OpContext, Out
+    from aiomnn.backends.opencl.ops.layout import copy_nd
+
+    ctx = OpContext(half=False)
+    x = Tensor("x", np.dtype(np.float32), (8, 64, 40, 40))
+    piece = copy_nd(ctx, x, In(0), Out(0), [8, 64, 40, 40], [64 * 1600, 1600, 40, 1], [128 * 1600, 1600, 40, 1],
+                    ybase=64 * 1600)
+    assert piece.kernel == "copy_rows" and "-DV=4" in piece.options and piece.size == (64 * 1600 // 4, 8)
+    odd = copy_nd(ctx, x, In(0), Out(0), [2, 3, 7], [21, 7, 1], [42, 14, 1])
+    assert odd.kernel == "copy_rows" and "-DV=1" in odd.options
+    transposed = copy_nd(ctx, x, In(0), Out(0), [2, 3, 4], [12, 1, 3], [12, 4, 1])
+    assert transposed.kernel == "copy_nd"
 
 
 @pytest.mark.anyio

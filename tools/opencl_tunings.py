@@ -98,6 +98,13 @@ def main() -> None:
                     shutil.copy(path + suffix, os.path.join(args.out, f"round{r}{suffix or '.json'}"))
         print(f"round {r}: run {rounds[-1]['run_ms']:.3f} ms, tuned in {rounds[-1]['tune_s']:.1f} s, "
               f"profiled ops sum {sum(rounds[-1]['ops'].values()):.3f} ms", flush=True)
+    kinds: dict[str, list[float]] = {}
+    for r, rd in enumerate(rounds):
+        for k, t in rd["ops"].items():
+            kinds.setdefault(k.split(" [")[1].split("/")[0], [0.0] * len(rounds))[r] += t
+    print("\nby op type, ms a run (the steps a fused kernel runs are named by their root):")
+    for k, ts in sorted(kinds.items(), key=lambda kv: -max(kv[1])):
+        print(f"  {k:30s} " + " ".join(f"{t:8.3f}" for t in ts))
     names = sorted({k for rd in rounds for k in rd["ops"]})
     spread = []
     for k in names:

@@ -18,6 +18,33 @@ __kernel void copy_nd(BUF(const E, x), BUF(E, y), BUF(const int, meta), const in
     y[iy] = x[ix];
 }
 
+/* A strided copy whose last dim is contiguous on both sides, as rows (Concat and Split pieces of a batch, and
+ * slices): dims [d0, d1, len] (d0 = 1 or d1 = 1 for fewer), each work item (i, r) copying V elements (-DV: 1, 2
+ * or 4, dividing len) of row r = a * d1 + b at x[xbase + a xs0 + b xs1] and y likewise: no division per element
+ * and vector loads, where copy_nd works out every element's place by `rank` divisions. */
+#ifdef V
+#if V == 1
+#define VLOAD(p) (*(p))
+#define VSTORE(v, p) (*(p) = (v))
+#else
+#define VLOAD(p) CAT(vload, V)(0, (p))
+#define VSTORE(v, p) CAT(vstore, V)((v), 0, (p))
+#endif
+#define CAT(a, b) CAT_(a, b)
+#define CAT_(a, b) a##b
+
+__kernel void copy_rows(BUF(const E, x), BUF(E, y), const int len, const int rows, const int d1,
+                        const int xs0, const int xs1, const int ys0, const int ys1, const int xbase,
+                        const int ybase) {
+    const int i = get_global_id(0) * V;
+    const int r = get_global_id(1);
+    if (i >= len || r >= rows) return;
+    SHIFT(x); SHIFT(y);
+    const int a = r / d1, b = r - a * d1;
+    VSTORE(VLOAD(x + xbase + a * xs0 + b * xs1 + i), y + ybase + a * ys0 + b * ys1 + i);
+}
+#endif
+
 __kernel void copy(BUF(const E, x), BUF(E, y), const int n) {
     const int i = get_global_id(0);
     if (i >= n) return;

@@ -22,8 +22,16 @@ def _raw(ctx: OpContext, t: Tensor) -> tuple[str, ...]:
 
 def copy_nd(ctx: OpContext, x: Tensor, src, dst, dims: list[int], xs: list[int], ys: list[int],
             xbase: int = 0, ybase: int = 0) -> Launch:
+    """A strided copy: by rows (copy_rows) where the last dim is contiguous on both sides and at most two dims
+    are left around it, else element by element."""
     dims, (xs, ys) = collapse(list(dims), list(xs), list(ys))
     n = math.prod(dims)
+    if 2 <= len(dims) <= 3 and xs[-1] == ys[-1] == 1:
+        (d0, d1), (xs0, xs1), (ys0, ys1) = ([1, dims[0]], [0, xs[0]], [0, ys[0]]) if len(dims) == 2 else \
+            (dims[:2], xs[:2], ys[:2])
+        width = next(v for v in (4, 2, 1) if dims[-1] % v == 0)
+        return Launch("copy", "copy_rows", [src, dst, *i32(dims[-1], d0 * d1, d1, xs0, xs1, ys0, ys1, xbase, ybase)],
+                      (dims[-1] // width, d0 * d1), _raw(ctx, x) + (f"-DV={width}",))
     return Launch("copy", "copy_nd", [src, dst, meta(("copy",), dims, xs, ys), *i32(n, len(dims), xbase, ybase)],
                   (n,), _raw(ctx, x))
 
