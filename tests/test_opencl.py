@@ -281,6 +281,11 @@ LAYOUT = [
          {"st": _ints(0, 1), "en": _ints(2, 4), "ax": _ints(1, 2)}),
     Case("concat_rows_int64", [node("Concat", ["a", "b"], ["y"], axis=1)],
          {"a": ((2, 3, 2), np.int64), "b": ((2, 1, 2), np.int64)}, {"y": TensorProto.INT64}, "Concat"),
+    Case("concat_five_in_two_launches", [node("Concat", ["a", "b", "a", "c", "b"], ["y"], axis=1)],
+         {"a": ((2, 3, 4), np.int64), "b": ((2, 1, 4), np.int64), "c": ((2, 2, 4), np.int64)},
+         {"y": TensorProto.INT64}, "Concat"),
+    Case("split_middle_unused", [node("Split", ["x", "s"], ["y1", "y2", "y3"], axis=1), node("Relu", ["y3"], ["r"])],
+         {"x": (3, 7, 2, 3)}, {"y1": F, "r": F}, "Split", {"s": _ints(2, 1, 4)}),
     Case("concat_rows_uint8", [node("Concat", ["a", "b"], ["y"], axis=1)],
          {"a": ((2, 3, 5), np.uint8), "b": ((2, 2, 5), np.uint8)}, {"y": TensorProto.UINT8}, "Concat"),
     Case("expand", [node("Expand", ["x", "s"], ["y"])], {"x": (3, 1)}, {"y": F}, "Expand", {"s": _ints(2, 3, 4)}),
@@ -443,6 +448,29 @@ def test_strided_copies_with_contiguous_rows_copy_rows():
     assert odd.kernel == "copy_rows" and "-DV=1" in odd.options
     transposed = copy_nd(ctx, x, In(0), Out(0), [2, 3, 4], [12, 1, 3], [12, 4, 1])
     assert transposed.kernel == "copy_nd"
+
+
+def test_a_batch_concat_and_split_copy_their_pieces_in_one_launch():
+    """At batch 1 each piece of a Concat or Split is a launch the plan may leave out (the piece placed in the
+    whole); at a larger batch every piece is copied, PIECES to a launch."""
+    from aiomnn.backend import Tensor
+    from aiomnn.backends.opencl.ops.base import OpContext
+    from aiomnn.backends.opencl.ops.layout import concat, split
+    from aiomnn.graph import Node
+
+    ctx = OpContext(half=False)
+    f = np.dtype(np.float32)
+    for n, kernels in ((1, ["copy_rows"] * 5), (8, ["copy_pieces"] * 2)):
+        ins = [Tensor(f"x{i}", f, (n, 16, 40, 40)) for i in range(5)]
+        node_ = Node("c", "Concat", "", tuple(t.name for t in ins), ("y",), {"axis": 1}, 13)
+        got = concat(ctx, node_, ins, [Tensor("y", f, (n, 80, 40, 40))])
+        assert [l.kernel for l in got] == (["copy_rows"] * 5 if n == 1 else kernels)
+        if n == 8:
+            assert got[0].size == (1600 * 16 // 4, 8, 4) and got[1].size == (1600 * 16 // 4, 8, 1)
+    outs = [Tensor(f"y{i}", f, (8, c, 20, 20)) for i, c in enumerate((32, 64))]
+    node_ = Node("s", "Split", "", ("x",), ("y0", "y1"), {"axis": 1}, 13)
+    got = split(ctx, node_, [Tensor("x", f, (8, 96, 20, 20))], outs)
+    assert [l.kernel for l in got] == ["copy_pieces"]
 
 
 @pytest.mark.anyio

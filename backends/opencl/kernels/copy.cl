@@ -43,6 +43,24 @@ __kernel void copy_rows(BUF(const E, x), BUF(E, y), const int len, const int row
     const int a = r / d1, b = r - a * d1;
     VSTORE(VLOAD(x + xbase + a * xs0 + b * xs1 + i), y + ybase + a * ys0 + b * ys1 + i);
 }
+
+/* Up to four copies by rows in one launch (a batch's Concat or Split: one launch where each piece took its own,
+ * and every launch costs the device a gap): piece p (grid z) copies `rows` rows of meta[5p] elements from xp to
+ * yp, row r at xp[meta[5p + 3] + r meta[5p + 1]] and yp[meta[5p + 4] + r meta[5p + 2]]. */
+__kernel void copy_pieces(BUF(const E, x0), BUF(const E, x1), BUF(const E, x2), BUF(const E, x3),
+                          BUF(E, y0), BUF(E, y1), BUF(E, y2), BUF(E, y3), BUF(const int, meta),
+                          const int rows, const int pieces) {
+    const int i = get_global_id(0) * V;
+    const int r = get_global_id(1);
+    const int p = get_global_id(2);
+    if (r >= rows || p >= pieces) return;
+    SHIFT(meta);
+    const __global int* m = meta + 5 * p;
+    if (i >= m[0]) return;
+    const __global E* x = (p == 0 ? x0 + x0_o : p == 1 ? x1 + x1_o : p == 2 ? x2 + x2_o : x3 + x3_o);
+    __global E* y = (p == 0 ? y0 + y0_o : p == 1 ? y1 + y1_o : p == 2 ? y2 + y2_o : y3 + y3_o);
+    VSTORE(VLOAD(x + m[3] + r * m[1] + i), y + m[4] + r * m[2] + i);
+}
 #endif
 
 __kernel void copy(BUF(const E, x), BUF(E, y), const int n) {

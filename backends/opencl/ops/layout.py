@@ -23,12 +23,14 @@ def _raw(ctx: OpContext, t: Tensor) -> tuple[str, ...]:
 def copy_nd(ctx: OpContext, x: Tensor, src, dst, dims: list[int], xs: list[int], ys: list[int],
             xbase: int = 0, ybase: int = 0) -> Launch:
     """A strided copy: by rows (copy_rows) where the last dim is contiguous on both sides and at most two dims
-    are left around it, else element by element."""
+    are left before it, else element by element."""
     dims, (xs, ys) = collapse(list(dims), list(xs), list(ys))
     n = math.prod(dims)
-    if 2 <= len(dims) <= 3 and xs[-1] == ys[-1] == 1:
-        (d0, d1), (xs0, xs1), (ys0, ys1) = ([1, dims[0]], [0, xs[0]], [0, ys[0]]) if len(dims) == 2 else \
-            (dims[:2], xs[:2], ys[:2])
+    if len(dims) <= 3 and xs[-1] == ys[-1] == 1:
+        lead = 3 - len(dims)  # the rows' dims, padded to two
+        d0, d1 = ([1] * lead + dims[:-1])
+        xs0, xs1 = ([0] * lead + xs[:-1])
+        ys0, ys1 = ([0] * lead + ys[:-1])
         width = next(v for v in (4, 2, 1) if dims[-1] % v == 0)
         return Launch("copy", "copy_rows", [src, dst, *i32(dims[-1], d0 * d1, d1, xs0, xs1, ys0, ys1, xbase, ybase)],
                       (dims[-1] // width, d0 * d1), _raw(ctx, x) + (f"-DV={width}",))
@@ -112,12 +114,36 @@ def _piece(ctx: OpContext, launch: Launch, piece, whole, t: Tensor, axis: int, b
     return launch
 
 
+#: Pieces a copy_pieces launch takes (the kernel's pairs of buffers).
+PIECES = 4
+
+
+def _in_pieces(ctx: OpContext, t: Tensor, pieces: list[tuple], rows: int) -> list[Launch] | None:
+    """A batch's Concat or Split pieces, (src, dst, length, x row stride, y row stride, x base, y base) each, all
+    of `rows` rows, as copy_pieces launches of up to PIECES pieces; None where there is one piece."""
+    if len(pieces) < 2:
+        return None
+    width = next(v for v in (4, 2, 1) if all(p[2] % v == 0 for p in pieces))
+    launches = []
+    for k in range(0, len(pieces), PIECES):
+        group = pieces[k:k + PIECES]
+        pad = [group[0]] * (PIECES - len(group))  # unused buffer arguments
+        table = [v for p in group for v in p[2:]]
+        launches.append(Launch("copy", "copy_pieces",
+                               [*(p[0] for p in group + pad), *(p[1] for p in group + pad),
+                                meta(("pieces",), table), *i32(rows, len(group))],
+                               (max(p[2] for p in group) // width, rows, len(group)),
+                               _raw(ctx, t) + (f"-DV={width}",)))
+    return launches
+
+
 @op("Concat", 4)
 def concat(ctx, node, ins, outs):
     y = outs[0]
     axis = node.attrs["axis"] % len(y.shape)
     ys = strides(y.shape)
-    launches, at = [], 0
+    launches, pieces, at = [], [], 0
+    rows, inner = math.prod(y.shape[:axis]), math.prod(y.shape[axis + 1:])
     for i, x in enumerate(ins):
         if x is None or not x.name or 0 in x.shape:
             continue
@@ -126,8 +152,12 @@ def concat(ctx, node, ins, outs):
         base = at * ys[axis]
         launches.append(_piece(ctx, copy_nd(ctx, x, In(i), Out(0), list(x.shape), strides(x.shape), ys, ybase=base),
                                In(i), Out(0), y, axis, base))
+        length = x.shape[axis] * inner
+        pieces.append((In(i), Out(0), length, length, y.shape[axis] * inner, 0, base))
         at += x.shape[axis]
-    return launches
+    # A batch's pieces are not one range each of the whole, so the plan cannot place them in it: one launch copies
+    # them all.
+    return (rows > 1 and _in_pieces(ctx, y, pieces, rows)) or launches
 
 
 @op("Split", 2)
@@ -135,7 +165,8 @@ def split(ctx, node, ins, outs):
     x = ins[0]
     axis = node.attrs.get("axis", 0) % len(x.shape)
     xs = strides(x.shape)
-    launches, at = [], 0
+    launches, pieces, at = [], [], 0
+    rows, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1:])
     for i, y in enumerate(outs):
         if y.shape is None:
             raise Decline("unknown split")
@@ -143,10 +174,13 @@ def split(ctx, node, ins, outs):
             base = at * xs[axis]
             launches.append(_piece(ctx, copy_nd(ctx, x, In(0), Out(i), list(y.shape), xs, strides(y.shape), xbase=base),
                                    Out(i), In(0), x, axis, base))
+            if 0 not in y.shape:
+                length = y.shape[axis] * inner
+                pieces.append((In(0), Out(i), length, x.shape[axis] * inner, length, base, 0))
         at += y.shape[axis]
     if at != x.shape[axis]:
         raise Decline("split sizes do not cover the axis")
-    return launches
+    return (rows > 1 and _in_pieces(ctx, x, pieces, rows)) or launches
 
 
 @op("Expand", 8)
