@@ -20,7 +20,7 @@ import aiomnn
 from aiomnn import models
 from aiomnn.config import ForwardType
 
-cl = pytest.importorskip("pyopencl", reason="pyopencl is not installed")
+pytest.importorskip("pyopencl", reason="pyopencl is not installed")
 ort = pytest.importorskip("onnxruntime")
 
 from aiomnn.runtime import probe  # noqa: E402
@@ -430,27 +430,6 @@ async def test_concurrent_sessions_share_the_runtime(runtime):
         np.testing.assert_allclose(results[i], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
     for s in sessions:
         await s.close()
-
-
-@pytest.mark.anyio
-async def test_profiled_and_plain_runs_take_turns_on_one_runtime(runtime):
-    """A profiled session's runs go on a profiling queue of their own and the others on the runtime's plain queue:
-    runs of both, in turns on one runtime, each wait for what the other queue holds, and agree."""
-    from dataclasses import replace
-
-    case = CONV[0]
-    net = aiomnn.Interpreter.from_bytes(case.model())
-    feeds = case.feeds()
-    want = ort.InferenceSession(case.model(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
-    async with await net.create_session(replace(CONFIG, profile=True), runtime) as profiled, \
-            await net.create_session(CONFIG, runtime) as plain:
-        for _ in range(3):
-            for s in (profiled, plain, plain, profiled):
-                np.testing.assert_allclose((await s.run(feeds))["y"], want, rtol=1e-4, atol=1e-5)
-        ops = [op for run in profiled.profile.runs for op in run.ops if op.backend == "opencl"]
-        assert len(profiled.profile.runs) == 6 and ops and all(op.dur_ns > 0 for op in ops)
-    queue = runtime.runtimes[ForwardType.OPENCL].queue
-    assert not queue.cl_queue.properties & cl.command_queue_properties.PROFILING_ENABLE
 
 
 def test_strided_copies_with_contiguous_rows_copy_rows():

@@ -56,16 +56,12 @@ from typing import Any
 
 import pyopencl as cl
 
-# This tool reads the profiling times of a run's own events (its copies, first and last kernels, marker): the
-# runtime's queue must profile, which it does not by default (backends/opencl/queue.py).
-os.environ.setdefault("AIOMNN_OPENCL_PROFILED_QUEUE", "1")
-
-import aiomnn  # noqa: E402
-from aiomnn import models  # noqa: E402
-from aiomnn.backends.opencl import queue as clqueue  # noqa: E402
-from aiomnn.config import BackendConfig, ScheduleConfig  # noqa: E402
-from aiomnn.fence import Fence  # noqa: E402
-from aiomnn.models import sample_feeds  # noqa: E402
+import aiomnn
+from aiomnn import models
+from aiomnn.backends.opencl import queue as clqueue
+from aiomnn.config import BackendConfig, ScheduleConfig
+from aiomnn.fence import Fence
+from aiomnn.models import sample_feeds
 
 now = time.perf_counter_ns
 

@@ -8,9 +8,6 @@ thread of ours, but NVIDIA's driver ran it long after the marker had completed (
 run on the device), while clWaitForEvents returned as soon as it had (tools/opencl_phases.py measures both);
 AIOMNN_OPENCL_WAIT=callback keeps the callback.
 
-The queue does not profile: a profiled session's runs go on a profiling queue of their own
-(AIOMNN_OPENCL_PROFILED_QUEUE=1 makes the runtime's queue profile too, for tools that read its events' times).
-
 Kernels are enqueued through ctypes: pyopencl creates an Event for every launch, and on a profiling queue
 each one adds to the driver's cost of the launch. A run needs no per-kernel events, only the marker at its
 end, so the hot path calls clEnqueueNDRangeKernel of the OpenCL library pyopencl itself loaded, with
@@ -102,12 +99,7 @@ class Queue:
         wait_mode = os.environ.get("AIOMNN_OPENCL_WAIT", "thread")
         if wait_mode not in WAIT_MODES:
             raise BackendError(f"AIOMNN_OPENCL_WAIT must be one of {WAIT_MODES}, not {wait_mode!r}")
-        profiled = os.environ.get("AIOMNN_OPENCL_PROFILED_QUEUE", "0") == "1"
-        self.cl_queue = cl.CommandQueue(context, device,
-                                        properties=cl.command_queue_properties.PROFILING_ENABLE if profiled else 0)
-        self._where = (context, device)
-        self._timed_queue: "cl.CommandQueue | None" = None  # a profiling queue of its own, for profiled runs
-        self._after_timed = False  # whether the last run went on the timed queue
+        self.cl_queue = cl.CommandQueue(context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.submitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-submit")
         self.waiter = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-wait")
                        if wait_mode == "thread" else None)
@@ -151,7 +143,7 @@ class Queue:
         needs, and signal the fence once one marker after them has completed (on the waiter thread, or from the
         marker's callback); any failure signals it with the error."""
         try:
-            q = self._queue_for(timed is not None)
+            q = self.cl_queue
             held: list[Any] = []  # host arrays and their transfer events, alive until the run completes
             pinned: list[staging.Pinned] = []  # staging buffers of the uploads, given back when the run completes
             for name, block, t, storage in segment.uploads:
@@ -206,19 +198,6 @@ class Queue:
             fence.signal(error=exc if isinstance(exc, BackendError)
                          else BackendError(f"OpenCL run failed: {type(exc).__name__}: {exc}"))
 
-    def _queue_for(self, timed: bool) -> "cl.CommandQueue":
-        """The queue a run goes on: profiled runs on a profiling queue of their own (profiling on every run's queue
-        would time every kernel), after what the other queue holds has completed."""
-        if timed:
-            if self._timed_queue is None:
-                self._timed_queue = cl.CommandQueue(*self._where,
-                                                    properties=cl.command_queue_properties.PROFILING_ENABLE)
-            self.cl_queue.finish()
-        elif self._after_timed:
-            self._timed_queue.finish()
-        self._after_timed = timed
-        return self._timed_queue if timed else self.cl_queue
-
     def _download_array(self, shape: tuple[int, ...], storage: np.dtype, dtype: np.dtype) -> np.ndarray:
         """Where a download lands: for a large output stored as its own dtype, pinned memory handed to the caller
         as the array (staging.py), within the bytes callers may hold (memory.handed); else a new numpy array."""
@@ -240,12 +219,10 @@ class Queue:
         self.submitter.shutdown(wait=True, cancel_futures=True)
         if self.waiter is not None:
             self.waiter.shutdown(wait=True)
-        for queue in (self.cl_queue, self._timed_queue):
-            try:
-                if queue is not None:
-                    queue.finish()
-            except cl.Error:
-                pass
+        try:
+            self.cl_queue.finish()
+        except cl.Error:
+            pass
         if self.waiter is None:
             self._drain_callbacks()
         self.staging.close()
