@@ -232,3 +232,30 @@ def test_an_output_made_by_a_fused_step_stays_the_callers(tail):
     outs = asyncio.run(main())
     for f, got in zip(feeds, outs):
         np.testing.assert_allclose(got, run_ort(data, f)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("order", ["x_first", "position_first"])
+def test_add_norm_takes_a_residual_broadcast_over_the_batch(monkeypatch, order):
+    """A BERT's embeddings: LayerNorm(x + position), the position embedding (1, S, H) broadcast over a batch of
+    x (B, S, H), in either order: one compiled pass (layer_norm_rows serves), as for a residual of x's shape."""
+    from aiomnn.backends.cpu import fuse
+
+    calls = counting(monkeypatch, "rows", fuse.layer_norm_rows, fuse)
+    rng = np.random.default_rng(5)
+    n = helper.make_node
+    pair = ["r", "p"] if order == "x_first" else ["p", "r"]
+    nodes = [n("Relu", ["x"], ["r"]), n("Add", pair, ["a"]), n("LayerNormalization", ["a", "g", "b"], ["y"], axis=-1)]
+    consts = {"p": rng.standard_normal((1, 7, 48)).astype(np.float32), "g": rng.random(48).astype(np.float32),
+              "b": rng.standard_normal(48).astype(np.float32)}
+    data = one_input_model(nodes, (3, 7, 48), consts)
+    feeds = [{"x": rng.standard_normal((3, 7, 48)).astype(np.float32)} for _ in range(3)]
+
+    async def main() -> list[np.ndarray]:
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as s:
+            return [next(iter((await s.run(f)).values())) for f in feeds]
+
+    outs = asyncio.run(main())
+    for f, got in zip(feeds, outs):
+        np.testing.assert_allclose(got, run_ort(data, f)[0], rtol=1e-4, atol=1e-4)
+    assert calls["rows"] >= 1

@@ -144,8 +144,10 @@ class AddNorm(Fused):
 
     def _choose(self, values: dict[str, Any], inputs: list[Any]) -> Any:
         a, b = values[self.a], values[self.b]
+        if b.ndim > a.ndim or (b.ndim == a.ndim and b.size > a.size):  # a the full shape, b perhaps broadcast
+            a, b = b, a
         norm = self.norm
-        if a.shape == b.shape and a.ndim and norm.axis in (-1, a.ndim - 1) and a.dtype == F32:
+        if a.ndim and norm.axis in (-1, a.ndim - 1) and a.dtype == F32:
             out = self._output(norm.out[0], a.shape, (a, b))
             call = layer_norm_rows(a, b, values[self.scale], values[self.bias] if self.bias else None, norm.eps, out)
             if call:

@@ -186,8 +186,9 @@ def attention(args, c):
 
 
 def layer_norm(args, c):
-    """y[r] = (z - mean) / sqrt(var + eps) * gamma + beta over rows of z = x (+ residual, when it has rows).
-    y must not overlap x or residual. Fields x, residual, gamma, beta, eps, y."""
+    """y[r] = (z - mean) / sqrt(var + eps) * gamma + beta over rows of z = x (+ residual, when it has rows; row r
+    adds residual's row r modulo its rows: a residual broadcast over x's leading dims, as a position embedding
+    over a batch). y must not overlap x or residual. Fields x, residual, gamma, beta, eps, y."""
     a = fields(args, 6)
     x, residual, gamma, beta, eps, y = array2(a, 0, F), array2(a, 1, F), array1(a, 2, F), array1(a, 3, F), f32(a, 4), array2(a, 5, F)
     rows, cols = x.shape
@@ -197,7 +198,7 @@ def layer_norm(args, c):
         xr, yr = x[r], y[r]
         s = F(0)
         if added:
-            rr = residual[r]
+            rr = residual[r % residual.shape[0]]
             for i in range(cols):
                 v = xr[i] + rr[i]
                 yr[i] = v

@@ -169,13 +169,16 @@ def layer_norm_rows(x: np.ndarray, residual: np.ndarray | None, scale: np.ndarra
                     eps: float, out: np.ndarray) -> Callable[[], Any] | None:
     """out = LayerNorm(x (+ residual)) over the last axis by the compiled loop, rows shared among threads
     (jit.split, whose call to make again it returns); None (nothing done) where it cannot serve (see
-    jit.elementwise)."""
+    jit.elementwise). residual is x's shape, or broadcast over x's leading dims (its dims of 1 first, then x's
+    last ones)."""
     cols = x.shape[-1] if x.ndim else 0
-    arrays = (x, out) if residual is None else (x, out, residual)
     if out is x or out is residual:
         return None
-    if not cols or any(a.dtype != F32 or not a.flags.c_contiguous or a.shape != x.shape for a in arrays) \
+    if not cols or any(a.dtype != F32 or not a.flags.c_contiguous or a.shape != x.shape for a in (x, out)) \
             or scale.dtype != F32 or scale.shape != (cols,) or (bias is not None and (bias.dtype != F32 or bias.shape != (cols,))):
+        return None
+    if residual is not None and (residual.dtype != F32 or not residual.flags.c_contiguous
+                                 or not _leading_broadcast(residual.shape, x.shape)):
         return None
     if jit.jitted("layer_norm") is None:
         return None
@@ -184,6 +187,12 @@ def layer_norm_rows(x: np.ndarray, residual: np.ndarray | None, scale: np.ndarra
     g = np.ascontiguousarray(scale)
     b = np.zeros(cols, F32) if bias is None else np.ascontiguousarray(bias)
     return jit.split("layer_norm", xs.shape[0], max(1, SLICE_ELEMENTS // cols), xs, rs, g, b, float(eps), ys)
+
+
+def _leading_broadcast(small: tuple[int, ...], big: tuple[int, ...]) -> bool:
+    """Whether `small` is `big`, or `big` broadcast from dims of 1 before `big`'s last dims (and has them)."""
+    inner = small[next((i for i, d in enumerate(small) if d != 1), len(small)):]
+    return len(small) <= len(big) and len(inner) >= 1 and tuple(big[len(big) - len(inner):]) == inner
 
 
 def _normalize_groups(x: np.ndarray, groups: int, eps: float, cdt) -> np.ndarray:
