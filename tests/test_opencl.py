@@ -477,7 +477,8 @@ def test_a_batch_concat_and_split_copy_their_pieces_in_one_launch():
 async def test_large_transfers_go_through_pinned_memory(runtime, monkeypatch):
     """An input that the copy threads split (copies.large) is filled into pinned memory and sent piece by piece;
     a large output lands in pinned memory handed to the caller as the array (memory.HandedOver). A later run
-    leaves an earlier output alone, and once the caller's arrays are gone their buffers are taken again."""
+    leaves an earlier output alone, once the caller's arrays are gone their buffers are taken again, and the
+    runtime's gc() releases those kept free."""
     import gc
 
     from aiomnn import copies
@@ -512,6 +513,9 @@ async def test_large_transfers_go_through_pinned_memory(runtime, monkeypatch):
             np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=1e-5, atol=1e-6)
         gc.collect()
         assert sum(len(v) for v in pool._free.values()) == kept  # taken again, none new
+        runtime.runtimes[ForwardType.OPENCL].gc()
+        assert not pool._free  # the runtime's gc releases the free ones
+        np.testing.assert_allclose((await s.run({"x": xs[0]}))["y"], wants[0], rtol=1e-5, atol=1e-6)
 
 
 # The tiled kernels (tiles.py) with each of their choices forced -------------------------------------

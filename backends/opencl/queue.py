@@ -177,13 +177,13 @@ class Queue:
 
             def done(status: int) -> None:
                 try:
+                    for buffer in pinned:  # the run's commands are over, failed or not
+                        self.staging.give(buffer)
                     if status < 0:
                         raise BackendError(f"OpenCL run failed with status {status}")
                     for name, host, dtype in results:
                         values[name] = host if host.dtype == dtype else host.astype(dtype)
                     held.clear()
-                    for buffer in pinned:
-                        self.staging.give(buffer)
                     fence.signal()
                 except BaseException as exc:  # errors raised here would be lost on either thread: hand them over
                     fence.signal(error=exc)

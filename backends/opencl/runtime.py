@@ -236,6 +236,7 @@ class OpenclRuntime(Runtime):
     # Lifetime ----------------------------------------------------------------------------------
     def gc(self, level: int = 0) -> None:
         self.pool.trim()
+        self.queue.staging.trim()
 
 
 def _release(tuner: Tuner, queue: Queue, pool: BufferPool, programs: Programs) -> None:

@@ -22,8 +22,8 @@ import pyopencl as cl
 
 from aiomnn import copies
 
-#: Free pinned bytes kept for reuse; more are unmapped and released.
-KEEP_BYTES = 512 << 20
+#: Free pinned bytes kept for reuse; more are unmapped and released (and all of them by the runtime's gc()).
+KEEP_BYTES = 256 << 20
 
 
 def staged_upload(nbytes: int) -> bool:
@@ -87,17 +87,22 @@ class Staging:
             self._free.setdefault(pinned.nbytes, []).append(pinned)
             self._free_bytes += pinned.nbytes
 
-    def close(self) -> None:
-        """Release the free buffers; those still in use are released when given back."""
+    def trim(self) -> None:
+        """Release the free buffers."""
         with self._lock:
-            self._closed = True
             for kept in self._free.values():
                 for pinned in kept:
                     pinned.release(self._queue)
             self._free.clear()
             self._free_bytes = 0
-            if self._queue is not None:
-                self._queue.finish()
+
+    def close(self) -> None:
+        """Release the free buffers; those still in use are released when given back."""
+        with self._lock:
+            self._closed = True
+        self.trim()
+        if self._queue is not None:
+            self._queue.finish()
 
 
 def upload(queue: "cl.CommandQueue", staging: Staging, memory: "cl.Buffer", offset: int, src: np.ndarray,
