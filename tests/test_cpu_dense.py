@@ -208,6 +208,18 @@ def test_threads_grow_with_the_square_root_of_the_work(monkeypatch):
     assert jit.product_pieces(small, products.DENSE_PIECE) == 2
 
 
+def _runs_match_onnxruntime(data: bytes, feeds: list[dict[str, np.ndarray]]) -> None:
+    """Each feed's run, one after another in one CPU session of 2 threads, against onnxruntime's."""
+
+    async def main() -> list[np.ndarray]:
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as s:
+            return [next(iter((await s.run(f)).values())) for f in feeds]
+
+    for f, got in zip(feeds, asyncio.run(main())):
+        np.testing.assert_allclose(got, run_ort(data, f)[0], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("tail", ["dense", "add_norm"])
 def test_an_output_made_by_a_fused_step_stays_the_callers(tail):
     """A model output made by a fused step is a new array each run, which the caller owns: the step must not
@@ -223,15 +235,7 @@ def test_an_output_made_by_a_fused_step_stays_the_callers(tail):
         consts = {"g": rng.random(64).astype(np.float32)}
     data = one_input_model(nodes, (8, 64), consts)
     feeds = [{"x": rng.standard_normal((8, 64)).astype(np.float32)} for _ in range(3)]
-
-    async def main() -> list[np.ndarray]:
-        net = aiomnn.Interpreter.from_bytes(data)
-        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as s:
-            return [next(iter((await s.run(f)).values())) for f in feeds]
-
-    outs = asyncio.run(main())
-    for f, got in zip(feeds, outs):
-        np.testing.assert_allclose(got, run_ort(data, f)[0], rtol=1e-4, atol=1e-4)
+    _runs_match_onnxruntime(data, feeds)
 
 
 @pytest.mark.parametrize("order", ["x_first", "position_first"])
@@ -249,13 +253,5 @@ def test_add_norm_takes_a_residual_broadcast_over_the_batch(monkeypatch, order):
               "b": rng.standard_normal(48).astype(np.float32)}
     data = one_input_model(nodes, (3, 7, 48), consts)
     feeds = [{"x": rng.standard_normal((3, 7, 48)).astype(np.float32)} for _ in range(3)]
-
-    async def main() -> list[np.ndarray]:
-        net = aiomnn.Interpreter.from_bytes(data)
-        async with await net.create_session(aiomnn.ScheduleConfig(type="cpu", num_threads=2)) as s:
-            return [next(iter((await s.run(f)).values())) for f in feeds]
-
-    outs = asyncio.run(main())
-    for f, got in zip(feeds, outs):
-        np.testing.assert_allclose(got, run_ort(data, f)[0], rtol=1e-4, atol=1e-4)
+    _runs_match_onnxruntime(data, feeds)
     assert calls["rows"] >= 1
