@@ -31,11 +31,16 @@ def copy_nd(ctx: OpContext, x: Tensor, src, dst, dims: list[int], xs: list[int],
         d0, d1 = ([1] * lead + dims[:-1])
         xs0, xs1 = ([0] * lead + xs[:-1])
         ys0, ys1 = ([0] * lead + ys[:-1])
-        width = next(v for v in (4, 2, 1) if dims[-1] % v == 0)
+        width = _width(dims[-1])
         return Launch("copy", "copy_rows", [src, dst, *i32(dims[-1], d0 * d1, d1, xs0, xs1, ys0, ys1, xbase, ybase)],
                       (dims[-1] // width, d0 * d1), _raw(ctx, x) + (f"-DV={width}",))
     return Launch("copy", "copy_nd", [src, dst, meta(("copy",), dims, xs, ys), *i32(n, len(dims), xbase, ybase)],
                   (n,), _raw(ctx, x))
+
+
+def _width(*lengths: int) -> int:
+    """The widest vector (4, 2 or 1 elements) that divides every row length: copy_rows' and copy_pieces' V."""
+    return next(v for v in (4, 2, 1) if all(n % v == 0 for n in lengths))
 
 
 def contiguous_copy(ctx: OpContext, x: Tensor, y: Tensor) -> Launch:
@@ -118,12 +123,10 @@ def _piece(ctx: OpContext, launch: Launch, piece, whole, t: Tensor, axis: int, b
 PIECES = 4
 
 
-def _in_pieces(ctx: OpContext, t: Tensor, pieces: list[tuple], rows: int) -> list[Launch] | None:
+def _in_pieces(ctx: OpContext, t: Tensor, pieces: list[tuple], rows: int) -> list[Launch]:
     """A batch's Concat or Split pieces, (src, dst, length, x row stride, y row stride, x base, y base) each, all
-    of `rows` rows, as copy_pieces launches of up to PIECES pieces; None where there is one piece."""
-    if len(pieces) < 2:
-        return None
-    width = next(v for v in (4, 2, 1) if all(p[2] % v == 0 for p in pieces))
+    of `rows` rows, as copy_pieces launches of up to PIECES pieces."""
+    width = _width(*(p[2] for p in pieces))
     launches = []
     for k in range(0, len(pieces), PIECES):
         group = pieces[k:k + PIECES]
@@ -142,22 +145,22 @@ def concat(ctx, node, ins, outs):
     y = outs[0]
     axis = node.attrs["axis"] % len(y.shape)
     ys = strides(y.shape)
-    launches, pieces, at = [], [], 0
-    rows, inner = math.prod(y.shape[:axis]), math.prod(y.shape[axis + 1:])
+    parts, at = [], 0  # (input index, input, its first element in y)
     for i, x in enumerate(ins):
         if x is None or not x.name or 0 in x.shape:
             continue
         if x.dtype != y.dtype:
             raise Decline("mixed dtypes")
-        base = at * ys[axis]
-        launches.append(_piece(ctx, copy_nd(ctx, x, In(i), Out(0), list(x.shape), strides(x.shape), ys, ybase=base),
-                               In(i), Out(0), y, axis, base))
-        length = x.shape[axis] * inner
-        pieces.append((In(i), Out(0), length, length, y.shape[axis] * inner, 0, base))
+        parts.append((i, x, at * ys[axis]))
         at += x.shape[axis]
-    # A batch's pieces are not one range each of the whole, so the plan cannot place them in it: one launch copies
-    # them all.
-    return (rows > 1 and _in_pieces(ctx, y, pieces, rows)) or launches
+    rows, inner = math.prod(y.shape[:axis]), math.prod(y.shape[axis + 1:])
+    if rows > 1 and len(parts) > 1:
+        # A batch's pieces are not one range each of the whole, so the plan cannot place them in it: one launch
+        # copies them all.
+        return _in_pieces(ctx, y, [(In(i), Out(0), x.shape[axis] * inner, x.shape[axis] * inner,
+                                    y.shape[axis] * inner, 0, base) for i, x, base in parts], rows)
+    return [_piece(ctx, copy_nd(ctx, x, In(i), Out(0), list(x.shape), strides(x.shape), ys, ybase=base),
+                   In(i), Out(0), y, axis, base) for i, x, base in parts]
 
 
 @op("Split", 2)
@@ -165,22 +168,22 @@ def split(ctx, node, ins, outs):
     x = ins[0]
     axis = node.attrs.get("axis", 0) % len(x.shape)
     xs = strides(x.shape)
-    launches, pieces, at = [], [], 0
-    rows, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1:])
+    parts, at = [], 0  # (output index, output, its first element in x)
     for i, y in enumerate(outs):
         if y.shape is None:
             raise Decline("unknown split")
         if y.name:
-            base = at * xs[axis]
-            launches.append(_piece(ctx, copy_nd(ctx, x, In(0), Out(i), list(y.shape), xs, strides(y.shape), xbase=base),
-                                   Out(i), In(0), x, axis, base))
-            if 0 not in y.shape:
-                length = y.shape[axis] * inner
-                pieces.append((In(0), Out(i), length, x.shape[axis] * inner, length, base, 0))
+            parts.append((i, y, at * xs[axis]))
         at += y.shape[axis]
     if at != x.shape[axis]:
         raise Decline("split sizes do not cover the axis")
-    return (rows > 1 and _in_pieces(ctx, x, pieces, rows)) or launches
+    rows, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1:])
+    filled = [(i, y, base) for i, y, base in parts if 0 not in y.shape]
+    if rows > 1 and len(filled) > 1:
+        return _in_pieces(ctx, x, [(In(0), Out(i), y.shape[axis] * inner, x.shape[axis] * inner,
+                                    y.shape[axis] * inner, base, 0) for i, y, base in filled], rows)
+    return [_piece(ctx, copy_nd(ctx, x, In(0), Out(i), list(y.shape), xs, strides(y.shape), xbase=base),
+                   Out(i), In(0), x, axis, base) for i, y, base in parts]
 
 
 @op("Expand", 8)
