@@ -1,0 +1,237 @@
+"""Scaled dot-product attention, found among a GPU backend's offered steps (offered.Steps): MatMul(q, k^T), then
+optionally a Div or Mul by a scalar constant, then optionally the Add of a mask broadcast to the scores, then
+Softmax over the keys, then MatMul(probabilities, v).
+
+A backend runs such a chain as one kernel that reads each operand, and writes its output, through strides. So a
+Transpose whose one reader is q's, k^T's or v's MatMul, or that is the one reader of the output, joins the chain
+and costs nothing, and no scores tensor is ever stored: a BERT layer's Reshape, Transpose, ..., MatMul,
+Transpose, Reshape is one launch (the Reshapes are views). This module finds the chain and the strides; each
+backend decides whether its kernel takes it (head size, keys, memory) and builds that kernel.
+
+Not matched: more than two batch axes, a value head size other than the query's, an inner value read outside the
+chain or made with a fused activation, a step of the chain's span that runs elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import Tensor
+from .constants import float_scalar
+from .graph import Node
+from .offered import Steps
+from .regions import contiguous
+
+F32 = np.dtype(np.float32)
+
+
+def is_f32(t: Tensor | None) -> bool:
+    return t is not None and t.kind == "tensor" and t.dtype == F32 and t.shape is not None
+
+
+@dataclass
+class Operand:
+    """What the kernel reads for q, k, v or the mask: `tensor` (a Transpose's input where that joined the chain),
+    through (batch, head, row, column) element strides, 0 on broadcast axes."""
+
+    tensor: Tensor
+    strides: list[int]
+
+
+@dataclass
+class Chain:
+    """A matched attention chain: softmax(q k^T [/ or * c] [+ mask]) v over `heads` = (batch, heads) of
+    `queries` x `keys` scores, heads of size `head`. k's rows are the keys and its columns the head (k^T read
+    transposed). `out` is the output's (batch, head, row, column) strides in `output`, the value of step
+    `final`."""
+
+    steps: list[int]
+    final: int
+    output: Tensor
+    heads: tuple[int, int]
+    queries: int
+    keys: int
+    head: int
+    q: Operand
+    k: Operand
+    v: Operand
+    mask: Operand | None
+    out: list[int]
+    scale: tuple[str, float] | None  # ("Div", c): scores / c; ("Mul", c): scores * c
+    inner: list[str]  # the values made inside the chain, which no one else reads
+
+    @property
+    def reads(self) -> list[str]:
+        """The values the kernel reads that are not constants."""
+        return [x.tensor.name for x in (self.q, self.k, self.v, self.mask) if x is not None and not x.tensor.is_const]
+
+
+def broadcast_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> list[int] | None:
+    """Strides of a dense `shape` read as `out` (numpy broadcasting): 0 on broadcast axes; None if it does not
+    broadcast."""
+    k = len(out) - len(shape)
+    if k < 0:
+        return None
+    res = [0] * k
+    for d, s, o in zip(shape, contiguous(shape), out[k:]):
+        if d != o and d != 1:
+            return None
+        res.append(s if d == o else 0)
+    return res
+
+
+def _bhrc(strides: list[int], shape: tuple[int, ...], batch: tuple[int, ...]) -> list[int] | None:
+    """The (batch, head, row, column) strides of an operand of `shape` read through `strides`, its batch axes
+    broadcast to `batch` (the scores' batch axes, at most two: (batch, head), or (batch,) with one head)."""
+    lead = len(shape) - 2
+    if lead < 0 or lead > len(batch):
+        return None
+    bs = []
+    for a, n in enumerate(batch):
+        k = a - (len(batch) - lead)  # the operand's axis, right-aligned
+        if k < 0 or shape[k] == 1:
+            bs.append(0)
+        elif shape[k] == n:
+            bs.append(strides[k])
+        else:
+            return None
+    bs = bs + [0] * (2 - len(bs))
+    return bs + [strides[-2], strides[-1]]
+
+
+def _shape(t: Tensor) -> tuple[int, ...]:
+    assert t.shape is not None  # is_f32 checked it
+    return tuple(t.shape)
+
+
+def _perm(node: Node, rank: int) -> list[int] | None:
+    perm = list(node.attrs.get("perm") or range(rank)[::-1])
+    return perm if sorted(perm) == list(range(rank)) else None
+
+
+def _source(st: Steps, t: Tensor, reader: int, taken: set[int]) -> tuple[Tensor, list[int], int | None]:
+    """What an operand reads: the input of a Transpose that makes it for this reader alone (and the Transpose's
+    step), with the strides of the operand's axes in that input; else the operand itself, dense."""
+    p = st.producer.get(t.name)
+    if p is not None and p not in taken and st.readers.get(t.name) == [reader]:
+        node, exe, ins, outs = st.steps[p]
+        perm = _perm(node, len(_shape(t))) if node.op_type == "Transpose" and exe is not None else None
+        if perm is not None and is_f32(ins[0]) and len(outs) == 1 and len(_shape(ins[0])) == len(perm):
+            ist = contiguous(_shape(ins[0]))
+            return ins[0], [ist[a] for a in perm], p
+    return t, contiguous(_shape(t)), None
+
+
+def _next(st: Steps, name: str, ops: tuple[str, ...], taken: set[int]) -> int | None:
+    """The one step reading `name`, if it is one of these ops here, in no group, with no fused activation."""
+    for op in ops:
+        k = st.only(name, op, taken)
+        if k is not None:
+            return k
+    return None
+
+
+def _softmax_last(node: Node, rank: int) -> bool:
+    """Softmax (not LogSoftmax) over the last axis alone."""
+    if node.op_type != "Softmax" or set(node.attrs) - {"axis"}:
+        return False
+    axis = int(node.attrs.get("axis", 1 if node.opset < 13 else -1))
+    return -rank <= axis < rank and axis % rank == rank - 1
+
+
+def match(st: Steps, i: int, taken: set[int]) -> Chain | None:
+    """The attention chain whose first MatMul is step i, or None."""
+    steps = st.steps
+    node, mm1, ins, souts = steps[i]
+    if node.op_type != "MatMul" or mm1 is None or len(ins) != 2:
+        return None
+    q, kt = ins
+    if not (is_f32(q) and is_f32(kt) and is_f32(souts[0])) or min(len(q.shape), len(kt.shape)) < 2:
+        return None
+    sshape = tuple(souts[0].shape)
+    if len(sshape) < 2:
+        return None
+    batch, (s, t) = sshape[:-2], sshape[-2:]
+    d = q.shape[-1]
+    if len(batch) > 2 or kt.shape[-2] != d or d <= 0 or t <= 0 or s <= 0:
+        return None
+    chain, cur = [i], souts[0].name
+    scale = None
+    k = _next(st, cur, ("Div", "Mul"), taken)
+    if k is not None:
+        node, _, ins, outs = steps[k]
+        others = [x for x in ins if x is not None and x.name != cur]
+        c = float_scalar(others[0]) if len(ins) == 2 and len(others) == 1 else None
+        if not node.attrs and c is not None and tuple(outs[0].shape) == sshape \
+                and (node.op_type == "Mul" or ins[0].name == cur):
+            scale = (node.op_type, c)
+            chain.append(k)
+            cur = outs[0].name
+    mask = None
+    k = _next(st, cur, ("Add",), taken)
+    if k is not None:
+        node, _, ins, outs = steps[k]
+        others = [x for x in ins if x is not None and x.name != cur]
+        if not node.attrs and len(ins) == 2 and len(others) == 1 and is_f32(others[0]) \
+                and tuple(outs[0].shape) == sshape:
+            mask = others[0]
+            chain.append(k)
+            cur = outs[0].name
+    k = _next(st, cur, ("Softmax",), taken)
+    if k is None or not _softmax_last(steps[k][0], len(sshape)):
+        return None
+    chain.append(k)
+    probs = steps[k][3][0]
+    k = _next(st, probs.name, ("MatMul",), taken)
+    if k is None:
+        return None
+    _, _, (p, v), oouts = steps[k]
+    if p.name != probs.name or not is_f32(v) or len(v.shape) < 2:
+        return None
+    if tuple(v.shape[-2:]) != (t, d) or tuple(oouts[0].shape) != batch + (s, d):
+        return None
+    chain.append(k)
+    k2, out = k, oouts[0]
+    ostrides = contiguous(tuple(out.shape))
+    k = _next(st, out.name, ("Transpose",), taken)
+    perm = _perm(steps[k][0], len(out.shape)) if k is not None else None
+    if k is not None and perm is not None and len(steps[k][3]) == 1:
+        # The transposed output's axis a is the output's axis perm[a]: the output is written with its strides.
+        ys = contiguous(tuple(steps[k][3][0].shape))
+        for a, axis in enumerate(perm):
+            ostrides[axis] = ys[a]
+        chain.append(k)
+    # The operands, each read through the Transpose that makes it (if that joins the chain).
+    views = []
+    for x, reader in ((q, i), (kt, i), (v, k2)):
+        src, strides, tstep = _source(st, x, reader, taken)
+        bhrc = _bhrc(strides, tuple(x.shape), batch)
+        if bhrc is None:
+            return None
+        views.append(Operand(src, bhrc))
+        if tstep is not None and tstep not in chain:
+            chain.append(tstep)
+    ob = _bhrc(ostrides, tuple(out.shape), batch)
+    mview = None
+    if mask is not None:
+        ms = broadcast_strides(_shape(mask), sshape)
+        mb = _bhrc(ms, sshape, batch) if ms is not None else None
+        if mb is None:
+            return None
+        mview = Operand(mask, mb)
+    if ob is None or not st.here(min(chain), max(chain)):  # one segment: the chain runs where it ends
+        return None
+    for j in chain:
+        node, _, _, outs = steps[j]
+        if len([o for o in outs if o is not None and o.name]) != 1 or node.attrs.get("_activation") is not None:
+            return None
+    qv, ktv, vv = views
+    kb, kh, kd, kk = ktv.strides  # k^T's rows run along the head, its columns along the keys
+    final = max(chain)
+    output = steps[final][3][0]
+    inner = [steps[j][3][0].name for j in sorted(chain) if steps[j][3][0].name != output.name]
+    return Chain(sorted(chain), final, output, tuple((batch + (1, 1))[:2]), s, t, d, qv,
+                 Operand(ktv.tensor, [kb, kh, kk, kd]), vv, mview, ob,
+                 scale, inner)
