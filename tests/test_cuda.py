@@ -23,6 +23,7 @@ import aiomnn
 from aiomnn.backends.cuda import fused, kernels
 from aiomnn.models import MODELS
 
+from . import attention_cases
 from .conftest import GPU_REASON, model_path, needs_gpu
 
 
@@ -1038,3 +1039,73 @@ async def test_model_matches_onnxruntime(name, shape, precision, tol):
         errs[out_name] = rel_error(g, w)
     print(f"\n{name} {shape} {precision}: {errs} {summary}")
     assert all(e <= tol for e in errs.values()), errs
+
+
+# --------------------------------------------------------------------------------------------
+# Attention: MatMul(q, k^T), scale, mask, Softmax, MatMul(., v) as one kernel (backends/cuda/attention.py).
+
+ATTN_CASES = [
+    # (id, attention_cases.graph's arguments, chains fused)
+    # BERT's: reshapes, transposes (read as strides), Div by sqrt(d), a padding mask per sequence.
+    ("bert", dict(b=2, s=5, h=2, d=8), 1),
+    # Several query blocks (the last one partial), a Mul by a constant first, no mask.
+    ("mul_nomask", dict(b=2, s=37, h=3, d=16, scale="mul", mask=None), 1),
+    # No scale, a mask per query row, a head the kernel pads (12), more keys than a tile.
+    ("rowmask_pad", dict(b=1, s=6, h=2, d=12, t=70, scale=None, mask=(1, 6)), 1),
+    # Rank 3 (a batch of heads), k transposed alone, the output read by a Relu; a head of 20.
+    ("rank3", dict(b=3, s=9, h=2, d=20, t=11, heads=False), 1),
+    # A fully masked row (-inf: NaN, as unfused), one of float32's lowest (uniform), a key masked everywhere.
+    ("masked_rows", dict(b=2, s=4, h=1, d=8, mask=(1, 4), mask_values=attention_cases.masked_rows(2, 4, 4)), 1),
+    # Heads of 96 and 128; keys in many tiles (past what Vulkan's shader holds).
+    ("head96", dict(b=1, s=6, h=2, d=96, t=40), 1),
+    ("head128", dict(b=2, s=3, h=1, d=128, t=33, scale="mul"), 1),
+    ("many_keys", dict(b=1, s=20, h=2, d=32, t=1500), 1),
+    # BERT-base's shape at 64 tokens.
+    ("bert_base", dict(b=2, s=64, h=12, d=64), 1),
+    # A head larger than the kernel takes: the ops run one by one.
+    ("head_too_large", dict(b=1, s=4, h=1, d=300, mask=None), 0),
+]
+
+
+async def attention_run(cid, args, precision):
+    nodes, inputs, inits = attention_cases.graph(cid, **args)
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    vi = [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape) for k, v in inputs.items()]
+    graph = helper.make_graph(nodes, cid, vi, outs, [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    # In fp16 storage the inputs are what half floats hold (float32's lowest is -inf there): the oracle reads them so.
+    with np.errstate(over="ignore"):
+        stored = inputs if precision == "normal" else {k: v.astype(np.float16).astype(np.float32) for k, v in inputs.items()}
+    want = (await oracle(data, stored))["y"]
+    got, summary = await run_on(data, inputs, "cuda", precision)
+    return got["y"], want, summary
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.parametrize("precision", ["normal", "low"])
+@pytest.mark.parametrize("cid,args,chains", ATTN_CASES, ids=[c for c, _, _ in ATTN_CASES])
+async def test_attention_is_one_kernel(cid, args, chains, precision):
+    """The chain is one kernel (its scores never stored), or, where the kernel cannot take it, the ops as they
+    were; onnxruntime's (the CPU's) result either way, NaN where it gives NaN."""
+    got, want, summary = await attention_run(cid, args, precision)
+    assert summary["declined"] == {} and summary["attention"] == chains, summary
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert rel_error(got[ok], want[ok]) <= (1e-5 if precision == "normal" else 2e-3)
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.parametrize("shape", range(5))
+async def test_attention_every_block_shape(shape, monkeypatch):
+    """Each block shape the kernel may take (by heads and queries) gives the same result."""
+    from aiomnn.backends.cuda import attention
+
+    monkeypatch.setattr(attention, "SHAPES", (attention.SHAPES[shape],))
+    for cid in ("bert", "mul_nomask", "rowmask_pad", "masked_rows", "head96", "many_keys"):
+        args, chains = next((a, c) for c2, a, c in ATTN_CASES if c2 == cid)
+        got, want, summary = await attention_run(cid, args, "normal")
+        assert summary["attention"] == (chains if attention.shapes(args["d"]) else 0), (cid, summary)
+        ok = ~np.isnan(want)
+        assert np.array_equal(np.isnan(got), np.isnan(want)) and rel_error(got[ok], want[ok]) <= 1e-5, cid

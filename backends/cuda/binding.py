@@ -14,7 +14,7 @@ import cupy
 
 from aiomnn.backend import Tensor
 
-from . import grouping, runs
+from . import attention, grouping, runs
 
 if TYPE_CHECKING:
     from .plan import Plan, Step
@@ -30,8 +30,11 @@ def bind(plan: Plan, record: bool = True, graph: bool = True) -> None:
         # (tuning fallback) or an earlier pass failed before planning.
         plan.steps, plan.runs = [], {}
         return
+    # An attention chain whose scores or probabilities turned out to be a graph output runs op by op.
+    plan.attention = {f: ch for f, ch in plan.attention.items() if not set(ch.inner) & plan.kept}
     plan.roots, plan.absorbed = grouping.fuse(plan, plan.kept, plan.alive)
     absorbed_values = {plan.steps[i].exe.out_names[0] for i in plan.absorbed if plan.steps[i].exe.consumer}
+    absorbed_values.update(x for ch in plan.attention.values() for x in ch.inner)
     # The arena.
     if plan.arena.size:
         plan.arena_mem = plan.rt.malloc(plan.arena.size)
@@ -55,9 +58,15 @@ def bind(plan: Plan, record: bool = True, graph: bool = True) -> None:
     if need:
         plan.workspace_mem = plan.rt.malloc(need)
         plan.keep.append(plan.workspace_mem)
-    # Ops.
+    # Ops: an attention chain's last step launches its kernel, its other steps nothing.
+    chains = plan.in_attention()
     for s in steps:
-        s.exe.bind(plan)
+        if s.index in plan.attention:
+            s.exe.launches = [attention.launch(plan, plan.attention[s.index])]
+        elif s.index in chains:
+            s.exe.launches = []
+        else:
+            s.exe.bind(plan)
     # Runs.
     run_steps: dict[int, list[Step]] = {}
     for s in steps:
@@ -73,7 +82,7 @@ def bind(plan: Plan, record: bool = True, graph: bool = True) -> None:
     declined = [s.node.op_type for s in plan.steps if s.exe is None]
     plan.summary = {
         "steps": len(steps), "declined": {t: declined.count(t) for t in sorted(set(declined))},
-        "fused": len(plan.absorbed), "segments": len(plan.runs),
+        "fused": len(plan.absorbed), "attention": len(plan.attention), "segments": len(plan.runs),
         "launches": sum(len(r.fns) for r in plan.runs.values()),
         "graphs": sum(r.graph is not None for r in plan.runs.values()),
         "arena_bytes": plan.arena.size,

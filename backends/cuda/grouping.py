@@ -36,9 +36,10 @@ def fuse(plan: Plan, kept: set[str],
     roots: dict[int, Any] = {}
     members: dict[int, set[int]] = {}
     absorbed: dict[int, int] = {}
+    chains = plan.in_attention()
     for s in plan.steps:
         exe = s.exe
-        if exe is None or exe.group is None:
+        if exe is None or exe.group is None or s.index in chains:
             continue
         j = s.index
         root = exe.group

@@ -28,7 +28,7 @@ from aiomnn.errors import BackendError
 from aiomnn.graph import Node
 from aiomnn.memory import Arena, Block, SharedArena
 
-from . import grouping
+from . import attention, grouping
 from .ops.base import CudaOp
 from .ops.tensor import Concat, Split
 
@@ -70,6 +70,8 @@ class Plan:
         self.readers: dict[str, set[int]] = {}
         self.last_use: dict[str, int] = {}
         self.run_of: dict[int, int] = {}
+        # Attention chains that run as one kernel (attention.py), by their last step.
+        self.attention: dict[int, Any] = {}
         # Memory planning (the memory group of methods).
         self.extend: dict[str, int] = {}
         self.no_memory: set[str] = set()
@@ -120,6 +122,11 @@ class Plan:
                 self.extend[name] = j
             return True
 
+        self.attention = attention.find(self)
+        for ch in self.attention.values():
+            self.no_memory.update(ch.inner)  # the scores and probabilities never leave the kernel
+            for name in ch.reads:
+                extend(name, ch.final)
         _, absorbed = grouping.fuse(self, set(), extend)
         for i in absorbed:
             exe = self.steps[i].exe
@@ -129,6 +136,10 @@ class Plan:
 
     def dev_dtype(self, dtype: np.dtype) -> np.dtype:
         return dev_dtype(dtype, self.half)
+
+    def in_attention(self) -> set[int]:
+        """The steps of the attention chains (fusion leaves them alone: each chain is one kernel)."""
+        return {j for ch in self.attention.values() for j in ch.steps}
 
     def dev_nbytes(self, t: Tensor) -> int | None:
         if t.shape is None or t.dtype is None or t.dtype == object:
