@@ -129,7 +129,7 @@ GRID_SIZES = (64, 128, 256, 32, 512, 16, 1024)
 ROW_SIZES = (64, 128, 256, 32)
 #: conv_gemm's tiles, (output channels, pixels): the workgroup is (pixels / 4, channels / 4), and its splits.
 CONV_TILES = ((64, 64), (32, 64), (64, 32), (32, 32), (16, 64), (16, 128), (32, 128), (64, 128))
-CONV_SPLITS = (1, 2, 4, 8, 16)
+CONV_SPLITS = (1, 2, 4, 8, 16, 32, 64)
 #: Without tuning: 32 x 64 tiles (16 x 128 for 16 channels or fewer), and the sum split until there are this
 #: many workgroups (three per multiprocessor of a large GPU), each slice at least CONV_SLICE deep.
 CONV_BUSY = 384
@@ -213,10 +213,12 @@ class Launch:
             options = [w.local]
         elif isinstance(w, Convolution):
             # In half floats with cooperative matrices, conv_coop first. Then conv_gemm's default tile (the
-            # default without them) and its neighbours: split in half as many or twice as many. Then the
-            # register-blocked tiles at least half full of outputs, best fitting first, each split as the default
-            # would split it, and the first one also split in half as many and twice as many. Then the other
-            # tiles, the default's split first, and the other register-blocked choices.
+            # default without them) and its neighbours: split in half as many, twice or four times as many (a
+            # small map's deep conv at batch 1 is a few tiles, which the default's CONV_SLICE-deep slices leave
+            # too few workgroups). Then the register-blocked tiles at least half full of outputs, best fitting
+            # first, each split as the default would split it, and the first one also split in half as many and
+            # twice as many. Then the other tiles, the default's split first, and the other register-blocked
+            # choices.
             _, dm, dn, ds = self._gemm_default()
             gemm = sorted([["gemm", bm, bn, s] for s in CONV_SPLITS for bm, bn in CONV_TILES],
                           key=lambda c: abs(c[3].bit_length() - ds.bit_length()) + 1.5 * ((c[1], c[2]) != (dm, dn)))
@@ -226,7 +228,7 @@ class Launch:
             reg = [["greg", *t, s] for t in tiles
                    for s in sorted(CONV_SPLITS, key=lambda s: abs(s.bit_length() - split[t].bit_length()))]
             options = [["coop"]] + [["narrow"]] * bool(w.narrow) + [["gemm", dm, dn, ds], ["gemm", dm, dn, ds // 2],
-                                                                 ["gemm", dm, dn, 2 * ds]]
+                                                                 ["gemm", dm, dn, 2 * ds], ["gemm", dm, dn, 4 * ds]]
             options += [["greg", *t, split[t]] for t in early]
             if early:
                 options += [["greg", *early[0], split[early[0]] // 2], ["greg", *early[0], 2 * split[early[0]]]]
