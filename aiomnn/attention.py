@@ -10,10 +10,17 @@ backend decides whether its kernel takes it (head size, keys, memory) and builds
 
 Not matched: more than two batch axes, a value head size other than the query's, an inner value read outside the
 chain or made with a fused activation, a step of the chain's span that runs elsewhere.
+
+The CUDA and OpenCL kernels share one tiling (Tiling): a block of THREADS work items takes BQ query rows of one
+head and walks the keys in tiles of TK, keeping each row's running maximum and sum (the online softmax: what a tile
+has summed is rescaled when a later tile raises the maximum), so any number of keys fits. The items are row groups
+of CT consecutive ones: in the scores phase an item holds RM rows by RN keys (keys tc, tc + CT, ...: consecutive
+items read consecutive rows of k), in the output phase the same RM rows by DP / CT columns of the head.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +32,56 @@ from .offered import Steps
 from .regions import contiguous
 
 F32 = np.dtype(np.float32)
+
+
+#: Work items a block of the CUDA and OpenCL kernels.
+THREADS = 128
+#: Their block shapes, (BQ, RM, RN): BQ query rows as BQ / RM row groups of CT = THREADS * RM / BQ items, key tiles
+#: of TK = CT * RN. Largest first: the largest that still makes a block per compute unit is taken (a short
+#: sequence's few heads want small blocks, or most units idle), within the local memory a block may have.
+BLOCKS = ((64, 4, 8), (32, 4, 4), (32, 4, 2), (16, 2, 4), (16, 2, 2))
+#: The largest head the kernels take (an item's registers: RM x DP / CT sums).
+MAX_HEAD = 256
+
+
+@dataclass(frozen=True)
+class Tiling:
+    bq: int
+    rm: int
+    rn: int
+    ct: int
+    tk: int
+    dp: int  # the head padded to whole columns of every item and whole float4s
+
+    @property
+    def local_bytes(self) -> int:
+        """The block's tiles of q, k, v and probabilities as floats (rows padded by 4 against bank conflicts), and
+        a float per row and item for reductions."""
+        return 4 * (self.bq * (self.dp + 4) + self.tk * (self.dp + 4) + self.tk * self.dp + self.bq * (self.tk + 4)
+                    + self.bq * self.ct)
+
+
+def tilings(d: int, limit: int) -> list[Tiling]:
+    """The block shapes whose local memory fits in `limit` bytes, for a head of d."""
+    out = []
+    for bq, rm, rn in BLOCKS:
+        ct = THREADS * rm // bq
+        step = math.lcm(ct, 4)  # whole columns an item and whole float4s
+        t = Tiling(bq, rm, rn, ct, ct * rn, -(-d // step) * step)
+        if t.local_bytes <= limit:
+            out.append(t)
+    return out
+
+
+def tiling(ch: "Chain", units: int, limit: int) -> Tiling | None:
+    """The block shape for a chain on a device of `units` compute units: the largest that makes at least a block a
+    unit, else the first of the smallest query blocks (its longest key tile)."""
+    fit = tilings(ch.head, limit) if ch.head <= MAX_HEAD else []
+    if not fit:
+        return None
+    heads = ch.heads[0] * ch.heads[1]
+    smallest = next(t for t in fit if t.bq == fit[-1].bq)
+    return next((t for t in fit if heads * -(-ch.queries // t.bq) >= units), smallest)
 
 
 def is_f32(t: Tensor | None) -> bool:

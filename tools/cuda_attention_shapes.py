@@ -1,4 +1,4 @@
-"""The CUDA attention kernel's block shapes (backends/cuda/attention.SHAPES), each forced, against the shape the
+"""The CUDA attention kernel's block shapes (aiomnn/attention.BLOCKS), each forced, against the shape the
 planner chooses and against the ops run one by one (AIOMNN_CUDA_ATTENTION=0), timed in turns in one process with
 the inputs on the device and the outputs left there.
 
@@ -21,7 +21,7 @@ async def arms(shape: tuple[int, ...], precision: str, runs: int, turns: int) ->
 
     import aiomnn
     from aiomnn import models
-    from aiomnn.backends.cuda import attention
+    from aiomnn import attention
     from aiomnn.config import BackendConfig, ScheduleConfig
     from aiomnn.models import sample_feeds
 
@@ -29,20 +29,20 @@ async def arms(shape: tuple[int, ...], precision: str, runs: int, turns: int) ->
     feeds = {k: cupy.asarray(v) for k, v in sample_feeds("minilm", shape).items()}
     cfg = ScheduleConfig(type="cuda", background_tuning=False,
                          backend_config=BackendConfig(precision=precision, tuning="none"))
-    variants: dict[str, tuple | None] = {"chosen": attention.SHAPES, "unfused": None}
-    variants.update({"%dx%d/%d" % (bq, bq // rm, rn): ((bq, rm, rn),) for bq, rm, rn in attention.SHAPES})
+    variants: dict[str, tuple | None] = {"chosen": attention.BLOCKS, "unfused": None}
+    variants.update({"%dx%d/%d" % (bq, bq // rm, rn): ((bq, rm, rn),) for bq, rm, rn in attention.BLOCKS})
     runs_of = {}
     async with contextlib.AsyncExitStack() as stack:
         for label, shapes in variants.items():
-            saved = attention.SHAPES
+            saved = attention.BLOCKS
             os.environ["AIOMNN_CUDA_ATTENTION"] = "0" if shapes is None else "1"
-            attention.SHAPES = shapes or saved
+            attention.BLOCKS = shapes or saved
             try:
                 s = await stack.enter_async_context(await net.create_session(cfg))
                 await s.run(feeds, device_outputs=True)
                 fused = s.pipeline.main.summary.get("attention")
             finally:
-                attention.SHAPES = saved
+                attention.BLOCKS = saved
                 os.environ.pop("AIOMNN_CUDA_ATTENTION", None)
             runs_of[f"{label} ({fused} fused)"] = s
         samples: dict[str, list[float]] = {k: [] for k in runs_of}

@@ -1,23 +1,16 @@
 """Scaled dot-product attention as one CUDA kernel: the chain aiomnn/attention.py finds (MatMul(q, k^T), a scale,
-a mask, Softmax, MatMul(., v), with the Transposes around it read and written as strides). The plan (plan.py)
-finds the chains before memory is planned: the chain's inner values (the scores, the probabilities) get no
-memory, its other steps launch nothing, and its last step launches this kernel.
+a mask, Softmax, MatMul(., v), with the Transposes around it read and written as strides), on that module's
+tiling. The plan (plan.py) finds the chains before memory is planned: the chain's inner values (the scores, the
+probabilities) get no memory, its other steps launch nothing, and its last step launches this kernel.
 
-A block takes BQ query rows of one head and walks the keys in tiles of TK, keeping each row's running maximum
-and sum (the online softmax: what a tile has summed is rescaled when a later tile raises the maximum), so any
-number of keys fits. The tiles of q, k and v and the tile's probabilities are staged in shared memory as floats,
-whatever the storage. The block's NT threads are row groups of CT consecutive lanes: in the scores phase a thread
-holds RM rows by RN keys (keys tc, tc + CT, ...: consecutive lanes read consecutive rows of k, which the padded
-rows put in distinct banks), in the output phase the same RM rows by DW columns of the head. A row's maximum and
-sum are shuffles among its group, and the probabilities a group writes only its own lanes read, so one tile
-needs two barriers.
+The tiles of q, k and v and the tile's probabilities are staged in shared memory as floats, whatever the storage.
+A row group's CT lanes lie in one warp: a row's maximum and sum are shuffles among them, and the probabilities a
+group writes only its own lanes read, so one tile needs two barriers.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -30,56 +23,13 @@ from .program import launcher
 if TYPE_CHECKING:
     from .plan import Plan
 
-#: Threads a block.
-NT = 128
-#: The block shapes, (BQ, RM, RN): BQ query rows as BQ / RM row groups of CT = NT * RM / BQ lanes, tiles of
-#: TK = CT * RN keys. Largest first: the largest that still makes a block per SM is taken (a short sequence's
-#: few heads want small blocks, or most SMs idle), within the shared memory a block may have.
-SHAPES = ((64, 4, 8), (32, 4, 4), (32, 4, 2), (16, 2, 4), (16, 2, 2))
 #: The static shared memory a block may have.
 SHARED = 48 * 1024
-#: The largest head the kernel takes (its registers: RM x DW sums a thread).
-MAX_HEAD = 256
+NT = attention.THREADS
 
 
-@dataclass(frozen=True)
-class Shape:
-    bq: int
-    rm: int
-    rn: int
-    ct: int
-    tk: int
-    dp: int  # the head padded to whole columns of every lane and whole float4s
-
-    @property
-    def shared(self) -> int:
-        return 4 * (self.bq * (self.dp + 4) + self.tk * (self.dp + 4) + self.tk * self.dp + self.bq * (self.tk + 4))
-
-
-def shapes(d: int) -> list[Shape]:
-    """The block shapes whose shared memory fits, for a head of d."""
-    out = []
-    for bq, rm, rn in SHAPES:
-        ct = NT * rm // bq
-        step = math.lcm(ct, 4)  # whole columns a lane and whole float4s
-        dp = -(-d // step) * step
-        sh = Shape(bq, rm, rn, ct, ct * rn, dp)
-        if sh.shared <= SHARED:
-            out.append(sh)
-    return out
-
-
-def choose(ch: attention.Chain, sms: int) -> Shape | None:
-    """The block shape for a chain: the largest that makes at least a block per SM, else the first of the
-    smallest query blocks (its longest key tile)."""
-    if ch.head > MAX_HEAD:
-        return None
-    fit = shapes(ch.head)
-    if not fit:
-        return None
-    heads = ch.heads[0] * ch.heads[1]
-    smallest = next(sh for sh in fit if sh.bq == fit[-1].bq)
-    return next((sh for sh in fit if heads * -(-ch.queries // sh.bq) >= sms), smallest)
+def choose(ch: attention.Chain, sms: int) -> attention.Tiling | None:
+    return attention.tiling(ch, sms, SHARED)
 
 
 def find(plan: Plan) -> dict[int, attention.Chain]:
@@ -102,7 +52,7 @@ def find(plan: Plan) -> dict[int, attention.Chain]:
     return found
 
 
-def source(ch: attention.Chain, sh: Shape) -> str:
+def source(ch: attention.Chain, sh: attention.Tiling) -> str:
     """The kernel for one chain: its sizes and strides are constants."""
     s, t, d = ch.queries, ch.keys, ch.head
     qs, ks, vs, os_ = ch.q.strides, ch.k.strides, ch.v.strides, ch.out
