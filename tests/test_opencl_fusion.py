@@ -280,3 +280,54 @@ async def test_real_model_fused(name, shape, before, after, runtime):
     for out, w in zip(net.output_names, want):
         err = float(np.linalg.norm(got[out].astype(np.float64) - w) / np.linalg.norm(w.astype(np.float64)))
         assert err <= 1e-4, f"{name} {out}: relative error {err:.2e}"
+
+
+# Attention: MatMul(q, k^T), scale, mask, Softmax, MatMul(., v) as one kernel (backends/opencl/attention.py) ------
+ATTENTION = [
+    # (id, attention_cases.graph's arguments, kernels a run, fused)
+    # BERT's: reshapes and transposes (strides of the kernel), Div by sqrt(d), a padding mask per sequence; the
+    # output's Reshape to a graph output is a copy.
+    ("bert", dict(b=2, s=5, h=2, d=8), 2, ["attention"]),
+    # Several query blocks (the last one partial), a Mul by a constant first, no mask.
+    ("mul_nomask", dict(b=2, s=37, h=3, d=16, scale="mul", mask=None), 2, ["attention"]),
+    # No scale, a mask per query row, a head the kernel pads (12), more keys than a tile.
+    ("rowmask_pad", dict(b=1, s=6, h=2, d=12, t=70, scale=None, mask=(1, 6)), 2, ["attention"]),
+    # Rank 3 (a batch of heads), k transposed alone, the output read by a Relu; a head of 20.
+    ("rank3", dict(b=3, s=9, h=2, d=20, t=11, heads=False), 2, ["attention"]),
+    # A fully masked row (-inf: NaN, as onnxruntime), one of float32's lowest (uniform), a key masked everywhere.
+    ("masked_rows", dict(b=2, s=4, h=1, d=8, mask=(1, 4)), 2, ["attention"]),
+    # A head of 96, keys in many tiles.
+    ("head96", dict(b=1, s=6, h=2, d=96, t=40), 2, ["attention"]),
+    ("many_keys", dict(b=1, s=20, h=2, d=32, t=1500), 2, ["attention"]),
+    # A head larger than the kernel takes: the ops one by one.
+    ("head_too_large", dict(b=1, s=4, h=1, d=300, mask=None), 9, []),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("cid,args,n,fused", ATTENTION, ids=[c for c, _, _, _ in ATTENTION])
+async def test_attention(cid, args, n, fused, runtime):
+    """The chain is one kernel, or where the kernel cannot take it the ops as they were; onnxruntime's result,
+    NaN where it gives NaN."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from . import attention_cases
+
+    if cid == "masked_rows":
+        args = dict(args, mask_values=attention_cases.masked_rows(2, 4, 4))
+    nodes, inputs, inits = attention_cases.graph(cid, **args)
+    graph = helper.make_graph(nodes, cid, [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape)
+                                           for k, v in inputs.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as session:
+        got = (await session.run(inputs))["y"]
+        again = (await session.run(inputs))["y"]
+        assert not on_cpu(session)
+        assert session.pipeline.main.plan.fused == fused
+        assert kernels(session) == n
+    [want] = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(["y"], inputs)
+    np.testing.assert_array_equal(again, got)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -5,6 +5,8 @@ kernel less is time saved.
 The backend offers every node of an alloc pass to launches_for and keeps it, so before planning it knows every
 reader of each value. plan_fusions then finds, in the graph's order:
 
+- scaled dot-product attention (MatMul, scale, mask Add, Softmax, MatMul, with the Transposes around it) as one
+  attention kernel (attention.py);
 - a LayerNorm that an exporter spelled out, as one layernorm kernel (blocks.py);
 - a squeeze-and-excitation block's squeeze (GlobalAveragePool and two pointwise Convs), as one se kernel
   (blocks.py);
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from aiomnn.offered import Steps
 
+from .attention import attention_at
 from .blocks import layernorm_at, se_at
 from .epilogues import CONVS, PRODUCTS, chain_at, epilogue_at
 
@@ -39,6 +42,10 @@ def _group_at(st: Steps, i: int, taken: set[int]):
         return layernorm_at(st, i, taken)
     if op_type == "GlobalAveragePool":
         return se_at(st, i, taken)
+    if op_type == "MatMul":
+        group = attention_at(st, i, taken)
+        if group is not None:
+            return group
     if op_type in CONVS or op_type in PRODUCTS:
         return epilogue_at(st, i, taken)
     return chain_at(st, i, taken)
