@@ -424,8 +424,6 @@ async def test_conv_algorithms(case, algo, precision, tol, monkeypatch):
 # The tensor-core implicit GEMMs (ops/conv_mma.py), fp16 storage only: odd channel counts and K (zero-padded in
 # shared memory), 1x1 and 3x3, strides, padding, batch 8, split K, and the epilogue chain (bias, activation).
 MMA_ALGOS = ["mma", "mma_k64", "mma64x128", "mma32x128"]
-# The pipelined ones: "mma_cp*" gather the input, "mma_pw*" copy a 1x1 conv's input by cp.async where they can.
-PIPED_ALGOS = ["mma_cp", "mma_cp64x128", "mma_cp32x128", "mma_pw", "mma_pw64x128", "mma_pw32x128"]
 
 
 def conv_act_case(x, w, b, act, **attrs):
@@ -448,15 +446,13 @@ MMA_CASES = {
     "mma_k1_s2": lambda: conv_act_case(r(8, 24, 9, 7), r(8, 24, 1, 1), r(8), "silu", strides=[2, 2]),
     # K = 576 over few tiles: split K
     "mma_deep_split": lambda: conv_act_case(r(2, 64, 12, 10), r(24, 64, 3, 3), r(24), "relu", pads=[1, 1, 1, 1]),
-    # 1x1 convs whose pixels per image are copied 4 (100 pixels) or 2 (30) at a time, or gathered (63), and one
-    # with K = 256 split over its few tiles.
+    # 1x1 convs of 100, 30 and 63 pixels an image (tiles across images, partial tiles), and one with K = 256
+    # split over its few tiles (each slice's accumulators summed by the last).
     "mma_k1_hw100_b8": lambda: conv_act_case(r(8, 40, 10, 10), r(72, 40, 1, 1), r(72), "silu"),
     "mma_k1_hw30_b3": lambda: conv_act_case(r(3, 24, 5, 6), r(24, 24, 1, 1), r(24), "relu"),
     "mma_k1_hw63_b2": lambda: conv_act_case(r(2, 20, 7, 9), r(16, 20, 1, 1), None, None),
     "mma_k1_split_b2": lambda: conv_act_case(r(2, 256, 8, 8), r(64, 256, 1, 1), r(64), "relu"),
 }
-#: Pixels per cp.async piece of the input that "mma_pw*" take on each MMA_CASES case (conv_mma.pixel_run).
-PW_RUN = {"mma_k1_b8": 8, "mma_k1_hw100_b8": 4, "mma_k1_hw30_b3": 2, "mma_k1_split_b2": 8}
 
 
 def ort_outputs(data, feeds):
@@ -471,18 +467,17 @@ def ort_outputs(data, feeds):
 
 
 def spy_mma(monkeypatch) -> list:
-    """The (algorithm, K slices, conv_mma.input_run) of each tensor-core conv kernel generated from now on."""
-    from aiomnn.backends.cuda.ops import conv, conv_mma
+    """The (algorithm, K slices) of each tensor-core conv kernel generated from now on."""
+    from aiomnn.backends.cuda.ops import conv
 
     ran, real = [], conv.mma_code
-    monkeypatch.setattr(conv, "mma_code",
-                        lambda c, *a: ran.append((c.algo, c.splits, conv_mma.input_run(c))) or real(c, *a))
+    monkeypatch.setattr(conv, "mma_code", lambda c, *a: ran.append((c.algo, c.splits)) or real(c, *a))
     return ran
 
 
 @needs_gpu
 @pytest.mark.anyio
-@pytest.mark.parametrize("algo", MMA_ALGOS + PIPED_ALGOS)
+@pytest.mark.parametrize("algo", MMA_ALGOS)
 @pytest.mark.parametrize("case", sorted(MMA_CASES) + ["conv_1x3_asym", "conv_dilated", "conv_same_upper"])
 async def test_conv_mma_matches_onnxruntime(case, algo, monkeypatch):
     from aiomnn.backends.cuda.ops import conv
@@ -497,12 +492,9 @@ async def test_conv_mma_matches_onnxruntime(case, algo, monkeypatch):
     async with await net.create_session(cfg) as s:
         got = await s.run(feeds)
         assert s.pipeline.main.summary["declined"] == {}
-    assert ran and {a for a, _, _ in ran} == {algo}
+    assert ran and {a for a, _ in ran} == {algo}
     if case in ("mma_deep_split", "mma_k1_split_b2"):
-        assert all(splits > 1 for _, splits, _ in ran)
-    # "mma_pw*" copy the input by cp.async where the conv allows (the test's input is a buffer of its own, aligned),
-    # and gather it elsewhere; the others always gather.
-    assert {run for _, _, run in ran} == {PW_RUN.get(case, 0) if algo.startswith("mma_pw") else 0}
+        assert all(splits > 1 for _, splits in ran)
     for k, w in want.items():
         assert got[k].shape == w.shape and rel_error(got[k], w) <= 1e-2, (k, rel_error(got[k], w))
 
@@ -541,16 +533,14 @@ async def test_tuner_offers_mma_in_fp16_and_runs_its_choice(tmp_path, monkeypatc
             if precision == "normal":
                 assert not set(algos) & set(MMA_ALGOS) and rel_error(got, want) <= 1e-4
                 continue
-            # "normal" tuning tries the first 8: the pipelined kernels (this conv's 3x3: "mma_cp*"), cuBLAS, the others
-            assert algos[:8] == PIPED_ALGOS[:3] + ["im2col"] + MMA_ALGOS
-            assert set(algos[:8]) - {"im2col"} <= {a for a, _, _ in ran}  # each timed
+            assert algos[:4] == MMA_ALGOS and set(MMA_ALGOS) <= {a for a, _ in ran}  # each timed
             assert rt.tuner.cache.get(key)["choice"] == choice and choice in algos
             assert rel_error(got, want) <= 1e-2
             rt.tuner.cache.put(key, "mma64x128", 1e-6)
             ran.clear()
             async with await net.create_session(config, info) as s:
                 got = (await s.run(feeds))["y"]
-            assert [a for a, _, _ in ran] == ["mma64x128"] and rel_error(got, want) <= 1e-2
+            assert [a for a, _ in ran] == ["mma64x128"] and rel_error(got, want) <= 1e-2
         finally:
             info.close()
 

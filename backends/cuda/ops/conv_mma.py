@@ -11,22 +11,22 @@ memory:
 - B, the input patches, [pixel][k]: each thread decodes one output pixel once and gathers a run of
   consecutive k for it (zeros for padding, past K and past the last pixel), so its run is stored as 16-byte
   pieces too.
-Rows of both are BK + 8 halves long: the 8 rows a fragment load reads then fall in distinct banks. The next
-step's global loads are in registers while this step multiplies, and the shared tiles are double-buffered,
-so a step needs one barrier.
+Rows of both are BK + 8 halves long: the 8 rows a fragment load reads then fall in distinct banks.
+
+The next step's global loads are in registers while this step multiplies, and the shared tiles are
+double-buffered, so a step needs one barrier; each step waits once on those loads. (Kernels that copied the
+weights, and a pointwise conv's input, straight to shared memory by cp.async, several steps in flight, ran no
+faster on an H200: what limits these kernels is not the loads alone; on large maps the per-element epilogue weighs
+as much.)
 
 The accumulators are staged through shared memory as floats before the epilogue, so that consecutive threads
 run `epi(i, acc)` on consecutive pixels of a channel: coalesced stores, and coalesced reads for whatever the
-fused chain adds (a residual). Split K (Conv.split_k) stores each slice's tile from there; the tile's last
-slice sums them all in slice order, as the scalar implicit GEMM does.
+fused chain adds (a residual). Split K (Conv.split_k) stores each slice's accumulators to a workspace; the tile's
+last slice sums them all in slice order, as the scalar implicit GEMM does.
 
 Half storage only: in fp32 the scalar implicit GEMM keeps full precision (conv.py never offers these there).
-
-Each step waits once on the gather's global loads, so these kernels are bound by memory latency, not by the
-tensor cores: they win where there are many tiles and a short K (few-channel convs on large maps, the first
-convs of a network), while cuBLAS (conv.py's "gemm", and "im2col" for 3x3 convs) stays ahead where a long K
-meets few tiles (1x1 convs of many channels on small maps). The tuner times them against each other per conv.
-A deeper pipeline (cp.async for the weights, several steps of the gather in flight) is the next step.
+The tuner times them against each other and cuBLAS (conv.py's "gemm", and "im2col" for 3x3 convs) per conv: they
+win on few-channel convs over large maps and short K, cuBLAS on long K over few tiles.
 """
 
 from __future__ import annotations
@@ -77,29 +77,37 @@ def mma_smem(bm: int, bn: int, bk: int) -> int:
     return max(2 * (bm + bn) * (bk + 8) * 2, bm * (bn + 8) * 4)
 
 
-def _fragments(bm: int, bn: int, ld: int) -> str:
-    """One k16 step's fragment loads for the warp's 2 x 4 fragments, from buffer `buf` at column kk."""
-    if LDMATRIX:
-        # ldmatrix x4: lanes 8j..8j+7 give the row addresses of matrix j; each lane gets, per matrix, row
-        # lane / 4 and columns 2 * (lane % 4) + {0, 1}, which is the mma's fragment layout. For A, matrices
-        # 0..3 are (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15): a0..a3.
-        # For B, stored [pixel][k], (pixels 0-7, k 0-7), (0-7, k 8-15), (8-15, k 0-7), (8-15, k 8-15): b0 b1
-        # of two n8 fragments.
-        return f"""      #pragma unroll
+def _frag_a(bm: int, ld: int) -> str:
+    # ldmatrix x4: lanes 8j..8j+7 give the row addresses of matrix j; each lane gets, per matrix, row lane / 4
+    # and columns 2 * (lane % 4) + {0, 1}, which is the mma's fragment layout. For A, matrices 0..3 are
+    # (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15): a0..a3.
+    return f"""      #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {{
         const unsigned at = g_sa + ((buf * {bm} + g_wm + mi * 16 + (g_lane & 15)) * {ld} + kk + (g_lane >> 4) * 8) * 2;
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
                      : "=r"(a[mi][0]), "=r"(a[mi][1]), "=r"(a[mi][2]), "=r"(a[mi][3]) : "r"(at));
       }}
-      #pragma unroll
+"""
+
+
+def _frag_b(bn: int, ld: int) -> str:
+    """B's fragments, stored [pixel][k], two n8 fragments per ldmatrix x4: matrices (pixels 0-7, k 0-7), (0-7,
+    k 8-15), (8-15, k 0-7), (8-15, k 8-15): b0 b1 of the first, then of the second."""
+    return f"""      #pragma unroll
       for (int nj = 0; nj < 2; ++nj) {{
-        const unsigned at = g_sb + ((buf * {bn} + g_wn + nj * 16 + (g_lane & 7) + ((g_lane >> 4) << 3)) * {ld}
-                                    + kk + ((g_lane >> 3) & 1) * 8) * 2;
+        const unsigned at = g_sb + ((buf * {bn} + g_wn + nj * 16 + (g_lane & 7) + ((g_lane >> 4) << 3)) * {ld} + kk
+                                    + ((g_lane >> 3) & 1) * 8) * 2;
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{%0, %1, %2, %3}}, [%4];"
                      : "=r"(b[2 * nj][0]), "=r"(b[2 * nj][1]), "=r"(b[2 * nj + 1][0]), "=r"(b[2 * nj + 1][1])
                      : "r"(at));
       }}
 """
+
+
+def _fragments(bm: int, bn: int, ld: int) -> str:
+    """One k16 step's fragment loads for the warp's 2 x 4 fragments, from buffer `buf` at column kk."""
+    if LDMATRIX:
+        return _frag_a(bm, ld) + _frag_b(bn, ld)
     # Plain 32-bit loads of the same fragments: lane (g, t) = (lane / 4, lane % 4) holds A rows g and g + 8,
     # k 2t, 2t + 1 and 2t + 8, 2t + 9; B pixel g, the same k.
     w = ld // 2
@@ -119,52 +127,45 @@ def _fragments(bm: int, bn: int, ld: int) -> str:
 """
 
 
-def mma_code(conv: "Conv", ptrs: list[str], at: int, epi: str) -> str:
-    """The kernel body for `conv` (its algorithm one of MMA_TILES); `epi(i, acc)` stores output element i.
-    Names start with `g_`: the kernel's parameters are p0, q1_0... A block runs one slice of K (split_k);
-    its tile is blockIdx.x / slices."""
-    bm, bn, bk = MMA_TILES[conv.algo]
-    nt, ld = mma_threads(conv.algo), bk + 8
-    aq = bm * bk // 8 // nt  # 16-byte pieces of the A tile each thread copies per step
-    kpt = bk * bn // nt  # k of its pixel each thread gathers per step (a multiple of 8)
-    assert aq >= 1 and kpt % 8 == 0, (bm, bn)
-    assert conv.splits == 1 or conv.k_split % bk == 0, "slices of K start on a step of the packed weights"
-    kh, kw = conv.kernel
-    sh, sw = conv.strides
-    dh, dw = conv.dils
-    ksteps = -(-conv.k_total() // bk)
-    x, w = ptrs[:2]
-    # A 1x1 kernel without padding reads inside the input at every k: no bounds test per value.
-    inside = ("true" if (kh, kw) == (1, 1) and not any(conv.pads) else
-              "iy >= 0 && iy < g_H && ix >= 0 && ix < g_W")
-    head = f"""  static_assert(sizeof(T) == 2, "the mma conv reads fp16 storage");
+def _head(at: int, bm: int, bn: int, smem: int, b_offset: int) -> str:
+    """The kernel's start: its meta, shared memory (B's tiles at b_offset bytes), and where this thread, its
+    warp and its block are in the tile, the tiles and K. A block runs one slice of K (split_k); its tile is
+    blockIdx.x / slices."""
+    return f"""  static_assert(sizeof(T) == 2, "the mma conv reads fp16 storage");
   const int* g_q = m + {at};
   const int g_C = g_q[0], g_H = g_q[1], g_W = g_q[2], g_CO = g_q[5], g_OW = g_q[7];
   const unsigned g_NP = g_q[8], g_OHW = g_q[6] * g_OW, g_S = g_q[10];
-  __shared__ __align__(16) unsigned char g_sm[{mma_smem(bm, bn, bk)}];
-  unsigned short (*g_As)[{bm}][{ld}] = reinterpret_cast<unsigned short (*)[{bm}][{ld}]>(g_sm);  // [buffer][channel][k]
-  unsigned short (*g_Bs)[{bn}][{ld}] = reinterpret_cast<unsigned short (*)[{bn}][{ld}]>(g_sm + {2 * bm * ld * 2});  // [buffer][pixel][k]
+  __shared__ __align__(16) unsigned char g_sm[{smem}];
   unsigned g_sa;  // the shared-space address of g_sm, for ldmatrix
   asm("{{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }}" : "=r"(g_sa) : "l"((unsigned long long)g_sm));
-  const unsigned g_sb = g_sa + {2 * bm * ld * 2};
+  const unsigned g_sb = g_sa + {b_offset};
   const unsigned g_tid = threadIdx.x, g_lane = g_tid % 32, g_warp = g_tid / 32, g_g = g_lane / 4, g_t = g_lane % 4;
   const unsigned g_wm = g_warp / {bn // 32} * 32, g_wn = g_warp % {bn // 32} * 32;  // the warp's 32 x 32
   const unsigned g_tiles = (g_NP + {bn - 1}) / {bn}, g_tile = blockIdx.x / g_S;
   const unsigned g_tm = g_tile / g_tiles, g_p0 = (g_tile % g_tiles) * {bn}, g_c0 = g_tm * {bm};
   const unsigned g_k0 = blockIdx.x % g_S * (unsigned)g_q[11], g_K = min((unsigned)g_q[9], g_k0 + g_q[11]);
-  // This thread gathers k g_kb .. g_kb + {kpt - 1} of each step for pixel g_p0 + g_bc.
-  const unsigned g_bc = g_tid % {bn}, g_kb = g_tid / {bn} * {kpt}, g_pp = g_p0 + g_bc;
+"""
+
+
+def _gather_setup(conv: "Conv", x: str, bn: int, kpt: int) -> str:
+    """The gather's per-thread start: it gathers k g_kb .. g_kb + kpt - 1 of each step for pixel g_p0 + g_bc."""
+    sh, sw = conv.strides
+    return f"""  const unsigned g_bc = g_tid % {bn}, g_kb = g_tid / {bn} * {kpt}, g_pp = g_p0 + g_bc;
   const bool g_pin = g_pp < g_NP;
   const unsigned g_pr = g_pin ? g_pp % g_OHW : 0;
   const int g_iy0 = (int)(g_pr / g_OW) * {sh} - g_q[3], g_ix0 = (int)(g_pr % g_OW) * {sw} - g_q[4];
   const T* g_x = {x} + (size_t)(g_pin ? g_pp / g_OHW : 0) * g_C * g_H * g_W;
-  const uint4* g_w = reinterpret_cast<const uint4*>({w}) + (size_t)g_tm * {ksteps * bm * bk // 8};
-  uint4 g_ra[{aq}];
-  T g_rb[{kpt}];
-  auto g_load = [&](unsigned k0) {{
-    #pragma unroll
-    for (int j = 0; j < {aq}; ++j) g_ra[j] = g_w[(size_t)(k0 / {bk}) * {bm * bk // 8} + g_tid + j * {nt}];
-    unsigned k = k0 + g_kb, c = k / {kh * kw};
+"""
+
+
+def _gather_body(conv: "Conv", rb: str, kpt: int) -> str:
+    """The gather of one step's run into registers `rb`, for k from `k0`."""
+    kh, kw = conv.kernel
+    dh, dw = conv.dils
+    # A 1x1 kernel without padding reads inside the input at every k: no bounds test per value.
+    inside = ("true" if (kh, kw) == (1, 1) and not any(conv.pads) else
+              "iy >= 0 && iy < g_H && ix >= 0 && ix < g_W")
+    return f"""    unsigned k = k0 + g_kb, c = k / {kh * kw};
     int ky = (int)(k % {kh * kw}) / {kw}, kx = (int)(k % {kh * kw}) % {kw};
     #pragma unroll
     for (int j = 0; j < {kpt}; ++j) {{
@@ -173,34 +174,30 @@ def mma_code(conv: "Conv", ptrs: list[str], at: int, epi: str) -> str:
         const int iy = g_iy0 + ky * {dh}, ix = g_ix0 + kx * {dw};
         if ({inside}) v = g_x[((size_t)c * g_H + iy) * g_W + ix];
       }}
-      g_rb[j] = v;
+      {rb}[j] = v;
       if (++kx == {kw}) {{ kx = 0; if (++ky == {kh}) {{ ky = 0; ++c; }} }}
     }}
-  }};
-  auto g_store = [&](int buf) {{
-    #pragma unroll
-    for (int j = 0; j < {aq}; ++j) {{
-      const unsigned e = g_tid + j * {nt};
-      *reinterpret_cast<uint4*>(&g_As[buf][e / {bk // 8}][e % {bk // 8} * 8]) = g_ra[j];
-    }}
-    #pragma unroll
-    for (int q = 0; q < {kpt // 8}; ++q)
-      *reinterpret_cast<uint4*>(&g_Bs[buf][g_bc][g_kb + q * 8]) = make_uint4(
-          g_rb[8 * q] | (unsigned)g_rb[8 * q + 1] << 16, g_rb[8 * q + 2] | (unsigned)g_rb[8 * q + 3] << 16,
-          g_rb[8 * q + 4] | (unsigned)g_rb[8 * q + 5] << 16, g_rb[8 * q + 6] | (unsigned)g_rb[8 * q + 7] << 16);
-  }};
-  float g_acc[2][4][4];  // [m16 fragment][n8 fragment][c0..c3]
+"""
+
+
+def _pack(rb: str) -> str:
+    """Halves 8q .. 8q + 7 of `rb` (q the loop's piece) as the four words of a uint4."""
+    return ", ".join(f"{rb}[8 * q + {2 * i}] | (unsigned){rb}[8 * q + {2 * i + 1}] << 16" for i in range(4))
+
+
+def _mma_lambda(frags: str, bk: int) -> str:
+    return f"""  float g_acc[2][4][4];  // [m16 fragment][n8 fragment][c0..c3]
   #pragma unroll
   for (int i = 0; i < 2; ++i)
     #pragma unroll
     for (int j = 0; j < 4; ++j)
       #pragma unroll
       for (int r = 0; r < 4; ++r) g_acc[i][j][r] = 0.f;
-  auto g_mma = [&](int buf) {{
+  auto g_mma = [&](unsigned buf) {{
     #pragma unroll
     for (int kk = 0; kk < {bk}; kk += 16) {{
       unsigned a[2][4], b[4][2];
-{_fragments(bm, bn, ld)}      #pragma unroll
+{frags}      #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
         #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
@@ -210,7 +207,102 @@ def mma_code(conv: "Conv", ptrs: list[str], at: int, epi: str) -> str:
                        : "r"(a[mi][0]), "r"(a[mi][1]), "r"(a[mi][2]), "r"(a[mi][3]), "r"(b[ni][0]), "r"(b[ni][1]));
     }}
   }};
-  g_load(g_k0);
+"""
+
+
+def _tail(conv: "Conv", ptrs: list[str], bm: int, bn: int, nt: int, epi: str) -> str:
+    """The accumulators to the epilogue, after a barrier that ended the last step's reads of shared memory.
+
+    Split K first: each slice stores its accumulators to the workspace as its threads hold them (float2 pieces,
+    consecutive threads side by side), and the tile's last slice loads every slice's back into its registers
+    and sums them in slice order: independent vector loads, where a sum per element through the float tile
+    waited on one load after another. Then the accumulators go through shared memory as a float tile, so that
+    consecutive threads run `epi(i, acc)` on consecutive pixels of a channel: each thread keeps one pixel (nt is
+    a multiple of bn) and walks the channels, its output offset computed once."""
+    assert nt % bn == 0, (nt, bn)
+    code = ""
+    if conv.splits > 1:
+        part, count = ptrs[2:]
+        pieces = [(mi, ni, h) for mi in range(2) for ni in range(4) for h in range(2)]
+        stores = "\n".join(
+            f"    g_mine[{j * nt}] = make_float2(g_acc[{mi}][{ni}][{2 * h}], g_acc[{mi}][{ni}][{2 * h + 1}]);"
+            for j, (mi, ni, h) in enumerate(pieces))
+        sums = "\n".join(
+            f"      {{ const float2 v = __ldcg(src + {j * nt}); g_acc[{mi}][{ni}][{2 * h}] += v.x; "
+            f"g_acc[{mi}][{ni}][{2 * h + 1}] += v.y; }}" for j, (mi, ni, h) in enumerate(pieces))
+        code = f"""  // Split K: this slice's accumulators to the workspace; the tile's last slice sums them all in order.
+  float2* g_part = reinterpret_cast<float2*>({part}) + (size_t)g_tile * g_S * {bm * bn // 2};
+  {{
+    float2* g_mine = g_part + (size_t)(blockIdx.x % g_S) * {bm * bn // 2} + g_tid;
+{stores}
+  }}
+{last_slice(count)}  if (g_tid == 0) {count}[g_tile] = 0u;  // ready for the next run
+  #pragma unroll
+  for (int i = 0; i < 2; ++i)
+    #pragma unroll
+    for (int j = 0; j < 4; ++j)
+      #pragma unroll
+      for (int r = 0; r < 4; ++r) g_acc[i][j][r] = 0.f;
+  for (unsigned r = 0; r < g_S; ++r) {{
+    const float2* src = g_part + (size_t)r * {bm * bn // 2} + g_tid;
+{sums}
+  }}
+"""
+    return code + f"""  // The accumulators as a float tile [channel][pixel]: c0 c1 are row g, pixels 2t, 2t + 1; c2 c3 row g + 8.
+  float (*g_Cs)[{bn + 8}] = reinterpret_cast<float (*)[{bn + 8}]>(g_sm);
+  #pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+    #pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {{
+      const unsigned r = g_wm + mi * 16 + g_g, col = g_wn + ni * 8 + 2 * g_t;
+      *reinterpret_cast<float2*>(&g_Cs[r][col]) = make_float2(g_acc[mi][ni][0], g_acc[mi][ni][1]);
+      *reinterpret_cast<float2*>(&g_Cs[r + 8][col]) = make_float2(g_acc[mi][ni][2], g_acc[mi][ni][3]);
+    }}
+  __syncthreads();
+  const unsigned g_col = g_tid % {bn}, g_px = g_p0 + g_col;
+  if (g_px < g_NP) {{
+    const unsigned g_o = g_px / g_OHW * g_CO * g_OHW + g_px % g_OHW;  // channel 0 of this pixel in the output
+    #pragma unroll 4
+    for (unsigned r = g_tid / {bn}; r < {bm}; r += {nt // bn}) {{
+      if (g_c0 + r >= (unsigned)g_CO) break;
+      {epi}(g_o + (g_c0 + r) * g_OHW, g_Cs[r][g_col]);
+    }}
+  }}
+"""
+
+
+def mma_code(conv: "Conv", ptrs: list[str], at: int, epi: str) -> str:
+    """The kernel body for `conv` (its algorithm one of MMA_TILES); `epi(i, acc)` stores output element i.
+    Names start with `g_`: the kernel's parameters are p0, q1_0..."""
+    bm, bn, bk = MMA_TILES[conv.algo]
+    nt, ld = mma_threads(conv.algo), bk + 8
+    aq = bm * bk // 8 // nt  # 16-byte pieces of the A tile each thread copies per step
+    kpt = bk * bn // nt  # k of its pixel each thread gathers per step (a multiple of 8)
+    assert aq >= 1 and kpt % 8 == 0, (bm, bn)
+    assert conv.splits == 1 or conv.k_split % bk == 0, "slices of K start on a step of the packed weights"
+    ksteps = -(-conv.k_total() // bk)
+    x, w = ptrs[:2]
+    body = _head(at, bm, bn, mma_smem(bm, bn, bk), 2 * bm * ld * 2)
+    body += f"""  unsigned short (*g_As)[{bm}][{ld}] = reinterpret_cast<unsigned short (*)[{bm}][{ld}]>(g_sm);  // [buffer][channel][k]
+  unsigned short (*g_Bs)[{bn}][{ld}] = reinterpret_cast<unsigned short (*)[{bn}][{ld}]>(g_sm + {2 * bm * ld * 2});  // [buffer][pixel][k]
+{_gather_setup(conv, x, bn, kpt)}  const uint4* g_w = reinterpret_cast<const uint4*>({w}) + (size_t)g_tm * {ksteps * bm * bk // 8};
+  uint4 g_ra[{aq}];
+  T g_rb[{kpt}];
+  auto g_load = [&](unsigned k0) {{
+    #pragma unroll
+    for (int j = 0; j < {aq}; ++j) g_ra[j] = g_w[(size_t)(k0 / {bk}) * {bm * bk // 8} + g_tid + j * {nt}];
+{_gather_body(conv, "g_rb", kpt)}  }};
+  auto g_store = [&](int buf) {{
+    #pragma unroll
+    for (int j = 0; j < {aq}; ++j) {{
+      const unsigned e = g_tid + j * {nt};
+      *reinterpret_cast<uint4*>(&g_As[buf][e / {bk // 8}][e % {bk // 8} * 8]) = g_ra[j];
+    }}
+    #pragma unroll
+    for (int q = 0; q < {kpt // 8}; ++q)
+      *reinterpret_cast<uint4*>(&g_Bs[buf][g_bc][g_kb + q * 8]) = make_uint4({_pack("g_rb")});
+  }};
+{_mma_lambda(_fragments(bm, bn, ld), bk)}  g_load(g_k0);
   g_store(0);
   __syncthreads();
   int g_buf = 0;
@@ -222,36 +314,5 @@ def mma_code(conv: "Conv", ptrs: list[str], at: int, epi: str) -> str:
     __syncthreads();
     g_buf ^= 1;
   }}
-  // The accumulators as a float tile [channel][pixel] (over the staged tiles: the loop ended on a barrier).
-  // c0 c1 are row g, pixels 2t and 2t + 1; c2 c3 row g + 8.
-  float (*g_Cs)[{bn + 8}] = reinterpret_cast<float (*)[{bn + 8}]>(g_sm);
-  #pragma unroll
-  for (int mi = 0; mi < 2; ++mi)
-    #pragma unroll
-    for (int ni = 0; ni < 4; ++ni) {{
-      const unsigned r = g_wm + mi * 16 + g_g, col = g_wn + ni * 8 + 2 * g_t;
-      *reinterpret_cast<float2*>(&g_Cs[r][col]) = make_float2(g_acc[mi][ni][0], g_acc[mi][ni][1]);
-      *reinterpret_cast<float2*>(&g_Cs[r + 8][col]) = make_float2(g_acc[mi][ni][2], g_acc[mi][ni][3]);
-    }}
-  __syncthreads();
 """
-    if conv.splits > 1:
-        part, count = ptrs[2:]
-        tail = f"""  // Split K: this slice's tile goes to its place in the workspace; the tile's last slice sums them all.
-  float* g_part = {part} + (size_t)g_tile * g_S * {bm * bn};
-  for (unsigned e = g_tid; e < {bm * bn}; e += {nt})
-    g_part[(size_t)(blockIdx.x % g_S) * {bm * bn} + e] = g_Cs[e / {bn}][e % {bn}];
-{last_slice(count)}  if (g_tid == 0) {count}[g_tile] = 0u;  // ready for the next run
-"""
-        value = f"""float v = 0.f;
-    for (unsigned r = 0; r < g_S; ++r) v += __ldcg(g_part + (size_t)r * {bm * bn} + e);"""
-    else:
-        tail = ""
-        value = f"const float v = g_Cs[e / {bn}][col];"
-    return head + tail + f"""  for (unsigned e = g_tid; e < {bm * bn}; e += {nt}) {{
-    const unsigned co = g_c0 + e / {bn}, col = e % {bn}, px = g_p0 + col;
-    if (co >= (unsigned)g_CO || px >= g_NP) continue;
-    {value}
-    {epi}((px / g_OHW * g_CO + co) * g_OHW + px % g_OHW, v);
-  }}
-"""
+    return body + _tail(conv, ptrs, bm, bn, nt, epi)
