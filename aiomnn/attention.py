@@ -29,7 +29,7 @@ from .backend import Tensor
 from .constants import float_scalar
 from .graph import Node
 from .offered import Steps
-from .regions import contiguous
+from .strides import contiguous
 
 F32 = np.dtype(np.float32)
 

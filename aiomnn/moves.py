@@ -12,7 +12,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .graph import text
-from .regions import Raster, Region, contiguous, merge, view
+from .regions import Raster, Region, merge, view
+from .strides import contiguous
 
 Shape = tuple[int, ...]
 

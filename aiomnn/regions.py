@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .strides import collapse
+from .strides import collapse, contiguous
 
 Dims = tuple[int, int, int]  # a region's three sizes, or strides, outermost first
 Axis = tuple[int, int, int]  # one axis of an index space: (size, source stride, destination stride)
@@ -88,14 +88,6 @@ def view(src: int, dims: Sequence[int], src_offset: int, src_strides: Sequence[i
         assert region is not None  # at most three axes are kept
         regions.append(region)
     return regions
-
-
-def contiguous(shape: Sequence[int]) -> list[int]:
-    """The C-order strides of a shape, in elements."""
-    strides = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * shape[i + 1]
-    return strides
 
 
 def _join(a: Region, b: Region) -> Region | None:

@@ -21,3 +21,11 @@ def collapse(dims: Sequence[int], *strides: Sequence[int]) -> tuple[list[int], l
         else:
             merged.append((d, inner))
     return [d for d, _ in merged], [[st[k] for _, st in merged] for k in range(len(strides))]
+
+
+def contiguous(shape: Sequence[int]) -> list[int]:
+    """The C-order strides of a shape, in elements."""
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    return strides

@@ -10,8 +10,9 @@ from typing import Callable
 import numpy as np
 
 from aiomnn.backend import Tensor
+from aiomnn.strides import contiguous
 
-from .ops.base import F32, In, Launch, strides
+from .ops.base import F32, In, Launch
 
 log = logging.getLogger("aiomnn.opencl")
 
@@ -57,7 +58,7 @@ def view_strides(out: tuple[int, ...], shape: tuple[int, ...], spans: list[tuple
     full = (1,) * (rank - len(shape)) + tuple(shape)
     if any(a not in (1, o) for a, o in zip(full, out)):
         return None
-    st = [0 if full[d] == 1 else s for d, s in enumerate(strides(full))]
+    st = [0 if full[d] == 1 else s for d, s in enumerate(contiguous(full))]
     found = []
     for lo, hi in spans:
         live = [d for d in range(lo, hi) if out[d] != 1]

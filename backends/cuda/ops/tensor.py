@@ -7,20 +7,13 @@ import numpy as np
 
 from aiomnn.graph import dtype_of
 from aiomnn.moves import slice_span
-from aiomnn.strides import collapse
+from aiomnn.strides import collapse, contiguous
 
 from ..kernels import CTYPES, MAX_COPY_RANK, cast_source
 from ..program import launcher
 from .base import F32, CudaOp, Decline, check_tensors, op
 from .elementwise import Copy
 
-
-def cstrides(shape) -> list[int]:
-    out, acc = [], 1
-    for d in reversed(list(shape)):
-        out.append(acc)
-        acc *= d
-    return out[::-1]
 
 
 def copy_launch(exe: CudaOp, src, dst, dims, sstr, dstr, sbase: int = 0, dbase: int = 0):
@@ -123,10 +116,10 @@ class Transpose(CudaOp):
 
     def bind(self, plan):
         s = self.in_shape(0)
-        st = cstrides(s)
+        st = contiguous(s)
         dims = [s[p] for p in self.perm]
         fn = copy_launch(self, plan.view(self.in_names[0]), plan.view(self.out_names[0]), dims,
-                         [st[p] for p in self.perm], cstrides(dims))
+                         [st[p] for p in self.perm], contiguous(dims))
         self.launches = [fn] if fn else []
 
 
@@ -146,7 +139,7 @@ class Slice(CudaOp):
             starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
         axes = [a % len(s) for a in axes] if axes is not None else list(range(len(starts)))
         steps = steps if steps is not None else [1] * len(starts)
-        st = cstrides(s)
+        st = contiguous(s)
         self.sbase = 0
         self.sstr = list(st)
         self.dims = list(s)
@@ -159,7 +152,7 @@ class Slice(CudaOp):
 
     def bind(self, plan):
         fn = copy_launch(self, plan.view(self.in_names[0]), plan.view(self.out_names[0]), self.dims,
-                         self.sstr, cstrides(self.dims), self.sbase)
+                         self.sstr, contiguous(self.dims), self.sbase)
         self.launches = [fn] if fn else []
 
 
@@ -172,13 +165,13 @@ class Concat(CudaOp):
 
     def bind(self, plan):
         out = plan.view(self.out_names[0])
-        ost = cstrides(self.out_shape)
+        ost = contiguous(self.out_shape)
         off, copies = 0, []
         for t in self.ins:
             if t is None:
                 continue
             s = tuple(t.shape)
-            copies.append((plan.view(t.name), out, list(s), cstrides(s), ost, 0, off * ost[self.axis]))
+            copies.append((plan.view(t.name), out, list(s), contiguous(s), ost, 0, off * ost[self.axis]))
             off += s[self.axis]
         self.launches = copies_launches(self, copies)
 
@@ -192,14 +185,14 @@ class Split(CudaOp):
 
     def bind(self, plan):
         s = self.in_shape(0)
-        st = cstrides(s)
+        st = contiguous(s)
         src = plan.view(self.in_names[0])
         off, copies = 0, []
         for t in self.outs:
             if t.shape is None:
                 raise Decline("unknown split")
             if t.name:
-                copies.append((src, plan.view(t.name), list(t.shape), st, cstrides(t.shape), off * st[self.axis], 0))
+                copies.append((src, plan.view(t.name), list(t.shape), st, contiguous(t.shape), off * st[self.axis], 0))
             off += t.shape[self.axis]
         self.launches = copies_launches(self, copies)
 

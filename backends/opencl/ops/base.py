@@ -205,13 +205,6 @@ def const_value(t: Tensor | None, what: str) -> np.ndarray:
     return np.asarray(t.const)
 
 
-def strides(shape: tuple[int, ...]) -> list[int]:
-    out, acc = [0] * len(shape), 1
-    for i in range(len(shape) - 1, -1, -1):
-        out[i] = acc
-        acc *= shape[i]
-    return out
-
 
 def i32(*values: int) -> list[np.int32]:
     return [np.int32(v) for v in values]

@@ -10,10 +10,10 @@ import numpy as np
 from aiomnn.backend import Tensor
 from aiomnn.graph import text
 from aiomnn.moves import slice_span
-from aiomnn.strides import collapse
+from aiomnn.strides import collapse, contiguous
 
 from .base import (CL_TYPES, RAW_TYPES, Alias, Const, Decline, In, Launch, OpContext, Out, const_value,
-                      i32, meta, op, strides)
+                      i32, meta, op)
 
 
 def _raw(ctx: OpContext, t: Tensor) -> tuple[str, ...]:
@@ -81,8 +81,8 @@ def transpose(ctx, node, ins, outs):
     x, y = ins[0], outs[0]
     rank = len(x.shape)
     perm = list(node.attrs.get("perm", range(rank - 1, -1, -1)))
-    xs = strides(x.shape)
-    return [copy_nd(ctx, x, In(0), Out(0), list(y.shape), [xs[p] for p in perm], strides(y.shape))]
+    xs = contiguous(x.shape)
+    return [copy_nd(ctx, x, In(0), Out(0), list(y.shape), [xs[p] for p in perm], contiguous(y.shape))]
 
 
 @op("Slice", 1)
@@ -105,9 +105,9 @@ def slice_(ctx, node, ins, outs):
             raise Decline("zero step")
         span = slice_span(st, en, sp, x.shape[ax])  # ONNX's clamping, not Python's
         first[ax], step[ax] = span.start if len(span) else 0, sp
-    xs = strides(x.shape)
+    xs = contiguous(x.shape)
     base = sum(f * s for f, s in zip(first, xs))
-    return [copy_nd(ctx, x, In(0), Out(0), list(y.shape), [s * k for s, k in zip(xs, step)], strides(y.shape),
+    return [copy_nd(ctx, x, In(0), Out(0), list(y.shape), [s * k for s, k in zip(xs, step)], contiguous(y.shape),
                     xbase=base)]
 
 
@@ -144,7 +144,7 @@ def _in_pieces(ctx: OpContext, t: Tensor, pieces: list[tuple], rows: int) -> lis
 def concat(ctx, node, ins, outs):
     y = outs[0]
     axis = node.attrs["axis"] % len(y.shape)
-    ys = strides(y.shape)
+    ys = contiguous(y.shape)
     parts, at = [], 0  # (input index, input, its first element in y)
     for i, x in enumerate(ins):
         if x is None or not x.name or 0 in x.shape:
@@ -159,7 +159,7 @@ def concat(ctx, node, ins, outs):
         # copies them all.
         return _in_pieces(ctx, y, [(In(i), Out(0), x.shape[axis] * inner, x.shape[axis] * inner,
                                     y.shape[axis] * inner, 0, base) for i, x, base in parts], rows)
-    return [_piece(ctx, copy_nd(ctx, x, In(i), Out(0), list(x.shape), strides(x.shape), ys, ybase=base),
+    return [_piece(ctx, copy_nd(ctx, x, In(i), Out(0), list(x.shape), contiguous(x.shape), ys, ybase=base),
                    In(i), Out(0), y, axis, base) for i, x, base in parts]
 
 
@@ -167,7 +167,7 @@ def concat(ctx, node, ins, outs):
 def split(ctx, node, ins, outs):
     x = ins[0]
     axis = node.attrs.get("axis", 0) % len(x.shape)
-    xs = strides(x.shape)
+    xs = contiguous(x.shape)
     parts, at = [], 0  # (output index, output, its first element in x)
     for i, y in enumerate(outs):
         if y.shape is None:
@@ -182,7 +182,7 @@ def split(ctx, node, ins, outs):
     if rows > 1 and len(filled) > 1:
         return _in_pieces(ctx, x, [(In(0), Out(i), y.shape[axis] * inner, x.shape[axis] * inner,
                                     y.shape[axis] * inner, base, 0) for i, y, base in filled], rows)
-    return [_piece(ctx, copy_nd(ctx, x, In(0), Out(i), list(y.shape), xs, strides(y.shape), xbase=base),
+    return [_piece(ctx, copy_nd(ctx, x, In(0), Out(i), list(y.shape), xs, contiguous(y.shape), xbase=base),
                    Out(i), In(0), x, axis, base) for i, y, base in parts]
 
 
@@ -192,7 +192,7 @@ def expand(ctx, node, ins, outs):
 
     x, y = ins[0], outs[0]
     dims, (xs,) = broadcast_table(y.shape, x.shape)
-    dims2, (xs2, ys2) = collapse(dims, xs, strides(tuple(dims)))
+    dims2, (xs2, ys2) = collapse(dims, xs, contiguous(tuple(dims)))
     n = math.prod(y.shape)
     return [Launch("copy", "copy_nd", [In(0), Out(0), meta(("copy",), dims2, xs2, ys2), *i32(n, len(dims2), 0, 0)],
                    (n,), _raw(ctx, x))]
@@ -263,6 +263,6 @@ def pad(ctx, node, ins, outs):
         v = (v if v.size else np.zeros(1)).astype(storage)
         fill = Const(("padvalue", storage.str, v.tobytes()), lambda: v)
     n = math.prod(y.shape)
-    args = [In(0), Out(0), fill, meta(("pad",), list(y.shape), list(x.shape), before, strides(x.shape)),
+    args = [In(0), Out(0), fill, meta(("pad",), list(y.shape), list(x.shape), before, contiguous(x.shape)),
             *i32(n, rank, PAD_MODES[mode])]
     return [Launch("copy", "pad", args, (n,), _raw(ctx, x))]

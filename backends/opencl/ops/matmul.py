@@ -7,10 +7,10 @@ import math
 
 import numpy as np
 
-from aiomnn.strides import collapse
+from aiomnn.strides import collapse, contiguous
 
 from ..tiles import MatmulTiles
-from .base import Const, Decline, In, Launch, Out, act_options, f32, i32, meta, op, require_float, strides
+from .base import Const, Decline, In, Launch, Out, act_options, f32, i32, meta, op, require_float
 from .elementwise import activation
 
 
@@ -34,7 +34,7 @@ def matmul(ctx, node, ins, outs):
 
     def batch_strides(s: tuple[int, ...]) -> list[int]:
         s = (1,) * (rank - len(s) + 2) + s
-        st = strides(s)
+        st = contiguous(s)
         return [0 if s[d] == 1 and batch[d] != 1 else st[d] for d in range(rank)]
 
     dims, (ba, bb) = collapse(list(batch), batch_strides(sa), batch_strides(sb))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from aiomnn.shapes import reduce_axes
-from aiomnn.strides import collapse
+from aiomnn.strides import collapse, contiguous
 
-from .base import Alias, Decline, In, Launch, Out, i32, meta, op, require_float, strides
+from .base import Alias, Decline, In, Launch, Out, i32, meta, op, require_float
 
 GROUP = 64  # work-group size of the *_wg kernels, as in kernels/reduce.cl
 LONG = 256  # reductions at least this long get a work group each
@@ -29,7 +29,7 @@ def _reduce(name: str):
             if node.attrs.get("noop_with_empty_axes", 0):
                 return Alias(0)
             axes = list(range(rank))
-        xs = strides(x.shape)
+        xs = contiguous(x.shape)
         kept = [d for d in range(rank) if d not in axes]
         kd, (ks,) = collapse([x.shape[d] for d in kept], [xs[d] for d in kept])
         rd, (rs,) = collapse([x.shape[d] for d in axes], [xs[d] for d in axes])

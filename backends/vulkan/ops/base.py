@@ -22,7 +22,7 @@ from aiomnn import geometry, unary
 from aiomnn.backend import Decline, Execution, OpRegistry, Tensor
 from aiomnn.errors import BackendError
 from aiomnn.graph import Node
-from aiomnn.strides import collapse
+from aiomnn.strides import collapse, contiguous
 
 from ..launch import Grid, Launch, Work
 from ..memory import Loc
@@ -63,14 +63,6 @@ def pad(values: list[int], n: int = MAX_RANK) -> list[int]:
     if len(values) > n:
         raise Decline(f"more than {n} dimensions")
     return list(values) + [0] * (n - len(values))
-
-
-def contiguous(shape: tuple[int, ...]) -> list[int]:
-    out, s = [], 1
-    for d in reversed(shape):
-        out.append(s)
-        s *= d
-    return out[::-1]
 
 
 def broadcast_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> list[int]:
