@@ -304,11 +304,7 @@ ATTENTION = [
 ]
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("cid,args,n,fused", ATTENTION, ids=[c for c, _, _, _ in ATTENTION])
-async def test_attention(cid, args, n, fused, runtime):
-    """The chain is one kernel, or where the kernel cannot take it the ops as they were; onnxruntime's result,
-    NaN where it gives NaN."""
+def attention_model(cid: str, args: dict) -> tuple[bytes, dict]:
     from onnx import TensorProto, helper, numpy_helper
 
     from . import attention_cases
@@ -320,7 +316,15 @@ async def test_attention(cid, args, n, fused, runtime):
                                            for k, v in inputs.items()],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
-    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString(), inputs
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("cid,args,n,fused", ATTENTION, ids=[c for c, _, _, _ in ATTENTION])
+async def test_attention(cid, args, n, fused, runtime):
+    """The chain is one kernel, or where the kernel cannot take it the ops as they were; onnxruntime's result,
+    NaN where it gives NaN."""
+    data, inputs = attention_model(cid, args)
     async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as session:
         got = (await session.run(inputs))["y"]
         again = (await session.run(inputs))["y"]
@@ -331,3 +335,17 @@ async def test_attention(cid, args, n, fused, runtime):
     np.testing.assert_array_equal(again, got)
     assert np.array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("cid", ["bert", "rowmask_pad", "many_keys"])
+async def test_attention_in_fp16_storage(cid, runtime, monkeypatch):
+    """The attention kernel reads and writes half storage (forced on: PoCL lacks cl_khr_fp16)."""
+    args, n = next((a, k) for c, a, k, _ in ATTENTION if c == cid)
+    data, inputs = attention_model(cid, args)
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(half_storage(runtime, monkeypatch),
+                                                                         runtime) as session:
+        got = (await session.run(inputs))["y"]
+        assert session.pipeline.main.plan.fused == ["attention"] and kernels(session) == n
+    [want] = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(["y"], inputs)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
