@@ -185,14 +185,21 @@ def se_nodes(x: str, c: int, hidden: int, then):
 
 
 BLOCKS = [
-    # cls: the gated input goes on to a pointwise conv
+    # cls: the gated input goes on to a pointwise conv; the gate's Mul is in se
     (case("se_then_conv", se_nodes("x", 16, 4, ([node("Mul", ["x", "s"], ["m"]), node("Conv", ["m", "w9", "b9"], ["y"])],
                                                  {"w9": rnd(8, 16, 1, 1, seed=9), "b9": rnd(8, seed=19)})),
-          {"x": (2, 16, 6, 8)}, op="GlobalAveragePool"), 3, ["se"]),
-    # det: x + x * s after a conv whose output the pool, the Mul and the Add read
+          {"x": (2, 16, 6, 8)}, op="GlobalAveragePool"), 2, ["se"]),
+    # det: x + x * s after a conv whose output the pool, the Mul and the Add read: Mul and Add in se
     (case("se_residual_gate", [conv("x0", (12, 4, 3, 3), "x", seed=7, pads=[1, 1, 1, 1])]
           + se_nodes("x", 12, 3, ops(("Mul", ["x", "s"], ["m"], {}), ("Add", ["x", "m"], ["y"], {}))),
-          {"x0": (1, 4, 9, 9)}, op="GlobalAveragePool"), 3, ["se", "epilogue"]),
+          {"x0": (1, 4, 9, 9)}, op="GlobalAveragePool"), 2, ["se"]),
+    # the gate in the other order, its product read twice (by a Relu and an Add of x): only the Mul joins
+    (case("se_gate_read_twice", se_nodes("x", 8, 2, ops(("Mul", ["s", "x"], ["m"], {}), ("Relu", ["m"], ["r"], {}),
+                                                        ("Add", ["x", "m"], ["a"], {}), ("Sub", ["a", "r"], ["y"], {}))),
+          {"x": (2, 8, 5, 7)}, op="GlobalAveragePool"), 3, ["se", "epilogue"]),
+    # a gate that multiplies another tensor than the pooled one: se stores s, the Mul is a kernel of its own
+    (case("se_gate_of_another", se_nodes("x", 8, 2, ops(("Mul", ["z", "s"], ["y"], {}))),
+          {"x": (2, 8, 5, 7), "z": (2, 8, 5, 7)}, op="GlobalAveragePool"), 2, ["se"]),
     # a pool too large for one work group keeps its kernel; se does the two convs
     (case("se_large_pool", se_nodes("x", 32, 8, ops(("Mul", ["x", "s"], ["y"], {}))),
           {"x": (1, 32, 48, 48)}, op="GlobalAveragePool"), 3, ["se"]),
@@ -259,9 +266,10 @@ async def test_fused_launch_runs_the_choice_tuned_for_the_conv(runtime):
 
 # The public models -----------------------------------------------------------------------------------------
 #: Kernels a run launches at batch 1: (unfused, fused). The unfused counts were this backend's before fusion; the
-#: fused ones are with the Concats and Splits in place too (tests/test_opencl_concat.py).
-REAL = [("cls", (1, 3, 48, 192), 83, 57), ("rec", (1, 3, 48, 320), 155, 79), ("det", (1, 3, 320, 320), 123, 73),
-        ("yolov8n", (1, 3, 320, 320), 155, 84)]
+#: fused ones are with the Concats and Splits in place too (tests/test_opencl_concat.py) and the squeeze-and-excitation
+#: gates inside se.
+REAL = [("cls", (1, 3, 48, 192), 83, 48), ("rec", (1, 3, 48, 320), 155, 71), ("det", (1, 3, 320, 320), 123, 67),
+        ("yolov8n", (1, 3, 320, 320), 155, 82)]
 
 
 @pytest.mark.models

@@ -1,14 +1,17 @@
 """Blocks of ops that one kernel of kernels/blocks.cl does, a work group an image or a row:
 
-- a squeeze-and-excitation block's squeeze: GlobalAveragePool, then two pointwise Convs on its (N, C, 1, 1) result
-  (each with its bias and fused activation), as one se kernel; where an image's pool is too large for one work
+- a squeeze-and-excitation block: GlobalAveragePool, then two pointwise Convs on its (N, C, 1, 1) result (each with
+  its bias and fused activation), and the gate's Mul with the block's input (x * s, or x + x * s where an Add of x
+  alone reads the product: det's residual gates), as one se kernel; where an image's pool is too large for one work
   group (SE_MAX_POOL), the pool keeps its own kernel, spread over the device, and se does the two Convs on its
-  result;
+  result, the Mul left to the elementwise fusions;
 - the LayerNorm that exporters (paddle2onnx among them) spell out as ReduceMean, Sub, Pow 2, ReduceMean, Add eps,
   Sqrt, Div, then Mul by a scale and Add of a bias (constants over the normalized axes), as one layernorm kernel
   (the matching is the core's, aiomnn/spelled_norm.py, which Vulkan shares).
 
-The Mul of the block's input by the se kernel's gate is an elementwise op, fused as epilogues.py fuses any.
+On NVIDIA's OpenCL a run is bound by its launches (each costs the driver about as long as most of these kernels
+take), so the gate's pass over the block's input, which the work group has just read for the mean, costs less
+inside se than as a kernel of its own.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
+from aiomnn.backend import Tensor
 from aiomnn.constants import float_const
 from aiomnn.offered import Steps
 from aiomnn.spelled_norm import find_spelled_norm
@@ -56,9 +60,23 @@ def _pointwise(st: Steps, k: int, src: str, n: int, want: int | None):
     return node, w, b, co, activation(node.attrs)
 
 
+def _gate(st: Steps, name: str, x: Tensor, taken: set[int], op_type: str = "Mul") -> int | None:
+    """The step that multiplies (or adds) x and the value `name`, its one reader, elementwise to x's shape."""
+    k = st.only(name, op_type, taken)
+    if k is None:
+        return None
+    node, _, ins, outs = st.steps[k]
+    names = sorted(t.name for t in ins if t is not None)
+    if node.attrs or names != sorted([x.name, name]) or len(outs) != 1 or not is_f32(outs[0]) \
+            or tuple(outs[0].shape) != tuple(x.shape):
+        return None
+    return k
+
+
 def se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
-    """GlobalAveragePool of x (N, C, H, W), then a pointwise Conv (C1 x C) and another (C x C1) on its mean: one
-    se kernel (over SE_MAX_POOL values an image, the two Convs alone on the pool's result)."""
+    """GlobalAveragePool of x (N, C, H, W), then a pointwise Conv (C1 x C) and another (C x C1) on its mean, and the
+    gate's Mul with x (and an Add of x after it): one se kernel (over SE_MAX_POOL values an image, the two Convs
+    alone on the pool's result)."""
     steps = st.steps
     node, _, ins, outs = steps[i]
     x = ins[0]
@@ -76,10 +94,21 @@ def se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         cur = steps[k][3][0].name
     if not st.here(chain[0], chain[-1]):
         return None
+    gate = 0
     if c * h * w > SE_MAX_POOL:
         chain, src, hw = chain[1:], outs[0], 1
     else:
         src, hw = x, h * w
+        k = _gate(st, cur, x, taken)
+        if k is not None:  # x * s, and x + x * s where an Add of x alone reads it
+            chain.append(k)
+            gate = 1
+            k = _gate(st, steps[k][3][0].name, x, taken, "Add")
+            if k is not None:
+                chain.append(k)
+                gate = 2
+            if not st.here(chain[0], chain[-1]):
+                return None
     (n1, w1, b1, c1, act1), (n2, w2, b2, _, act2) = convs
 
     def weights(nd, arr, b, co) -> list:
@@ -98,7 +127,7 @@ def se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
         args = [In(0), *weights(n1, w1, b1, c1), *weights(n2, w2, b2, c), Out(0), *i32(c, hw, c1),
                 *f32(act1[1], act1[2], act2[1], act2[2]),
                 cl.LocalMemory(4 * c * LANES), cl.LocalMemory(4 * max(c1, 1))]
-        options = (f"-DLOCAL={local}", f"-DACT1={act1[0]}", f"-DACT2={act2[0]}")
+        options = (f"-DLOCAL={local}", f"-DACT1={act1[0]}", f"-DACT2={act2[0]}", f"-DGATE={gate}")
         return [Launch("blocks", "se", args, (n * local,), options, local=(local,))], [src]
 
     taken.update(chain)

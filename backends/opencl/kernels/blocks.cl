@@ -3,8 +3,9 @@
  *
  * se:        a squeeze-and-excitation block's squeeze, per image n: the mean of each of C channels over its HW
  *            values (LANES work items a channel, reading consecutive values), then h = ACT1(W1 mean + b1) (C1
- *            values), then y = ACT2(W2 h + b2) (C values, stored as (N, C, 1, 1)). `part` holds C x LANES
- *            floats, `hid` C1. Built with -DLOCAL, -DACT1 and -DACT2.
+ *            values), then the gate s = ACT2(W2 h + b2) (C values). GATE 0 stores s as (N, C, 1, 1); GATE 1
+ *            applies it, y = x * s (N, C, H, W), and GATE 2 adds x too, y = x + x * s. `part` holds C x LANES
+ *            floats, `hid` C1. Built with -DLOCAL, -DACT1, -DACT2 and -DGATE.
  * layernorm: the LayerNorm exporters spell out, per row of n values: (x - mean) / sqrt(mean((x - mean)^2) + eps)
  *            times a scale, plus a bias, both over the row. Built with -DLOCAL (a power of two).
  */
@@ -17,6 +18,9 @@
 #endif
 #ifndef ACT2
 #define ACT2 0
+#endif
+#ifndef GATE
+#define GATE 0
 #endif
 
 __kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
@@ -50,8 +54,19 @@ void se(BUF(const T, x), BUF(const T, w1), BUF(const T, b1), BUF(const T, w2), B
         const __global T* wr = w2 + c * C1;
         float s = LD(b2, c);
         for (int h = 0; h < C1; ++h) s += LD(wr, h) * hid[h];
+#if GATE == 0
         ST(y, n * C + c, activate(s, ACT2, a2a, a2b));
+#else
+        part[c * LANES] = activate(s, ACT2, a2a, a2b);  /* the means are read: the slot holds the gate now */
+#endif
     }
+#if GATE != 0
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int i = lid; i < C * HW; i += LOCAL) {
+        const float v = LD(xn, i), g = part[i / HW * LANES];
+        ST(y, n * C * HW + i, GATE == 1 ? v * g : v + v * g);
+    }
+#endif
 }
 
 __kernel __attribute__((reqd_work_group_size(LOCAL, 1, 1)))
