@@ -29,6 +29,7 @@ from .backend import Tensor
 from .constants import float_scalar
 from .graph import Node
 from .offered import Steps
+from .moves import slice_span
 from .strides import contiguous
 
 F32 = np.dtype(np.float32)
@@ -90,11 +91,12 @@ def is_f32(t: Tensor | None) -> bool:
 
 @dataclass
 class Operand:
-    """What the kernel reads for q, k, v or the mask: `tensor` (a Transpose's input where that joined the chain),
-    through (batch, head, row, column) element strides, 0 on broadcast axes."""
+    """What the kernel reads for q, k, v or the mask: `tensor` (the input of the view ops that joined the chain),
+    from element `offset` on, through (batch, head, row, column) element strides, 0 on broadcast axes."""
 
     tensor: Tensor
     strides: list[int]
+    offset: int = 0
 
 
 @dataclass
@@ -168,17 +170,117 @@ def _perm(node: Node, rank: int) -> list[int] | None:
     return perm if sorted(perm) == list(range(rank)) else None
 
 
-def _source(st: Steps, t: Tensor, reader: int, taken: set[int]) -> tuple[Tensor, list[int], int | None]:
-    """What an operand reads: the input of a Transpose that makes it for this reader alone (and the Transpose's
-    step), with the strides of the operand's axes in that input; else the operand itself, dense."""
-    p = st.producer.get(t.name)
-    if p is not None and p not in taken and st.readers.get(t.name) == [reader]:
-        node, exe, ins, outs = st.steps[p]
-        perm = _perm(node, len(_shape(t))) if node.op_type == "Transpose" and exe is not None else None
-        if perm is not None and is_f32(ins[0]) and len(outs) == 1 and len(_shape(ins[0])) == len(perm):
-            ist = contiguous(_shape(ins[0]))
-            return ins[0], [ist[a] for a in perm], p
-    return t, contiguous(_shape(t)), None
+#: Ops that only view their input: an operand made by them for the chain alone is read through them.
+RESHAPES = ("Squeeze", "Unsqueeze", "Reshape", "Identity")
+VIEWS = ("Transpose", "Slice", *RESHAPES)
+
+
+@dataclass
+class _Walk:
+    """An operand read back through view steps: its element idx (over its own axes) lies in `tensor`'s dense layout
+    at sum(base[j] * dense[j]) + sum(idx[a] * step[a] * dense[axis[a]]); axis[a] is None on the operand's unit
+    axes. `views` are the steps walked through, the operand's maker first."""
+
+    tensor: Tensor
+    axis: list[int | None]
+    step: list[int]
+    base: list[int]
+    views: list[int]
+
+    @staticmethod
+    def start(t: Tensor) -> "_Walk":
+        shape = _shape(t)
+        return _Walk(t, [a if n != 1 else None for a, n in enumerate(shape)], [1] * len(shape), [0] * len(shape), [])
+
+    def strides(self) -> tuple[list[int], int]:
+        dense = contiguous(_shape(self.tensor))
+        strides = [0 if ax is None else m * dense[ax] for ax, m in zip(self.axis, self.step)]
+        return strides, sum(b * d for b, d in zip(self.base, dense))
+
+
+def _slice_params(node: Node, ins: list[Tensor | None], rank: int) -> list[tuple[int, int, int, int]] | None:
+    """A Slice's (axis, start, end, step) on each axis it slices, its parameters constants and its steps positive."""
+    if node.opset < 10:
+        starts, ends = node.attrs.get("starts"), node.attrs.get("ends")
+        axes, steps = node.attrs.get("axes"), None
+    else:
+        vals = []
+        for j in range(1, 5):
+            t = ins[j] if j < len(ins) else None
+            if t is not None and t.name and t.const is None:
+                return None
+            vals.append(None if t is None or t.const is None else [int(x) for x in np.asarray(t.const).reshape(-1)])
+        starts, ends, axes, steps = vals
+    if starts is None or ends is None:
+        return None
+    axes = list(axes) if axes is not None else list(range(len(starts)))
+    steps = list(steps) if steps is not None else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps) or any(k <= 0 for k in steps):
+        return None
+    return [(int(ax) % rank, int(b), int(e), int(k)) for ax, b, e, k in zip(axes, starts, ends, steps)]
+
+
+def _back(st: Steps, w: _Walk, taken: set[int]) -> _Walk | None:
+    """The walk one view step further back, through the step that made w.tensor, or None."""
+    p = st.producer.get(w.tensor.name)
+    if p is None or p in taken:
+        return None
+    node, exe, ins, outs = st.steps[p]
+    if exe is None or node.op_type not in VIEWS or node.domain or not ins or not is_f32(ins[0]) or len(outs) != 1:
+        return None
+    src, out = _shape(ins[0]), _shape(w.tensor)
+    axis, step, base = list(w.axis), list(w.step), [0] * len(src)
+    if node.op_type == "Transpose":
+        perm = _perm(node, len(out))
+        if perm is None or len(src) != len(out):
+            return None
+        axis = [None if ax is None else perm[ax] for ax in axis]
+        for j, b in enumerate(w.base):
+            base[perm[j]] = b
+    elif node.op_type == "Slice":
+        params = _slice_params(node, ins, len(src))
+        if params is None or len(src) != len(out):
+            return None
+        base = list(w.base)
+        for ax, start, end, k in params:
+            span = slice_span(start, end, k, src[ax])
+            if len(span) != out[ax]:
+                return None
+            base[ax] = span.start + w.base[ax] * k
+            step = [m * k if a == ax else m for a, m in zip(axis, step)]
+    else:  # Identity, and the reshapes that only drop or add unit axes
+        live_out = [j for j, n in enumerate(out) if n != 1]
+        live_src = [j for j, n in enumerate(src) if n != 1]
+        if [out[j] for j in live_out] != [src[j] for j in live_src]:
+            return None
+        to_src = dict(zip(live_out, live_src))
+        if any(w.base[j] for j in range(len(out)) if j not in to_src):
+            return None
+        axis = [None if ax is None else to_src[ax] for ax in axis]
+        for j, b in enumerate(w.base):
+            if j in to_src:
+                base[to_src[j]] = b
+    return _Walk(ins[0], axis, step, base, w.views + [p])
+
+
+def _prescale(st: Steps, q: Tensor, reader: int, taken: set[int]) -> tuple[int, tuple[str, float], Tensor] | None:
+    """q scaled before the product, by a Mul (either order) or a Div (q / c) by a scalar constant that the product
+    alone reads: (its step, the scale, the tensor it scales)."""
+    p = st.producer.get(q.name)
+    if p is None or p in taken or st.readers.get(q.name) != [reader]:
+        return None
+    node, exe, ins, outs = st.steps[p]
+    if exe is None or node.op_type not in ("Mul", "Div") or node.attrs or len(ins) != 2 or None in ins:
+        return None
+    consts = [float_scalar(x) for x in ins]
+    if node.op_type == "Div" and consts[1] is not None and is_f32(ins[0]) and _shape(ins[0]) == _shape(q):
+        return p, ("Div", consts[1]), ins[0]
+    if node.op_type == "Mul":
+        for j in (0, 1):
+            c, x = consts[1 - j], ins[j]
+            if c is not None and is_f32(x) and _shape(x) == _shape(q):
+                return p, ("Mul", c), x
+    return None
 
 
 def _next(st: Steps, name: str, ops: tuple[str, ...], taken: set[int]) -> int | None:
@@ -198,8 +300,9 @@ def _softmax_last(node: Node, rank: int) -> bool:
     return -rank <= axis < rank and axis % rank == rank - 1
 
 
-def match(st: Steps, i: int, taken: set[int]) -> Chain | None:
-    """The attention chain whose first MatMul is step i, or None."""
+def match(st: Steps, i: int, taken: set[int], views: bool = True) -> Chain | None:
+    """The attention chain whose first MatMul is step i, or None. Without `views` an operand is read through one
+    Transpose at most, and a scale of q before the product is left alone."""
     steps = st.steps
     node, mm1, ins, souts = steps[i]
     if node.op_type != "MatMul" or mm1 is None or len(ins) != 2:
@@ -216,7 +319,8 @@ def match(st: Steps, i: int, taken: set[int]) -> Chain | None:
         return None
     chain, cur = [i], souts[0].name
     scale = None
-    k = _next(st, cur, ("Div", "Mul"), taken)
+    pre = _prescale(st, q, i, taken) if views else None
+    k = _next(st, cur, ("Div", "Mul"), taken) if pre is None else None
     if k is not None:
         node, _, ins, outs = steps[k]
         others = [x for x in ins if x is not None and x.name != cur]
@@ -226,6 +330,9 @@ def match(st: Steps, i: int, taken: set[int]) -> Chain | None:
             scale = (node.op_type, c)
             chain.append(k)
             cur = outs[0].name
+    if pre is not None:  # (q * c) k^T is c (q k^T): the scale of the scores, q read where it was
+        scale, q = pre[1], pre[2]
+        chain.append(pre[0])
     mask = None
     k = _next(st, cur, ("Add",), taken)
     if k is not None:
@@ -260,16 +367,41 @@ def match(st: Steps, i: int, taken: set[int]) -> Chain | None:
         for a, axis in enumerate(perm):
             ostrides[axis] = ys[a]
         chain.append(k)
-    # The operands, each read through the Transpose that makes it (if that joins the chain).
-    views = []
-    for x, reader in ((q, i), (kt, i), (v, k2)):
-        src, strides, tstep = _source(st, x, reader, taken)
-        bhrc = _bhrc(strides, tuple(x.shape), batch)
+    # The operands, each read back through the view steps that make it for the chain alone.
+    walks = []
+    for x in (q, kt, v):
+        path = [_Walk.start(x)]
+        while len(path) <= (8 if views else 1):
+            w = _back(st, path[-1], taken)
+            if w is None or not (views or steps[w.views[-1]][0].op_type == "Transpose"):
+                break
+            path.append(w)
+        walks.append(path)
+    while True:  # a view joins where every reader of what it makes is in the chain
+        members = set(chain) | {p for path in walks for p in path[-1].views}
+        cut = False
+        for path in walks:
+            for n, w in enumerate(path[1:]):
+                made = steps[w.views[-1]][3][0].name
+                if not set(st.readers.get(made, [])) <= members:
+                    del path[n + 1:]
+                    cut = True
+                    break
+            # A reshape last gains nothing (the backends' reshapes are views already) and would take a graph
+            # input's view into the chain.
+            while len(path) > 1 and steps[path[-1].views[-1]][0].op_type in RESHAPES:
+                path.pop()
+                cut = True
+        if not cut:
+            break
+    operands = []
+    for x, path in zip((q, kt, v), walks):
+        strides, offset = path[-1].strides()
+        bhrc = _bhrc(strides, _shape(x), batch)
         if bhrc is None:
             return None
-        views.append(Operand(src, bhrc))
-        if tstep is not None and tstep not in chain:
-            chain.append(tstep)
+        operands.append(Operand(path[-1].tensor, bhrc, offset))
+        chain += [p for p in path[-1].views if p not in chain]
     ob = _bhrc(ostrides, tuple(out.shape), batch)
     mview = None
     if mask is not None:
@@ -284,11 +416,11 @@ def match(st: Steps, i: int, taken: set[int]) -> Chain | None:
         node, _, _, outs = steps[j]
         if len([o for o in outs if o is not None and o.name]) != 1 or node.attrs.get("_activation") is not None:
             return None
-    qv, ktv, vv = views
+    qv, ktv, vv = operands
     kb, kh, kd, kk = ktv.strides  # k^T's rows run along the head, its columns along the keys
     final = max(chain)
     output = steps[final][3][0]
     inner = [steps[j][3][0].name for j in sorted(chain) if steps[j][3][0].name != output.name]
     return Chain(sorted(chain), final, output, tuple((batch + (1, 1))[:2]), s, t, d, qv,
-                 Operand(ktv.tensor, [kb, kh, kk, kd]), vv, mview, ob,
+                 Operand(ktv.tensor, [kb, kh, kk, kd], ktv.offset), vv, mview, ob,
                  scale, inner)

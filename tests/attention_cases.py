@@ -75,3 +75,23 @@ def masked_rows(b, s, t):
     m[-1, 0, 2] = np.finfo(np.float32).min
     m[:, :, :, -1] = -np.inf
     return m
+
+
+def qkv_graph(cid, b, s, h, d, scale="mul"):
+    """Attention as vision transformers export it (PaddleOCR's SVTR, timm's ViT): one product makes q, k and v
+    side by side, (B, S, 3 * H * D), reshaped to (B, S, 3, H, D) and transposed to (3, B, H, S, D); Slices and
+    Squeezes take q, k and v from it; q is scaled before the product (a Mul by 1 / sqrt(d), or a Div by sqrt(d))
+    and k transposed; the output goes back to (B, S, H * D). Opset 13; the graph's output is "y"."""
+    rng = np.random.default_rng(len(cid))
+    inits = {"shape5": np.array([b, s, 3, h, d], np.int64), "hidden": np.array([b, s, h * d], np.int64),
+             "zero": np.array([0], np.int64), "c": np.float32(1 / math.sqrt(d) if scale == "mul" else math.sqrt(d))}
+    nodes = [n("Reshape", ["x", "shape5"], ["r5"]), n("Transpose", ["r5"], ["t5"], perm=[2, 0, 3, 1, 4])]
+    for j, name in enumerate("qkv"):
+        inits[f"from{j}"], inits[f"to{j}"] = np.array([j], np.int64), np.array([j + 1], np.int64)
+        nodes += [n("Slice", ["t5", f"from{j}", f"to{j}", "zero"], [f"{name}s"]),
+                  n("Squeeze", [f"{name}s", "zero"], [f"{name}0"])]
+    nodes += [n("Mul" if scale == "mul" else "Div", ["q0", "c"], ["q1"]),
+              n("Transpose", ["k0"], ["kt"], perm=[0, 1, 3, 2]), n("MatMul", ["q1", "kt"], ["sc"]),
+              n("Softmax", ["sc"], ["p"], axis=3), n("MatMul", ["p", "v0"], ["o"]),
+              n("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]), n("Reshape", ["ot", "hidden"], ["y"])]
+    return nodes, {"x": rng.standard_normal((b, s, 3 * h * d)).astype(np.float32)}, inits

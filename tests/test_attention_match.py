@@ -95,3 +95,77 @@ def test_tiling_fits_the_local_memory_and_fills_the_units():
     assert attention.tiling(ch, 132, 48 * 1024).bq == min(bq for bq, _, _ in attention.BLOCKS)
     assert attention.tiling(ch, 1, 48 * 1024).bq == max(bq for bq, _, _ in attention.BLOCKS)
     assert attention.tiling(ch, 132, 1024) is None
+
+
+def steps_of(nodes, inputs: dict, inits: dict, opset: int = 13) -> Steps:
+    """Offered steps of a graph (every node running on the backend), its shapes from onnx's inference."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape)
+                                           for k, v in inputs.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = onnx.shape_inference.infer_shapes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]))
+    shapes = {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+              for vi in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+    shapes.update({k: np.asarray(v).shape for k, v in inits.items()})
+
+    def tensor(name):
+        const = np.asarray(inits[name]) if name in inits else None
+        dtype = const.dtype if const is not None else F32
+        return Tensor(name, np.dtype(dtype), shapes[name], const)
+
+    return Steps([(Node(f"n{i}", nd.op_type, "", tuple(nd.input), tuple(nd.output),
+                        {a.name: helper.get_attribute_value(a) for a in nd.attribute}, opset), HERE,
+                   [tensor(x) for x in nd.input], [tensor(o) for o in nd.output]) for i, nd in enumerate(nodes)])
+
+
+@pytest.mark.parametrize("scale", ["mul", "div"])
+def test_q_k_v_sliced_from_one_transposed_product(scale):
+    """A vision transformer's q, k and v: Slices of one Transpose of the qkv product's Reshape, q scaled first. They
+    are read where the Reshape left them, each from its own offset, the scale that of the scores."""
+    from . import attention_cases
+
+    b, s, h, d = 2, 7, 3, 8
+    nodes, inputs, inits = attention_cases.qkv_graph("qkv", b, s, h, d, scale)
+    st = steps_of(nodes, inputs, inits)
+    first = next(i for i, (nd, _, _, _) in enumerate(st.steps) if nd.op_type == "MatMul")
+    ch = attention.match(st, first, set())
+    assert ch is not None and ch.output.name == "ot"
+    row = 3 * h * d  # r5 is (b, s, 3, h, d)
+    for x, offset in ((ch.q, 0), (ch.k, h * d), (ch.v, 2 * h * d)):
+        assert x.tensor.name == "r5" and x.offset == offset and x.strides == [s * row, d, row, 1]
+    assert ch.scale == (scale.capitalize(), pytest.approx(1 / math.sqrt(d) if scale == "mul" else math.sqrt(d)))
+    # Every step but the Reshapes is in the chain; their values are the inner ones.
+    assert sorted(st.steps[j][0].op_type for j in ch.steps) == sorted(
+        ["Transpose", "Slice", "Squeeze", "Slice", "Squeeze", "Slice", "Squeeze", scale.capitalize(), "Transpose",
+         "MatMul", "Softmax", "MatMul", "Transpose"])
+    # Without views an operand is read through one Transpose at most: q after its scale, k and v after their
+    # Squeezes, each from its start.
+    plain = attention.match(st, first, set(), views=False)
+    assert plain is not None and plain.scale is None
+    assert [x.tensor.name for x in (plain.q, plain.k, plain.v)] == ["q1", "k0", "v0"]
+    assert plain.q.offset == plain.k.offset == plain.v.offset == 0
+
+
+def test_a_view_read_outside_the_chain_stays_a_value_of_its_own():
+    """k's Slice is read by a Relu too: k is read from the Squeeze of it (a reshape: the backends' view of the
+    Slice), so the Transpose that k's Slice reads stays a step of its own, and q and v are read from its output."""
+    from . import attention_cases
+
+    nodes, inputs, inits = attention_cases.qkv_graph("qkv", 1, 5, 2, 4)
+    nodes = nodes + [helper_node("Relu", ["ks"], ["extra"])]
+    st = steps_of(nodes, inputs, inits)
+    first = next(i for i, (nd, _, _, _) in enumerate(st.steps) if nd.op_type == "MatMul")
+    ch = attention.match(st, first, set())
+    assert ch is not None
+    assert ch.k.tensor.name == "k0" and ch.k.offset == 0
+    assert ch.q.tensor.name == ch.v.tensor.name == "t5" and ch.v.offset == 2 * (2 * 5 * 4)  # t5: (3, 1, 2, 5, 4)
+    assert not {"ks", "k0", "t5"} & set(ch.inner) and {"qs", "q0", "vs", "v0"} <= set(ch.inner)
+
+
+def helper_node(op, ins, outs, **attrs):
+    from onnx import helper
+
+    return helper.make_node(op, ins, outs, **attrs)

@@ -267,8 +267,8 @@ async def test_fused_launch_runs_the_choice_tuned_for_the_conv(runtime):
 # The public models -----------------------------------------------------------------------------------------
 #: Kernels a run launches at batch 1: (unfused, fused). The unfused counts were this backend's before fusion; the
 #: fused ones are with the Concats and Splits in place too (tests/test_opencl_concat.py) and the squeeze-and-excitation
-#: gates inside se.
-REAL = [("cls", (1, 3, 48, 192), 83, 48), ("rec", (1, 3, 48, 320), 155, 71), ("det", (1, 3, 320, 320), 123, 67),
+#: gates inside se and rec's attention blocks one kernel each.
+REAL = [("cls", (1, 3, 48, 192), 83, 48), ("rec", (1, 3, 48, 320), 155, 61), ("det", (1, 3, 320, 320), 123, 67),
         ("yolov8n", (1, 3, 320, 320), 155, 82)]
 
 
@@ -309,6 +309,10 @@ ATTENTION = [
     ("many_keys", dict(b=1, s=20, h=2, d=32, t=1500), 2, ["attention"]),
     # A head larger than the kernel takes: the ops one by one.
     ("head_too_large", dict(b=1, s=4, h=1, d=300, mask=None), 9, []),
+    # q, k and v sliced from one transposed product, q scaled first (rec's SVTR blocks): the Transpose, the Slices,
+    # the Squeezes and the scale are strides, offsets and the scale of the one kernel.
+    ("qkv_mul", dict(b=2, s=7, h=3, d=8), 2, ["attention"]),
+    ("qkv_div", dict(b=1, s=40, h=2, d=12, scale="div"), 2, ["attention"]),
 ]
 
 
@@ -319,7 +323,10 @@ def attention_model(cid: str, args: dict) -> tuple[bytes, dict]:
 
     if cid == "masked_rows":
         args = dict(args, mask_values=attention_cases.masked_rows(2, 4, 4))
-    nodes, inputs, inits = attention_cases.graph(cid, **args)
+    if cid.startswith("qkv"):
+        nodes, inputs, inits = attention_cases.qkv_graph(cid, **args)
+    else:
+        nodes, inputs, inits = attention_cases.graph(cid, **args)
     graph = helper.make_graph(nodes, cid, [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape)
                                            for k, v in inputs.items()],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],

@@ -45,7 +45,8 @@ def find(plan: Plan) -> dict[int, attention.Chain]:
     for s in plan.steps:
         if s.exe is None or s.index in taken or s.node.op_type != "MatMul":
             continue
-        ch = attention.match(st, s.index, taken)
+        # Operands through Slices (offsets) and a scale of q wait for the kernel's offsets to be tested on a GPU.
+        ch = attention.match(st, s.index, taken, views=False)
         if ch is not None and choose(ch, plan.rt.sm_count) is not None:
             taken.update(ch.steps)
             found[ch.final] = ch

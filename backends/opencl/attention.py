@@ -37,6 +37,7 @@ def attention_at(st: Steps, i: int, taken: set[int]) -> Group | None:
                                                  SCALE_BITS=int(np.float32(scale).view(np.int32)),
                                                  MASK=int(ch.mask is not None)).items()]
         options += [f"-D{op}{axis}={s}" for op, st4 in strides.items() for axis, s in zip(names, st4)]
+        options += [f"-D{op}O={x.offset}" for op, x in (("Q", ch.q), ("K", ch.k), ("V", ch.v))]
         groups = ch.heads[0] * ch.heads[1] * -(-ch.queries // t.bq)
         args = [In(0), In(1), In(2), In(3), Out(0)]
         launch = Launch("attention", "attention", args, (groups * attention.THREADS,), tuple(options),

@@ -42,7 +42,7 @@ def _head_vec4s(d: int) -> int:
 def attention_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """The attention chain from step i (aiomnn/attention.py) as one attention dispatch, where the shader takes
     it."""
-    ch = attention.match(st, i, taken)
+    ch = attention.match(st, i, taken, views=False)  # the shader reads each operand from its start
     if ch is None or ch.head > MAX_HEAD or ch.keys > MAX_KEYS:
         return None
     steps = st.steps

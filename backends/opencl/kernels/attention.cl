@@ -7,8 +7,8 @@
  *
  * Every size and stride is a build option: S queries, TT keys, D the head (DP padded), NQB query blocks a head,
  * HEADS heads an entry; the (batch, head, row, column) strides Q*, K* (rows along the keys), V*, O* (the output)
- * and M* (the mask, 0 where broadcast); SCALE_OP 0 none, 1 divide, 2 multiply by SCALE_BITS (a float's bits);
- * MASK 0 or 1.
+ * and M* (the mask, 0 where broadcast); q, k and v start QO, KO and VO elements into their buffers; SCALE_OP 0
+ * none, 1 divide, 2 multiply by SCALE_BITS (a float's bits); MASK 0 or 1.
  */
 #define NT (CT * BQ / RM)
 #define DW (DP / CT)
@@ -24,9 +24,9 @@ void attention(BUF(const T, q), BUF(const T, k), BUF(const T, v), BUF(const T, m
     const int tid = get_local_id(0), tr = tid / CT, tc = tid % CT;
     const int bh = get_group_id(0) / NQB, q0 = get_group_id(0) % NQB * BQ;
     const int b = bh / HEADS, h = bh % HEADS;
-    const __global T* qp = q + b * QB + h * QH;
-    const __global T* kp = k + b * KB + h * KH;
-    const __global T* vp = v + b * VB + h * VH;
+    const __global T* qp = q + QO + b * QB + h * QH;
+    const __global T* kp = k + KO + b * KB + h * KH;
+    const __global T* vp = v + VO + b * VB + h * VH;
     for (int e = tid; e < BQ * DP; e += NT) {
         const int r = e / DP, c = e % DP;
         Qs[r][c] = (q0 + r < S && c < D) ? LD(qp, (q0 + r) * QR + c * QC) : 0.0f;
