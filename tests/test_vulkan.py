@@ -1282,6 +1282,12 @@ async def test_se_needs_subgroup_shuffles(runtime, monkeypatch):
 
 
 # Attention: MatMul(q, k^T), scale, mask, Softmax, MatMul(., v) as one dispatch ----------------------------------
+def qkv_case(cid, b, s, h, d, scale="mul"):
+    """A vision transformer's attention (attention_cases.qkv_graph) as a Case."""
+    nodes, inputs, inits = attention_cases.qkv_graph(cid, b, s, h, d, scale)
+    return Case(cid, nodes, inputs, ("MatMul", "Softmax"), inits, opset=13)
+
+
 def attn_case(cid, b, s, h, d, t=None, scale="div", mask=(1, 1), heads=True, out_transpose=True, mask_values=None):
     """An attention case (attention_cases.graph) as a Case."""
     nodes, inputs, inits = attention_cases.graph(cid, b, s, h, d, t, scale, mask, heads, out_transpose, mask_values)
@@ -1313,6 +1319,10 @@ ATTN_CASES = [
     (attn_case("attn_keys_over_limit", 1, 3, 1, 4, t=MAX_KEYS + 1), [], 10),
     # A head larger than the shader takes: unfused.
     (attn_case("attn_head_too_large", 1, 4, 1, 132, mask=None), [], 9),
+    # q, k and v sliced from one transposed product, q scaled first (PaddleOCR's SVTR blocks): the Transpose,
+    # Slices, Squeezes and the scale go into the one dispatch as strides, offsets and the scale of the scores.
+    (qkv_case("attn_qkv_mul", 2, 7, 3, 8), ["attention"], 2),
+    (qkv_case("attn_qkv_div", 1, 40, 2, 12, "div"), ["attention"], 2),
 ]
 
 

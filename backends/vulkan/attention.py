@@ -42,7 +42,7 @@ def _head_vec4s(d: int) -> int:
 def attention_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     """The attention chain from step i (aiomnn/attention.py) as one attention dispatch, where the shader takes
     it."""
-    ch = attention.match(st, i, taken, views=False)  # the shader reads each operand from its start
+    ch = attention.match(st, i, taken)
     if ch is None or ch.head > MAX_HEAD or ch.keys > MAX_KEYS:
         return None
     steps = st.steps
@@ -61,7 +61,7 @@ def attention_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     scale_op, scale = (0, 1.0) if ch.scale is None else ((1 if ch.scale[0] == "Div" else 2), ch.scale[1])
     mb = ch.mask.strides if ch.mask is not None else [0] * 4
     push = pack(ch.heads[1], s, t, d, nqb, -(-t // tk) * tk + 1, ch.q.strides, ch.k.strides, ch.v.strides, ch.out,
-                mb, to_f32(scale))
+                mb, to_f32(scale), ch.q.offset, ch.k.offset, ch.v.offset)
     consts = (bq, tk, d4p, scale_op, int(ch.mask is not None))
     mask = ch.mask.tensor if ch.mask is not None else None
 

@@ -54,6 +54,9 @@ layout(constant_id = 39) const int MH = 0;
 layout(constant_id = 40) const int MS = 0;
 layout(constant_id = 41) const int MT = 0;
 layout(constant_id = 42) const float SCALE = 1.0;
+layout(constant_id = 43) const int QO = 0;        // where q, k and v start in their buffers (a Slice's offset)
+layout(constant_id = 44) const int KO = 0;
+layout(constant_id = 45) const int VO = 0;
 
 const int DP = 4 * D4P;
 const int KVROW = D4P + 1;  // a tile row's stride in vec4s: consecutive keys fall in different banks
@@ -91,7 +94,7 @@ void main() {
     int qb = wg % NQB, bh = wg / NQB;
     int h = bh % H, b = bh / H;
     int q0 = qb * BQ;
-    int qoff = b * QB + h * QH, koff = b * KB + h * KH, voff = b * VB + h * VH;
+    int qoff = QO + b * QB + h * QH, koff = KO + b * KB + h * KH, voff = VO + b * VB + h * VH;
     int ooff = b * OB + h * OH, moff = b * MB + h * MH;
 
     [[unroll]] for (int u = 0; u < (BQ * DP + NT - 1) / NT; ++u) {
