@@ -1070,11 +1070,15 @@ ATTN_CASES = [
     ("bert_base", dict(b=2, s=64, h=12, d=64), 1),
     # A head larger than the kernel takes: the ops run one by one.
     ("head_too_large", dict(b=1, s=4, h=1, d=300, mask=None), 0),
+    # q, k and v sliced from one transposed product, q scaled first (PaddleOCR's SVTR blocks).
+    ("qkv_mul", dict(b=2, s=7, h=3, d=8), 1),
+    ("qkv_div", dict(b=1, s=40, h=2, d=12, scale="div"), 1),
 ]
 
 
 async def attention_run(cid, args, precision):
-    nodes, inputs, inits = attention_cases.graph(cid, **args)
+    build = attention_cases.qkv_graph if cid.startswith("qkv") else attention_cases.graph
+    nodes, inputs, inits = build(cid, **args)
     outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
     vi = [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape) for k, v in inputs.items()]
     graph = helper.make_graph(nodes, cid, vi, outs, [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])

@@ -45,7 +45,7 @@ def find(plan: Plan) -> dict[int, attention.Chain]:
     for s in plan.steps:
         if s.exe is None or s.index in taken or s.node.op_type != "MatMul":
             continue
-        # Operands through Slices (offsets) and a scale of q wait for the kernel's offsets to be tested on a GPU.
+        # Without views until the kernel has read operands from offsets on a GPU (compiled, not yet run).
         ch = attention.match(st, s.index, taken, views=False)
         if ch is not None and choose(ch, plan.rt.sm_count) is not None:
             taken.update(ch.steps)
@@ -80,9 +80,9 @@ extern "C" __global__ void __launch_bounds__({NT}) attention(T* __restrict__ y, 
   const int tid = threadIdx.x, tr = tid / CT, tc = tid % CT;
   const int bh = blockIdx.x / {nqb}, q0 = blockIdx.x % {nqb} * BQ;
   const int b = bh / {ch.heads[1]}, h = bh % {ch.heads[1]};
-  const T* qp = q + (size_t)b * {qs[0]} + (size_t)h * {qs[1]};
-  const T* kp = k + (size_t)b * {ks[0]} + (size_t)h * {ks[1]};
-  const T* vp = v + (size_t)b * {vs[0]} + (size_t)h * {vs[1]};
+  const T* qp = q + {ch.q.offset} + (size_t)b * {qs[0]} + (size_t)h * {qs[1]};
+  const T* kp = k + {ch.k.offset} + (size_t)b * {ks[0]} + (size_t)h * {ks[1]};
+  const T* vp = v + {ch.v.offset} + (size_t)b * {vs[0]} + (size_t)h * {vs[1]};
   for (int e = tid; e < BQ * DP; e += {NT}) {{
     const int r = e / DP, c = e % DP;
     Qs[r][c] = (q0 + r < S && c < D) ? LD(qp[(size_t)(q0 + r) * {qs[2]} + (size_t)c * {qs[3]}]) : 0.f;
