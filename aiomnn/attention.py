@@ -2,11 +2,13 @@
 optionally a Div or Mul by a scalar constant, then optionally the Add of a mask broadcast to the scores, then
 Softmax over the keys, then MatMul(probabilities, v).
 
-A backend runs such a chain as one kernel that reads each operand, and writes its output, through strides. So a
-Transpose whose one reader is q's, k^T's or v's MatMul, or that is the one reader of the output, joins the chain
-and costs nothing, and no scores tensor is ever stored: a BERT layer's Reshape, Transpose, ..., MatMul,
-Transpose, Reshape is one launch (the Reshapes are views). This module finds the chain and the strides; each
-backend decides whether its kernel takes it (head size, keys, memory) and builds that kernel.
+A backend runs such a chain as one kernel that reads each operand, and writes its output, through strides and an
+offset. So the view steps that make q, k^T or v for the chain alone (Transposes, Slices, reshapes of unit axes),
+and the Transpose that is the one reader of the output, join the chain and cost nothing, and no scores tensor is
+ever stored: a BERT layer's Reshape, Transpose, ..., MatMul, Transpose, Reshape is one launch (the Reshapes are
+views), as is a vision transformer's q, k and v sliced from one transposed product. This module finds the chain,
+its strides and offsets; each backend decides whether its kernel takes it (head size, keys, memory) and builds that
+kernel.
 
 Not matched: more than two batch axes, a value head size other than the query's, an inner value read outside the
 chain or made with a fused activation, a step of the chain's span that runs elsewhere.
@@ -25,15 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import Tensor
+from .backend import Tensor, is_f32
 from .constants import float_scalar
 from .graph import Node
 from .offered import Steps
 from .moves import slice_span
-from .strides import contiguous
-
-F32 = np.dtype(np.float32)
-
+from .strides import broadcast_strides, contiguous
 
 #: Work items a block of the CUDA and OpenCL kernels.
 THREADS = 128
@@ -85,10 +84,6 @@ def tiling(ch: "Chain", units: int, limit: int) -> Tiling | None:
     return next((t for t in fit if heads * -(-ch.queries // t.bq) >= units), smallest)
 
 
-def is_f32(t: Tensor | None) -> bool:
-    return t is not None and t.kind == "tensor" and t.dtype == F32 and t.shape is not None
-
-
 @dataclass
 class Operand:
     """What the kernel reads for q, k, v or the mask: `tensor` (the input of the view ops that joined the chain),
@@ -125,20 +120,6 @@ class Chain:
     def reads(self) -> list[str]:
         """The values the kernel reads that are not constants."""
         return [x.tensor.name for x in (self.q, self.k, self.v, self.mask) if x is not None and not x.tensor.is_const]
-
-
-def broadcast_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> list[int] | None:
-    """Strides of a dense `shape` read as `out` (numpy broadcasting): 0 on broadcast axes; None if it does not
-    broadcast."""
-    k = len(out) - len(shape)
-    if k < 0:
-        return None
-    res = [0] * k
-    for d, s, o in zip(shape, contiguous(shape), out[k:]):
-        if d != o and d != 1:
-            return None
-        res.append(s if d == o else 0)
-    return res
 
 
 def _bhrc(strides: list[int], shape: tuple[int, ...], batch: tuple[int, ...]) -> list[int] | None:
@@ -357,7 +338,7 @@ def match(st: Steps, i: int, taken: set[int], views: bool = True) -> Chain | Non
     if tuple(v.shape[-2:]) != (t, d) or tuple(oouts[0].shape) != batch + (s, d):
         return None
     chain.append(k)
-    k2, out = k, oouts[0]
+    out = oouts[0]
     ostrides = contiguous(tuple(out.shape))
     k = _next(st, out.name, ("Transpose",), taken)
     perm = _perm(steps[k][0], len(out.shape)) if k is not None else None

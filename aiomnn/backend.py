@@ -52,6 +52,11 @@ class Tensor:
         return n
 
 
+def is_f32(t: Tensor | None) -> bool:
+    """A float32 tensor whose shape the plan knows (what the GPU backends' fusions read)."""
+    return t is not None and t.kind == "tensor" and t.dtype == np.float32 and t.shape is not None
+
+
 def all_empty(outputs: list[Tensor]) -> bool:
     """True when every named output is a tensor of zero elements (an empty batch, say): their
     shapes and dtypes are the whole result, and there is nothing to compute."""

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .strides import collapse, contiguous
+from .strides import collapse
 
 Dims = tuple[int, int, int]  # a region's three sizes, or strides, outermost first
 Axis = tuple[int, int, int]  # one axis of an index space: (size, source stride, destination stride)

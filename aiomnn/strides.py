@@ -23,6 +23,20 @@ def collapse(dims: Sequence[int], *strides: Sequence[int]) -> tuple[list[int], l
     return [d for d, _ in merged], [[st[k] for _, st in merged] for k in range(len(strides))]
 
 
+def broadcast_strides(shape: Sequence[int], out: Sequence[int]) -> list[int] | None:
+    """The strides of a dense `shape` read as `out` (numpy broadcasting): 0 on broadcast axes; None where it does not
+    broadcast."""
+    k = len(out) - len(shape)
+    if k < 0:
+        return None
+    res = [0] * k
+    for d, s, o in zip(shape, contiguous(shape), out[k:]):
+        if d != o and d != 1:
+            return None
+        res.append(s if d == o else 0)
+    return res
+
+
 def contiguous(shape: Sequence[int]) -> list[int]:
     """The C-order strides of a shape, in elements."""
     strides = [1] * len(shape)

@@ -1,5 +1,5 @@
 """Scaled dot-product attention as one CUDA kernel: the chain aiomnn/attention.py finds (MatMul(q, k^T), a scale,
-a mask, Softmax, MatMul(., v), with the Transposes around it read and written as strides), on that module's
+a mask, Softmax, MatMul(., v), with the views around it read and written as strides and offsets), on that module's
 tiling. The plan (plan.py) finds the chains before memory is planned: the chain's inner values (the scores, the
 probabilities) get no memory, its other steps launch nothing, and its last step launches this kernel.
 

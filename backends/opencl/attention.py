@@ -1,6 +1,6 @@
 """Scaled dot-product attention as one OpenCL kernel (kernels/attention.cl): the chain aiomnn/attention.py finds
-(MatMul(q, k^T), a scale, a mask, Softmax, MatMul(., v), with the Transposes around it read and written as
-strides), on that module's tiling. fusion.py plans it with the other groups; a chain whose tiles do not fit the
+(MatMul(q, k^T), a scale, a mask, Softmax, MatMul(., v), with the views around it read and written as strides and
+offsets), on that module's tiling. fusion.py plans it with the other groups; a chain whose tiles do not fit the
 device's local memory runs op by op (the build declines).
 """
 

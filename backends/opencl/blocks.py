@@ -19,12 +19,12 @@ from __future__ import annotations
 import numpy as np
 import pyopencl as cl
 
-from aiomnn.backend import Tensor
+from aiomnn.backend import Tensor, is_f32
 from aiomnn.constants import float_const
 from aiomnn.offered import Steps
 from aiomnn.spelled_norm import find_spelled_norm
 
-from .groups import Group, is_f32
+from .groups import Group
 from .ops.base import Const, In, Launch, Out, f32, i32
 from .ops.elementwise import activation
 

@@ -21,10 +21,10 @@ from typing import Callable
 import numpy as np
 
 from aiomnn import binary, unary
-from aiomnn.backend import Decline, Tensor
+from aiomnn.backend import Decline, Tensor, is_f32
 from aiomnn.offered import Steps
 
-from .groups import Group, is_f32, operand, view_strides
+from .groups import Group, operand, view_strides
 from .ops.base import In, Launch, Out, act_options, f32, i32
 from .ops.elementwise import activation, broadcast_table
 

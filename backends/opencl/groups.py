@@ -12,7 +12,7 @@ import numpy as np
 from aiomnn.backend import Tensor
 from aiomnn.strides import contiguous
 
-from .ops.base import F32, In, Launch
+from .ops.base import In, Launch
 
 log = logging.getLogger("aiomnn.opencl")
 
@@ -43,10 +43,6 @@ class Group:
         final.launches, final.inputs = launches, list(inputs)
         plan.fused.append(self.kind)
         plan.fused_away.update(self.inner)
-
-
-def is_f32(t: Tensor | None) -> bool:
-    return t is not None and t.kind == "tensor" and t.dtype == F32 and t.shape is not None
 
 
 def view_strides(out: tuple[int, ...], shape: tuple[int, ...], spans: list[tuple[int, int]]) -> list[int] | None:

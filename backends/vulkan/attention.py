@@ -1,6 +1,6 @@
 """Scaled dot-product attention as one attention dispatch (shaders/attention.comp): the chain that
-aiomnn/attention.py finds (MatMul(q, k^T), a scale, a mask, Softmax, MatMul(., v), with the Transposes around it
-read as strides). fusion.py plans it with the other groups; this module decides whether the shader takes the chain
+aiomnn/attention.py finds (MatMul(q, k^T), a scale, a mask, Softmax, MatMul(., v), with the views that make its
+operands and the Transpose after it read as strides and offsets). fusion.py plans it with the other groups; this module decides whether the shader takes the chain
 and builds its dispatch.
 
 Declined, so the ops keep their own dispatches: a head size over MAX_HEAD, more than MAX_KEYS keys or scores of a

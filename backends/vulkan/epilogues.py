@@ -11,13 +11,13 @@ Each dispatch saved is a barrier saved (record.waves): a dependent dispatch wait
 
 from __future__ import annotations
 
-from aiomnn.backend import Tensor
+from aiomnn.backend import Tensor, is_f32
 from aiomnn.constants import float_scalar
 from aiomnn.offered import Steps
 from aiomnn.unary import TABLE
 
 from .groups import Group
-from .ops.base import VkOp, is_f32, numel
+from .ops.base import VkOp, numel
 from .ops.conv import Conv
 from .ops.elementwise import GATE, Binary, binary, unary
 

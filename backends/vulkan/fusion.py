@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from aiomnn.backend import is_f32
 from aiomnn.constants import float_const
 from aiomnn.offered import Steps
 
@@ -35,7 +36,7 @@ from .epilogues import conv_shift_at, gate_at, scale_shift_at
 from .groups import Group
 from .layernorm import layernorm_at
 from .launch import Blocks, Matmul, few_tiles
-from .ops.base import VkOp, is_f32, pack, pad, to_f32
+from .ops.base import VkOp, pack, pad, to_f32
 from .ops.conv import Conv
 from .ops.elementwise import Binary, Unary, aligned4, binary_view
 from .ops.matmul import MatMul

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from aiomnn import geometry, unary
-from aiomnn.backend import Decline, Execution, OpRegistry, Tensor
+from aiomnn import geometry, strides, unary
+from aiomnn.backend import Decline, Execution, OpRegistry, Tensor, is_f32
 from aiomnn.errors import BackendError
 from aiomnn.graph import Node
-from aiomnn.strides import collapse, contiguous
+from aiomnn.strides import collapse
 
 from ..launch import Grid, Launch, Work
 from ..memory import Loc
@@ -66,19 +66,13 @@ def pad(values: list[int], n: int = MAX_RANK) -> list[int]:
 
 
 def broadcast_strides(shape: tuple[int, ...], out: tuple[int, ...]) -> list[int]:
-    """Strides of `shape` read as `out` (numpy broadcasting): 0 on broadcast axes."""
-    k = len(out) - len(shape)
-    if k < 0:
+    """Strides of `shape` read as `out` (numpy broadcasting): 0 on broadcast axes; Decline where it does not
+    broadcast."""
+    if len(shape) > len(out):
         raise Decline("input rank above output rank")
-    st = contiguous(shape)
-    res = [0] * k
-    for d, s, o in zip(shape, st, out[k:]):
-        if d == o:
-            res.append(s)
-        elif d == 1:
-            res.append(0)
-        else:
-            raise Decline(f"{shape} does not broadcast to {out}")
+    res = strides.broadcast_strides(shape, out)
+    if res is None:
+        raise Decline(f"{shape} does not broadcast to {out}")
     return res
 
 
@@ -91,10 +85,6 @@ def fits(shape, *strides: list[int]) -> None:
 
 def numel(shape) -> int:
     return int(np.prod(shape, dtype=np.int64)) if shape is not None else -1
-
-
-def is_f32(t: Tensor | None) -> bool:
-    return t is not None and t.kind == "tensor" and t.dtype == F32 and t.shape is not None
 
 
 class VkOp(Execution):

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 
 from aiomnn import binary
-from aiomnn.strides import collapse
+from aiomnn.strides import collapse, contiguous
 from aiomnn.unary import TABLE, clip_bounds
 
 from ..launch import Grid
 from ..memory import Loc
-from .base import (F32, Decline, VkOp, activation, broadcast_strides, const_value, contiguous,
+from .base import (F32, Decline, VkOp, activation, broadcast_strides, const_value,
                    data_input, fits, fused, numel, pack, pad, register, to_f32)
 
 #: Elementwise dispatches take 4 elements an invocation (vec4 loads and stores, the shaders' VEC4) where the

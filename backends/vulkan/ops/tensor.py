@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from aiomnn.backend import is_f32
 from aiomnn.moves import slice_span
+from aiomnn.strides import contiguous
 
 from ..memory import Loc
-from .base import (F32, Decline, VkOp, broadcast_strides, const_value, contiguous, data_input, fits, is_f32, numel,
+from .base import (F32, Decline, VkOp, broadcast_strides, const_value, data_input, fits, numel,
                    register)
 
 if TYPE_CHECKING:
