@@ -95,3 +95,15 @@ def qkv_graph(cid, b, s, h, d, scale="mul"):
               n("Softmax", ["sc"], ["p"], axis=3), n("MatMul", ["p", "v0"], ["o"]),
               n("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]), n("Reshape", ["ot", "hidden"], ["y"])]
     return nodes, {"x": rng.standard_normal((b, s, 3 * h * d)).astype(np.float32)}, inits
+
+
+def model(cid: str, args: dict) -> tuple[bytes, dict]:
+    """A case's ONNX bytes and inputs: qkv_graph's where the id starts with "qkv", else graph's."""
+    from onnx import TensorProto, numpy_helper
+
+    nodes, inputs, inits = (qkv_graph if cid.startswith("qkv") else graph)(cid, **args)
+    g = helper.make_graph(nodes, cid, [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape)
+                                       for k, v in inputs.items()],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString(), inputs

@@ -1077,12 +1077,7 @@ ATTN_CASES = [
 
 
 async def attention_run(cid, args, precision):
-    build = attention_cases.qkv_graph if cid.startswith("qkv") else attention_cases.graph
-    nodes, inputs, inits = build(cid, **args)
-    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
-    vi = [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape) for k, v in inputs.items()]
-    graph = helper.make_graph(nodes, cid, vi, outs, [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
-    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+    data, inputs = attention_cases.model(cid, args)
     # In fp16 storage the inputs are what half floats hold (float32's lowest is -inf there): the oracle reads them so.
     with np.errstate(over="ignore"):
         stored = inputs if precision == "normal" else {k: v.astype(np.float16).astype(np.float32) for k, v in inputs.items()}

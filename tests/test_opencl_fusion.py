@@ -317,21 +317,11 @@ ATTENTION = [
 
 
 def attention_model(cid: str, args: dict) -> tuple[bytes, dict]:
-    from onnx import TensorProto, helper, numpy_helper
-
     from . import attention_cases
 
     if cid == "masked_rows":
         args = dict(args, mask_values=attention_cases.masked_rows(2, 4, 4))
-    if cid.startswith("qkv"):
-        nodes, inputs, inits = attention_cases.qkv_graph(cid, **args)
-    else:
-        nodes, inputs, inits = attention_cases.graph(cid, **args)
-    graph = helper.make_graph(nodes, cid, [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape)
-                                           for k, v in inputs.items()],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString(), inputs
+    return attention_cases.model(cid, args)
 
 
 @pytest.mark.anyio
