@@ -45,8 +45,7 @@ def find(plan: Plan) -> dict[int, attention.Chain]:
     for s in plan.steps:
         if s.exe is None or s.index in taken or s.node.op_type != "MatMul":
             continue
-        # Without views until the kernel has read operands from offsets on a GPU (compiled, not yet run).
-        ch = attention.match(st, s.index, taken, views=False)
+        ch = attention.match(st, s.index, taken)
         if ch is not None and choose(ch, plan.rt.sm_count) is not None:
             taken.update(ch.steps)
             found[ch.final] = ch
