@@ -306,7 +306,7 @@ async def open_aiomnn(stack, name, shape, backend, precision, tuning, cache_dir)
         await s.run(feeds)
     steps = [st for seg in s.pipeline.segments for st in seg.steps]
     on_device = sum(st.backend is s.pipeline.main for st in steps)
-    opened = {"run": lambda: s.run(feeds), "resize_s": t_resize, "tune_s": tune_s, "out": out,
+    opened = {"session": s, "run": lambda: s.run(feeds), "resize_s": t_resize, "tune_s": tune_s, "out": out,
               "summary": dict(getattr(s.pipeline.main, "summary", {})), "on_device": f"{on_device}/{len(steps)}"}
     if backend == "cuda":  # also with the input on the device and the outputs left there (cupy in and out)
         import cupy

@@ -452,6 +452,13 @@ MMA_CASES = {
     "mma_k1_hw30_b3": lambda: conv_act_case(r(3, 24, 5, 6), r(24, 24, 1, 1), r(24), "relu"),
     "mma_k1_hw63_b2": lambda: conv_act_case(r(2, 20, 7, 9), r(16, 20, 1, 1), None, None),
     "mma_k1_split_b2": lambda: conv_act_case(r(2, 256, 8, 8), r(64, 256, 1, 1), r(64), "relu"),
+    # Channels that fill whole steps of K: K runs tap by tap (conv_mma.by_taps), each step's bounds tested once
+    # a tap; with strides, dilations, a 5x5 kernel and partial tiles.
+    "mma_taps_k3_s2_b3": lambda: conv_act_case(r(3, 32, 13, 11), r(40, 32, 3, 3), r(40), "silu", strides=[2, 2],
+                                               pads=[1, 1, 1, 1]),
+    "mma_taps_k3_d2": lambda: conv_act_case(r(2, 64, 15, 9), r(20, 64, 3, 3), None, None, dilations=[2, 2],
+                                            pads=[2, 2, 2, 2]),
+    "mma_taps_k5": lambda: conv_act_case(r(2, 128, 9, 12), r(24, 128, 5, 5), r(24), "relu", pads=[2, 1, 2, 1]),
 }
 
 

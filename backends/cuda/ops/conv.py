@@ -32,7 +32,7 @@ from .. import kernels
 from ..fused import Expr, Inline, Raw, Val
 from ..program import launcher
 from .base import CudaOp, Decline, check_tensors, float_inputs, op
-from .conv_mma import MMA_TILES, mma_code, mma_threads, pack_weights
+from .conv_mma import MMA_TILES, by_taps, mma_code, mma_threads, pack_weights
 from .conv_mma import ENABLED as MMA_ENABLED
 from .conv_narrow import NARROW_PIXELS, narrow_bounds, narrow_channels, narrow_code, narrow_launch
 from .elementwise import activation
@@ -226,7 +226,9 @@ class Conv(ConvBase):
         w = self.const(1)
         if self.algo in MMA_TILES:  # packed per tile and step of K (conv_mma.pack_weights)
             bm, _, bk = MMA_TILES[self.algo]
-            wt = plan.view(self.be.derived(self.node, f"weights_mma{bm}x{bk}", pack_weights(w, bm, bk)))
+            taps = by_taps(self)
+            wt = plan.view(self.be.derived(self.node, f"weights_mma{bm}x{bk}{'t' if taps else ''}",
+                                           pack_weights(w, bm, bk, taps)))
         else:  # as [K][CO], so a tile's loads are coalesced
             wt = plan.view(self.be.derived(self.node, "weights_kxco",
                                            np.ascontiguousarray(w.reshape(w.shape[0], -1).T)))
