@@ -392,6 +392,9 @@ for _u in ("Relu", "Sigmoid", "Tanh", "HardSwish", "Exp", "Neg", "Abs", "Erf", "
 OP_CASES["sqrt"] = lambda: make_model("Sqrt", {"x": np.abs(r(4, 33))}, ["y"])
 OP_CASES["log"] = lambda: make_model("Log", {"x": np.abs(r(4, 33)) + 0.1}, ["y"])
 OP_CASES["reciprocal"] = lambda: make_model("Reciprocal", {"x": np.abs(r(4, 33)) + 0.5}, ["y"])
+# The fast exponential and division of the sigmoid (kernels.py) at its ends: 0 and 1 past |x| of 88, no NaN.
+OP_CASES["sigmoid_ends"] = lambda: make_model("Sigmoid", {"x": np.array(
+    [[-1e4, -200, -88.8, -87.3, -30, -5, -1e-3, 0], [1e-3, 5, 17, 30, 87.3, 88.8, 200, 1e4]], np.float32)}, ["y"])
 
 
 @needs_gpu
