@@ -159,22 +159,26 @@ def contiguous(dims: list[int]) -> list[int]:
     return out[::-1]
 
 
+def lanes(dims: list[int]) -> int:
+    """How many consecutive elements of the last axis one thread of a plain fused kernel computes: 4 or 2 where the
+    axis divides so. With fp16 storage one element a thread kept too few bytes in flight to fill the memory's
+    bandwidth (a 2-byte load a leaf); more loads a thread, and the coordinates decoded once for them, do."""
+    return 4 if dims[-1] % 4 == 0 else 2 if dims[-1] % 2 == 0 else 1
+
+
 def generate(root: Term, plans: list[LeafPlan], dims: list[int]) -> str:
     """The kernel source for a group with these leaf plans, over an output of these (collapsed) dims.
 
     The generator first writes references to a meta table: the dims, then each strided leaf's strides,
     then each literal's bits and each inline leaf's parameters; `constants` then writes the values in.
+    A plain kernel's thread computes `lanes(dims)` elements, the body written out for each in a scope of its own
+    (its own `i` and last coordinate); a tiled leaf's kernel (a conv's) runs the body as its epilogue.
     """
     params, body = [], []
     rank = len(dims)
     dims_at = 0
     meta = list(dims)
     names: dict[Any, str] = {}
-    # Coordinates.
-    body.append("    unsigned rem = i;")
-    for d in range(rank - 1, 0, -1):
-        body.append(f"    const unsigned c{d} = rem % (unsigned)m[{dims_at + d}]; rem /= (unsigned)m[{dims_at + d}];")
-    body.append("    const unsigned c0 = rem;")
     for k, p in enumerate(plans):
         v = f"l{k}"
         names[p.leaf.key()] = v
@@ -220,17 +224,33 @@ def generate(root: Term, plans: list[LeafPlan], dims: list[int]) -> str:
     body.append(f"    out[i] = ST({result});")
     sig = ", ".join(["T* __restrict__ out", "unsigned total"] + params)
     tiled = [p for p in plans if p.mode == "inline" and p.leaf.op.tiled]
+    last = rank - 1
     if not tiled:
+        v = lanes(dims)
+        row = f"(unsigned)m[{dims_at + last}]" if v == 1 else f"{dims[last] // v}u"  # threads a row of the last axis
+        coords = [f"    unsigned rem = j / {row};"] if last else []
+        for d in range(last - 1, 0, -1):
+            coords.append(f"    const unsigned c{d} = rem % (unsigned)m[{dims_at + d}]; rem /= (unsigned)m[{dims_at + d}];")
+        if last:
+            coords.append("    const unsigned c0 = rem;")
+        coords.append(f"    const unsigned cl = j % {row} * {v};")
+        each = "\n".join(body)
+        copies = [f"    {{\n    const unsigned i = j * {v} + {u}, c{last} = cl + {u};\n{each}\n    }}" for u in range(v)]
         src = (f'extern "C" __global__ void fused({sig}) {{\n'
-               f"  GRID_LOOP(i, total) {{\n" + "\n".join(body) + "\n  }\n}\n")
+               f"  GRID_LOOP(j, total / {v}) {{\n" + "\n".join(coords + copies) + "\n  }\n}\n")
         return constants(src, meta)
+    # The epilogue's coordinates, from i.
+    coords = ["    unsigned rem = i;"]
+    for d in range(last, 0, -1):
+        coords.append(f"    const unsigned c{d} = rem % (unsigned)m[{dims_at + d}]; rem /= (unsigned)m[{dims_at + d}];")
+    coords.append("    const unsigned c0 = rem;")
     # A tiled leaf owns the kernel; the group's expression becomes its per-output epilogue, with
     # the leaf's value in `acc`.
     (t,) = tiled
     k = plans.index(t)
     call = ", ".join(["out", "(i)", "(acc)"] + [a.rsplit(" ", 1)[1] for a in params])
     epi_sig = ", ".join(["T* __restrict__ out", "unsigned i", "float acc"] + params)
-    src = (f"__device__ __forceinline__ void epilogue({epi_sig}) {{\n" + "\n".join(body) + "\n}\n"
+    src = (f"__device__ __forceinline__ void epilogue({epi_sig}) {{\n" + "\n".join(coords + body) + "\n}\n"
            f"#define EPILOGUE(i, acc) epilogue({call})\n"
            f'extern "C" __global__ void {t.leaf.op.launch_bounds()} fused({sig}) {{\n'
            + t.leaf.op.tiled_code([f"q{k}_{j}" for j in range(len(t.ptrs))], t.at, "EPILOGUE") + "}\n")

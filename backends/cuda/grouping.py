@@ -129,7 +129,7 @@ def launch(plan: Plan, step: Step, root) -> Callable[[], None]:
     if tiled:
         grid, block = tiled[0].launch_shape()
         return launcher(kern, total, args, block=block, grid=grid)
-    return launcher(kern, total, args)
+    return launcher(kern, total // fused.lanes(list(dims)), args)  # a thread per lanes elements
 
 
 def _tiled(root) -> bool:
