@@ -286,6 +286,10 @@ OP_CASES = {
     "conv1x1_s2": lambda: conv_case(r(1, 24, 9, 7), r(8, 24, 1, 1), strides=[2, 2]),
     "conv_1x3_asym": lambda: conv_case(r(1, 6, 5, 20), r(10, 6, 1, 3), pads=[0, 1, 0, 1]),
     "conv_dilated": lambda: conv_case(r(1, 4, 20, 20), r(6, 4, 3, 3), dilations=[2, 2], pads=[2, 2, 2, 2]),
+    # Channels that fill whole steps of K: the implicit GEMMs run K tap by tap (Conv.by_taps).
+    "conv_taps_s2": lambda: conv_case(r(2, 32, 13, 11), r(40, 32, 3, 3), r(40), strides=[2, 2], pads=[1, 1, 1, 1]),
+    "conv_taps_5x5_dilated": lambda: conv_case(r(1, 64, 14, 9), r(12, 64, 5, 5), dilations=[2, 1],
+                                               pads=[4, 2, 3, 1]),
     "depthwise3x3": lambda: conv_case(r(2, 16, 20, 18), r(16, 1, 3, 3), r(16), group=16, pads=[1, 1, 1, 1]),
     "depthwise5x5_s21": lambda: conv_case(r(1, 12, 24, 30), r(12, 1, 5, 5), r(12), group=12, pads=[2, 2, 2, 2],
                                           strides=[2, 1]),
@@ -407,7 +411,7 @@ async def test_op_fp32(case):
 
 
 CONV_CASES = ["conv3x3", "conv3x3_deep", "conv3x3_wide", "conv3x3_s2_b2", "conv1x1", "conv1x1_s2", "conv_1x3_asym", "conv_dilated",
-              "conv_same_upper", "grouped"]
+              "conv_same_upper", "grouped", "conv_taps_s2", "conv_taps_5x5_dilated"]
 
 
 @needs_gpu

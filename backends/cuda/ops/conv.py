@@ -32,7 +32,7 @@ from .. import kernels
 from ..fused import Expr, Inline, Raw, Val
 from ..program import launcher
 from .base import CudaOp, Decline, check_tensors, float_inputs, op
-from .conv_mma import MMA_TILES, by_taps, mma_code, mma_threads, pack_weights
+from .conv_mma import MMA_TILES, mma_code, mma_threads, pack_weights
 from .conv_mma import ENABLED as MMA_ENABLED
 from .conv_narrow import NARROW_PIXELS, narrow_bounds, narrow_channels, narrow_code, narrow_launch
 from .elementwise import activation
@@ -169,6 +169,16 @@ class Conv(ConvBase):
         """The implicit GEMM's K per step: the slices of K start on steps (the mma weights are packed by step)."""
         return MMA_TILES[self.algo][2] if self.algo in MMA_TILES else BK
 
+    def by_taps(self) -> bool:
+        """Whether the implicit GEMM's K runs tap by tap (k = (ky * KW + kx) * C + c) rather than channel by channel:
+        where the input's channels fill whole steps, a step then lies in one tap, so a thread tests its pixel's
+        bounds once a step and reads its values at one stride, with no index arithmetic a value. (Channel by
+        channel, the gather decoded and tested every value: on det's 96 -> 24 3x3 convs at 160 x 160 that was
+        most of a tensor-core kernel's instructions.)"""
+        kh, kw = self.kernel
+        implicit = self.algo in TILES or self.algo in MMA_TILES  # "narrow" reads K channel by channel
+        return implicit and self.in_shape(0)[1] % self.k_step() == 0 and kh * kw <= 32
+
     def k_total(self) -> int:
         return self.in_shape(0)[1] * self.kernel[0] * self.kernel[1]
 
@@ -226,12 +236,13 @@ class Conv(ConvBase):
         w = self.const(1)
         if self.algo in MMA_TILES:  # packed per tile and step of K (conv_mma.pack_weights)
             bm, _, bk = MMA_TILES[self.algo]
-            taps = by_taps(self)
+            taps = self.by_taps()
             wt = plan.view(self.be.derived(self.node, f"weights_mma{bm}x{bk}{'t' if taps else ''}",
                                            pack_weights(w, bm, bk, taps)))
         else:  # as [K][CO], so a tile's loads are coalesced
-            wt = plan.view(self.be.derived(self.node, "weights_kxco",
-                                           np.ascontiguousarray(w.reshape(w.shape[0], -1).T)))
+            taps = self.by_taps()
+            wk = (w.transpose(0, 2, 3, 1) if taps else w).reshape(w.shape[0], -1)
+            wt = plan.view(self.be.derived(self.node, f"weights_kxco{'t' if taps else ''}", np.ascontiguousarray(wk.T)))
         if self.splits == 1:
             return [x, wt]
         bm, bn = tile_shape(self.algo)
@@ -284,9 +295,7 @@ class Conv(ConvBase):
         bm, bn = TILES[self.algo]
         nt, bk = bm * bn // 16, BK
         ra, rb = bk * bm // nt, bk * bn // nt  # values each thread stages per k-step
-        kh, kw = self.kernel
         sh, sw = self.strides
-        dh, dw = self.dils
         x, w = ptrs[:2]
         return f"""  const int* g_q = m + {at};
   const int g_C = g_q[0], g_H = g_q[1], g_W = g_q[2], g_CO = g_q[5], g_OW = g_q[7];
@@ -302,25 +311,14 @@ class Conv(ConvBase):
   const unsigned g_pr = g_pin ? g_pp % g_OHW : 0;
   const int g_iy0 = (int)(g_pr / g_OW) * {sh} - g_q[3], g_ix0 = (int)(g_pr % g_OW) * {sw} - g_q[4];
   const T* g_x = {x} + (size_t)(g_pin ? g_pp / g_OHW : 0) * g_C * g_H * g_W;
-  float g_ra[{ra}], g_rb[{rb}];
+{self.taps_code() if self.by_taps() else ""}  float g_ra[{ra}], g_rb[{rb}];
   auto g_load = [&](unsigned k0) {{
     #pragma unroll
     for (int j = 0; j < {ra}; ++j) {{
       const unsigned k = k0 + g_ar + j * {nt // bm};
       g_ra[j] = (g_ain && k < g_K) ? LD({w}[(size_t)k * g_CO + g_c0 + g_ac]) : 0.f;
     }}
-    #pragma unroll
-    for (int j = 0; j < {rb}; ++j) {{
-      const unsigned k = k0 + g_br + j * {nt // bn};
-      float v = 0.f;
-      if (g_pin && k < g_K) {{
-        const unsigned c = k / {kh * kw}, t = k % {kh * kw};
-        const int iy = g_iy0 + (int)(t / {kw}) * {dh}, ix = g_ix0 + (int)(t % {kw}) * {dw};
-        if (iy >= 0 && iy < g_H && ix >= 0 && ix < g_W) v = LD(g_x[((size_t)c * g_H + iy) * g_W + ix]);
-      }}
-      g_rb[j] = v;
-    }}
-  }};
+{self._gather_code(rb, nt // bn)}  }};
   float g_acc[4][4];
   #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -357,6 +355,54 @@ class Conv(ConvBase):
       if (px < g_NP) {epi}((px / g_OHW * g_CO + co) * g_OHW + px % g_OHW, g_acc[i][j]);
     }}
   }}
+"""
+
+    def taps_code(self) -> str:
+        """By taps, the gather's start: which taps of this thread's pixel lie inside the input (bit t of g_ok)."""
+        kh, kw = self.kernel
+        dh, dw = self.dils
+        return f"""  unsigned g_ok = 0u;
+  #pragma unroll
+  for (int t = 0; t < {kh * kw}; ++t) {{
+    const int iy = g_iy0 + t / {kw} * {dh}, ix = g_ix0 + t % {kw} * {dw};
+    if (g_pin && iy >= 0 && iy < g_H && ix >= 0 && ix < g_W) g_ok |= 1u << t;
+  }}
+"""
+
+    def taps_gather(self, rb: str, n: int, first: str, rows: int, load: str) -> str:
+        """By taps, the gather of one step from k0 into rb[0 .. n - 1]: channels k0 % C + first + j * rows of tap
+        k0 / C (the step lies in one tap), through `load`; zeros where the tap falls outside the input."""
+        kw = self.kernel[1]
+        dh, dw = self.dils
+        return f"""    const unsigned t = k0 / g_C;
+    if (g_ok >> t & 1u) {{
+      const T* src = g_x + (size_t)(k0 % g_C + {first}) * g_H * g_W + (g_iy0 + (int)(t / {kw}) * {dh}) * g_W + g_ix0
+                     + (int)(t % {kw}) * {dw};
+      #pragma unroll
+      for (int j = 0; j < {n}; ++j) {rb}[j] = {load}(src[(size_t)j * {rows} * g_H * g_W]);
+    }} else {{
+      #pragma unroll
+      for (int j = 0; j < {n}; ++j) {rb}[j] = 0;
+    }}
+"""
+
+    def _gather_code(self, rb: int, rows: int) -> str:
+        """The scalar implicit GEMM's gather of one step into g_rb, k = k0 + g_br + j * rows."""
+        if self.by_taps():
+            return self.taps_gather("g_rb", rb, "g_br", rows, "LD")
+        kh, kw = self.kernel
+        dh, dw = self.dils
+        return f"""    #pragma unroll
+    for (int j = 0; j < {rb}; ++j) {{
+      const unsigned k = k0 + g_br + j * {rows};
+      float v = 0.f;
+      if (g_pin && k < g_K) {{
+        const unsigned c = k / {kh * kw}, t = k % {kh * kw};
+        const int iy = g_iy0 + (int)(t / {kw}) * {dh}, ix = g_ix0 + (int)(t % {kw}) * {dw};
+        if (iy >= 0 && iy < g_H && ix >= 0 && ix < g_W) v = LD(g_x[((size_t)c * g_H + iy) * g_W + ix]);
+      }}
+      g_rb[j] = v;
+    }}
 """
 
     def _reduce_code(self, ptrs: list[str]) -> str:

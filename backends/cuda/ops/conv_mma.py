@@ -10,8 +10,8 @@ memory:
   each thread copies 16-byte pieces with no bounds checks;
 - B, the input patches, [pixel][k]: each thread decodes one output pixel once and gathers a run of
   consecutive k for it (zeros for padding, past K and past the last pixel), so its run is stored as 16-byte
-  pieces too. Where the input's channels fill whole steps, K runs tap by tap (by_taps): a step's run is then
-  channels of one tap, its bounds tested once and its values read at one stride.
+  pieces too. Where the input's channels fill whole steps, K runs tap by tap: a step's run is then
+  channels of one tap, its bounds tested once and its values read at one stride (Conv.by_taps).
 Rows of both are BK + 8 halves long: the 8 rows a fragment load reads then fall in distinct banks.
 
 The next step's global loads are in registers while this step multiplies, and the shared tiles are
@@ -60,19 +60,10 @@ def mma_threads(algo: str) -> int:
     return bm * bn // 32  # a warp per 32 x 32
 
 
-def by_taps(conv: "Conv") -> bool:
-    """Whether K runs tap by tap (k = (ky * KW + kx) * C + c) rather than channel by channel: where the input's
-    channels fill whole steps, a step then lies in one tap, so a thread tests its pixel's bounds once a step and
-    reads its run of channels at one stride, with no index arithmetic per value. (The channel-major order's
-    gather decoded and tested every value: on det's 96 -> 24 3x3 convs at 160 x 160 it was most of the kernel's
-    instructions.)"""
-    kh, kw = conv.kernel
-    return conv.in_shape(0)[1] % MMA_TILES[conv.algo][2] == 0 and kh * kw <= 32
-
-
 def pack_weights(w: np.ndarray, bm: int, bk: int, taps: bool) -> np.ndarray:
     """The weights [CO][CI][KH][KW] as [CO / BM][K / BK][BM][BK], zero-padded to whole tiles and steps: a
-    block's A tile for one step is then one contiguous piece of BM * BK values. With taps, K in by_taps's order."""
+    block's A tile for one step is then one contiguous piece of BM * BK values. With taps, K tap by tap
+    (Conv.by_taps)."""
     co = w.shape[0]
     wm = (w.transpose(0, 2, 3, 1) if taps else w).reshape(co, -1)
     k = wm.shape[1]
@@ -159,44 +150,22 @@ def _head(at: int, bm: int, bn: int, smem: int, b_offset: int) -> str:
 
 
 def _gather_setup(conv: "Conv", x: str, bn: int, kpt: int) -> str:
-    """The gather's per-thread start: it gathers k g_kb .. g_kb + kpt - 1 of each step for pixel g_p0 + g_bc.
-    By taps, it also notes which taps of its pixel lie inside the input (bit t of g_ok)."""
+    """The gather's per-thread start: it gathers k g_kb .. g_kb + kpt - 1 of each step for pixel g_p0 + g_bc."""
     sh, sw = conv.strides
-    kh, kw = conv.kernel
-    dh, dw = conv.dils
-    code = f"""  const unsigned g_bc = g_tid % {bn}, g_kb = g_tid / {bn} * {kpt}, g_pp = g_p0 + g_bc;
+    return f"""  const unsigned g_bc = g_tid % {bn}, g_kb = g_tid / {bn} * {kpt}, g_pp = g_p0 + g_bc;
   const bool g_pin = g_pp < g_NP;
   const unsigned g_pr = g_pin ? g_pp % g_OHW : 0;
   const int g_iy0 = (int)(g_pr / g_OW) * {sh} - g_q[3], g_ix0 = (int)(g_pr % g_OW) * {sw} - g_q[4];
   const T* g_x = {x} + (size_t)(g_pin ? g_pp / g_OHW : 0) * g_C * g_H * g_W;
-"""
-    if not by_taps(conv):
-        return code
-    return code + f"""  unsigned g_ok = 0u;
-  #pragma unroll
-  for (int t = 0; t < {kh * kw}; ++t) {{
-    const int iy = g_iy0 + t / {kw} * {dh}, ix = g_ix0 + t % {kw} * {dw};
-    if (g_pin && iy >= 0 && iy < g_H && ix >= 0 && ix < g_W) g_ok |= 1u << t;
-  }}
-"""
+""" + (conv.taps_code() if conv.by_taps() else "")
 
 
 def _gather_body(conv: "Conv", rb: str, kpt: int) -> str:
     """The gather of one step's run into registers `rb`, for k from `k0`."""
+    if conv.by_taps():
+        return conv.taps_gather(rb, kpt, "g_kb", 1, "")
     kh, kw = conv.kernel
     dh, dw = conv.dils
-    if by_taps(conv):  # one tap a step, g_C channels a tap: no value lies past K
-        return f"""    const unsigned t = k0 / g_C;
-    if (g_ok >> t & 1u) {{
-      const T* src = g_x + (size_t)(k0 % g_C + g_kb) * g_H * g_W + (g_iy0 + (int)(t / {kw}) * {dh}) * g_W + g_ix0
-                     + (int)(t % {kw}) * {dw};
-      #pragma unroll
-      for (int j = 0; j < {kpt}; ++j) {rb}[j] = src[(size_t)j * g_H * g_W];
-    }} else {{
-      #pragma unroll
-      for (int j = 0; j < {kpt}; ++j) {rb}[j] = 0;
-    }}
-"""
     # A 1x1 kernel without padding reads inside the input at every k: no bounds test per value.
     inside = ("true" if (kh, kw) == (1, 1) and not any(conv.pads) else
               "iy >= 0 && iy < g_H && ix >= 0 && ix < g_W")
