@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiomnn import binary, unary
+from aiomnn.errors import BackendError
 from aiomnn.expressions import FUNCTIONS, Dialect, render
+from aiomnn.strides import contiguous
 
 from .kernels import constants
 
@@ -151,12 +153,24 @@ class LeafPlan:
     at: int = 0  # where an inline leaf's meta starts in the table
 
 
-def contiguous(dims: list[int]) -> list[int]:
-    out, acc = [], 1
-    for d in reversed(dims):
-        out.append(acc if d != 1 else 0)
-        acc *= d
-    return out[::-1]
+def broadcast_strides(shape: tuple[int, ...], out: list[int]) -> list[int]:
+    """Element strides reading a dense `shape` broadcast to `out`: 0 where broadcast, and on the axes of one element
+    (their coordinate is always 0, so a kernel's index folds them away)."""
+    shape = tuple(shape)
+    if len(shape) > len(out):
+        if any(d != 1 for d in shape[: len(shape) - len(out)]):
+            raise BackendError(f"cuda: shape {shape} does not broadcast to {out}")
+        shape = shape[len(shape) - len(out):]
+    st = contiguous(list(shape))
+    pad = len(out) - len(shape)
+    res = []
+    for d in range(len(out)):
+        k = d - pad
+        if k < 0 or shape[k] == 1 or out[d] == 1:
+            res.append(0)
+        else:
+            res.append(st[k])
+    return res
 
 
 def lanes(dims: list[int]) -> int:

@@ -16,7 +16,7 @@ from aiomnn.errors import BackendError
 from aiomnn.strides import collapse
 
 from . import fused
-from .fused import Inline, LeafPlan, Lit, Raw, Val, contiguous, leaves, vals
+from .fused import Inline, LeafPlan, Lit, Raw, Val, broadcast_strides, leaves, vals
 from .program import launcher
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def launch(plan: Plan, step: Step, root) -> Callable[[], None]:
         sts = [p.strides for p in strided]
     else:
         dims, sts = collapse(list(dims), *[p.strides for p in strided])
-    cont = contiguous(dims)
+    cont = broadcast_strides(dims, dims)
     for p, st in zip(strided, sts):
         p.strides = st
         if all(a == b for a, b, d in zip(st, cont, dims) if d != 1):
@@ -134,22 +134,3 @@ def launch(plan: Plan, step: Step, root) -> Callable[[], None]:
 
 def _tiled(root) -> bool:
     return any(isinstance(leaf, Inline) and leaf.op.tiled for leaf in leaves(root).values())
-
-
-def broadcast_strides(shape: tuple[int, ...], out: list[int]) -> list[int]:
-    """Element strides reading a contiguous `shape` broadcast to `out` (0 where broadcast)."""
-    shape = tuple(shape)
-    if len(shape) > len(out):
-        if any(d != 1 for d in shape[: len(shape) - len(out)]):
-            raise BackendError(f"cuda: shape {shape} does not broadcast to {out}")
-        shape = shape[len(shape) - len(out):]
-    st = contiguous(list(shape))
-    pad = len(out) - len(shape)
-    res = []
-    for d in range(len(out)):
-        k = d - pad
-        if k < 0 or shape[k] == 1 or out[d] == 1:
-            res.append(0)
-        else:
-            res.append(st[k])
-    return res
