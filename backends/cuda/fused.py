@@ -177,7 +177,7 @@ def lanes(dims: list[int]) -> int:
     """How many consecutive elements of the last axis one thread of a plain fused kernel computes: 4 or 2 where the
     axis divides so. With fp16 storage one element a thread kept too few bytes in flight to fill the memory's
     bandwidth (a 2-byte load a leaf); more loads a thread, and the coordinates decoded once for them, do."""
-    return 4 if dims[-1] % 4 == 0 else 2 if dims[-1] % 2 == 0 else 1
+    return 1 if not dims[-1] else 4 if dims[-1] % 4 == 0 else 2 if dims[-1] % 2 == 0 else 1
 
 
 def generate(root: Term, plans: list[LeafPlan], dims: list[int]) -> str:
