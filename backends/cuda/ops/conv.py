@@ -233,16 +233,15 @@ class Conv(ConvBase):
         x = plan.view(self.in_names[0])
         if not self.tiled:
             return [x, plan.view(self.in_names[1])]
-        w = self.const(1)
+        w, order = self.const(1), ""
+        if self.by_taps():  # K as (ky, kx, c)
+            w, order = w.transpose(0, 2, 3, 1), "t"
         if self.algo in MMA_TILES:  # packed per tile and step of K (conv_mma.pack_weights)
             bm, _, bk = MMA_TILES[self.algo]
-            taps = self.by_taps()
-            wt = plan.view(self.be.derived(self.node, f"weights_mma{bm}x{bk}{'t' if taps else ''}",
-                                           pack_weights(w, bm, bk, taps)))
+            wt = plan.view(self.be.derived(self.node, f"weights_mma{bm}x{bk}{order}", pack_weights(w, bm, bk)))
         else:  # as [K][CO], so a tile's loads are coalesced
-            taps = self.by_taps()
-            wk = (w.transpose(0, 2, 3, 1) if taps else w).reshape(w.shape[0], -1)
-            wt = plan.view(self.be.derived(self.node, f"weights_kxco{'t' if taps else ''}", np.ascontiguousarray(wk.T)))
+            wt = plan.view(self.be.derived(self.node, f"weights_kxco{order}",
+                                           np.ascontiguousarray(w.reshape(w.shape[0], -1).T)))
         if self.splits == 1:
             return [x, wt]
         bm, bn = tile_shape(self.algo)

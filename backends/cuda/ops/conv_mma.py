@@ -60,12 +60,12 @@ def mma_threads(algo: str) -> int:
     return bm * bn // 32  # a warp per 32 x 32
 
 
-def pack_weights(w: np.ndarray, bm: int, bk: int, taps: bool) -> np.ndarray:
-    """The weights [CO][CI][KH][KW] as [CO / BM][K / BK][BM][BK], zero-padded to whole tiles and steps: a
-    block's A tile for one step is then one contiguous piece of BM * BK values. With taps, K tap by tap
-    (Conv.by_taps)."""
+def pack_weights(w: np.ndarray, bm: int, bk: int) -> np.ndarray:
+    """The weights [CO][...] (K the rest, in the order the gather walks it) as [CO / BM][K / BK][BM][BK],
+    zero-padded to whole tiles and steps: a block's A tile for one step is then one contiguous piece of BM * BK
+    values."""
     co = w.shape[0]
-    wm = (w.transpose(0, 2, 3, 1) if taps else w).reshape(co, -1)
+    wm = w.reshape(co, -1)
     k = wm.shape[1]
     cop, kp = -(-co // bm) * bm, -(-k // bk) * bk
     out = np.zeros((cop, kp), np.float32)
