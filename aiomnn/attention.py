@@ -13,7 +13,7 @@ kernel.
 Not matched: more than two batch axes, a value head size other than the query's, an inner value read outside the
 chain or made with a fused activation, a step of the chain's span that runs elsewhere.
 
-The CUDA and OpenCL kernels share one tiling (Tiling): a block of THREADS work items takes BQ query rows of one
+The CUDA, OpenCL and Vulkan kernels share one tiling (Tiling): a block of THREADS work items takes BQ query rows of one
 head and walks the keys in tiles of TK, keeping each row's running maximum and sum (the online softmax: what a tile
 has summed is rescaled when a later tile raises the maximum), so any number of keys fits. The items are row groups
 of CT consecutive ones: in the scores phase an item holds RM rows by RN keys (keys tc, tc + CT, ...: consecutive
@@ -34,7 +34,7 @@ from .offered import Steps
 from .moves import slice_span
 from .strides import broadcast_strides, contiguous
 
-#: Work items a block of the CUDA and OpenCL kernels.
+#: Work items a block of the CUDA, OpenCL and Vulkan kernels.
 THREADS = 128
 #: Their block shapes, (BQ, RM, RN): BQ query rows as BQ / RM row groups of CT = THREADS * RM / BQ items, key tiles
 #: of TK = CT * RN. Largest first: the largest that still makes a block per compute unit is taken (a short
@@ -52,31 +52,32 @@ class Tiling:
     ct: int
     tk: int
     dp: int  # the head padded to whole columns of every item and whole float4s
+    kv: int = 2  # key tiles held at once: k's and v's side by side (2), or one buffer, k's and then v's (1)
 
     @property
     def local_bytes(self) -> int:
-        """The block's tiles of q, k, v and probabilities as floats (rows padded by 4 against bank conflicts), and
-        a float per row and item for reductions."""
-        return 4 * (self.bq * (self.dp + 4) + self.tk * (self.dp + 4) + self.tk * self.dp + self.bq * (self.tk + 4)
-                    + self.bq * self.ct)
+        """The block's tiles of q, k and v and probabilities as floats (rows padded by 4 against bank conflicts),
+        and a float per row and item for reductions."""
+        key_tiles = self.tk * (self.dp + 4) + (self.kv - 1) * self.tk * self.dp
+        return 4 * (self.bq * (self.dp + 4) + key_tiles + self.bq * (self.tk + 4) + self.bq * self.ct)
 
 
-def tilings(d: int, limit: int) -> list[Tiling]:
-    """The block shapes whose local memory fits in `limit` bytes, for a head of d."""
+def tilings(d: int, limit: int, kv: int = 2) -> list[Tiling]:
+    """The block shapes whose local memory fits in `limit` bytes, for a head of d and kv key tiles at once."""
     out = []
     for bq, rm, rn in BLOCKS:
         ct = THREADS * rm // bq
         step = math.lcm(ct, 4)  # whole columns an item and whole float4s
-        t = Tiling(bq, rm, rn, ct, ct * rn, -(-d // step) * step)
+        t = Tiling(bq, rm, rn, ct, ct * rn, -(-d // step) * step, kv)
         if t.local_bytes <= limit:
             out.append(t)
     return out
 
 
-def tiling(ch: "Chain", units: int, limit: int) -> Tiling | None:
+def tiling(ch: "Chain", units: int, limit: int, kv: int = 2) -> Tiling | None:
     """The block shape for a chain on a device of `units` compute units: the largest that makes at least a block a
     unit, else the first of the smallest query blocks (its longest key tile)."""
-    fit = tilings(ch.head, limit) if ch.head <= MAX_HEAD else []
+    fit = tilings(ch.head, limit, kv) if ch.head <= MAX_HEAD else []
     if not fit:
         return None
     heads = ch.heads[0] * ch.heads[1]

@@ -97,6 +97,16 @@ def test_tiling_fits_the_local_memory_and_fills_the_units():
     assert attention.tiling(ch, 132, 1024) is None
 
 
+def test_one_key_buffer_fits_larger_heads():
+    """Vulkan's shader stages k's tile and then v's in one buffer (kv = 1): heads of 96 and 128 fit the 32 KB of
+    shared memory many devices have (lavapipe's, most mobile GPUs'), which k and v side by side do not."""
+    for d in (96, 128):
+        assert not attention.tilings(d, 32 * 1024)
+        apart, shared = attention.tilings(d, 1 << 20), attention.tilings(d, 1 << 20, kv=1)
+        assert [t.local_bytes - u.local_bytes for t, u in zip(apart, shared)] == [4 * t.tk * t.dp for t in apart]
+        assert any(t.local_bytes <= 32 * 1024 for t in shared)
+
+
 def steps_of(nodes, inputs: dict, inits: dict, opset: int = 13) -> Steps:
     """Offered steps of a graph (every node running on the backend), its shapes from onnx's inference."""
     import onnx

@@ -26,6 +26,7 @@ import aiomnn
 from aiomnn.config import ForwardType
 from aiomnn.memory import HandedOver
 from aiomnn.models import sample_feeds
+from aiomnn import attention as core_attention
 from aiomnn.runtime import probe
 
 from . import attention_cases
@@ -1294,7 +1295,6 @@ def attn_case(cid, b, s, h, d, t=None, scale="div", mask=(1, 1), heads=True, out
     return Case(cid, nodes, inputs, ("MatMul", "Softmax"), inits, opset=13)
 
 
-MAX_KEYS = 1024  # attention.MAX_KEYS
 ATTN_CASES = [
     # (case, fused groups, dispatches)
     # BERT's: reshapes, transposes, Div by sqrt(d), a padding mask per sequence, the output transposed back: the
@@ -1313,10 +1313,9 @@ ATTN_CASES = [
     (attn_case("attn_head128", 2, 3, 1, 128, t=33, scale="mul"), ["attention"], 2),
     # The output not transposed back (its Relu reads it): the group ends at the second MatMul.
     (attn_case("attn_out_plain", 1, 8, 2, 8, out_transpose=False), ["attention"], 2),
-    # As many keys as the shader holds, with a head of 4.
-    (attn_case("attn_keys_at_limit", 1, 3, 1, 4, t=MAX_KEYS), ["attention"], 2),
-    # One key more: the ops run unfused (with the transposes, the Div, the Add, the Softmax).
-    (attn_case("attn_keys_over_limit", 1, 3, 1, 4, t=MAX_KEYS + 1), [], 10),
+    # Keys over many tiles (the online softmax rescales what earlier tiles summed), the last one partial, a head
+    # of 4.
+    (attn_case("attn_many_keys", 1, 3, 1, 4, t=1500), ["attention"], 2),
     # A head larger than the shader takes: unfused.
     (attn_case("attn_head_too_large", 1, 4, 1, 132, mask=None), [], 9),
     # q, k and v sliced from one transposed product, q scaled first (PaddleOCR's SVTR blocks): the Transpose,
@@ -1347,20 +1346,26 @@ async def test_attention(case, kinds, dispatches, runtime):
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("bq", [16, 8, 4])
-@pytest.mark.parametrize("cid", ["attn_bert", "attn_mul_nomask", "attn_rowmask_pad", "attn_rank3", "attn_masked_rows",
-                                 "attn_head96"])
-async def test_attention_query_blocks(cid, bq, runtime, monkeypatch):
-    """Each query block the planner may choose (by how many workgroups it makes) gives onnxruntime's result."""
-    from aiomnn.backends.vulkan import attention
-
-    monkeypatch.setattr(attention, "QUERY_BLOCKS", (bq,))
+@pytest.mark.parametrize("block", core_attention.BLOCKS, ids=["x".join(map(str, b)) for b in core_attention.BLOCKS])
+@pytest.mark.parametrize("cid,head", [("attn_bert", 8), ("attn_mul_nomask", 16), ("attn_rowmask_pad", 12),
+                                      ("attn_rank3", 20), ("attn_masked_rows", 8), ("attn_head96", 96),
+                                      ("attn_many_keys", 4)])
+async def test_attention_block_shapes(cid, head, block, runtime, monkeypatch):
+    """Each block shape of the shared tiling (query rows, rows an invocation, keys an invocation) gives
+    onnxruntime's result, where it fits the device's shared memory."""
+    monkeypatch.setattr(core_attention, "BLOCKS", (block,))
+    bq = block[0]
     case = next(c for c, _, _ in ATTN_CASES if c.id == cid)
     data, feeds = case.model(), case.feeds()
     async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, runtime) as s:
         got = await s.run(feeds)
-        [kernel] = [d.kernel for seg in s.pipeline.segments for st in seg.steps for d in st.execution.dispatches
-                    if d.kernel.name == "attention"]
+        kernels = [d.kernel for seg in s.pipeline.segments for st in seg.steps for d in st.execution.dispatches
+                   if d.kernel.name == "attention"]
+        limit = s.pipeline.main.ctx.max_shared
+    if not core_attention.tilings(head, limit, kv=1):
+        assert not kernels
+        pytest.skip(f"block {block} with a head of {head} does not fit {limit} bytes of shared memory")
+    [kernel] = kernels
     assert kernel.consts[0] == bq
     want = oracle(data, feeds)[0] if ort is not None else (await run(data, feeds, CPU))[0]["y"]
     np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-6)
