@@ -3,9 +3,8 @@
 # algorithms, the tensor-core convs and single ops, the fused chains and real models), then one model's batch-8
 # table against torch. Through the device tool:
 #     run(command="bash tools/cuda_check.sh", carry=[".cache/lc", ".models"], timeout_s=540)
-# MODELS and PRECISIONS pick the table's rows (default yolov8n, fp32); TESTS_S bounds each shard's seconds. On a fresh
-# machine the tests wait mostly on nvrtc (every layer's kernels compile): in session 40, 95 s ran 44 of the 168
-# conv_algorithms tests, so a whole file wants about 300 s a shard.
+# MODELS and PRECISIONS pick the table's rows (default yolov8n, fp32); TESTS_S bounds each shard's seconds: in
+# session 40, on a fresh machine with the three shards at once, 95 s ran 44 of the 168 conv_algorithms tests.
 set -u
 source tools/gpu_setup.sh >/dev/null 2>&1
 export AIOMNN_MODELS=$PWD/.models
