@@ -100,6 +100,65 @@ def test_substitute_shares_a_value_used_twice():
     assert src.count("((l0 < 0.0f) ? 0.0f : l0)") == fused.lanes([2]) == 2
 
 
+#: The host's side of a fused kernel's source: CUDA's names as C++ (one thread walks the whole GRID_LOOP), so the
+#: generated indexing runs on a machine without a GPU.
+HOST = r"""
+#include <math.h>
+#include <string.h>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+struct Dim { unsigned x; };
+static const Dim blockIdx = {0}, threadIdx = {0}, blockDim = {1}, gridDim = {1};
+static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
+#define __expf(x) expf(x)
+#define __fdividef(a, b) ((a) / (b))
+"""
+
+
+def host_kernel(tmp_path, root, out_shape):
+    """The group's kernel (fused.index_space, fused.generate) compiled for the host: (its call, its leaves' plans)."""
+    import ctypes
+    import shutil
+
+    if shutil.which("g++") is None:
+        pytest.skip("no C++ compiler to build the kernel for the host")
+    plans = [fused.LeafPlan(leaf, "lit", meta=[fused.float_bits(leaf.value)]) if isinstance(leaf, fused.Lit)
+             else fused.LeafPlan(leaf, "s", strides=fused.broadcast_strides(leaf.shape, list(out_shape)))
+             for leaf in fused.leaves(root).values()]
+    dims = fused.index_space(plans, list(out_shape), False)
+    src, lib = tmp_path / "kernel.cpp", tmp_path / "kernel.so"
+    src.write_text(HOST + kernels.PRELUDE + fused.generate(root, plans, dims))
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, capture_output=True)
+    return ctypes.CDLL(str(lib)).fused, plans
+
+
+@pytest.mark.parametrize("out_shape,shapes", [
+    ((2, 3, 5, 8), [(2, 3, 5, 8), (1, 3, 1, 1), (5, 8)]),  # 4 values a thread; a channel scale, a plane
+    ((3, 6), [(3, 6), (3, 1), (6,)]),  # 2 a thread
+    ((2, 7), [(2, 7), (2, 1), (1, 7)]),  # 1
+    ((4, 1, 12), [(4, 1, 12), (1, 1, 12), (4, 1, 1)]),  # a unit axis collapsed away
+    ((24,), [(24,), (1,), (24,)]),  # one axis
+], ids=["lanes4", "lanes2", "lanes1", "unit_axis", "rank1"])
+def test_fused_kernel_indexes_as_numpy(tmp_path, out_shape, shapes):
+    """A fused kernel of broadcast leaves, a thread taking lanes(dims) values of the last axis, computes what numpy
+    does (compiled for the host: the indexing is the same C++ on a GPU)."""
+    import ctypes
+
+    rng = np.random.default_rng(0)
+    arrays = {f"v{k}": rng.standard_normal(shp).astype(np.float32) for k, shp in enumerate(shapes)}
+    x, s, b = (fused.Val(name, a.shape) for name, a in arrays.items())
+    root = fused.Expr("Relu", (fused.Expr("Add", (fused.Expr("Mul", (x, s)), fused.Expr("Add", (b, fused.Lit(0.25))))),))
+    fn, plans = host_kernel(tmp_path, root, out_shape)
+    out = np.full(out_shape, np.nan, np.float32)
+    reads = [np.ascontiguousarray(arrays[p.leaf.name]) for p in plans if p.mode != "lit"]
+    fn(out.ctypes.data_as(ctypes.c_void_p), ctypes.c_uint(out.size),
+       *(a.ctypes.data_as(ctypes.c_void_p) for a in reads))
+    v0, v1, v2 = arrays.values()
+    np.testing.assert_allclose(out, np.maximum(v0 * v1 + (v2 + np.float32(0.25)), 0), rtol=1e-6, atol=1e-6)
+
+
 @pytest.fixture
 def cuda_queue():
     """backends/cuda/queue.py, for its Waiter, which needs no GPU: without cupy it is imported with cupy stubbed,

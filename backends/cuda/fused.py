@@ -19,7 +19,7 @@ from typing import Any
 from aiomnn import binary, unary
 from aiomnn.errors import BackendError
 from aiomnn.expressions import FUNCTIONS, Dialect, render
-from aiomnn.strides import contiguous
+from aiomnn.strides import collapse, contiguous
 
 from .kernels import constants
 
@@ -171,6 +171,26 @@ def broadcast_strides(shape: tuple[int, ...], out: list[int]) -> list[int]:
         else:
             res.append(st[k])
     return res
+
+
+def index_space(plans: list[LeafPlan], shape: list[int], inline: bool) -> list[int]:
+    """The dims a group's kernel walks over an output of `shape`: the fewest (aiomnn/strides.collapse), or the 4-D
+    output's own where an inline leaf reads its coordinates. Each strided leaf's strides are set over them, and its
+    mode to "c" where it reads as the output is laid out, "0" where it reads one value."""
+    strided = [p for p in plans if p.mode == "s"]
+    dims = list(shape) if shape else [1]
+    if inline:
+        sts = [p.strides for p in strided]
+    else:
+        dims, sts = collapse(dims, *[p.strides for p in strided])
+    cont = broadcast_strides(dims, dims)
+    for p, st in zip(strided, sts):
+        p.strides = st
+        if all(a == b for a, b, d in zip(st, cont, dims) if d != 1):
+            p.mode = "c"
+        elif all(a == 0 for a in st):
+            p.mode = "0"
+    return dims
 
 
 def lanes(dims: list[int]) -> int:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from aiomnn.errors import BackendError
-from aiomnn.strides import collapse
 
 from . import fused
 from .fused import Inline, LeafPlan, Lit, Raw, Val, broadcast_strides, leaves, vals
@@ -106,21 +105,9 @@ def launch(plan: Plan, step: Step, root) -> Callable[[], None]:
         else:
             arr = plan.view(leaf.name)
             plans.append(LeafPlan(leaf, "s", ptrs=[arr], strides=broadcast_strides(leaf.shape, shape)))
-    strided = [p for p in plans if p.mode == "s"]
-    dims = shape if shape else [1]
-    if inline:
-        if len(shape) != 4:
-            raise BackendError(f"{exe.node}: inline leaves need a 4-D output")
-        sts = [p.strides for p in strided]
-    else:
-        dims, sts = collapse(list(dims), *[p.strides for p in strided])
-    cont = broadcast_strides(dims, dims)
-    for p, st in zip(strided, sts):
-        p.strides = st
-        if all(a == b for a, b, d in zip(st, cont, dims) if d != 1):
-            p.mode = "c"
-        elif all(a == 0 for a in st):
-            p.mode = "0"
+    if inline and len(shape) != 4:
+        raise BackendError(f"{exe.node}: inline leaves need a 4-D output")
+    dims = fused.index_space(plans, shape, inline)
     kern = plan.rt.programs.kernel(fused.generate(root, plans, list(dims)), plan.half)
     ptrs = [a for p in plans for a in p.ptrs if p.mode != "lit"]
     total = int(np.prod(dims))
