@@ -100,38 +100,82 @@ def test_substitute_shares_a_value_used_twice():
     assert src.count("((l0 < 0.0f) ? 0.0f : l0)") == fused.lanes([2]) == 2
 
 
-#: The host's side of a fused kernel's source: CUDA's names as C++ (one thread walks the whole GRID_LOOP), so the
-#: generated indexing runs on a machine without a GPU.
+#: CUDA's names as C++, so that generated kernels run on the host: a block's threads are threads of the host, one
+#: block after another; shared memory is the kernel's static arrays; __syncthreads a barrier that sleeps
+#: (std::barrier spins first, and a block's hundreds of threads on a few cores crawl).
 HOST = r"""
 #include <math.h>
 #include <string.h>
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __restrict__
+#define __launch_bounds__(n)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static
 struct Dim { unsigned x; };
-static const Dim blockIdx = {0}, threadIdx = {0}, blockDim = {1}, gridDim = {1};
+static thread_local Dim threadIdx;
+static Dim blockIdx, blockDim, gridDim;
+struct Barrier {
+  std::mutex m; std::condition_variable cv; unsigned n, waiting = 0, round = 0;
+  void wait() {
+    std::unique_lock<std::mutex> l(m);
+    unsigned r = round;
+    if (++waiting == n) { waiting = 0; ++round; cv.notify_all(); return; }
+    cv.wait(l, [&] { return round != r; });
+  }
+};
+static Barrier* block_barrier;
+#define __syncthreads() block_barrier->wait()
+#define __threadfence() std::atomic_thread_fence(std::memory_order_seq_cst)
+struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
+static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+static inline float2 make_float2(float a, float b) { return {a, b}; }
+template <class V> static inline V __ldcg(const V* p) { return *p; }
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 #define __expf(x) expf(x)
 #define __fdividef(a, b) ((a) / (b))
+using std::max;
+using std::min;
 """
 
 
-def host_kernel(tmp_path, root, out_shape):
-    """The group's kernel (fused.index_space, fused.generate) compiled for the host: (its call, its leaves' plans)."""
+def host_kernel(path, source: str, grid: int, block: int):
+    """A generated kernel (`fused`, in float32 storage) built for the host at `path` (a name of its own: a library
+    loaded once stays loaded), as a call of its arguments that runs its grid."""
     import ctypes
+    import re
     import shutil
 
     if shutil.which("g++") is None:
         pytest.skip("no C++ compiler to build the kernel for the host")
-    plans = [fused.LeafPlan(leaf, "lit", meta=[fused.float_bits(leaf.value)]) if isinstance(leaf, fused.Lit)
-             else fused.LeafPlan(leaf, "s", strides=fused.broadcast_strides(leaf.shape, list(out_shape)))
-             for leaf in fused.leaves(root).values()]
-    dims = fused.index_space(plans, list(out_shape), False)
-    src, lib = tmp_path / "kernel.cpp", tmp_path / "kernel.so"
-    src.write_text(HOST + kernels.PRELUDE + fused.generate(root, plans, dims))
-    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, capture_output=True)
-    return ctypes.CDLL(str(lib)).fused, plans
+    params = re.search(r'void\s+(?:__launch_bounds__\(\d+\)\s+)?fused\(([^)]*)\)', source).group(1)
+    names = ", ".join(p.rsplit(" ", 1)[1] for p in params.split(", "))
+    run = (f'extern "C" void run({params}) {{\n  blockDim.x = {block}; gridDim.x = {grid};\n'
+           f"  for (unsigned b = 0; b < {grid}; ++b) {{\n    blockIdx.x = b;\n"
+           f"    Barrier bar; bar.n = {block}; block_barrier = &bar;\n    std::vector<std::thread> ts;\n"
+           f"    for (unsigned t = 0; t < {block}; ++t) ts.emplace_back([&, t] {{ threadIdx.x = t; fused({names}); }});\n"
+           f"    for (auto& th : ts) th.join();\n  }}\n}}\n")
+    src, lib = path.with_suffix(".cpp"), path.with_suffix(".so")
+    src.write_text(HOST + kernels.PRELUDE + source + run)
+    subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-pthread", "-o", str(lib), str(src)], check=True,
+                   capture_output=True)
+    fn = ctypes.CDLL(str(lib)).run
+
+    def call(*arrays: np.ndarray) -> None:
+        out, *rest = arrays
+        fn(out.ctypes.data_as(ctypes.c_void_p), ctypes.c_uint(out.size),
+           *(a.ctypes.data_as(ctypes.c_void_p) for a in rest))
+
+    return call
 
 
 @pytest.mark.parametrize("out_shape,shapes", [
@@ -142,21 +186,103 @@ def host_kernel(tmp_path, root, out_shape):
     ((24,), [(24,), (1,), (24,)]),  # one axis
 ], ids=["lanes4", "lanes2", "lanes1", "unit_axis", "rank1"])
 def test_fused_kernel_indexes_as_numpy(tmp_path, out_shape, shapes):
-    """A fused kernel of broadcast leaves, a thread taking lanes(dims) values of the last axis, computes what numpy
-    does (compiled for the host: the indexing is the same C++ on a GPU)."""
-    import ctypes
-
+    """A fused kernel of broadcast leaves (fused.index_space, fused.generate), a thread taking lanes(dims) values of
+    the last axis, computes what numpy does, built for the host (the indexing is the same C++ on a GPU)."""
     rng = np.random.default_rng(0)
     arrays = {f"v{k}": rng.standard_normal(shp).astype(np.float32) for k, shp in enumerate(shapes)}
     x, s, b = (fused.Val(name, a.shape) for name, a in arrays.items())
     root = fused.Expr("Relu", (fused.Expr("Add", (fused.Expr("Mul", (x, s)), fused.Expr("Add", (b, fused.Lit(0.25))))),))
-    fn, plans = host_kernel(tmp_path, root, out_shape)
+    plans = [fused.LeafPlan(leaf, "lit", meta=[fused.float_bits(leaf.value)]) if isinstance(leaf, fused.Lit)
+             else fused.LeafPlan(leaf, "s", strides=fused.broadcast_strides(leaf.shape, list(out_shape)))
+             for leaf in fused.leaves(root).values()]
+    dims = fused.index_space(plans, list(out_shape), False)
+    call = host_kernel(tmp_path / "kernel", fused.generate(root, plans, dims), 1, 1)
     out = np.full(out_shape, np.nan, np.float32)
-    reads = [np.ascontiguousarray(arrays[p.leaf.name]) for p in plans if p.mode != "lit"]
-    fn(out.ctypes.data_as(ctypes.c_void_p), ctypes.c_uint(out.size),
-       *(a.ctypes.data_as(ctypes.c_void_p) for a in reads))
+    call(out, *(np.ascontiguousarray(arrays[p.leaf.name]) for p in plans if p.mode != "lit"))
     v0, v1, v2 = arrays.values()
     np.testing.assert_allclose(out, np.maximum(v0 * v1 + (v2 + np.float32(0.25)), 0), rtol=1e-6, atol=1e-6)
+
+
+def conv_ref(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dil: int) -> np.ndarray:
+    n, _, h, wd = x.shape
+    co, _, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = (h + 2 * pad - dil * (kh - 1) - 1) // stride + 1, (wd + 2 * pad - dil * (kw - 1) - 1) // stride + 1
+    y = np.zeros((n, co, oh, ow))
+    for ky in range(kh):
+        for kx in range(kw):
+            patch = xp[:, :, ky * dil:ky * dil + stride * (oh - 1) + 1:stride, kx * dil:kx * dil + stride * (ow - 1) + 1:stride]
+            y += np.einsum("nchw,oc->nohw", patch, w[:, :, ky, kx])
+    return y
+
+
+@pytest.fixture
+def cuda_conv():
+    """backends/cuda/ops/conv.py, whose kernels' source needs no GPU: without cupy it is imported with cupy stubbed
+    (nothing here calls it), and it and what it imported are forgotten afterwards, so that no other test finds the
+    stub."""
+    import importlib
+    import types
+
+    stub = GPU_REASON is not None and "cupy" not in sys.modules
+    before = set(sys.modules)
+    if stub:
+        sys.modules["cupy"] = types.ModuleType("cupy")
+    try:
+        module = importlib.import_module("aiomnn.backends.cuda.ops.conv")
+    finally:
+        if stub:
+            del sys.modules["cupy"]
+    yield module
+    if stub:
+        for name in sorted(set(sys.modules) - before, reverse=True):
+            parent, _, child = name.rpartition(".")
+            del sys.modules[name]
+            if parent in sys.modules and hasattr(sys.modules[parent], child):
+                delattr(sys.modules[parent], child)
+
+
+@pytest.mark.parametrize("algo,x,w,stride,pad,dil,slices", [
+    ("igemm", (2, 32, 13, 11), (40, 32, 3, 3), 2, 1, 1, 1),  # by taps: a stride, partial tiles
+    ("igemm", (1, 64, 14, 9), (12, 64, 5, 5), 1, 2, 2, 3),  # by taps: 25 taps, a dilation, split K
+    ("igemm32", (2, 32, 13, 11), (40, 32, 3, 3), 1, 1, 1, 3),
+    ("igemm32x128", (1, 64, 14, 9), (12, 64, 5, 5), 2, 2, 1, 1),
+    ("igemm32x128", (2, 20, 9, 7), (24, 20, 3, 3), 1, 1, 1, 3),  # channel by channel (20 is no whole step)
+    ("igemm", (2, 20, 9, 7), (24, 20, 3, 3), 2, 0, 1, 1),
+])
+def test_implicit_gemm_computes_the_conv(tmp_path, cuda_conv, algo, x, w, stride, pad, dil, slices):
+    """The float32 implicit GEMM (Conv.tiled_code, with its weights as Conv.gemm_weights lays them out and K in
+    `slices` slices) against a convolution in numpy, its blocks run on the host's threads."""
+    conv = cuda_conv
+
+    class Op(conv.Conv):
+        out_shape = None  # Conv reads it from its node; here it is set
+
+    op = Op.__new__(Op)
+    co, _, kh, kw = w
+    op.algo, op.kernel, op.strides, op.dils, op.pads = algo, [kh, kw], [stride] * 2, [dil] * 2, [pad] * 4
+    op.out_shape = (x[0], co, (x[2] + 2 * pad - dil * (kh - 1) - 1) // stride + 1,
+                    (x[3] + 2 * pad - dil * (kw - 1) - 1) // stride + 1)
+    op.in_shape = lambda i: x
+    op.tiled = True
+    op.splits, op.k_split = 1, -(-op.k_total() // op.k_step() // slices) * op.k_step()
+    op.splits = -(-op.k_total() // op.k_split)
+    ptrs = ["q0", "q1", "q2", "q3"][:4 if op.splits > 1 else 2]
+    params = ["T* __restrict__ out", "unsigned total", "const T* __restrict__ q0", "const T* __restrict__ q1"]
+    params += ["float* q2", "unsigned* q3"] if op.splits > 1 else []
+    source = ("__device__ __forceinline__ void epilogue(T* __restrict__ out, unsigned i, float acc) { out[i] = ST(acc); }\n"
+              "#define EPILOGUE(i, acc) epilogue(out, (i), (acc))\n"
+              f'extern "C" __global__ void fused({", ".join(params)}) {{\n' + op.tiled_code(ptrs, 0, "EPILOGUE") + "}\n")
+    call = host_kernel(tmp_path / "conv", kernels.constants(source, op.inline_meta()), *op.launch_shape())
+    rng = np.random.default_rng(0)
+    xs, ws = rng.standard_normal(x).astype(np.float32), rng.standard_normal(w).astype(np.float32)
+    out = np.full(op.out_shape, np.nan, np.float32)
+    bm, bn = conv.tile_shape(algo)
+    extra = [np.zeros(op.tiles() * op.splits * bm * bn, np.float32), np.zeros(op.tiles(), np.uint32)]
+    call(out, xs, op.gemm_weights(ws)[1], *(extra if op.splits > 1 else []))
+    assert op.splits == slices and op.by_taps() == (x[1] % conv.BK == 0)
+    want = conv_ref(xs, ws, stride, pad, dil)
+    assert rel_error(out, want) <= 1e-6, rel_error(out, want)
 
 
 @pytest.fixture

@@ -233,15 +233,7 @@ class Conv(ConvBase):
         x = plan.view(self.in_names[0])
         if not self.tiled:
             return [x, plan.view(self.in_names[1])]
-        w, order = self.const(1), ""
-        if self.by_taps():  # K as (ky, kx, c)
-            w, order = w.transpose(0, 2, 3, 1), "t"
-        if self.algo in MMA_TILES:  # packed per tile and step of K (conv_mma.pack_weights)
-            bm, _, bk = MMA_TILES[self.algo]
-            wt = plan.view(self.be.derived(self.node, f"weights_mma{bm}x{bk}{order}", pack_weights(w, bm, bk)))
-        else:  # as [K][CO], so a tile's loads are coalesced
-            wt = plan.view(self.be.derived(self.node, f"weights_kxco{order}",
-                                           np.ascontiguousarray(w.reshape(w.shape[0], -1).T)))
+        wt = plan.view(self.be.derived(self.node, *self.gemm_weights(self.const(1))))
         if self.splits == 1:
             return [x, wt]
         bm, bn = tile_shape(self.algo)
@@ -249,6 +241,18 @@ class Conv(ConvBase):
         counters = cupy.zeros((self.tiles(),), np.uint32)
         self.keep.append(counters)
         return [x, wt, plan.workspace(np.float32, self.tiles() * self.splits * bm * bn), counters]
+
+    def gemm_weights(self, w: np.ndarray) -> tuple[str, np.ndarray]:
+        """The implicit GEMM's weights as its kernel reads them, and their name among the backend's derived
+        constants: K in the gather's order (by_taps), then packed per tile and step of K for the tensor cores
+        (conv_mma.pack_weights), else as [K][CO], so that a tile's loads are coalesced."""
+        order = ""
+        if self.by_taps():  # K as (ky, kx, c)
+            w, order = w.transpose(0, 2, 3, 1), "t"
+        if self.algo in MMA_TILES:
+            bm, _, bk = MMA_TILES[self.algo]
+            return f"weights_mma{bm}x{bk}{order}", pack_weights(w, bm, bk)
+        return f"weights_kxco{order}", np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
 
     def inline_types(self):
         if self.splits == 1:
