@@ -217,10 +217,9 @@ def conv_ref(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dil: int) -> n
 
 
 @pytest.fixture
-def cuda_conv():
-    """backends/cuda/ops/conv.py, whose kernels' source needs no GPU: without cupy it is imported with cupy stubbed
-    (nothing here calls it), and it and what it imported are forgotten afterwards, so that no other test finds the
-    stub."""
+def cuda_ops():
+    """backends/cuda/ops, whose kernels' source needs no GPU: without cupy it is imported with cupy stubbed (nothing
+    here calls it), and it and what it imported are forgotten afterwards, so that no other test finds the stub."""
     import importlib
     import types
 
@@ -229,7 +228,7 @@ def cuda_conv():
     if stub:
         sys.modules["cupy"] = types.ModuleType("cupy")
     try:
-        module = importlib.import_module("aiomnn.backends.cuda.ops.conv")
+        module = importlib.import_module("aiomnn.backends.cuda.ops")
     finally:
         if stub:
             del sys.modules["cupy"]
@@ -250,10 +249,10 @@ def cuda_conv():
     ("igemm32x128", (2, 20, 9, 7), (24, 20, 3, 3), 1, 1, 1, 3),  # channel by channel (20 is no whole step)
     ("igemm", (2, 20, 9, 7), (24, 20, 3, 3), 2, 0, 1, 1),
 ])
-def test_implicit_gemm_computes_the_conv(tmp_path, cuda_conv, algo, x, w, stride, pad, dil, slices):
+def test_implicit_gemm_computes_the_conv(tmp_path, cuda_ops, algo, x, w, stride, pad, dil, slices):
     """The float32 implicit GEMM (Conv.tiled_code, with its weights as Conv.gemm_weights lays them out and K in
     `slices` slices) against a convolution in numpy, its blocks run on the host's threads."""
-    conv = cuda_conv
+    conv = cuda_ops.conv
 
     class Op(conv.Conv):
         out_shape = None  # Conv reads it from its node; here it is set
@@ -283,6 +282,49 @@ def test_implicit_gemm_computes_the_conv(tmp_path, cuda_conv, algo, x, w, stride
     assert op.splits == slices and op.by_taps() == (x[1] % conv.BK == 0)
     want = conv_ref(xs, ws, stride, pad, dil)
     assert rel_error(out, want) <= 1e-6, rel_error(out, want)
+
+
+@pytest.mark.parametrize("x,w,stride,pads,act,extra", [
+    ((2, 8, 7, 9), (8, 4, 2, 2), 2, [0, 0, 0, 0], None, 0),  # det's upsampling
+    ((1, 24, 5, 6), (24, 1, 2, 2), 2, [0, 0, 0, 0], "Sigmoid", 0),  # det's last, to one channel
+    ((2, 6, 4, 5), (6, 3, 3, 3), 3, [1, 0, 2, 1], "Relu", 0),  # a kernel of 3, uneven pads
+    ((1, 4, 3, 4), (4, 2, 2, 2), 2, [0, 0, 0, 0], None, 1),  # output_padding: a row and a column of bias alone
+])
+def test_direct_conv_transpose_computes_it(tmp_path, cuda_ops, x, w, stride, pads, act, extra):
+    """A ConvTranspose whose kernel is its stride, computed in its fused kernel (one input pixel through one tap an
+    output, its bias and activation after) against numpy, built for the host."""
+    ct = cuda_ops.conv_transpose
+
+    class Op(ct.ConvTranspose):
+        out_shape = attrs = None  # ConvTranspose reads them from its node; here they are set
+
+    op = Op.__new__(Op)
+    ci, co, k, _ = w
+    h, wd = (x[2] - 1) * stride + k - pads[0] - pads[2] + extra, (x[3] - 1) * stride + k - pads[1] - pads[3] + extra
+    op.kernel, op.strides, op.dils, op.pads = [k, k], [stride] * 2, [1, 1], pads
+    op.out_shape, op.in_shape = (x[0], co, h, wd), lambda i: x
+    op.direct, op.attrs, op.bias = True, {"_activation": (act, {}) if act else None}, types_namespace(name="b")
+    root = op.epilogue(fused.Inline(op), co)
+    plans = [fused.LeafPlan(leaf, "inline", ptrs=[0, 0], meta=op.inline_meta()) if isinstance(leaf, fused.Inline)
+             else fused.LeafPlan(leaf, "s", strides=fused.broadcast_strides(leaf.shape, list(op.out_shape)))
+             for leaf in fused.leaves(root).values()]
+    dims = fused.index_space(plans, list(op.out_shape), True)
+    call = host_kernel(tmp_path / "convt", fused.generate(root, plans, dims), 1, 1)
+    rng = np.random.default_rng(0)
+    xs, ws, bs = (rng.standard_normal(shp).astype(np.float32) for shp in (x, w, (co,)))
+    out = np.full(op.out_shape, np.nan, np.float32)
+    call(out, *(a for p in plans for a in ((xs, ws) if p.mode == "inline" else (bs,))))
+    full = np.einsum("ncyx,cokl->noykxl", xs.astype(np.float64), ws).reshape(x[0], co, x[2] * k, x[3] * k)
+    full = np.pad(full, ((0, 0), (0, 0), (0, extra), (0, extra)))
+    want = full[:, :, pads[0]:pads[0] + h, pads[1]:pads[1] + wd] + bs[:, None, None]
+    want = {None: want, "Relu": np.maximum(want, 0), "Sigmoid": 1 / (1 + np.exp(-want))}[act]
+    assert rel_error(out, want) <= 1e-6, rel_error(out, want)
+
+
+def types_namespace(**kw):
+    import types
+
+    return types.SimpleNamespace(**kw)
 
 
 @pytest.fixture

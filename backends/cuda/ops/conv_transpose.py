@@ -1,6 +1,8 @@
 """ConvTranspose on CUDA: a GEMM of the transposed weights with the input into scratch, then the fused kernel
-sums the overlapping taps (col2im), adds the bias and applies the activation. It shares its checks and its
-epilogue with Conv (conv.ConvBase).
+sums the overlapping taps (col2im), adds the bias and applies the activation. Where the kernel is its stride
+(det's 2x2 upsamplings), each output reads one input pixel through one tap, and with few input channels the fused
+kernel computes it directly: no GEMM, no scratch. It shares its checks and its epilogue with Conv
+(conv.ConvBase).
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from ..fused import Inline
 from .base import Decline, op
 from .conv import ConvBase
 from .matmul import gemm_fn
+
+#: The most input channels a direct ConvTranspose sums per output (a strided load each); more go through the GEMM.
+DIRECT_CI = 64
 
 
 @op("ConvTranspose")
@@ -29,16 +34,23 @@ class ConvTranspose(ConvBase):
         self.dils = list(a.get("dilations", [1, 1]))
         self.pads = list(a.get("pads", [0, 0, 0, 0]))
         co = w.shape[1]
+        # Kernel as stride: output (oy, ox) reads input ((oy + PH) / SH, (ox + PW) / SW) through tap
+        # ((oy + PH) % SH, (ox + PW) % SW) alone.
+        self.direct = self.kernel == self.strides and self.dils == [1, 1] and w.shape[0] <= DIRECT_CI
         self.group = self.epilogue(Inline(self), co)
 
     def _m(self):
         return self.ins[1].shape[1] * self.kernel[0] * self.kernel[1]
 
     def scratch_bytes(self):
+        if self.direct:
+            return 0
         n, ci, h, w = self.in_shape(0)
         return n * self._m() * h * w * self.be.t_dtype.itemsize
 
     def bind(self, plan):
+        if self.direct:
+            return
         be = self.be
         n, ci, h, w = self.in_shape(0)
         m = self._m()
@@ -50,19 +62,36 @@ class ConvTranspose(ConvBase):
         self.launches = [gemm_fn(be, True, False, m, hw, ci, wt, m, 0, x, hw, ci * hw, self.col, hw, m * hw, n)]
 
     def inline_deps(self):
-        return []
+        return [self.in_names[0]] if self.direct else []
 
     def inline_ptrs(self, plan):
+        if self.direct:
+            return [plan.view(self.in_names[0]), plan.view(self.in_names[1])]
         return [self.col]
 
     def inline_meta(self):
         n, ci, h, w = self.in_shape(0)
+        if self.direct:
+            return [ci, h, w, self.pads[0], self.pads[1], self.out_shape[1]]
         return [h, w, self._m(), self.pads[0], self.pads[1]]
 
     def inline_code(self, v: str, ptrs: list[str], at: int) -> str:
         kh, kw = self.kernel
         sh, sw = self.strides
         dh, dw = self.dils
+        if self.direct:
+            x, w = ptrs
+            return f"""    float {v} = 0.f;
+    {{
+      const int* q = m + {at};
+      const int CI = q[0], H = q[1], W = q[2], PH = q[3], PW = q[4], CO = q[5];
+      const int ty = (int)c2 + PH, tx = (int)c3 + PW, iy = ty / {sh}, ix = tx / {sw};
+      if (iy < H && ix < W) {{  // past the input (output_padding's rows): the bias alone
+        const T* xp = {x} + (size_t)c0 * CI * H * W + iy * W + ix;
+        const T* wp = {w} + ((size_t)c1 * {kh} + ty % {sh}) * {kw} + tx % {sw};  // w[ci][co][ky][kx]
+        for (int ci = 0; ci < CI; ++ci) {v} += LD(xp[(size_t)ci * H * W]) * LD(wp[(size_t)ci * CO * {kh * kw}]);
+      }}
+    }}"""
         (col,) = ptrs
         return f"""    float {v} = 0.f;
     {{
