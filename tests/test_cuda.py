@@ -321,6 +321,42 @@ def test_direct_conv_transpose_computes_it(tmp_path, cuda_ops, x, w, stride, pad
     assert rel_error(out, want) <= 1e-6, rel_error(out, want)
 
 
+@pytest.mark.parametrize("x,w,stride,pad", [
+    ((2, 6, 9, 12), (6, 1, 3, 3), 1, 1),  # 12 columns: 4 values a thread
+    ((1, 4, 7, 10), (4, 1, 5, 5), 2, 2),  # 5 columns out: 1 a thread
+    ((2, 8, 6, 6), (8, 2, 3, 3), 1, 1),  # grouped, 2 input channels a group; 6 columns: 2 a thread
+])
+def test_direct_conv_computes_it(tmp_path, cuda_ops, x, w, stride, pad):
+    """A grouped conv (depthwise among them) computed inline in its fused kernel, a thread taking lanes(dims) output
+    columns (each value's coordinates its own), against numpy, built for the host."""
+    conv = cuda_ops.conv
+
+    class Op(conv.Conv):
+        out_shape = attrs = None  # Conv reads them from its node; here they are set
+
+    op = Op.__new__(Op)
+    co, cig, k, _ = w
+    g = x[1] // cig
+    oh, ow = (x[2] + 2 * pad - k) // stride + 1, (x[3] + 2 * pad - k) // stride + 1
+    op.algo, op.tiled, op.group_count, op.splits = "direct", False, g, 1
+    op.kernel, op.strides, op.dils, op.pads = [k, k], [stride] * 2, [1, 1], [pad] * 4
+    op.out_shape, op.in_shape = (x[0], co, oh, ow), lambda i: x
+    op.attrs, op.bias = {"_activation": ("Relu", {})}, types_namespace(name="b")
+    root = op.epilogue(fused.Inline(op), co)
+    plans = [fused.LeafPlan(leaf, "inline", ptrs=[0, 0], meta=op.inline_meta()) if isinstance(leaf, fused.Inline)
+             else fused.LeafPlan(leaf, "s", strides=fused.broadcast_strides(leaf.shape, list(op.out_shape)))
+             for leaf in fused.leaves(root).values()]
+    dims = fused.index_space(plans, list(op.out_shape), True)
+    call = host_kernel(tmp_path / "direct", fused.generate(root, plans, dims), 1, 1)
+    rng = np.random.default_rng(0)
+    xs, ws, bs = (rng.standard_normal(shp).astype(np.float32) for shp in (x, w, (co,)))
+    out = np.full(op.out_shape, np.nan, np.float32)
+    call(out, *(a for p in plans for a in ((xs, ws) if p.mode == "inline" else (bs,))))
+    want = np.concatenate([conv_ref(xs[:, j * cig:(j + 1) * cig], ws[j * (co // g):(j + 1) * (co // g)], stride, pad, 1)
+                           for j in range(g)], axis=1) + bs[:, None, None]
+    assert rel_error(out, np.maximum(want, 0)) <= 1e-6
+
+
 def types_namespace(**kw):
     import types
 
