@@ -357,6 +357,36 @@ def test_direct_conv_computes_it(tmp_path, cuda_ops, x, w, stride, pad):
     assert rel_error(out, np.maximum(want, 0)) <= 1e-6
 
 
+@pytest.mark.parametrize("mode,x,k,stride,pads", [
+    (0, (2, 3, 9, 12), 3, 1, [1, 1, 1, 1]),  # MaxPool, 12 columns: 4 values a thread
+    (2, (1, 2, 10, 11), 2, 2, [0, 0, 1, 1]),  # AveragePool without the padding: 6 columns, 2 a thread
+    (1, (1, 2, 7, 7), 3, 2, [1, 1, 1, 1]),  # AveragePool counting the padding: 4 columns
+])
+def test_inline_pool_computes_it(tmp_path, cuda_ops, mode, x, k, stride, pads):
+    """MaxPool and AveragePool computed inline in their fused kernel, a thread taking lanes(dims) output columns,
+    against numpy, built for the host."""
+    class Op(cuda_ops.pool.Pool):
+        out_shape = None  # Pool reads it from its node; here it is set
+
+    op = Op.__new__(Op)
+    oh, ow = (x[2] + pads[0] + pads[2] - k) // stride + 1, (x[3] + pads[1] + pads[3] - k) // stride + 1
+    op.kernel, op.strides, op.dils, op.pads, op.mode = [k, k], [stride] * 2, [1, 1], pads, mode
+    op.out_shape, op.in_shape = (x[0], x[1], oh, ow), lambda i: x
+    root = fused.Inline(op)
+    plans = [fused.LeafPlan(root, "inline", ptrs=[0], meta=op.inline_meta())]
+    dims = fused.index_space(plans, list(op.out_shape), True)
+    call = host_kernel(tmp_path / "pool", fused.generate(root, plans, dims), 1, 1)
+    xs = np.random.default_rng(0).standard_normal(x).astype(np.float32)
+    out = np.full(op.out_shape, np.nan, np.float32)
+    call(out, xs)
+    fill = -np.inf if mode == 0 else np.nan
+    xp = np.pad(xs, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])), constant_values=fill)
+    win = np.stack([xp[:, :, ky:ky + stride * (oh - 1) + 1:stride, kx:kx + stride * (ow - 1) + 1:stride]
+                    for ky in range(k) for kx in range(k)])
+    want = {0: win.max(0), 1: np.nansum(win, 0) / (k * k), 2: np.nanmean(win, 0)}[mode]
+    assert rel_error(out, want) <= 1e-6
+
+
 def types_namespace(**kw):
     import types
 
