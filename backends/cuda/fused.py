@@ -259,25 +259,25 @@ def generate(root: Term, plans: list[LeafPlan], dims: list[int]) -> str:
     sig = ", ".join(["T* __restrict__ out", "unsigned total"] + params)
     tiled = [p for p in plans if p.mode == "inline" and p.leaf.op.tiled]
     last = rank - 1
+
+    def decode(index: str, axes: int) -> list[str]:
+        """Coordinates c0 .. c{axes} of `index` over the first axes + 1 dims."""
+        lines = [f"    unsigned rem = {index};"]
+        for d in range(axes, 0, -1):
+            lines.append(f"    const unsigned c{d} = rem % (unsigned)m[{dims_at + d}]; rem /= (unsigned)m[{dims_at + d}];")
+        return lines + ["    const unsigned c0 = rem;"]
+
     if not tiled:
         v = lanes(dims)
         row = f"(unsigned)m[{dims_at + last}]" if v == 1 else f"{dims[last] // v}u"  # threads a row of the last axis
-        coords = [f"    unsigned rem = j / {row};"] if last else []
-        for d in range(last - 1, 0, -1):
-            coords.append(f"    const unsigned c{d} = rem % (unsigned)m[{dims_at + d}]; rem /= (unsigned)m[{dims_at + d}];")
-        if last:
-            coords.append("    const unsigned c0 = rem;")
+        coords = decode(f"j / {row}", last - 1) if last else []
         coords.append(f"    const unsigned cl = j % {row} * {v};")
         each = "\n".join(body)
         copies = [f"    {{\n    const unsigned i = j * {v} + {u}, c{last} = cl + {u};\n{each}\n    }}" for u in range(v)]
         src = (f'extern "C" __global__ void fused({sig}) {{\n'
                f"  GRID_LOOP(j, total / {v}) {{\n" + "\n".join(coords + copies) + "\n  }\n}\n")
         return constants(src, meta)
-    # The epilogue's coordinates, from i.
-    coords = ["    unsigned rem = i;"]
-    for d in range(last, 0, -1):
-        coords.append(f"    const unsigned c{d} = rem % (unsigned)m[{dims_at + d}]; rem /= (unsigned)m[{dims_at + d}];")
-    coords.append("    const unsigned c0 = rem;")
+    coords = decode("i", last)  # the epilogue's, from its output element
     # A tiled leaf owns the kernel; the group's expression becomes its per-output epilogue, with
     # the leaf's value in `acc`.
     (t,) = tiled
