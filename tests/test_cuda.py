@@ -193,7 +193,7 @@ def test_fused_kernel_indexes_as_numpy(tmp_path, out_shape, shapes):
     x, s, b = (fused.Val(name, a.shape) for name, a in arrays.items())
     root = fused.Expr("Relu", (fused.Expr("Add", (fused.Expr("Mul", (x, s)), fused.Expr("Add", (b, fused.Lit(0.25))))),))
     plans = [fused.LeafPlan(leaf, "lit", meta=[fused.float_bits(leaf.value)]) if isinstance(leaf, fused.Lit)
-             else fused.LeafPlan(leaf, "s", strides=fused.broadcast_strides(leaf.shape, list(out_shape)))
+             else fused.LeafPlan(leaf, "s", strides=fused.leaf_strides(leaf.shape, list(out_shape)))
              for leaf in fused.leaves(root).values()]
     dims = fused.index_space(plans, list(out_shape), False)
     call = host_kernel(tmp_path / "kernel", fused.generate(root, plans, dims), 1, 1)
@@ -306,7 +306,7 @@ def test_direct_conv_transpose_computes_it(tmp_path, cuda_ops, x, w, stride, pad
     op.direct, op.attrs, op.bias = True, {"_activation": (act, {}) if act else None}, types_namespace(name="b")
     root = op.epilogue(fused.Inline(op), co)
     plans = [fused.LeafPlan(leaf, "inline", ptrs=[0, 0], meta=op.inline_meta()) if isinstance(leaf, fused.Inline)
-             else fused.LeafPlan(leaf, "s", strides=fused.broadcast_strides(leaf.shape, list(op.out_shape)))
+             else fused.LeafPlan(leaf, "s", strides=fused.leaf_strides(leaf.shape, list(op.out_shape)))
              for leaf in fused.leaves(root).values()]
     dims = fused.index_space(plans, list(op.out_shape), True)
     call = host_kernel(tmp_path / "convt", fused.generate(root, plans, dims), 1, 1)
@@ -344,7 +344,7 @@ def test_direct_conv_computes_it(tmp_path, cuda_ops, x, w, stride, pad):
     op.attrs, op.bias = {"_activation": ("Relu", {})}, types_namespace(name="b")
     root = op.epilogue(fused.Inline(op), co)
     plans = [fused.LeafPlan(leaf, "inline", ptrs=[0, 0], meta=op.inline_meta()) if isinstance(leaf, fused.Inline)
-             else fused.LeafPlan(leaf, "s", strides=fused.broadcast_strides(leaf.shape, list(op.out_shape)))
+             else fused.LeafPlan(leaf, "s", strides=fused.leaf_strides(leaf.shape, list(op.out_shape)))
              for leaf in fused.leaves(root).values()]
     dims = fused.index_space(plans, list(op.out_shape), True)
     call = host_kernel(tmp_path / "direct", fused.generate(root, plans, dims), 1, 1)

@@ -16,10 +16,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiomnn import binary, unary
+from aiomnn import binary, strides, unary
 from aiomnn.errors import BackendError
 from aiomnn.expressions import FUNCTIONS, Dialect, render
-from aiomnn.strides import collapse, contiguous
 
 from .kernels import constants
 
@@ -153,24 +152,16 @@ class LeafPlan:
     at: int = 0  # where an inline leaf's meta starts in the table
 
 
-def broadcast_strides(shape: tuple[int, ...], out: list[int]) -> list[int]:
-    """Element strides reading a dense `shape` broadcast to `out`: 0 where broadcast, and on the axes of one element
-    (their coordinate is always 0, so a kernel's index folds them away)."""
-    shape = tuple(shape)
-    if len(shape) > len(out):
-        if any(d != 1 for d in shape[: len(shape) - len(out)]):
-            raise BackendError(f"cuda: shape {shape} does not broadcast to {out}")
-        shape = shape[len(shape) - len(out):]
-    st = contiguous(list(shape))
-    pad = len(out) - len(shape)
-    res = []
-    for d in range(len(out)):
-        k = d - pad
-        if k < 0 or shape[k] == 1 or out[d] == 1:
-            res.append(0)
-        else:
-            res.append(st[k])
-    return res
+def leaf_strides(shape: tuple[int, ...], out: list[int]) -> list[int]:
+    """The strides a leaf of a dense `shape` is read through over an output of `out` (aiomnn/strides.
+    broadcast_strides, leading axes of one element dropped), 0 also on the output's axes of one element: their
+    coordinate is always 0, so a kernel's index folds them away."""
+    extra = len(shape) - len(out)
+    st = strides.broadcast_strides(shape[extra:] if extra > 0 and all(d == 1 for d in shape[:extra]) else shape,
+                                   out)
+    if st is None:
+        raise BackendError(f"cuda: shape {tuple(shape)} does not broadcast to {out}")
+    return [0 if o == 1 else x for x, o in zip(st, out)]
 
 
 def index_space(plans: list[LeafPlan], shape: list[int], inline: bool) -> list[int]:
@@ -182,8 +173,8 @@ def index_space(plans: list[LeafPlan], shape: list[int], inline: bool) -> list[i
     if inline:
         sts = [p.strides for p in strided]
     else:
-        dims, sts = collapse(dims, *[p.strides for p in strided])
-    cont = broadcast_strides(dims, dims)
+        dims, sts = strides.collapse(dims, *[p.strides for p in strided])
+    cont = leaf_strides(dims, dims)
     for p, st in zip(strided, sts):
         p.strides = st
         if all(a == b for a, b, d in zip(st, cont, dims) if d != 1):

@@ -15,7 +15,7 @@ import numpy as np
 from aiomnn.errors import BackendError
 
 from . import fused
-from .fused import Inline, LeafPlan, Lit, Raw, Val, broadcast_strides, leaves, vals
+from .fused import Inline, LeafPlan, Lit, Raw, Val, leaf_strides, leaves, vals
 from .program import launcher
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ def launch(plan: Plan, step: Step, root) -> Callable[[], None]:
             plans.append(LeafPlan(leaf, "s", ptrs=[plan.views[leaf.op.out_names[0]]], strides=leaf.op.raw_strides()))
         else:
             arr = plan.view(leaf.name)
-            plans.append(LeafPlan(leaf, "s", ptrs=[arr], strides=broadcast_strides(leaf.shape, shape)))
+            plans.append(LeafPlan(leaf, "s", ptrs=[arr], strides=leaf_strides(leaf.shape, shape)))
     if inline and len(shape) != 4:
         raise BackendError(f"{exe.node}: inline leaves need a 4-D output")
     dims = fused.index_space(plans, shape, inline)

@@ -96,9 +96,9 @@ class CudaOp(Execution):
     # Group leaves -------------------------------------------------------------
     def raw_strides(self) -> list[int]:
         """Element strides of the raw result over the output shape (a Raw leaf)."""
-        from ..fused import broadcast_strides
+        from ..fused import leaf_strides
 
-        return broadcast_strides(self.out_shape, list(self.out_shape))
+        return leaf_strides(self.out_shape, list(self.out_shape))
 
     def inline_deps(self) -> list[str]:
         """Values an Inline leaf of this op reads: its first input (an op that reads more says so)."""
