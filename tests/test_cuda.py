@@ -13,6 +13,7 @@ import gc
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import onnx
@@ -178,6 +179,35 @@ def host_kernel(path, source: str, grid: int, block: int):
     return call
 
 
+def run_group(path, root, out_shape, arrays: dict, inline: tuple = ()) -> np.ndarray:
+    """The fused group of `root` over an output of `out_shape` (fused.index_space, fused.generate), built for the
+    host at `path` and run: its Val leaves read `arrays` by name, its Inline leaf (at most one) reads `inline`."""
+    plans = []
+    for leaf in fused.leaves(root).values():
+        if isinstance(leaf, fused.Lit):
+            plans.append(fused.LeafPlan(leaf, "lit", meta=[fused.float_bits(leaf.value)]))
+        elif isinstance(leaf, fused.Inline):
+            plans.append(fused.LeafPlan(leaf, "inline", ptrs=list(inline), meta=leaf.op.inline_meta()))
+        else:
+            plans.append(fused.LeafPlan(leaf, "s", strides=fused.leaf_strides(leaf.shape, list(out_shape))))
+    dims = fused.index_space(plans, list(out_shape), bool(inline))
+    call = host_kernel(path, fused.generate(root, plans, dims), 1, 1)
+    out = np.full(out_shape, np.nan, np.float32)
+    call(out, *(a for p in plans if p.mode != "lit"
+                for a in (p.ptrs if p.mode == "inline" else [np.ascontiguousarray(arrays[p.leaf.name])])))
+    return out
+
+
+def bare(cls, **attrs):
+    """An op of class `cls` made without a node or a backend: `attrs` set as given, out_shape and attrs (which the op
+    reads from its node) among them."""
+    shadow = type(cls.__name__, (cls,), {"out_shape": None, "attrs": None})
+    op = shadow.__new__(shadow)
+    for k, v in attrs.items():
+        setattr(op, k, v)
+    return op
+
+
 @pytest.mark.parametrize("out_shape,shapes", [
     ((2, 3, 5, 8), [(2, 3, 5, 8), (1, 3, 1, 1), (5, 8)]),  # 4 values a thread; a channel scale, a plane
     ((3, 6), [(3, 6), (3, 1), (6,)]),  # 2 a thread
@@ -192,13 +222,7 @@ def test_fused_kernel_indexes_as_numpy(tmp_path, out_shape, shapes):
     arrays = {f"v{k}": rng.standard_normal(shp).astype(np.float32) for k, shp in enumerate(shapes)}
     x, s, b = (fused.Val(name, a.shape) for name, a in arrays.items())
     root = fused.Expr("Relu", (fused.Expr("Add", (fused.Expr("Mul", (x, s)), fused.Expr("Add", (b, fused.Lit(0.25))))),))
-    plans = [fused.LeafPlan(leaf, "lit", meta=[fused.float_bits(leaf.value)]) if isinstance(leaf, fused.Lit)
-             else fused.LeafPlan(leaf, "s", strides=fused.leaf_strides(leaf.shape, list(out_shape)))
-             for leaf in fused.leaves(root).values()]
-    dims = fused.index_space(plans, list(out_shape), False)
-    call = host_kernel(tmp_path / "kernel", fused.generate(root, plans, dims), 1, 1)
-    out = np.full(out_shape, np.nan, np.float32)
-    call(out, *(np.ascontiguousarray(arrays[p.leaf.name]) for p in plans if p.mode != "lit"))
+    out = run_group(tmp_path / "kernel", root, out_shape, arrays)
     v0, v1, v2 = arrays.values()
     np.testing.assert_allclose(out, np.maximum(v0 * v1 + (v2 + np.float32(0.25)), 0), rtol=1e-6, atol=1e-6)
 
@@ -221,7 +245,6 @@ def cuda_ops():
     """backends/cuda/ops, whose kernels' source needs no GPU: without cupy it is imported with cupy stubbed (nothing
     here calls it), and it and what it imported are forgotten afterwards, so that no other test finds the stub."""
     import importlib
-    import types
 
     stub = GPU_REASON is not None and "cupy" not in sys.modules
     before = set(sys.modules)
@@ -253,17 +276,10 @@ def test_implicit_gemm_computes_the_conv(tmp_path, cuda_ops, algo, x, w, stride,
     """The float32 implicit GEMM (Conv.tiled_code, with its weights as Conv.gemm_weights lays them out and K in
     `slices` slices) against a convolution in numpy, its blocks run on the host's threads."""
     conv = cuda_ops.conv
-
-    class Op(conv.Conv):
-        out_shape = None  # Conv reads it from its node; here it is set
-
-    op = Op.__new__(Op)
     co, _, kh, kw = w
-    op.algo, op.kernel, op.strides, op.dils, op.pads = algo, [kh, kw], [stride] * 2, [dil] * 2, [pad] * 4
-    op.out_shape = (x[0], co, (x[2] + 2 * pad - dil * (kh - 1) - 1) // stride + 1,
-                    (x[3] + 2 * pad - dil * (kw - 1) - 1) // stride + 1)
-    op.in_shape = lambda i: x
-    op.tiled = True
+    op = bare(conv.Conv, algo=algo, tiled=True, kernel=[kh, kw], strides=[stride] * 2, dils=[dil] * 2, pads=[pad] * 4,
+              out_shape=(x[0], co, (x[2] + 2 * pad - dil * (kh - 1) - 1) // stride + 1,
+                         (x[3] + 2 * pad - dil * (kw - 1) - 1) // stride + 1), in_shape=lambda i: x)
     op.splits, op.k_split = 1, -(-op.k_total() // op.k_step() // slices) * op.k_step()
     op.splits = -(-op.k_total() // op.k_split)
     ptrs = ["q0", "q1", "q2", "q3"][:4 if op.splits > 1 else 2]
@@ -293,27 +309,14 @@ def test_implicit_gemm_computes_the_conv(tmp_path, cuda_ops, algo, x, w, stride,
 def test_direct_conv_transpose_computes_it(tmp_path, cuda_ops, x, w, stride, pads, act, extra):
     """A ConvTranspose whose kernel is its stride, computed in its fused kernel (one input pixel through one tap an
     output, its bias and activation after) against numpy, built for the host."""
-    ct = cuda_ops.conv_transpose
-
-    class Op(ct.ConvTranspose):
-        out_shape = attrs = None  # ConvTranspose reads them from its node; here they are set
-
-    op = Op.__new__(Op)
     ci, co, k, _ = w
     h, wd = (x[2] - 1) * stride + k - pads[0] - pads[2] + extra, (x[3] - 1) * stride + k - pads[1] - pads[3] + extra
-    op.kernel, op.strides, op.dils, op.pads = [k, k], [stride] * 2, [1, 1], pads
-    op.out_shape, op.in_shape = (x[0], co, h, wd), lambda i: x
-    op.direct, op.attrs, op.bias = True, {"_activation": (act, {}) if act else None}, types_namespace(name="b")
-    root = op.epilogue(fused.Inline(op), co)
-    plans = [fused.LeafPlan(leaf, "inline", ptrs=[0, 0], meta=op.inline_meta()) if isinstance(leaf, fused.Inline)
-             else fused.LeafPlan(leaf, "s", strides=fused.leaf_strides(leaf.shape, list(op.out_shape)))
-             for leaf in fused.leaves(root).values()]
-    dims = fused.index_space(plans, list(op.out_shape), True)
-    call = host_kernel(tmp_path / "convt", fused.generate(root, plans, dims), 1, 1)
+    op = bare(cuda_ops.conv_transpose.ConvTranspose, kernel=[k, k], strides=[stride] * 2, dils=[1, 1], pads=pads,
+              out_shape=(x[0], co, h, wd), in_shape=lambda i: x, direct=True,
+              attrs={"_activation": (act, {}) if act else None}, bias=types.SimpleNamespace(name="b"))
     rng = np.random.default_rng(0)
     xs, ws, bs = (rng.standard_normal(shp).astype(np.float32) for shp in (x, w, (co,)))
-    out = np.full(op.out_shape, np.nan, np.float32)
-    call(out, *(a for p in plans for a in ((xs, ws) if p.mode == "inline" else (bs,))))
+    out = run_group(tmp_path / "convt", op.epilogue(fused.Inline(op), co), op.out_shape, {"b": bs}, (xs, ws))
     full = np.einsum("ncyx,cokl->noykxl", xs.astype(np.float64), ws).reshape(x[0], co, x[2] * k, x[3] * k)
     full = np.pad(full, ((0, 0), (0, 0), (0, extra), (0, extra)))
     want = full[:, :, pads[0]:pads[0] + h, pads[1]:pads[1] + wd] + bs[:, None, None]
@@ -329,29 +332,15 @@ def test_direct_conv_transpose_computes_it(tmp_path, cuda_ops, x, w, stride, pad
 def test_direct_conv_computes_it(tmp_path, cuda_ops, x, w, stride, pad):
     """A grouped conv (depthwise among them) computed inline in its fused kernel, a thread taking lanes(dims) output
     columns (each value's coordinates its own), against numpy, built for the host."""
-    conv = cuda_ops.conv
-
-    class Op(conv.Conv):
-        out_shape = attrs = None  # Conv reads them from its node; here they are set
-
-    op = Op.__new__(Op)
     co, cig, k, _ = w
     g = x[1] // cig
     oh, ow = (x[2] + 2 * pad - k) // stride + 1, (x[3] + 2 * pad - k) // stride + 1
-    op.algo, op.tiled, op.group_count, op.splits = "direct", False, g, 1
-    op.kernel, op.strides, op.dils, op.pads = [k, k], [stride] * 2, [1, 1], [pad] * 4
-    op.out_shape, op.in_shape = (x[0], co, oh, ow), lambda i: x
-    op.attrs, op.bias = {"_activation": ("Relu", {})}, types_namespace(name="b")
-    root = op.epilogue(fused.Inline(op), co)
-    plans = [fused.LeafPlan(leaf, "inline", ptrs=[0, 0], meta=op.inline_meta()) if isinstance(leaf, fused.Inline)
-             else fused.LeafPlan(leaf, "s", strides=fused.leaf_strides(leaf.shape, list(op.out_shape)))
-             for leaf in fused.leaves(root).values()]
-    dims = fused.index_space(plans, list(op.out_shape), True)
-    call = host_kernel(tmp_path / "direct", fused.generate(root, plans, dims), 1, 1)
+    op = bare(cuda_ops.conv.Conv, algo="direct", tiled=False, group_count=g, splits=1, kernel=[k, k],
+              strides=[stride] * 2, dils=[1, 1], pads=[pad] * 4, out_shape=(x[0], co, oh, ow), in_shape=lambda i: x,
+              attrs={"_activation": ("Relu", {})}, bias=types.SimpleNamespace(name="b"))
     rng = np.random.default_rng(0)
     xs, ws, bs = (rng.standard_normal(shp).astype(np.float32) for shp in (x, w, (co,)))
-    out = np.full(op.out_shape, np.nan, np.float32)
-    call(out, *(a for p in plans for a in ((xs, ws) if p.mode == "inline" else (bs,))))
+    out = run_group(tmp_path / "direct", op.epilogue(fused.Inline(op), co), op.out_shape, {"b": bs}, (xs, ws))
     want = np.concatenate([conv_ref(xs[:, j * cig:(j + 1) * cig], ws[j * (co // g):(j + 1) * (co // g)], stride, pad, 1)
                            for j in range(g)], axis=1) + bs[:, None, None]
     assert rel_error(out, np.maximum(want, 0)) <= 1e-6
@@ -365,32 +354,17 @@ def test_direct_conv_computes_it(tmp_path, cuda_ops, x, w, stride, pad):
 def test_inline_pool_computes_it(tmp_path, cuda_ops, mode, x, k, stride, pads):
     """MaxPool and AveragePool computed inline in their fused kernel, a thread taking lanes(dims) output columns,
     against numpy, built for the host."""
-    class Op(cuda_ops.pool.Pool):
-        out_shape = None  # Pool reads it from its node; here it is set
-
-    op = Op.__new__(Op)
     oh, ow = (x[2] + pads[0] + pads[2] - k) // stride + 1, (x[3] + pads[1] + pads[3] - k) // stride + 1
-    op.kernel, op.strides, op.dils, op.pads, op.mode = [k, k], [stride] * 2, [1, 1], pads, mode
-    op.out_shape, op.in_shape = (x[0], x[1], oh, ow), lambda i: x
-    root = fused.Inline(op)
-    plans = [fused.LeafPlan(root, "inline", ptrs=[0], meta=op.inline_meta())]
-    dims = fused.index_space(plans, list(op.out_shape), True)
-    call = host_kernel(tmp_path / "pool", fused.generate(root, plans, dims), 1, 1)
+    op = bare(cuda_ops.pool.Pool, kernel=[k, k], strides=[stride] * 2, dils=[1, 1], pads=pads, mode=mode,
+              out_shape=(x[0], x[1], oh, ow), in_shape=lambda i: x)
     xs = np.random.default_rng(0).standard_normal(x).astype(np.float32)
-    out = np.full(op.out_shape, np.nan, np.float32)
-    call(out, xs)
+    out = run_group(tmp_path / "pool", fused.Inline(op), op.out_shape, {}, (xs,))
     fill = -np.inf if mode == 0 else np.nan
     xp = np.pad(xs, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])), constant_values=fill)
     win = np.stack([xp[:, :, ky:ky + stride * (oh - 1) + 1:stride, kx:kx + stride * (ow - 1) + 1:stride]
                     for ky in range(k) for kx in range(k)])
     want = {0: win.max(0), 1: np.nansum(win, 0) / (k * k), 2: np.nanmean(win, 0)}[mode]
     assert rel_error(out, want) <= 1e-6
-
-
-def types_namespace(**kw):
-    import types
-
-    return types.SimpleNamespace(**kw)
 
 
 @pytest.fixture
