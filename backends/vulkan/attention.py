@@ -32,10 +32,11 @@ def attention_at(st: Steps, i: int, taken: set[int]) -> Group | None:
     steps = st.steps
     ctx = steps[i][1].ctx
     t = attention.tiling(ch, UNITS, ctx.max_shared, kv=1)  # the shader stages k's tile, then v's, in one buffer
-    heads = numel(ch.heads)
-    if t is None or heads * -(-ch.queries // t.bq) > ctx.max_groups[0]:
+    if t is None:
         return None
-    nqb = -(-ch.queries // t.bq)
+    heads, nqb = numel(ch.heads), -(-ch.queries // t.bq)
+    if heads * nqb > ctx.max_groups[0]:
+        return None
     scale_op, scale = (0, 1.0) if ch.scale is None else ((1 if ch.scale[0] == "Div" else 2), ch.scale[1])
     mb = ch.mask.strides if ch.mask is not None else [0] * 4
     push = pack(ch.heads[1], ch.queries, ch.keys, ch.head, nqb, ch.q.strides, ch.k.strides, ch.v.strides, ch.out,
