@@ -440,23 +440,31 @@ NARROW = ["conv_gemm_relu", "conv_gemm_tiles", "conv_gemm_dilated_asym", "conv_g
 @pytest.mark.anyio
 @pytest.mark.parametrize("precision", ["normal", "low"])
 @pytest.mark.parametrize("cid", NARROW)
-async def test_conv_narrow(cid, precision, runtime, monkeypatch):
+@pytest.mark.parametrize("shape", [(16, 1), (4, 8), (16, 8)])
+async def test_conv_narrow(cid, precision, shape, runtime, monkeypatch):
     """conv_narrow (few output channels: each invocation computes them all) gives the CPU's result, where tuning
     chooses it: channels that are no multiple of 4, several workgroups per image and a partial last one, dilation,
-    strides, and fp16 storage. Convs of groups or of many channels are not offered it."""
+    strides, and fp16 storage; its workgroup's rows and the ways its invocations split the channels (their sums
+    added at the end, in rounds where shared memory holds fewer slices than there are). Convs of groups or of many
+    channels are not offered it."""
+    from aiomnn import narrow
     from aiomnn.backends.vulkan.launch import Convolution
+
+    monkeypatch.setattr(narrow, "SHAPES", (*narrow.SHAPES, shape))
+    choice = ["narrow", *shape]
 
     case = next(c for c in CASES if c.id == cid)
     data, feeds = case.model(), case.feeds()
     want, _, _ = await run(data, feeds, CPU)
     rt = runtime.runtimes[ForwardType.VULKAN]
-    monkeypatch.setattr(rt, "tuned_choice", lambda la, *_: ["narrow"] if isinstance(la.work, Convolution) else None)
+    monkeypatch.setattr(rt, "tuned_choice", lambda la, *_: choice if isinstance(la.work, Convolution) else None)
     config = aiomnn.ScheduleConfig(type="vulkan",
                                    backend_config=aiomnn.BackendConfig(tuning="none", precision=precision))
     async with await aiomnn.Interpreter.from_bytes(data).create_session(config, runtime) as s:
         got = await s.run(feeds)
         [(launch, dispatch)] = conv_launches(s)
-    assert ["narrow"] in launch.choices(100) and dispatch.kernel.name == "conv_narrow", launch.work
+    assert choice in launch.choices(100) and dispatch.kernel.name == "conv_narrow", launch.work
+    assert launch.resolve(choice)[1] == (narrow.X, *shape)
     err = np.linalg.norm(got["y"] - want["y"]) / np.linalg.norm(want["y"])
     assert err <= (1e-5 if precision == "normal" else 3e-3), err
     for cid in ("conv_gemm_groups", "conv_gemm_stride2_leakyrelu"):  # groups; 33 output channels
@@ -464,7 +472,7 @@ async def test_conv_narrow(cid, precision, runtime, monkeypatch):
         async with await aiomnn.Interpreter.from_bytes(other.model()).create_session(config, runtime) as s:
             await s.run(other.feeds())
             [(launch, dispatch)] = conv_launches(s)
-        assert launch.work.narrow == 0 and dispatch.kernel.name == "conv_gemm", launch.work
+        assert launch.work.narrow == () and dispatch.kernel.name == "conv_gemm", launch.work
 
 
 @pytest.mark.anyio
@@ -1507,7 +1515,7 @@ async def test_fused_conv_takes_the_choice_tuned_alone(runtime, monkeypatch):
         [key] = [k for (kernel, _), k in conv.tuned_as.items() if kernel == "conv_gemm"]
         fused = [la.key for seg in s.pipeline.segments for st in seg.steps for la in st.execution.launches]
         assert key not in fused  # the fused launch's own key differs
-        return key, ["narrow"]
+        return key, ["narrow", 16, 4]
 
     names = await run_tuned("conv_shift_hardswish", runtime, monkeypatch, pick)
     assert names == ["conv_narrow"], names

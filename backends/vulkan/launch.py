@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from aiomnn import narrow as narrow_conv
+
 from .program import CONV_REG_LOCAL, COOP_LOCAL, REG_TILE_LOCAL, SHADER_DIR
 
 if TYPE_CHECKING:
@@ -71,7 +73,7 @@ class Convolution(Work):
     k: int       # input channels per group x kernel taps: the depth of its sums
     groups: int
     splits: int  # the most workgroups a tile's sum may be split between (the scratch is planned for it)
-    narrow: int = 0  # conv_narrow's workgroups, where it can run (else 0)
+    narrow: tuple[int, int, int] | tuple[()] = ()  # (images, output rows, columns) where conv_narrow can run
 
     @property
     def cost(self) -> int:
@@ -134,11 +136,6 @@ CONV_SPLITS = (1, 2, 4, 8, 16, 32, 64)
 #: many workgroups (three per multiprocessor of a large GPU), each slice at least CONV_SLICE deep.
 CONV_BUSY = 384
 CONV_SLICE = 96
-#: conv_narrow's workgroup: invocations along an output row (2 pixels each) and rows; and the input channels
-#: it stages per step (the shader's PX and CB).
-NARROW_LOCAL = (8, 16, 1)
-NARROW_PX = 2
-NARROW_STEP = 8
 #: A matmul of fewer 64 x 64 tiles than this takes matmul_small by default (on GPUs).
 FEW_TILES = 8
 #: matmul_small's workgroups, (invocations along the outputs, ways the sum is split): at most 256 invocations.
@@ -227,12 +224,13 @@ class Launch:
             early = [t for t in tiles if 2 * self._conv_fill(t) >= 1]
             reg = [["greg", *t, s] for t in tiles
                    for s in sorted(CONV_SPLITS, key=lambda s: abs(s.bit_length() - split[t].bit_length()))]
-            options = [["coop"]] + [["narrow"]] * bool(w.narrow) + [["gemm", dm, dn, ds], ["gemm", dm, dn, ds // 2],
+            narrow = [["narrow", *shape] for shape in narrow_conv.SHAPES] if w.narrow else []
+            options = [["coop"]] + narrow[:3] + [["gemm", dm, dn, ds], ["gemm", dm, dn, ds // 2],
                                                                  ["gemm", dm, dn, 2 * ds], ["gemm", dm, dn, 4 * ds]]
             options += [["greg", *t, split[t]] for t in early]
             if early:
                 options += [["greg", *early[0], split[early[0]] // 2], ["greg", *early[0], 2 * split[early[0]]]]
-            options += gemm + reg
+            options += gemm + reg + narrow[3:]
         else:
             # The register-blocked tiles right after the 64 x 64 one where they fill the device and the matrix
             # (large products), else last (small ones: the small and direct kernels first).
@@ -262,9 +260,10 @@ class Launch:
             return (self.fp16 and self.ctx.coop and COOP_LOCAL[0] <= self.ctx.max_invocations
                     and all(g <= c for g, c in zip(self._coop_grid(), self.ctx.max_groups)))
         if isinstance(w, Convolution):
-            if choice == ["narrow"]:
-                invocations = NARROW_LOCAL[0] * NARROW_LOCAL[1]
-                return 0 < w.narrow <= self.ctx.max_groups[0] and invocations <= self.ctx.max_invocations
+            if isinstance(choice, list) and choice[:1] == ["narrow"]:
+                return (bool(w.narrow) and tuple(choice[1:]) in narrow_conv.SHAPES
+                        and narrow_conv.X * choice[1] * choice[2] <= self.ctx.max_invocations
+                        and narrow_conv.work_groups(*w.narrow, choice[1]) <= self.ctx.max_groups[0])
             if not (isinstance(choice, list) and len(choice) == 4 and choice[0] in ("gemm", "greg")
                     and tuple(choice[1:3]) in (CONV_TILES if choice[0] == "gemm" else tuple(CONV_REG_TILES))
                     and choice[3] in CONV_SPLITS):
@@ -305,8 +304,9 @@ class Launch:
             x = max(1, min(w.n, cap[0], 65535))
             return self.kernel, (choice, 1, 1), (x, -(-w.n // x), 1)
         if isinstance(w, Convolution):
-            if choice == ["narrow"]:
-                return "conv_narrow", NARROW_LOCAL, (w.narrow, 1, 1)
+            if choice[0] == "narrow":
+                groups = narrow_conv.work_groups(*w.narrow, choice[1])
+                return "conv_narrow", (narrow_conv.X, choice[1], choice[2]), (groups, 1, 1)
             if choice == ["coop"]:
                 return "conv_coop", COOP_LOCAL, self._coop_grid()
             bm, bn, s = choice[1:]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from aiomnn.window import window_params, window_span
+from aiomnn import narrow
+from aiomnn.window import window_params
 from aiomnn.backend import Tensor
 
-from ..launch import CONV_BUSY, CONV_SLICE, CONV_SPLITS, NARROW_LOCAL, NARROW_PX, NARROW_STEP, Convolution, Grid, Matmul
+from ..launch import CONV_BUSY, CONV_SLICE, CONV_SPLITS, Convolution, Grid, Matmul
 from ..memory import Loc
 from .base import Decline, VkOp, data_input, fused, pack, register, to_f32
 
@@ -37,23 +38,6 @@ CONV_SCRATCH = 4 << 20
 #: conv_dw's pixels an invocation, and the most inputs a kernel row of them may read (the shader's PX and SEG).
 DW_PX = 4
 DW_SEG = 32
-#: Convolutions (group 1) with at most this many output channels may run conv_narrow instead.
-NARROW_CO = 32
-
-
-def narrow_groups(ctx, geo) -> int:
-    """conv_narrow's workgroups for a conv's geometry, or 0 where it cannot run it (groups, too many output
-    channels, or its staged input rows and weights would not fit the device's shared memory)."""
-    n, c, h, w, co, oh, ow, kernel, strides, dils, pads, g = geo
-    tx, th, _ = NARROW_LOCAL
-    tw = tx * NARROW_PX
-    ih, iw = window_span(th, kernel[0], strides[0], dils[0]), window_span(tw, kernel[1], strides[1], dils[1])
-    shared = 4 * NARROW_STEP * (ih * iw + kernel[0] * kernel[1] * -(-co // 4) * 4)
-    if g != 1 or co > NARROW_CO or shared > ctx.max_shared:
-        return 0
-    return n * -(-oh // th) * -(-ow // tw)
-
-
 @register("Conv")
 class Conv(VkOp):
     def __init__(self, backend, node, inputs, outputs):
@@ -152,7 +136,7 @@ class Conv(VkOp):
             part = Loc("arena", block.offset, splits * co * npix * 4)
             self.plan.arena.release(block)
             cnt = self.plan.aux(np.zeros(-(-cog // 16) * -(-npix // 32) * g, np.uint32))
-        work = Convolution(cog, npix, k, g, splits, narrow_groups(self.ctx, self.geo))
+        work = Convolution(cog, npix, k, g, splits, (n, oh, ow) if narrow.takes(co, g, kernel, strides, dils, self.ctx.max_shared) else ())
         self.dispatch("conv_gemm", [out, x, wt, bl, part, cnt], push, work, consts=(code,))
 
 
