@@ -136,7 +136,8 @@ class Conv(VkOp):
             part = Loc("arena", block.offset, splits * co * npix * 4)
             self.plan.arena.release(block)
             cnt = self.plan.aux(np.zeros(-(-cog // 16) * -(-npix // 32) * g, np.uint32))
-        work = Convolution(cog, npix, k, g, splits, (n, oh, ow) if narrow.takes(co, g, kernel, strides, dils, self.ctx.max_shared) else ())
+        thin = narrow.takes(co, g, kernel, strides, dils, self.ctx.max_shared)
+        work = Convolution(cog, npix, k, g, splits, (n, oh, ow) if thin else ())
         self.dispatch("conv_gemm", [out, x, wt, bl, part, cnt], push, work, consts=(code,))
 
 
