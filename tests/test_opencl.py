@@ -519,6 +519,8 @@ async def test_large_transfers_go_through_pinned_memory(runtime, monkeypatch):
 
 
 # The tiled kernels (tiles.py) with each of their choices forced -------------------------------------
+from aiomnn import narrow  # noqa: E402
+from aiomnn.backends.opencl.ops.base import Launch  # noqa: E402
 from aiomnn.backends.opencl import tiles as cl_tiles  # noqa: E402
 from aiomnn.backends.opencl.tune import launch_key  # noqa: E402
 
@@ -582,12 +584,15 @@ async def forced_runs(case: Case, runtime, monkeypatch, pick, config=CONFIG, rto
 
 
 def _tiles_split_one_and_most(tiles, choices):
-    """Every tile unsplit and split the most ways it may be, and the direct kernel."""
+    """Every tile unsplit and split the most ways it may be, the direct kernel, and where a conv may run narrow,
+    conv_narrow unsplit, split 8 ways and split 8 ways over 4 rows (its sums then added in two rounds)."""
     most = {}
     for c in choices:
         if c[0] == "gemm":
             most[tuple(c[1:5])] = max(most.get(tuple(c[1:5]), 1), c[5])
-    return [["direct"]] + [["gemm", *t, s] for t in cl_tiles.CONV_TILES for s in sorted({1, most[t]})]
+    narrow = [c for c in choices if c[0] == "narrow" and tuple(c[1:]) in {(16, 1), (16, 8), (4, 8)}]
+    assert len(narrow) == 3 * bool(tiles.narrow)
+    return [["direct"]] + [["gemm", *t, s] for t in cl_tiles.CONV_TILES for s in sorted({1, most[t]})] + narrow
 
 
 @pytest.mark.anyio
@@ -614,7 +619,8 @@ async def test_matmul_every_tile(case, runtime, monkeypatch):
 @pytest.mark.anyio
 async def test_tiles_in_fp16_storage(runtime, monkeypatch):
     config = half_storage(runtime, monkeypatch)
-    some = [["direct"], ["gemm", 32, 64, 4, 4, 1], ["gemm", 64, 128, 4, 8, 4], ["gemm", 16, 128, 4, 4, 16]]
+    some = [["direct"], ["gemm", 32, 64, 4, 4, 1], ["gemm", 64, 128, 4, 8, 4], ["gemm", 16, 128, 4, 4, 16],
+            ["narrow", 4, 8]]
     await forced_runs(TILED_CONV[7], runtime, monkeypatch, lambda tiles, cs: some, config, 2e-2, 5e-2)
     some = [["tile", 64, 64, 4, 4], ["tile", 128, 128, 8, 8], ["small", 16, 16], ["small", 64, 1]]
     await forced_runs(TILED_MATMUL[5], runtime, monkeypatch, lambda tiles, cs: some, config, 2e-2, 5e-2)
@@ -637,6 +643,13 @@ def test_tile_defaults_and_choices():
     assert not deep.valid(["gemm", 32, 64, 4, 4, 32]) and not wide.valid(["gemm", 32, 64, 4, 4, 2])
     assert not deep.valid(["gemm", 48, 64, 4, 4, 1]) and not deep.valid("tiled") and not deep.valid(None)
     assert cl_tiles.conv_splits(4096, 1024, 4096) == 1  # partial sums over SCRATCH
+    head = cl_tiles.ConvTiles(24, 25600, 864, 1, 9, 1, (1, 1, 1), (1, 160, 160), ((3, 3), (1, 1), (1, 1)))
+    assert head.choices()[1:4] == [["narrow", 16, 8], ["narrow", 8, 8], ["narrow", 16, 4]]  # det's head at batch 1
+    assert all(["narrow", *s] in head.choices() for s in narrow.SHAPES) and not head.valid(["narrow", 16, 3])
+    assert not deep.valid(["narrow", 16, 8]) and all(c[0] != "narrow" for c in deep.choices())
+    run = head.apply(Launch("gemm", "conv_gemm", [], (25600, 24, 1)), ["narrow", 8, 4])
+    assert (run.kernel, run.local, run.size) == ("conv_narrow", (8, 8, 4), (10 * 20 * 8, 8, 4))
+    assert cl_tiles.local_bytes(run.options) == narrow.shared_bytes(24, (3, 3), (1, 1), (1, 1), 8)
     assert cl_tiles.MatmulTiles(1, 2, 200, 1).default() == ["small", 16, 16]
     big = cl_tiles.MatmulTiles(320, 6625, 120, 8)
     assert big.default() == ["tile", 64, 64, 4, 4] and ["tile", 128, 128, 8, 8] in big.choices()[:6]

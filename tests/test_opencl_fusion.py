@@ -252,7 +252,8 @@ async def test_fused_launch_runs_the_choice_tuned_for_the_conv(runtime):
         (launch,) = [l for seg in session.pipeline.segments for s in seg.steps for l in s.execution.launches]
         assert launch.tuned_as is not None and "-DEPI" not in launch.tuned_as.options
         key = launch_key(rt, session.pipeline.main.ctx, launch.tuned_as)
-    for choice, kernel in [(["direct"], "conv2d"), (["gemm", 32, 32, 4, 4, 1], "conv_gemm")]:
+    for choice, kernel in [(["direct"], "conv2d"), (["gemm", 32, 32, 4, 4, 1], "conv_gemm"),
+                           (["narrow", 4, 8], "conv_narrow")]:
         rt.tuner.cache.put(key, choice, 1e-6)
         try:
             await check(c, runtime, 1, ["epilogue"])

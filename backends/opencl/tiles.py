@@ -4,7 +4,10 @@ default, and how a choice becomes the launch that runs.
 A Conv launch (ops/conv.py) chooses one of
   ["gemm", BM, BN, RM, RN, S]  kernels/gemm.cl's conv_gemm: a BM (output channels) x BN (pixels) tile per work
                                group, RM x RN values per work item, the sums split S ways;
-  ["direct"]                   kernels/conv.cl's conv2d, which takes the same arguments.
+  ["direct"]                   kernels/conv.cl's conv2d, which takes the same arguments;
+  ["narrow", ROWS, WAYS]       kernels/conv.cl's conv_narrow (aiomnn/narrow.py), built for the layer, where a conv
+                               of one group has few output channels: ROWS output rows a work group, each step's
+                               channels split WAYS ways.
 A MatMul or Gemm launch (ops/matmul.py) chooses one of
   ["tile", BM, BN, RM, RN]     kernels/gemm.cl's matmul, tiled the same way;
   ["small", SX, SY]            kernels/matmul.cl's matmul_small: SX x SY work items, the sums split SY ways.
@@ -19,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
+
+from aiomnn import narrow as narrow_conv
 
 #: The depth of one step of a tiled kernel's sums (kernels/gemm.cl's TK).
 TK = 16
@@ -58,10 +63,17 @@ def _tile_options(tile: tuple[int, ...]) -> tuple[str, ...]:
     return (f"-DBM={bm}", f"-DBN={bn}", f"-DRM={rm}", f"-DRN={rn}")
 
 
-def local_bytes(tile: tuple[int, ...]) -> int:
-    """The local memory a tile of kernels/gemm.cl takes: As and Bs, and conv_gemm's table of taps."""
-    bm, bn = tile[:2]
-    return 16 * TK * (bm // 4 + 1 + bn // 4) + 16 * 2 * TK + 4
+def local_bytes(options: tuple[str, ...]) -> int:
+    """The local memory a tiled kernel takes, from its build options: a tile of kernels/gemm.cl (As and Bs, and
+    conv_gemm's table of taps), or conv_narrow's staged inputs and weights; 0 for other kernels."""
+    d = {k.removeprefix("-D"): int(v) for k, v in (o.split("=") for o in options if o.startswith("-D") and "=" in o)
+         if v.lstrip("-").isdigit()}
+    if "BM" in d:
+        return 16 * TK * (d["BM"] // 4 + 1 + d["BN"] // 4) + 16 * 2 * TK + 4
+    if "NCO" in d:
+        return narrow_conv.shared_bytes(d["NCO"], (d["NKH"], d["NKW"]), (d["NSH"], d["NSW"]), (d["NDH"], d["NDW"]),
+                                        d["NY"])
+    return 0
 
 
 def conv_splits(k: int, co: int, npix: int) -> int:
@@ -84,6 +96,10 @@ class ConvTiles:
     taps: int  # kernel taps: 1 for a pointwise convolution
     splits: int  # the most ways its sums may be split (its scratch is planned for that many)
     direct: tuple[int, int, int]  # conv2d's work items
+    # Where conv_narrow may run it: (images, output rows, columns) and the window (kernel, strides, dilations as
+    # (height, width) pairs); else ().
+    narrow: tuple = ()
+    window: tuple = ()
     programs = ("gemm", "conv")
 
     def default(self) -> list:
@@ -98,17 +114,20 @@ class ConvTiles:
         kernel; then every other tile and split."""
         first = self.default()
         ranked = sorted(CONV_TILES, key=self._rank, reverse=True)
-        options = [first]
+        narrow = [["narrow", *shape] for shape in narrow_conv.SHAPES] if self.narrow else []
+        options = [first] + narrow[:3]
         if first[0] == "gemm":
             options += [first[:5] + [first[5] // 2], first[:5] + [first[5] * 2]]
         options += [["gemm", *t, self._split(t)] for t in ranked] + [["direct"]]
         options += [["gemm", *t, s] for t in ranked
                     for s in sorted(SPLITS, key=lambda s: abs(s.bit_length() - self._split(t).bit_length()))]
-        return _unique(o for o in options if self.valid(o))
+        return _unique(o for o in options + narrow[3:] if self.valid(o))
 
     def valid(self, choice: Any) -> bool:
         if choice == ["direct"]:
             return True
+        if isinstance(choice, list) and choice[:1] == ["narrow"]:
+            return bool(self.narrow) and tuple(choice[1:]) in narrow_conv.SHAPES
         return (isinstance(choice, list) and len(choice) == 6 and choice[0] == "gemm"
                 and tuple(choice[1:5]) in CONV_TILES and choice[5] in SPLITS and choice[5] <= self.splits)
 
@@ -116,6 +135,15 @@ class ConvTiles:
         if choice == ["direct"]:
             return replace(launch, program="conv", kernel="conv2d", size=self.direct, local=None, tune=False,
                            tiles=None)
+        if choice[0] == "narrow":
+            rows, ways = choice[1:]
+            (kh, kw), (sh, sw), (dh, dw) = self.window
+            shape = {"NCO": self.m, "NKH": kh, "NKW": kw, "NSH": sh, "NSW": sw, "NDH": dh, "NDW": dw,
+                     "NX": narrow_conv.X, "NY": rows, "NZ": ways, "NPX": narrow_conv.PX, "NSTEP": narrow_conv.STEP}
+            local = (narrow_conv.X, rows, ways)
+            size = (narrow_conv.work_groups(*self.narrow, rows) * narrow_conv.X, rows, ways)
+            return replace(launch, program="conv", kernel="conv_narrow", size=size, local=local, tune=False,
+                           options=launch.options + tuple(f"-D{k}={v}" for k, v in shape.items()), tiles=None)
         bm, bn, rm, rn, s = choice[1:]
         wx, wy = bn // rn, bm // rm
         size = (_cdiv(self.n, bn) * wx, _cdiv(self.m, bm) * wy, self.groups * s)

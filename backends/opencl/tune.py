@@ -55,8 +55,7 @@ def fits(runtime: Any, launch: Launch) -> bool:
         return False
     if any(v > m for v, m in zip(launch.local, runtime.max_work_items)):
         return False
-    tile = [o for o in launch.options if o.startswith(("-DBM=", "-DBN="))]
-    return not tile or local_bytes(tuple(int(o.split("=")[1]) for o in tile)) <= runtime.local_memory
+    return local_bytes(launch.options) <= runtime.local_memory
 
 
 def choices(runtime: Any, launch: Launch) -> list[Any]:

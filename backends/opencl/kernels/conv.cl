@@ -175,3 +175,109 @@ __kernel void pack_deconv(BUF(const T, w), BUF(T, wp), const int G, const int IC
     const int oc = ob * 4 + c;
     ST(wp, i, oc < OCg ? LD(w, ((g * ICg + ic) * OCg + oc) * KK + k) : 0.0f);
 }
+
+#ifdef NCO
+/* conv_narrow: a conv of one group and few output channels on a large map (aiomnn/narrow.py), with conv_gemm's
+ * arguments (one of that launch's choices, tiles.py). Built per layer: NCO output channels, the kernel NKH x NKW,
+ * strides NSH x NSW, dilations NDH x NDW; a work group of NX x NY x NZ work items covers NY output rows of
+ * NX * NPX pixels of one image, each work item every output channel of NPX pixels of a row. Per step of NSTEP
+ * input channels the work group stages the input rows its outputs read (zero outside) and the step's weights,
+ * [channel, tap][output channel] as float4s, in local memory; a work item keeps a row's span of inputs in
+ * registers and multiplies each tap's weights for all channels into its sums, one input feeding them all. The NZ
+ * work items of a pixel pair take the step's channels z, z + NZ, ... and add their sums through xs at the end. */
+#define NC4 ((NCO + 3) / 4)
+#define NTW (NX * NPX)
+#define NIH ((NY - 1) * NSH + (NKH - 1) * NDH + 1)
+#define NIW ((NTW - 1) * NSW + (NKW - 1) * NDW + 1)
+#define NSPAN ((NPX - 1) * NSW + (NKW - 1) * NDW + 1)
+#define NTAPS (NKH * NKW)
+#define NTXY (NX * NY)
+#define NT (NTXY * NZ)
+/* The slices a round of the final sums holds: xs takes at least 4 * NTXY floats (NIH >= NY, NIW >= NTW). */
+#define NZR (NZ - 1 < NSTEP * NIH * NIW / (4 * NTXY) ? NZ - 1 : NSTEP * NIH * NIW / (4 * NTXY))
+
+__kernel __attribute__((reqd_work_group_size(NX, NY, NZ)))
+void conv_narrow(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T, y), BUF(const int, taps),
+                 BUF(float, part), BUF(uint, counts),
+                 const int N, const int C, const int H, const int W, const int CO, const int OH, const int OW,
+                 const int G, const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
+                 const int DH, const int DW, const float p0, const float p1 EPI_ARGS) {
+    __local float xs[NSTEP * NIH * NIW];
+    __local float4 ws[NSTEP * NTAPS * NC4];
+    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y); EPI_SHIFT
+    const int tx = get_local_id(0), ty = get_local_id(1), tz = get_local_id(2);
+    const int txy = ty * NX + tx, tid = tz * NTXY + txy;
+    const int ntx = (OW + NTW - 1) / NTW, nty = (OH + NY - 1) / NY, b = get_group_id(0);
+    const int n = b / (ntx * nty), oy0 = (b / ntx % nty) * NY, ox0 = (b % ntx) * NTW;
+    const int iy0 = oy0 * NSH - PH, ix0 = ox0 * NSW - PW, K = C * NTAPS;
+    const __global T* xn = x + n * C * H * W;
+    float4 acc[NC4][NPX];
+    for (int c4 = 0; c4 < NC4; ++c4)
+        for (int p = 0; p < NPX; ++p) acc[c4][p] = (float4)(0.0f);
+    for (int c0 = 0; c0 < C; c0 += NSTEP) {
+        for (int e = tid; e < NSTEP * NIH * NIW; e += NT) {
+            const int c = e / (NIH * NIW), r = e - c * (NIH * NIW), iy = iy0 + r / NIW, ix = ix0 + r % NIW;
+            xs[e] = c0 + c < C && (uint)iy < (uint)H && (uint)ix < (uint)W ? LD(xn, ((c0 + c) * H + iy) * W + ix)
+                                                                               : 0.0f;
+        }
+        for (int e = tid; e < NSTEP * NTAPS * NC4; e += NT) {
+            const int r = e / NC4, co = (e - r * NC4) * 4, k = c0 * NTAPS + r;
+            float4 v = (float4)(0.0f);
+            if (k < K) {
+                v.x = LD(w, co * K + k);
+                if (co + 1 < NCO) v.y = LD(w, (co + 1) * K + k);
+                if (co + 2 < NCO) v.z = LD(w, (co + 2) * K + k);
+                if (co + 3 < NCO) v.w = LD(w, (co + 3) * K + k);
+            }
+            ws[e] = v;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int c = tz; c < NSTEP; c += NZ) {
+            #pragma unroll
+            for (int ky = 0; ky < NKH; ++ky) {
+                float xr[NSPAN];
+                const int row = (c * NIH + ty * NSH + ky * NDH) * NIW + tx * NPX * NSW;
+                #pragma unroll
+                for (int j = 0; j < NSPAN; ++j) xr[j] = xs[row + j];
+                #pragma unroll
+                for (int kx = 0; kx < NKW; ++kx) {
+                    const int wr = ((c * NKH + ky) * NKW + kx) * NC4;
+                    #pragma unroll
+                    for (int c4 = 0; c4 < NC4; ++c4) {
+                        const float4 wv = ws[wr + c4];
+                        #pragma unroll
+                        for (int p = 0; p < NPX; ++p) acc[c4][p] += wv * xr[p * NSW + kx * NDW];
+                    }
+                }
+            }
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    #pragma unroll
+    for (int c4 = 0; c4 < NC4; ++c4)
+        #pragma unroll
+        for (int p = 0; p < NPX; ++p)
+            for (int z0 = 1; z0 < NZ; z0 += NZR) {
+                if (tz >= z0 && tz < z0 + NZR) vstore4(acc[c4][p], (tz - z0) * NTXY + txy, xs);
+                barrier(CLK_LOCAL_MEM_FENCE);
+                if (tz == 0)
+                    for (int z = 0; z < min(NZR, NZ - z0); ++z) acc[c4][p] += vload4(z * NTXY + txy, xs);
+                barrier(CLK_LOCAL_MEM_FENCE);
+            }
+    const int oy = oy0 + ty;
+    if (tz != 0 || oy >= OH) return;
+    for (int c4 = 0; c4 < NC4; ++c4)
+        for (int p = 0; p < NPX; ++p) {
+            const int ox = ox0 + tx * NPX + p;
+            if (ox >= OW) continue;
+            float r[4];
+            vstore4(acc[c4][p], 0, r);
+            for (int j = 0; j < 4 && c4 * 4 + j < NCO; ++j) {
+                const int co = c4 * 4 + j;
+                float v = ACTIVATE(r[j] + LD(bias, co));
+                EPILOGUE(v, n, co, oy * OW + ox)
+                ST(y, ((n * NCO + co) * OH + oy) * OW + ox, v);
+            }
+        }
+}
+#endif

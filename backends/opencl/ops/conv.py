@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aiomnn import narrow
 from aiomnn.graph import text
 from aiomnn.window import window_params
 
@@ -87,7 +88,9 @@ def conv(ctx, node, ins, outs):
     taps = np.ascontiguousarray(taps, dtype=np.int32)
     splits = conv_splits(k, oc, npix)
     counts = conv_counts(ocg, npix, g) if splits > 1 else 1
-    tiles = ConvTiles(ocg, npix, k, g, kh * kw, splits, (-(-ow // 4), oh, n * g * -(-ocg // 4)))
+    thin = g == 1 and oc <= narrow.MAX_CO
+    tiles = ConvTiles(ocg, npix, k, g, kh * kw, splits, (-(-ow // 4), oh, n * g * -(-ocg // 4)),
+                      (n, oh, ow) if thin else (), (tuple(kernel), tuple(st), tuple(dil)))
     args = [In(0), wk, bias, Out(0), Const(("taps", icg, kh, kw, h, wd, *dil), lambda: taps),
             Scratch(4 * oc * npix * splits if splits > 1 else 4),
             Const(("counts", counts), lambda: np.zeros(counts, np.uint32)),
