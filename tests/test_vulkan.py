@@ -187,6 +187,9 @@ CASES = [
     Case("convtranspose_group_relu", [n("ConvTranspose", ["x", "w"], ["c"], group=2, strides=[2, 1]),
                                       n("Relu", ["c"], ["y"])], {"x": (2, 4, 3, 4)}, ("ConvTranspose",),
          {"w": r(4, 1, 3, 2, seed=1)}),
+    Case("convtranspose_group_blocks", [n("ConvTranspose", ["x", "w", "b"], ["y"], group=2, strides=[2, 2],
+                                          dilations=[1, 2])], {"x": (2, 6, 4, 5)}, ("ConvTranspose",),
+         {"w": r(6, 5, 2, 3, seed=1), "b": r(10, seed=2)}),  # two blocks of 4 channels a group, the second partial
     Case("batchnorm_standalone", [n("Relu", ["x"], ["t"]), n("BatchNormalization", ["t", "s", "b", "m", "v"], ["y"])],
          {"x": X4}, ("BatchNormalization",),
          {"s": r(3, seed=3) + 1, "b": r(3, seed=4), "m": r(3, seed=5), "v": np.abs(r(3, seed=6)) + 0.5}),

@@ -203,5 +203,6 @@ class ConvTranspose(VkOp):
         code, a1, a2 = self.act
         push = pack(n, c, ins[0], ins[1], co, outs[0], outs[1], kernel[0], kernel[1], strides[0], strides[1],
                     dils[0], dils[1], heads[0], heads[1], g, int(b is not None), to_f32(a1), to_f32(a2))
-        self.dispatch("convt", [self.out_locs[0], x, wt, bl], push, Grid(n * co * outs[0] * outs[1]),
+        blocks = g * -(-(co // g) // 4)  # four output channels of a group an invocation
+        self.dispatch("convt", [self.out_locs[0], x, wt, bl], push, Grid(n * blocks * outs[0] * outs[1]),
                       consts=(code,))
