@@ -585,12 +585,12 @@ async def forced_runs(case: Case, runtime, monkeypatch, pick, config=CONFIG, rto
 
 def _tiles_split_one_and_most(tiles, choices):
     """Every tile unsplit and split the most ways it may be, the direct kernel, and where a conv may run narrow,
-    conv_narrow unsplit, split 8 ways and split 8 ways over 4 rows (its sums then added in two rounds)."""
+    conv_narrow unsplit, split 4 ways and split 8 ways over 4 rows (its sums then added in two rounds)."""
     most = {}
     for c in choices:
         if c[0] == "gemm":
             most[tuple(c[1:5])] = max(most.get(tuple(c[1:5]), 1), c[5])
-    narrow = [c for c in choices if c[0] == "narrow" and tuple(c[1:]) in {(16, 1), (16, 8), (4, 8)}]
+    narrow = [c for c in choices if c[0] == "narrow" and tuple(c[1:]) in {(16, 1), (16, 4), (4, 8)}]
     assert len(narrow) == 3 * bool(tiles.narrow)
     return [["direct"]] + [["gemm", *t, s] for t in cl_tiles.CONV_TILES for s in sorted({1, most[t]})] + narrow
 
@@ -644,9 +644,9 @@ def test_tile_defaults_and_choices():
     assert not deep.valid(["gemm", 48, 64, 4, 4, 1]) and not deep.valid("tiled") and not deep.valid(None)
     assert cl_tiles.conv_splits(4096, 1024, 4096) == 1  # partial sums over SCRATCH
     head = cl_tiles.ConvTiles(24, 25600, 864, 1, 9, 1, (1, 1, 1), (1, 160, 160), ((3, 3), (1, 1), (1, 1)))
-    assert head.choices()[1:4] == [["narrow", 16, 8], ["narrow", 8, 8], ["narrow", 16, 4]]  # det's head at batch 1
+    assert head.choices()[1:4] == [["narrow", 16, 4], ["narrow", 8, 8], ["narrow", 8, 4]]  # det's head at batch 1
     assert all(["narrow", *s] in head.choices() for s in narrow.SHAPES) and not head.valid(["narrow", 16, 3])
-    assert not deep.valid(["narrow", 16, 8]) and all(c[0] != "narrow" for c in deep.choices())
+    assert not deep.valid(["narrow", 16, 4]) and all(c[0] != "narrow" for c in deep.choices())
     run = head.apply(Launch("gemm", "conv_gemm", [], (25600, 24, 1)), ["narrow", 8, 4])
     assert (run.kernel, run.local, run.size) == ("conv_narrow", (8, 8, 4), (10 * 20 * 8, 8, 4))
     assert cl_tiles.local_bytes(run.options) == narrow.shared_bytes(24, (3, 3), (1, 1), (1, 1), 8)
