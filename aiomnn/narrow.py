@@ -23,9 +23,9 @@ PX = 2
 STEP = 8
 #: The most output rows a work group covers: the shared memory a conv needs is counted for it.
 MAX_ROWS = 16
-#: (rows, ways) tuning may choose, the likeliest first: at most 512 work items, as a work group of 1024 leaves
-#: each at most 64 registers on NVIDIA's GPUs, fewer than its sums and inputs take (16 x 8 ran 3 to 5 times
-#: slower than 16 x 4 on the H200).
+#: (rows, ways) tuning may choose, the likeliest first, at most 512 work items: 16 x 8 (1024) ran 3 to 5 times
+#: slower than 16 x 4 on the H200 (not profiled; a work group of 1024 leaves each work item at most 64 registers
+#: there, about what its sums and inputs take).
 SHAPES = ((16, 4), (8, 8), (8, 4), (4, 8), (16, 2), (16, 1))
 
 
