@@ -66,7 +66,7 @@ def _tile_options(tile: tuple[int, ...]) -> tuple[str, ...]:
 def local_bytes(options: tuple[str, ...]) -> int:
     """The local memory a tiled kernel takes, from its build options: a tile of kernels/gemm.cl (As and Bs, and
     conv_gemm's table of taps), or conv_narrow's staged inputs and weights; 0 for other kernels."""
-    d = {k.removeprefix("-D"): int(v) for k, v in (o.split("=") for o in options if o.startswith("-D") and "=" in o)
+    d = {k.removeprefix("-D"): int(v) for k, _, v in (o.partition("=") for o in options if o.startswith("-D"))
          if v.lstrip("-").isdigit()}
     if "BM" in d:
         return 16 * TK * (d["BM"] // 4 + 1 + d["BN"] // 4) + 16 * 2 * TK + 4
