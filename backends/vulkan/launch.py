@@ -209,7 +209,8 @@ class Launch:
         elif isinstance(w, Blocks):
             options = [w.local]
         elif isinstance(w, Convolution):
-            # In half floats with cooperative matrices, conv_coop first. Then conv_gemm's default tile (the
+            # In half floats with cooperative matrices, conv_coop first; where it may run, conv_narrow's likeliest
+            # shapes (aiomnn/narrow.py; the others last). Then conv_gemm's default tile (the
             # default without them) and its neighbours: split in half as many, twice or four times as many (a
             # small map's deep conv at batch 1 is a few tiles, which the default's CONV_SLICE-deep slices leave
             # too few workgroups). Then the register-blocked tiles at least half full of outputs, best fitting
@@ -226,7 +227,7 @@ class Launch:
                    for s in sorted(CONV_SPLITS, key=lambda s: abs(s.bit_length() - split[t].bit_length()))]
             narrow = [["narrow", *shape] for shape in narrow_conv.SHAPES] if w.narrow else []
             options = [["coop"]] + narrow[:3] + [["gemm", dm, dn, ds], ["gemm", dm, dn, ds // 2],
-                                                                 ["gemm", dm, dn, 2 * ds], ["gemm", dm, dn, 4 * ds]]
+                                                 ["gemm", dm, dn, 2 * ds], ["gemm", dm, dn, 4 * ds]]
             options += [["greg", *t, split[t]] for t in early]
             if early:
                 options += [["greg", *early[0], split[early[0]] // 2], ["greg", *early[0], 2 * split[early[0]]]]
