@@ -190,6 +190,9 @@ CASES = [
     Case("convtranspose_group_blocks", [n("ConvTranspose", ["x", "w", "b"], ["y"], group=2, strides=[2, 2],
                                           dilations=[1, 2])], {"x": (2, 6, 4, 5)}, ("ConvTranspose",),
          {"w": r(6, 5, 2, 3, seed=1), "b": r(10, seed=2)}),  # two blocks of 4 channels a group, the second partial
+    Case("convtranspose_tile_groups", [n("ConvTranspose", ["x", "w", "b"], ["c"], group=2, strides=[3, 2]),
+                                       n("Relu", ["c"], ["y"])], {"x": (2, 6, 4, 5)}, ("ConvTranspose",),
+         {"w": r(6, 5, 3, 2, seed=1), "b": r(10, seed=2)}),  # its kernel its stride: blocks of outputs (convt_tile)
     Case("batchnorm_standalone", [n("Relu", ["x"], ["t"]), n("BatchNormalization", ["t", "s", "b", "m", "v"], ["y"])],
          {"x": X4}, ("BatchNormalization",),
          {"s": r(3, seed=3) + 1, "b": r(3, seed=4), "m": r(3, seed=5), "v": np.abs(r(3, seed=6)) + 0.5}),
@@ -312,6 +315,29 @@ def conv_launches(session) -> list:
     """(launch, dispatch) of each Conv in the session."""
     return [pair for seg in session.pipeline.segments for st in seg.steps if st.node.op_type == "Conv"
             for pair in zip(st.execution.launches, st.execution.dispatches)]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("precision", ["normal", "low"])
+async def test_convtranspose_upsampling_writes_blocks(precision, runtime):
+    """A ConvTranspose whose kernel is its stride, without dilation or pads, runs convt_tile (each input pixel's
+    block of outputs); others gather per output (convt). Both give the CPU's result, in fp16 storage too."""
+    expect = {"convtranspose_s2k2": "convt_tile", "convtranspose_tile_groups": "convt_tile",
+              "convtranspose_pads_outpad": "convt", "convtranspose_group_blocks": "convt",
+              "convtranspose_group_relu": "convt"}
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none",
+                                                                                      precision=precision))
+    for cid, kernel in expect.items():
+        case = next(c for c in CASES if c.id == cid)
+        data, feeds = case.model(), case.feeds()
+        want, _, _ = await run(data, feeds, CPU)
+        async with await aiomnn.Interpreter.from_bytes(data).create_session(config, runtime) as s:
+            got = await s.run(feeds)
+            [ran] = [d.kernel.name for seg in s.pipeline.segments for st in seg.steps
+                     if st.node.op_type == "ConvTranspose" for d in st.execution.dispatches]
+        assert ran == kernel, (cid, ran)
+        err = np.linalg.norm(got["y"] - want["y"]) / np.linalg.norm(want["y"])
+        assert err <= (1e-6 if precision == "normal" else 3e-3), (cid, err)
 
 
 def skip_without_coop(rt) -> None:

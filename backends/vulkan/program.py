@@ -31,6 +31,7 @@ PIPELINE_SUFFIX = ".vkpipelines"
 
 #: Bindings per kernel: output first, then inputs (see shaders/*.comp).
 KERNEL_BINDINGS = {"unary": 2, "binary": 3, "copy": 2, "copy_rows": 2, "conv": 4, "conv_dw": 4, "convt": 4,
+                   "convt_tile": 4,
                    "matmul": 6, "matmul_direct": 6, "matmul_small": 6, "se": 6,  # out, x, w1, b1, w2, b2
                    "pool": 2, "reduce": 2, "softmax": 2, "layernorm": 4, "resize": 3,
                    "conv_gemm": 6,  # out, x, w, bias, partial sums, tile counters
@@ -61,8 +62,8 @@ PUSH_BYTES = 128  # the minimum every device guarantees
 #: push block is constant PUSH_ID + i (a float keeps its bits), so the driver folds a layer's shapes into its
 #: code (the divisions by them, the loop counts) and each layer gets its own pipeline. Their shaders declare
 #: `layout(constant_id = 16 + i)` in the push block's order and have no push block.
-SPECIALIZED = {"conv", "conv_dw", "conv_gemm", "conv_narrow", "convt", "matmul", "matmul_direct", "matmul_small", "se",
-               "attention", "matmul_coop", "conv_coop", *REG_TILE_LOCAL, *CONV_REG_LOCAL}
+SPECIALIZED = {"conv", "conv_dw", "conv_gemm", "conv_narrow", "convt", "convt_tile", "matmul", "matmul_direct",
+               "matmul_small", "se", "attention", "matmul_coop", "conv_coop", *REG_TILE_LOCAL, *CONV_REG_LOCAL}
 PUSH_ID = 16
 
 

@@ -204,5 +204,9 @@ class ConvTranspose(VkOp):
         push = pack(n, c, ins[0], ins[1], co, outs[0], outs[1], kernel[0], kernel[1], strides[0], strides[1],
                     dils[0], dils[1], heads[0], heads[1], g, int(b is not None), to_f32(a1), to_f32(a2))
         blocks = g * -(-(co // g) // 4)  # four output channels of a group an invocation
-        self.dispatch("convt", [self.out_locs[0], x, wt, bl], push, Grid(n * blocks * outs[0] * outs[1]),
-                      consts=(code,))
+        locs = [self.out_locs[0], x, wt, bl]
+        if kernel == strides and dils == [1, 1] and outs == [i * s for i, s in zip(ins, strides)] and heads == [0, 0]:
+            # an upsampling: an invocation writes one input pixel's own block of outputs
+            self.dispatch("convt_tile", locs, push, Grid(n * blocks * ins[0] * ins[1]), consts=(code,))
+            return
+        self.dispatch("convt", locs, push, Grid(n * blocks * outs[0] * outs[1]), consts=(code,))
