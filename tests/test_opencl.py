@@ -141,6 +141,9 @@ DECONV = [
                 output_padding=[1, 1]),
     deconv_case("deconv_groups_dilated", (1, 4, 6, 6), (4, 3, 3, 3), group=2, dilations=[2, 2]),
     deconv_case("deconv_output_shape", (1, 2, 4, 4), (2, 3, 3, 3), strides=[2, 2], output_shape=[9, 9]),
+    # the kernel as the stride: an upsampling, each input pixel's block written by one work item (deconv_tile)
+    deconv_case("deconv_tile_groups", (2, 6, 4, 5), (6, 5, 3, 2), group=2, strides=[3, 2]),
+    deconv_case("deconv_tile_1d", (1, 3, 7), (3, 2, 4), strides=[4]),
 ]
 
 POOL = [
@@ -396,11 +399,26 @@ async def test_cpu_fallback_between_gpu_segments(runtime):
 
 
 @pytest.mark.anyio
+async def test_upsampling_convtranspose_writes_blocks(runtime):
+    """ConvTransposes whose kernel is their stride, without dilation or pads, run deconv_tile (test_op_matches_
+    onnxruntime checks their outputs); the others deconv2d."""
+    for case in DECONV:
+        net = aiomnn.Interpreter.from_bytes(case.model())
+        async with await net.create_session(CONFIG, runtime) as session:
+            await session.run(case.feeds())
+            kernels = [l.cl_kernel.function_name for seg in session.pipeline.segments for st in seg.steps
+                       for l in st.execution.launches]
+        tile = case.id in ("deconv_k2s2", "deconv_tile_groups", "deconv_tile_1d")
+        assert kernels[-1] == ("deconv_tile" if tile else "deconv2d"), (case.id, kernels)
+
+
+@pytest.mark.anyio
 async def test_fp16_storage(runtime, monkeypatch):
     """precision='low' stores floats as half (vload_half/vstore_half): forced on here to test the path,
     which PoCL, lacking cl_khr_fp16, would not take."""
     config = half_storage(runtime, monkeypatch)
-    for case in [CONV[0], CONV[6], DECONV[0], MATMUL[1], REDUCE[0], LAYOUT[0], RESIZE[0], RESIZE[3], BINARY[3], POOL[0]]:
+    for case in [CONV[0], CONV[6], DECONV[0], DECONV[4], MATMUL[1], REDUCE[0], LAYOUT[0], RESIZE[0], RESIZE[3],
+                 BINARY[3], POOL[0]]:
         feeds, got, _, on_gpu = await run_case(case, runtime, config)
         assert case.op in on_gpu
         want = ort.InferenceSession(case.model(), providers=["CPUExecutionProvider"]).run(list(case.outputs), feeds)

@@ -158,6 +158,50 @@ __kernel void deconv2d(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF
     }
 }
 
+#ifdef KTAPS
+/* deconv_tile: ConvTranspose whose kernel is its stride, without dilation or pads (an upsampling by a learned
+ * kernel), with deconv2d's arguments: every input pixel makes its own KH x KW block of outputs, no two
+ * overlapping. A work item takes one input pixel and 4 output channels: it reads the pixel's input channels once
+ * and writes its block of each (deconv2d gathers per output: neighbouring work items take alternate taps, and each
+ * tap column's sum runs with the others idle). KTAPS = KH * KW, a build option. */
+__kernel void deconv_tile(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T, y),
+                          const int N, const int G, const int ICg, const int H, const int W,
+                          const int OCg, const int OCB, const int OH, const int OW,
+                          const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
+                          const int DH, const int DW, const float p0, const float p1 EPI_ARGS) {
+    const int ix = get_global_id(0);
+    const int iy = get_global_id(1);
+    const int z = get_global_id(2);
+    if (ix >= W || iy >= H || z >= N * G * OCB) return;
+    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y); EPI_SHIFT
+    const int ob = z % OCB;
+    const int g = (z / OCB) % G;
+    const int n = z / (OCB * G);
+    float4 acc[KTAPS];
+    for (int t = 0; t < KTAPS; ++t) acc[t] = (float4)(0.0f);
+    const __global T* xp = x + (n * G + g) * ICg * H * W + iy * W + ix;
+    const __global T* wg = w + (g * OCB + ob) * ICg * KTAPS * 4;
+    for (int ic = 0; ic < ICg; ++ic) {
+        const float v = LD(xp, ic * H * W);
+        #pragma unroll
+        for (int t = 0; t < KTAPS; ++t) acc[t] += (float4)(v) * LD4(wg, (ic * KTAPS + t) * 4);
+    }
+    for (int c = 0; c < 4; ++c) {
+        const int oc = ob * 4 + c;
+        if (oc >= OCg) break;
+        const float b = LD(bias, g * OCg + oc);
+        for (int t = 0; t < KTAPS; ++t) {
+            float r[4];
+            vstore4(acc[t], 0, r);
+            const int oy = iy * KH + t / KW, ox = ix * KW + t % KW;
+            float v = ACTIVATE(r[c] + b);
+            EPILOGUE(v, n, g * OCg + oc, oy * OW + ox)
+            ST(y, ((n * G + g) * OCg + oc) * OH * OW + oy * OW + ox, v);
+        }
+    }
+}
+#endif
+
 /* ConvTranspose's weights, where they are not constants, are packed on the
  * device before each run: [G*ICg][OCg][KK] -> [G][OCB][ICg][KK][4]. */
 __kernel void pack_deconv(BUF(const T, w), BUF(T, wp), const int G, const int ICg, const int OCg, const int OCB,

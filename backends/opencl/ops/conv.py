@@ -138,5 +138,9 @@ def conv_transpose(ctx, node, ins, outs):
         pre = [launch]
     args = [In(0), wk, _bias(node, ins, oc), Out(0),
             *i32(n, g, icg, h, wd, ocg, ocb, oh, ow, kh, kw, *st, *begin, *dil), *f32(act[1], act[2])]
+    if kernel == st and dil == [1, 1] and begin == [0, 0] and (oh, ow) == (h * st[0], wd * st[1]):
+        # an upsampling: a work item writes one input pixel's own block of outputs
+        options = act_options(act[0]) + (f"-DKTAPS={kh * kw}",)
+        return pre + [Launch("conv", "deconv_tile", args, (wd, h, n * g * ocb), options, tune=True)]
     return pre + [Launch("conv", "deconv2d", args, (ow, oh, n * g * ocb), act_options(act[0]), tune=True)]
 
