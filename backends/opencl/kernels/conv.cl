@@ -10,6 +10,9 @@
  *            One work item makes 4 output columns; weights [C][KH][KW].
  * deconv2d:  ConvTranspose as a gather: each output pixel sums the taps that
  *            land on it. Weights packed [G][OCB][ICg][KH][KW][4].
+ * deconv_tile, conv_narrow (below, built with their layer's shapes): the
+ *            ConvTranspose that upsamples, a block of outputs per input pixel;
+ *            the conv of few output channels (aiomnn/narrow.py).
  */
 
 __kernel void conv2d(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T, y), BUF(const int, taps),

@@ -3,9 +3,11 @@
 Conv runs kernels/gemm.cl's implicit GEMM (conv_gemm), or conv.cl's direct
 conv2d where the sums are shallow or the output channels few: tuning chooses
 the kernel, its tile and how many ways its sums split (tiles.ConvTiles);
-depthwise convs run conv.cl's depthwise. Weights of Conv are read as ONNX
-lays them out; ConvTranspose's are repacked so that four output channels
-load together. Every launch here is tuned.
+depthwise convs run conv.cl's depthwise, convs of one group and few output
+channels may run its conv_narrow. ConvTranspose runs conv.cl's deconv2d, or
+deconv_tile where its kernel is its stride (an upsampling). Weights of Conv
+are read as ONNX lays them out; ConvTranspose's are repacked so that four
+output channels load together. Every launch here is tuned.
 """
 
 from __future__ import annotations
