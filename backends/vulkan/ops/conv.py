@@ -1,4 +1,5 @@
-"""Conv (direct kernel, implicit GEMM, or the matmul for pointwise convs) and ConvTranspose."""
+"""Conv (direct kernel, implicit GEMM, the narrow kernel for few output channels, or the matmul for pointwise convs)
+and ConvTranspose (gathered per output, or by blocks of outputs where it upsamples)."""
 
 from __future__ import annotations
 
