@@ -117,19 +117,20 @@ __kernel void depthwise(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BU
         }
 }
 
-__kernel void deconv2d(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T, y),
-                       const int N, const int G, const int ICg, const int H, const int W,
-                       const int OCg, const int OCB, const int OH, const int OW,
-                       const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
-                       const int DH, const int DW, const float p0, const float p1 EPI_ARGS) {
+/* deconv2d's and deconv_tile's arguments; the block of 4 output channels, the group and the image of grid z. */
+#define DECONV_ARGS BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T, y), const int N, const int G,      \
+    const int ICg, const int H, const int W, const int OCg, const int OCB, const int OH, const int OW, const int KH, \
+    const int KW, const int SH, const int SW, const int PH, const int PW, const int DH, const int DW, const float p0, \
+    const float p1 EPI_ARGS
+#define DECONV_BLOCK(z) const int ob = (z) % OCB, g = (z) / OCB % G, n = (z) / (OCB * G)
+
+__kernel void deconv2d(DECONV_ARGS) {
     const int ox = get_global_id(0);
     const int oy = get_global_id(1);
     const int z = get_global_id(2);
     if (ox >= OW || oy >= OH || z >= N * G * OCB) return;
     SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y); EPI_SHIFT
-    const int ob = z % OCB;
-    const int g = (z / OCB) % G;
-    const int n = z / (OCB * G);
+    DECONV_BLOCK(z);
     float4 acc = (float4)(0.0f);
     const __global T* xg = x + (n * G + g) * ICg * H * W;
     const __global T* wg = w + (g * OCB + ob) * ICg * KH * KW * 4;
@@ -167,19 +168,13 @@ __kernel void deconv2d(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF
  * overlapping. A work item takes one input pixel and 4 output channels: it reads the pixel's input channels once
  * and writes its block of each (deconv2d gathers per output: neighbouring work items take alternate taps, and each
  * tap column's sum runs with the others idle). KTAPS = KH * KW, a build option. */
-__kernel void deconv_tile(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T, y),
-                          const int N, const int G, const int ICg, const int H, const int W,
-                          const int OCg, const int OCB, const int OH, const int OW,
-                          const int KH, const int KW, const int SH, const int SW, const int PH, const int PW,
-                          const int DH, const int DW, const float p0, const float p1 EPI_ARGS) {
+__kernel void deconv_tile(DECONV_ARGS) {
     const int ix = get_global_id(0);
     const int iy = get_global_id(1);
     const int z = get_global_id(2);
     if (ix >= W || iy >= H || z >= N * G * OCB) return;
     SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y); EPI_SHIFT
-    const int ob = z % OCB;
-    const int g = (z / OCB) % G;
-    const int n = z / (OCB * G);
+    DECONV_BLOCK(z);
     float4 acc[KTAPS];
     for (int t = 0; t < KTAPS; ++t) acc[t] = (float4)(0.0f);
     const __global T* xp = x + (n * G + g) * ICg * H * W + iy * W + ix;
