@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The narrow convs (aiomnn/narrow.py: Vulkan's conv_narrow split ways, OpenCL's conv_narrow) and Vulkan's transposed
-# conv on the lent GPU machine: their tests on NVIDIA's drivers, then det's tables with each conv candidate's
+# The narrow convs (aiomnn/narrow.py: Vulkan's conv_narrow split ways, OpenCL's conv_narrow) and the transposed
+# convs (Vulkan's convt and convt_tile, OpenCL's deconv_tile) on the lent GPU machine: their tests on NVIDIA's drivers, then det's tables with each conv candidate's
 # tuning time (tools/conv_candidates.py), Vulkan beside CUDA in both precisions and OpenCL beside CUDA in fp32
 # (OpenCL does not take precision low). Through the device tool:
 #     run(command="bash tools/gpu_narrow_check.sh", carry=[".cache/lc", ".models"], timeout_s=600)
@@ -11,7 +11,7 @@ export AIOMNN_MODELS=$PWD/.models
 timeout 120 python3 -m pytest tests/test_vulkan.py -q -p no:cacheprovider \
   -k "narrow or convtranspose or fused_conv_takes" > "$OUT/vk.txt" 2>&1 &
 timeout 120 python3 -m pytest tests/test_opencl.py tests/test_opencl_fusion.py -q -p no:cacheprovider \
-  -k "tile or split or fused_launch_runs" > "$OUT/cl.txt" 2>&1 &
+  -k "tile or split or fused_launch_runs or deconv or upsampling" > "$OUT/cl.txt" 2>&1 &
 wait  # on the two test runs' own PIDs
 for s in vk cl; do echo "== $s: $(tail -1 "$OUT/$s.txt")"; grep -E "^(FAILED|ERROR)" "$OUT/$s.txt" | head -5; done
 table() {  # backends precisions seconds file
