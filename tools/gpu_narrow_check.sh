@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The narrow convs (aiomnn/narrow.py: Vulkan's conv_narrow split ways, OpenCL's conv_narrow) and the transposed
-# convs (Vulkan's convt and convt_tile, OpenCL's deconv_tile) on the lent GPU machine: their tests on NVIDIA's drivers, then det's tables with each conv candidate's
-# tuning time (tools/conv_candidates.py), Vulkan beside CUDA in both precisions and OpenCL beside CUDA in fp32
-# (OpenCL does not take precision low). Through the device tool:
+# convs (Vulkan's convt and convt_tile, OpenCL's deconv_tile) on the lent GPU machine: their tests on NVIDIA's
+# drivers, then det's tables with each conv candidate's tuning time (tools/conv_candidates.py), Vulkan beside CUDA
+# in both precisions and OpenCL beside CUDA in fp32 (OpenCL does not take precision low). Through the device tool:
 #     run(command="bash tools/gpu_narrow_check.sh", carry=[".cache/lc", ".models"], timeout_s=600)
 # MODELS and BATCHES pick the tables' rows (default det, 1,8).
 set -u
