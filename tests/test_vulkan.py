@@ -262,6 +262,12 @@ CASES = [
     Case("resize_nearest_asym_floor", [n("Resize", ["x", "", "sc"], ["y"], mode="nearest", nearest_mode="floor",
                                          coordinate_transformation_mode="asymmetric")], {"x": (1, 1, 5, 5)},
          ("Resize",), {"sc": np.array([1, 1, 1.7, 2.4], np.float32)}, opset=13),
+    Case("resize_crop_extrapolated", [n("Resize", ["x", "roi", "sc"], ["y"], mode="linear", extrapolation_value=-7.0,
+                                        coordinate_transformation_mode="tf_crop_and_resize")], {"x": (1, 2, 5, 6)},
+         ("Resize",), {"roi": np.array([0, 0, -0.2, 0.1, 1, 1, 1.3, 0.8], np.float32),
+                       "sc": np.array([1, 1, 2, 1.5], np.float32)}, opset=13),
+    Case("resize_nearest_4x2_odd", [n("Resize", ["x", "", "sc"], ["y"], mode="nearest")], {"x": (2, 3, 3, 5)},
+         ("Resize",), {"sc": np.array([1, 1, 4, 2], np.float32)}, opset=13),  # whole factors: no tables read
 ]
 
 

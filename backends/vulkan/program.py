@@ -63,7 +63,8 @@ PUSH_BYTES = 128  # the minimum every device guarantees
 #: code (the divisions by them, the loop counts) and each layer gets its own pipeline. Their shaders declare
 #: `layout(constant_id = 16 + i)` in the push block's order and have no push block.
 SPECIALIZED = {"conv", "conv_dw", "conv_gemm", "conv_narrow", "convt", "convt_tile", "matmul", "matmul_direct",
-               "matmul_small", "se", "attention", "matmul_coop", "conv_coop", *REG_TILE_LOCAL, *CONV_REG_LOCAL}
+               "matmul_small", "se", "attention", "matmul_coop", "conv_coop", "resize", *REG_TILE_LOCAL,
+               *CONV_REG_LOCAL}
 PUSH_ID = 16
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from aiomnn import sampling
 
 from ..launch import Grid
-from .base import Decline, VkOp, const_value, data_input, numel, pack, register, to_f32
+from .base import Decline, VkOp, const_value, data_input, numel, pack, register
 
 
 @register("Resize", "Upsample")
@@ -71,7 +71,9 @@ class Resize(VkOp):
                 offs.append(n)
                 parts.append(arr.astype(np.int32, copy=False))
                 n += arr.size
+        parts.append(np.array([self.ex_value], np.float32).view(np.int32))  # the extrapolation value's bits, last
         table = self.plan.aux(np.concatenate(parts))
         th, tw = self.tables[0][0].shape[1], self.tables[1][0].shape[1]
-        push = pack(nc, h, w, oh, ow, th, tw, *offs, int(self.has_ex), to_f32(self.ex_value))
+        fh, fw = self.factors() or (0, 0)
+        push = pack(nc, h, w, oh, ow, th, tw, *offs, int(self.has_ex), n, fh, fw)
         self.dispatch("resize", [self.out_locs[0], self.loc(inputs[0]), table], push, Grid(nc * oh * ow))
