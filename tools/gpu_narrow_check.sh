@@ -9,7 +9,7 @@ set -u
 source tools/gpu_setup.sh >/dev/null 2>&1
 export AIOMNN_MODELS=$PWD/.models
 timeout 120 python3 -m pytest tests/test_vulkan.py -q -p no:cacheprovider \
-  -k "narrow or convtranspose or fused_conv_takes" > "$OUT/vk.txt" 2>&1 &
+  -k "narrow or convtranspose or fused_conv_takes or resize" > "$OUT/vk.txt" 2>&1 &
 timeout 120 python3 -m pytest tests/test_opencl.py tests/test_opencl_fusion.py -q -p no:cacheprovider \
   -k "tile or split or fused_launch_runs or deconv or upsampling" > "$OUT/cl.txt" 2>&1 &
 wait  # on the two test runs' own PIDs
