@@ -117,20 +117,21 @@ __kernel void depthwise(BUF(const T, x), BUF(const T, w), BUF(const T, bias), BU
         }
 }
 
-/* deconv2d's and deconv_tile's arguments; the block of 4 output channels, the group and the image of grid z. */
+/* deconv2d's and deconv_tile's arguments. */
 #define DECONV_ARGS BUF(const T, x), BUF(const T, w), BUF(const T, bias), BUF(T, y), const int N, const int G,      \
     const int ICg, const int H, const int W, const int OCg, const int OCB, const int OH, const int OW, const int KH, \
     const int KW, const int SH, const int SW, const int PH, const int PW, const int DH, const int DW, const float p0, \
     const float p1 EPI_ARGS
-#define DECONV_BLOCK(z) const int ob = (z) % OCB, g = (z) / OCB % G, n = (z) / (OCB * G)
+/* A work item's start: its column and row (cx, cy, within nx x ny) and its block of 4 output channels, group and
+ * image (ob, g, n). */
+#define DECONV_START(cx, cy, nx, ny)                                                                  \
+    const int cx = get_global_id(0), cy = get_global_id(1), z = get_global_id(2);                       \
+    if (cx >= (nx) || cy >= (ny) || z >= N * G * OCB) return;                                           \
+    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y); EPI_SHIFT                                                \
+    const int ob = z % OCB, g = z / OCB % G, n = z / (OCB * G)
 
 __kernel void deconv2d(DECONV_ARGS) {
-    const int ox = get_global_id(0);
-    const int oy = get_global_id(1);
-    const int z = get_global_id(2);
-    if (ox >= OW || oy >= OH || z >= N * G * OCB) return;
-    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y); EPI_SHIFT
-    DECONV_BLOCK(z);
+    DECONV_START(ox, oy, OW, OH);
     float4 acc = (float4)(0.0f);
     const __global T* xg = x + (n * G + g) * ICg * H * W;
     const __global T* wg = w + (g * OCB + ob) * ICg * KH * KW * 4;
@@ -169,12 +170,7 @@ __kernel void deconv2d(DECONV_ARGS) {
  * and writes its block of each (deconv2d gathers per output: neighbouring work items take alternate taps, and each
  * tap column's sum runs with the others idle). KTAPS = KH * KW, a build option. */
 __kernel void deconv_tile(DECONV_ARGS) {
-    const int ix = get_global_id(0);
-    const int iy = get_global_id(1);
-    const int z = get_global_id(2);
-    if (ix >= W || iy >= H || z >= N * G * OCB) return;
-    SHIFT(x); SHIFT(w); SHIFT(bias); SHIFT(y); EPI_SHIFT
-    DECONV_BLOCK(z);
+    DECONV_START(ix, iy, W, H);
     float4 acc[KTAPS];
     for (int t = 0; t < KTAPS; ++t) acc[t] = (float4)(0.0f);
     const __global T* xp = x + (n * G + g) * ICg * H * W + iy * W + ix;
