@@ -14,6 +14,14 @@ def window_span(outputs: int, kernel: int, stride: int, dilation: int) -> int:
     return (outputs - 1) * stride + (kernel - 1) * dilation + 1
 
 
+def upsamples(kernel: Sequence[int], strides: Sequence[int], dils: Sequence[int], heads: Sequence[int],
+              ins: Sequence[int], outs: Sequence[int]) -> bool:
+    """Whether a ConvTranspose is an upsampling by a learned kernel: its kernel its stride, without dilation or
+    pads, so that each input pixel makes its own block of outputs and no two blocks overlap."""
+    return (list(kernel) == list(strides) and all(d == 1 for d in dils) and not any(heads)
+            and list(outs) == [i * s for i, s in zip(ins, strides)])
+
+
 def same_pads(spatial: Sequence[int], kernel: Sequence[int], strides: Sequence[int], dils: Sequence[int],
               upper: bool) -> list[int]:
     """Begin/end pads for auto_pad SAME_UPPER (the odd one at the end) or SAME_LOWER: output = ceil(in / stride)."""

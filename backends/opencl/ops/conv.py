@@ -16,7 +16,7 @@ import numpy as np
 
 from aiomnn import narrow
 from aiomnn.graph import text
-from aiomnn.window import window_params
+from aiomnn.window import upsamples, window_params
 
 from ..tiles import ConvTiles, conv_counts, conv_splits
 from .base import F32, Const, Decline, In, Launch, Out, Scratch, act_options, f32, i32, op, require_float
@@ -140,8 +140,7 @@ def conv_transpose(ctx, node, ins, outs):
         pre = [launch]
     args = [In(0), wk, _bias(node, ins, oc), Out(0),
             *i32(n, g, icg, h, wd, ocg, ocb, oh, ow, kh, kw, *st, *begin, *dil), *f32(act[1], act[2])]
-    if kernel == st and dil == [1, 1] and begin == [0, 0] and (oh, ow) == (h * st[0], wd * st[1]):
-        # an upsampling: a work item writes one input pixel's own block of outputs
+    if upsamples(kernel, st, dil, begin, (h, wd), (oh, ow)):  # a work item writes an input pixel's block
         options = act_options(act[0]) + (f"-DKTAPS={kh * kw}",)
         return pre + [Launch("conv", "deconv_tile", args, (wd, h, n * g * ocb), options, tune=True)]
     return pre + [Launch("conv", "deconv2d", args, (ow, oh, n * g * ocb), act_options(act[0]), tune=True)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from aiomnn import narrow
-from aiomnn.window import window_params
+from aiomnn.window import upsamples, window_params
 from aiomnn.backend import Tensor
 
 from ..launch import CONV_BUSY, CONV_SLICE, CONV_SPLITS, Convolution, Grid, Matmul
@@ -206,8 +206,7 @@ class ConvTranspose(VkOp):
                     dils[0], dils[1], heads[0], heads[1], g, int(b is not None), to_f32(a1), to_f32(a2))
         blocks = g * -(-(co // g) // 4)  # four output channels of a group an invocation
         locs = [self.out_locs[0], x, wt, bl]
-        if kernel == strides and dils == [1, 1] and outs == [i * s for i, s in zip(ins, strides)] and heads == [0, 0]:
-            # an upsampling: an invocation writes one input pixel's own block of outputs
+        if upsamples(kernel, strides, dils, heads, ins, outs):  # an invocation writes an input pixel's block
             self.dispatch("convt_tile", locs, push, Grid(n * blocks * ins[0] * ins[1]), consts=(code,))
             return
         self.dispatch("convt", locs, push, Grid(n * blocks * outs[0] * outs[1]), consts=(code,))
