@@ -38,9 +38,11 @@ def shared_bytes(co: int, kernel: Sequence[int], strides: Sequence[int], dils: S
 
 
 def takes(co: int, groups: int, kernel: Sequence[int], strides: Sequence[int], dils: Sequence[int],
-          max_shared: int) -> bool:
-    """Whether a conv (co output channels in all) may run narrow on a device with this much shared memory."""
-    return groups == 1 and co <= MAX_CO and shared_bytes(co, kernel, strides, dils) <= max_shared
+          max_shared: int | None = None) -> bool:
+    """Whether a conv (co output channels in all) may run narrow on a device with this much shared memory (None:
+    the caller checks each shape's, as OpenCL's tuning does with every kernel's local memory)."""
+    return (groups == 1 and co <= MAX_CO
+            and (max_shared is None or shared_bytes(co, kernel, strides, dils) <= max_shared))
 
 
 def work_groups(images: int, oh: int, ow: int, rows: int) -> int:

@@ -90,7 +90,7 @@ def conv(ctx, node, ins, outs):
     taps = np.ascontiguousarray(taps, dtype=np.int32)
     splits = conv_splits(k, oc, npix)
     counts = conv_counts(ocg, npix, g) if splits > 1 else 1
-    thin = g == 1 and oc <= narrow.MAX_CO
+    thin = narrow.takes(oc, g, kernel, st, dil)  # local memory: tune.fits, for each shape
     tiles = ConvTiles(ocg, npix, k, g, kh * kw, splits, (-(-ow // 4), oh, n * g * -(-ocg // 4)),
                       (n, oh, ow) if thin else (), (tuple(kernel), tuple(st), tuple(dil)))
     args = [In(0), wk, bias, Out(0), Const(("taps", icg, kh, kw, h, wd, *dil), lambda: taps),
