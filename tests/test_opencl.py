@@ -667,7 +667,7 @@ def test_tile_defaults_and_choices():
     assert not deep.valid(["narrow", 16, 4]) and all(c[0] != "narrow" for c in deep.choices())
     run = head.apply(Launch("gemm", "conv_gemm", [], (25600, 24, 1)), ["narrow", 8, 4])
     assert (run.kernel, run.local, run.size) == ("conv_narrow", (8, 8, 4), (10 * 20 * 8, 8, 4))
-    assert cl_tiles.local_bytes(run.options) == narrow.shared_bytes(24, (3, 3), (1, 1), (1, 1), 8)
+    assert run.shared == narrow.shared_bytes(24, (3, 3), (1, 1), (1, 1), 8)
     assert cl_tiles.MatmulTiles(1, 2, 200, 1).default() == ["small", 16, 16]
     big = cl_tiles.MatmulTiles(320, 6625, 120, 8)
     assert big.default() == ["tile", 64, 64, 4, 4] and ["tile", 128, 128, 8, 8] in big.choices()[:6]

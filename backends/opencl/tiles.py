@@ -63,17 +63,10 @@ def _tile_options(tile: tuple[int, ...]) -> tuple[str, ...]:
     return (f"-DBM={bm}", f"-DBN={bn}", f"-DRM={rm}", f"-DRN={rn}")
 
 
-def local_bytes(options: tuple[str, ...]) -> int:
-    """The local memory a tiled kernel takes, from its build options: a tile of kernels/gemm.cl (As and Bs, and
-    conv_gemm's table of taps), or conv_narrow's staged inputs and weights; 0 for other kernels."""
-    d = {k.removeprefix("-D"): int(v) for k, _, v in (o.partition("=") for o in options if o.startswith("-D"))
-         if v.lstrip("-").isdigit()}
-    if "BM" in d:
-        return 16 * TK * (d["BM"] // 4 + 1 + d["BN"] // 4) + 16 * 2 * TK + 4
-    if "NCO" in d:
-        return narrow_conv.shared_bytes(d["NCO"], (d["NKH"], d["NKW"]), (d["NSH"], d["NSW"]), (d["NDH"], d["NDW"]),
-                                        d["NY"])
-    return 0
+def local_bytes(tile: tuple[int, ...]) -> int:
+    """The local memory a tile of kernels/gemm.cl takes: As and Bs, and conv_gemm's table of taps."""
+    bm, bn = tile[:2]
+    return 16 * TK * (bm // 4 + 1 + bn // 4) + 16 * 2 * TK + 4
 
 
 def conv_splits(k: int, co: int, npix: int) -> int:
@@ -142,13 +135,16 @@ class ConvTiles:
                      "NX": narrow_conv.X, "NY": rows, "NZ": ways, "NPX": narrow_conv.PX, "NSTEP": narrow_conv.STEP}
             local = (narrow_conv.X, rows, ways)
             size = (narrow_conv.work_groups(*self.narrow, rows) * narrow_conv.X, rows, ways)
+            shared = narrow_conv.shared_bytes(self.m, (kh, kw), (sh, sw), (dh, dw), rows)
             return replace(launch, program="conv", kernel="conv_narrow", size=size, local=local, tune=False,
-                           options=launch.options + tuple(f"-D{k}={v}" for k, v in shape.items()), tiles=None)
+                           options=launch.options + tuple(f"-D{k}={v}" for k, v in shape.items()), tiles=None,
+                           shared=shared)
         bm, bn, rm, rn, s = choice[1:]
         wx, wy = bn // rn, bm // rm
         size = (_cdiv(self.n, bn) * wx, _cdiv(self.m, bm) * wy, self.groups * s)
         return replace(launch, program="gemm", kernel="conv_gemm", size=size, local=(wx, wy, 1), tune=False,
-                       options=launch.options + _tile_options((bm, bn, rm, rn)), tiles=None)
+                       options=launch.options + _tile_options((bm, bn, rm, rn)), tiles=None,
+                       shared=local_bytes((bm, bn)))
 
     def _split(self, tile: tuple[int, ...]) -> int:
         """How many ways a tile splits the sums by default: doubled while the grid has fewer than BUSY work
@@ -206,7 +202,8 @@ class MatmulTiles:
         wx, wy = bn // rn, bm // rm
         size = (_cdiv(self.n, bn) * wx, _cdiv(self.m, bm) * wy, self.batch)
         return replace(launch, program="gemm", kernel="matmul", size=size, local=(wx, wy, 1), tune=False,
-                       options=launch.options + _tile_options((bm, bn, rm, rn)), tiles=None)
+                       options=launch.options + _tile_options((bm, bn, rm, rn)), tiles=None,
+                       shared=local_bytes((bm, bn)))
 
     def _fits(self, tile: tuple[int, ...]) -> bool:
         gm, gn = _cdiv(self.m, tile[0]), _cdiv(self.n, tile[1])

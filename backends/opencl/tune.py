@@ -22,7 +22,6 @@ from aiomnn.graph import Node
 from aiomnn.tuning import Tuner
 
 from .ops.base import Const, Decline, In, Launch, OpContext, Out, Scratch, launches_for
-from .tiles import local_bytes
 
 
 def launch_key(runtime: Any, ctx: OpContext, launch: Launch) -> str:
@@ -55,7 +54,7 @@ def fits(runtime: Any, launch: Launch) -> bool:
         return False
     if any(v > m for v, m in zip(launch.local, runtime.max_work_items)):
         return False
-    return local_bytes(launch.options) <= runtime.local_memory
+    return launch.shared <= runtime.local_memory
 
 
 def choices(runtime: Any, launch: Launch) -> list[Any]:

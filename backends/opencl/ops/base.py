@@ -86,6 +86,7 @@ class Launch:
     options: tuple[str, ...] = ()
     tune: bool = False  # is its local size worth tuning?
     local: tuple[int, ...] | None = None  # a fixed local size the kernel needs (it uses local memory)
+    shared: int = 0  # the local memory a tiled choice's kernel declares, in bytes (tiles.py; tune.fits checks it)
     # The kernels and tiles its work may run (tiles.py: ConvTiles, MatmulTiles): tuning chooses one of them, and
     # the choice makes the launch that runs (tune.settle).
     tiles: Any = None
