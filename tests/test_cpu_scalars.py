@@ -61,3 +61,25 @@ def test_unary_ops_by_the_compiled_loop_match_numpys_way(name, monkeypatch):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     ok = ~np.isnan(want)
     np.testing.assert_allclose(got[ok], want[ok], rtol=2e-6, atol=1e-7)
+
+
+def test_half_loop_rounds_as_numpy_does(monkeypatch):
+    """The loop `half` (float32 to the bits of half floats, for GPU inputs stored in fp16) against numpy's float16
+    cast: ties to even, subnormal halves and their edge, overflow to infinity, infinities, NaN staying NaN; split
+    in pieces at odd places."""
+    monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+    if jit.jitted("half") is None:
+        pytest.skip("no instruction rounds to half floats on this CPU")
+    rng = np.random.default_rng(5)
+    edges = np.concatenate([np.arange(0x33000000, 0x38900000, 997, dtype=np.uint32),  # zero to subnormal to normal
+                            np.arange(0x477F0000, 0x47900000, 13, dtype=np.uint32),  # the largest half, overflow
+                            np.arange(0x3F800000, 0x3F802000, 1, dtype=np.uint32)]).view(np.float32)  # ties near 1
+    x = np.concatenate([edges, -edges, SPECIAL, rng.standard_normal(10001).astype(np.float32) * 1000,
+                        np.array([3e38, -3e38, 65504, 65519.996, 65520, 2 ** -25, 2 ** -24 * 1.5], np.float32)])
+    y = np.full(x.size, 0xDEAD, np.uint16)
+    assert jit.split("half", x.size, x.size // 3 + 1, x, y) is not None
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+    nan = np.isnan(x)
+    np.testing.assert_array_equal(y[~nan], want[~nan])
+    assert np.isnan(y[nan].view(np.float16)).all()

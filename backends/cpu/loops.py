@@ -17,7 +17,9 @@ vectors.wide()  # before numba loads: it fixes the vector width numba compiles f
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
+from llvmlite import ir  # noqa: E402
 from numba import types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
 
 from . import crew, planes, pooled, scalars, tiles  # noqa: E402
 from .fields import array1, array2, array3, array4, f32, fields, i64, share  # noqa: E402
@@ -36,6 +38,29 @@ def erf(args, c):
     x, y = array1(a, 0, F), array1(a, 1, F)
     for i in range(*share(a, c, x.shape[0])):
         y[i] = scalars.erf(x[i])
+
+
+@intrinsic
+def _half_bits(typingctx, x):
+    """The bits of float32 x rounded to the nearest half float, ties to even: LLVM's fptrunc, which x86 with F16C
+    does in vectors of 8 or 16 (numba has no float16 type of its own)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+def half(args, c):
+    """y = x as half floats, their bits: fields x (float32, flat), y (uint16, flat). What a GPU backend storing
+    half floats writes as a run's input (numpy's own float16 cast takes a value at a time)."""
+    a = fields(args, 2)
+    x, y = array1(a, 0, F), array1(a, 1, np.uint16)
+    lo, hi = share(a, c, x.shape[0])
+    for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no index wraps around, so it runs in vectors
+        y[i] = _half_bits(x[i])
 
 
 def activation(args, c):
@@ -364,6 +389,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
                                 _I, _OUT2, _array(3, False, types.uint64))),
     "conv_channels": (tiles.channels, (_IN, _UIN, _IN3, _IN, _OUT, _UIN, _UIN, _I, _I, _F, _F, _OUT2,
                                        _array(2, False, types.uint64))),
+    "half": (half, (_IN, _array(1, False, types.uint16))),
     "dense": (tiles.dense, (_IN2, _IN3, _IN, _OUT2, _I, _F, _F, _I, _OUT2, _array(2, False, types.uint64))),
 }
 #: Compiled with LLVM's SLP vectorizer, which packs a tile's scalar sums into vectors (numba leaves it off).
@@ -376,6 +402,8 @@ def compile(name: str) -> Any:  # noqa: A001  (the one entry point, called by ji
     fn, values = SIGNATURES[name]
     if name in ("gemm", "attention", "squeeze_excite"):
         _link_blas()
+    if name == "half":
+        _check_half()
     _compile_crew()
     piece = _compiled_piece(fn, name in SLP)
     launch = numba.njit(types.void(_CONTROL, types.int64, types.int64, types.Tuple(values)), nogil=True,
@@ -412,6 +440,20 @@ def _compiled_piece(fn: Callable[..., Any], slp: bool) -> Any:
             return numba.cfunc(types.void(types.int64, types.int64), **options)(fn)
         finally:
             config.SLP_VECTORIZE = before
+
+
+def _check_half() -> None:
+    """Raise unless this CPU rounds to half floats in an instruction (x86 with F16C, 64-bit Arm): elsewhere LLVM
+    would call a runtime function that numba does not link, and the process would abort when the code is linked."""
+    import platform
+
+    import llvmlite.binding as ll
+
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return
+    if machine not in ("x86_64", "amd64") or "+f16c" not in ll.get_host_cpu_features().flatten().split(","):
+        raise RuntimeError(f"no instruction rounds to half floats on this CPU ({machine})")
 
 
 def _link_blas() -> None:
