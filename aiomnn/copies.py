@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -57,24 +57,30 @@ def pieces(nbytes: int, itemsize: int) -> list[tuple[int, int]]:
     return [(a, min(a + size, nbytes)) for a in range(0, nbytes, size)]
 
 
-def fill(dst: np.ndarray, src: np.ndarray) -> Iterator[tuple[int, int]]:
-    """Copy src into dst (as np.copyto with unsafe casting), yielding the byte range of dst each piece
-    covers, in order, once it is filled: a large array's pieces are copied by the copy threads at once, a
-    medium one's (SEND_BYTES) one after the other here; others, or arrays whose shapes or layouts differ, in
-    one piece."""
-    nbytes = dst.nbytes
-    if not sent_in_pieces(nbytes) or src.shape != dst.shape or not src.flags.c_contiguous \
+def _copyto(dst: np.ndarray, src: np.ndarray) -> None:
+    np.copyto(dst, src, casting="unsafe")
+
+
+def fill(dst: np.ndarray, src: np.ndarray,
+         copy: Callable[[np.ndarray, np.ndarray], object] = _copyto) -> Iterator[tuple[int, int]]:
+    """Copy src into dst (np.copyto with unsafe casting, or `copy`, which takes the two arrays or pieces of
+    them, flat, and lets the GIL go), yielding the byte range of dst each piece covers, in order, once it is
+    filled: a large array's pieces are copied by the copy threads at once, a medium one's (SEND_BYTES) one
+    after the other here; others, or arrays whose shapes or layouts differ, in one piece. Sizes are the larger
+    of the two arrays' (a copy into half floats reads twice the bytes it writes)."""
+    nbytes, size = dst.nbytes, max(dst.nbytes, src.nbytes)
+    if not sent_in_pieces(size) or src.shape != dst.shape or not src.flags.c_contiguous \
             or not dst.flags.c_contiguous:
-        np.copyto(dst, src, casting="unsafe")
+        copy(dst, src)
         yield 0, nbytes
         return
     d, s, step = dst.reshape(-1), src.reshape(-1), dst.itemsize
-    if not large(nbytes):
+    if not large(size):
         for a, b in pieces(nbytes, step):
-            np.copyto(d[a // step:b // step], s[a // step:b // step], casting="unsafe")
+            copy(d[a // step:b // step], s[a // step:b // step])
             yield a, b
         return
-    jobs = [(a, b, _threads().submit(np.copyto, d[a // step:b // step], s[a // step:b // step], casting="unsafe"))
+    jobs = [(a, b, _threads().submit(copy, d[a // step:b // step], s[a // step:b // step]))
             for a, b in pieces(nbytes, step)]
     for a, b, job in jobs:
         job.result()

@@ -766,8 +766,10 @@ async def test_large_staged_inputs_go_in_pieces(monkeypatch, threads):
 @pytest.mark.parametrize("precision", ["high", "low"])
 async def test_inputs_go_straight_into_mappable_device_memory(precision, monkeypatch):
     """On a discrete GPU whose whole device memory the host can map (resizable BAR; lavapipe passes for one),
-    the host writes a run's inputs where the shaders read them (fp16: the float32 area the casts read): no
-    staging copy and no pieces, however large the input; its outputs are still copied out."""
+    the host writes a run's inputs where the shaders read them (fp16: as half floats, or where the host cannot
+    round to them, into the float32 area the casts read): no staging copy and no pieces, however large the
+    input; its outputs are still copied out."""
+    from aiomnn.backends.vulkan.queue import halves
     from aiomnn import copies
 
     monkeypatch.setenv("AIOMNN_VULKAN_FORCE_STAGING", "1")
@@ -792,7 +794,91 @@ async def test_inputs_go_straight_into_mappable_device_memory(precision, monkeyp
             be = s.pipeline.main
             rec = be.plan.records[s.pipeline.segments[0]]
             assert be.plan.io_host is be.plan.io_dev and rec.slots[0].sends == {}
-            assert rec.upload_bytes == x.nbytes
+            assert rec.upload_bytes == x.nbytes // (2 if precision == "low" and halves() else 1)
+    finally:
+        info.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("numba", ["wait", "0"])
+async def test_fp16_inputs_rounded_on_the_host_or_cast_on_the_device(numba, monkeypatch):
+    """fp16 storage, inputs in mapped device memory (lavapipe's, or a resizable BAR): the host rounds float32
+    inputs to half floats itself with the CPU backend's compiled loop (half the bytes over the bus), or, without
+    numba, writes float32 for a cast on the device. Both give the outputs of the inputs rounded to half floats,
+    ties to even and overflow among them, run after run."""
+    from aiomnn import copies
+    from aiomnn.backends.vulkan.queue import halves
+
+    monkeypatch.setenv("AIOMNN_NUMBA", numba)
+    # in pieces on two copy threads, as a large input is on a host of 4 cores or more
+    monkeypatch.setattr(copies, "SPLIT_BYTES", 8 << 10)
+    monkeypatch.setattr(copies, "PIECE_MIN", 4 << 10)
+    monkeypatch.setattr(copies, "THREADS", 2)
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none",
+                                                                                      precision="low"))
+    info = aiomnn.create_runtime(config)
+    try:
+        if not info.runtimes[ForwardType.VULKAN].ctx.direct_inputs:
+            pytest.skip("this GPU's device memory is not mapped for inputs")
+        if numba == "wait" and not halves():
+            pytest.skip("numba cannot round to half floats on this CPU")
+        shape = (1, 4, 64, 64)
+        net = aiomnn.Interpreter.from_bytes(abs_model(shape))
+        async with await net.create_session(config, info) as s:
+            for seed in range(3):
+                x = r(*shape, seed=seed) * 10 ** seed
+                x.flat[:7] = [1 + 2 ** -11, 1 + 3 * 2 ** -11, 70000.0, -1e-8, -(2 ** -25) * 3, np.inf, 65520.0]
+                got = (await s.run({"x": x}))["y"]
+                with np.errstate(over="ignore"):  # 70000 and 65520 overflow half floats, on purpose
+                    want = np.abs(x.astype(np.float16)).astype(np.float32)  # Abs is exact in half floats
+                np.testing.assert_array_equal(got, want)
+            be = s.pipeline.main
+            rec = be.plan.records[s.pipeline.segments[0]]
+            assert rec.uploads[0][1].dtype == (np.float16 if numba == "wait" else np.float32)
+    finally:
+        info.close()
+
+
+def abs_model(shape: tuple[int, ...]) -> bytes:
+    g = helper.make_graph([n("Abs", ["x"], ["y"])], "abs", [helper.make_tensor_value_info("x", F, shape)],
+                          [helper.make_tensor_value_info("y", F, shape)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.anyio
+async def test_fp16_inputs_recorded_again_once_the_rounding_compiles(monkeypatch):
+    """A segment recorded while the host's rounding to half floats still compiles casts its inputs on the
+    device; the first run after the compile is done records it again, writing half floats."""
+    from aiomnn.backends.cpu import jit
+    from aiomnn.backends.vulkan.queue import halves
+
+    monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+    config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none",
+                                                                                      precision="low"))
+    info = aiomnn.create_runtime(config)
+    try:
+        if not info.runtimes[ForwardType.VULKAN].ctx.direct_inputs or not halves():
+            pytest.skip("no mapped device memory for inputs, or no rounding to half floats on this CPU")
+        compiled = jit.jitted
+        monkeypatch.setattr(jit, "jitted", lambda name: None if name == "half" else compiled(name))
+        monkeypatch.setattr(jit, "pending", lambda: True)
+        shape = (1, 4, 16, 16)
+        net = aiomnn.Interpreter.from_bytes(abs_model(shape))
+        async with await net.create_session(config, info) as s:
+            x = r(*shape)
+            want = np.abs(x.astype(np.float16)).astype(np.float32)
+            np.testing.assert_array_equal((await s.run({"x": x}))["y"], want)
+            be, segment = s.pipeline.main, s.pipeline.segments[0]
+            first = be.plan.records[segment]
+            assert first.provisional and first.uploads[0][1].dtype == np.float32
+            np.testing.assert_array_equal((await s.run({"x": x}))["y"], want)
+            assert be.plan.records[segment] is first  # still compiling: the same record
+            monkeypatch.setattr(jit, "jitted", compiled)
+            monkeypatch.setattr(jit, "pending", lambda: False)
+            for _ in range(2):
+                np.testing.assert_array_equal((await s.run({"x": x}))["y"], want)
+            again = be.plan.records[segment]
+            assert again is not first and not again.provisional and again.uploads[0][1].dtype == np.float16
     finally:
         info.close()
 

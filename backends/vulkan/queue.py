@@ -31,7 +31,7 @@ import functools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import vulkan as vk
@@ -41,6 +41,8 @@ from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
 from aiomnn.poll import Poller, Timing
+
+from ..cpu import jit
 
 if TYPE_CHECKING:
     from .profile import Timestamps
@@ -55,6 +57,35 @@ _WAIT_NS = 100_000_000  # the waiter wakes this often to notice a close
 def _error(result: int, what: str) -> Exception:
     cls = vk.exception_codes.get(result)
     return cls(f"{what}: VkResult {result}") if cls else RuntimeError(f"{what}: VkResult {result}")
+
+
+
+F16 = np.dtype(np.float16)
+
+
+def halves() -> bool:
+    """Whether the host rounds inputs to half floats itself, writing half the bytes over the bus (the CPU
+    backend's compiled loop `half`): not while it compiles (asked for here), nor where numba or the CPU's
+    instruction is missing. Otherwise fp16 storage takes float32 inputs and casts them on the device."""
+    return jit.jitted("half") is not None
+
+
+def halves_pending() -> bool:
+    """Whether halves() may yet turn true: numba is compiling (a segment recorded with casts meanwhile is
+    recorded again once it is done: VulkanBackend.record_of)."""
+    return jit.pending()
+
+
+def fill(view: np.ndarray, value: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Write a run's input into its mapped view, yielding the byte ranges filled, in order (copies.fill); into
+    half floats through the compiled loop (numpy's own float16 cast takes a value at a time), a large input's
+    pieces on the copy threads, as a float32 one's."""
+    loop = jit.jitted("half") if view.dtype == F16 and value.dtype != F16 else None
+    if loop is None:  # (or numba turned off since the record was made: numpy's cast, slow but right)
+        yield from copies.fill(view, value)
+        return
+    x = np.ascontiguousarray(value, dtype=np.float32)
+    yield from copies.fill(view.view(np.uint16), x, lambda d, s: loop(1, s.reshape(-1), d.reshape(-1)))
 
 
 class Submission:
@@ -169,7 +200,7 @@ class Queue:
                     raise BackendError(f"input {name!r} has shape {v.shape}, the plan has {shape}")
                 sends = slot.sends.get(name, ())
                 i = 0
-                for _, filled in copies.fill(view, v):
+                for _, filled in fill(view, v):
                     while i < len(sends) and sends[i][0] <= filled:
                         self.send(sends[i][1])
                         i += 1

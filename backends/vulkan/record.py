@@ -57,15 +57,17 @@ class Record:
     """A segment's recorded command buffers (a ring of slots, grown only while each is still pending or lent)
     and its host copies."""
 
-    __slots__ = ("slots", "uploads", "pops", "make", "key", "upload_bytes")
+    __slots__ = ("slots", "uploads", "pops", "make", "key", "upload_bytes", "provisional")
 
-    def __init__(self, make, uploads, pops, key):
+    def __init__(self, make, uploads, pops, key, provisional: bool = False):
         self.make = make  # records one more slot for this segment
         self.slots: list[Slot] = [make()]
         self.uploads = uploads  # (name, host view, shape)
         self.pops = pops  # host values whose last use is in this segment (known once a run brings the segment)
         self.key = key
         self.upload_bytes = sum(view.nbytes for _, view, _ in uploads)
+        #: Recorded with casts of its inputs on the device while the host's rounding to half floats compiled.
+        self.provisional = provisional
 
     @staticmethod
     def key_of(exes: list, uploads: list[str], downloads: list[str]) -> tuple:

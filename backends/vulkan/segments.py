@@ -6,7 +6,8 @@ record    a segment's Record: the prediction when it matches, else recorded now.
 
 A Record's command buffer copies the inputs in where the device has memory of
 its own that the host cannot map (large inputs in pieces submitted ahead of it),
-or casts them from float32 with fp16 storage, runs the dispatches in waves
+or casts them from float32 with fp16 storage (unless the host writes them as half
+floats into mapped device memory: queue.halves), runs the dispatches in waves
 (record.waves), and copies the outputs out to a readback area the host reads:
 the record's own, or, where host memory can be imported, each slot's own, whose
 arrays go to the caller.
@@ -25,7 +26,7 @@ from aiomnn.errors import BackendError
 
 from .buffers import buffer_of, host_view, write_descriptors
 from .memory import Loc, align_up
-from .queue import Submission
+from .queue import Submission, halves, halves_pending
 from .record import (COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, Record, Slot, barrier,
                      record as record_cmds, record_timed)
 
@@ -97,7 +98,9 @@ def _build(plan: "Plan", exes: list, upload_names: list[str], download_names: li
     staged = not plan.ctx.unified  # the device copies outputs out to host memory
     cast_in: list[Dispatch] = []
     cast_out: list[Dispatch] = []
-    if plan.fp16 and uploads:
+    rounded = plan.ctx.direct_inputs and halves()  # the host writes half floats where the shaders read them
+    provisional = plan.fp16 and bool(uploads) and plan.ctx.direct_inputs and not rounded and halves_pending()
+    if plan.fp16 and uploads and not rounded:
         size, offsets = _host_layout(plan, [shape for *_, shape in uploads])
         stage = plan.ctx.input_buffer(size)
         plan.extra_bufs.append(stage)
@@ -176,7 +179,7 @@ def _build(plan: "Plan", exes: list, upload_names: list[str], download_names: li
             plan.timestamps.add(sub, pool, len(dispatches) + 1)
         return Slot(sub, views, handover, sends)
 
-    return Record(make, up_views, pops, Record.key_of(exes, upload_names, download_names))
+    return Record(make, up_views, pops, Record.key_of(exes, upload_names, download_names), provisional)
 
 
 def _piece(plan: "Plan", offset: int, nbytes: int) -> Submission:
