@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
+import sys
 
 import numpy as np
 
@@ -27,15 +26,12 @@ from aiomnn.backends.cpu import jit
 from aiomnn.backends.vulkan.device import Context, physical_devices
 from aiomnn.backends.vulkan.queue import fill
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from gpu import time_sync  # noqa: E402
+
 
 def median_us(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e6 * statistics.median(times)
+    return 1e3 * time_sync(fn, reps, warmup=1)
 
 
 def main() -> None:
