@@ -2,7 +2,9 @@
 
 Each is a plain loop over float32 rows that LLVM vectorizes: no call inside a loop body (exp and erf are
 scalars.py's polynomials), and a loop that works in place takes one array (given the same array twice,
-LLVM's check for overlap fails and the scalar loop runs instead). Those over rows and products are here; those
+LLVM's check for overlap fails and the scalar loop runs instead). A loop over a piece's share of a flat array
+runs over unsigned bounds: from a signed start numba's check for negative indices stays in the loop and LLVM
+loads each value alone (benchmarks/RESULTS.md, session 42). Those over rows and products are here; those
 over image planes in planes.py (the conv tile loop's input layout among them); the tile loops in tiles.py, whose
 sums are generated. This module compiles them all (compile).
 """
@@ -36,7 +38,8 @@ def erf(args, c):
     """y = erf(x) elementwise: fields x, y (flat)."""
     a = fields(args, 2)
     x, y = array1(a, 0, F), array1(a, 1, F)
-    for i in range(*share(a, c, x.shape[0])):
+    lo, hi = share(a, c, x.shape[0])
+    for i in range(np.uint64(lo), np.uint64(hi)):
         y[i] = scalars.erf(x[i])
 
 
@@ -59,7 +62,7 @@ def half(args, c):
     a = fields(args, 2)
     x, y = array1(a, 0, F), array1(a, 1, np.uint16)
     lo, hi = share(a, c, x.shape[0])
-    for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no index wraps around, so it runs in vectors
+    for i in range(np.uint64(lo), np.uint64(hi)):
         y[i] = _half_bits(x[i])
 
 
@@ -79,6 +82,7 @@ def binary(args, c):
     a = fields(args, 7)
     x, z, y, op = array1(a, 0, F), array1(a, 1, F), array1(a, 2, F), i64(a, 3)
     lo, hi = share(a, c, y.shape[0])
+    lo, hi = np.uint64(lo), np.uint64(hi)
     if op == 0:
         for i in range(lo, hi):
             y[i] = x[i] + z[i]
@@ -88,14 +92,15 @@ def binary(args, c):
     else:
         for i in range(lo, hi):
             y[i] = x[i] * z[i]
-    scalars.activate(y, np.uint64(lo), np.uint64(hi), i64(a, 4), f32(a, 5), f32(a, 6))
+    scalars.activate(y, lo, hi, i64(a, 4), f32(a, 5), f32(a, 6))
 
 
 def gelu(args, c):
     """y = y/2 (1 + erf(y / sqrt 2)), in place: field y (flat)."""
     a = fields(args, 1)
     y = array1(a, 0, F)
-    for i in range(*share(a, c, y.shape[0])):
+    lo, hi = share(a, c, y.shape[0])
+    for i in range(np.uint64(lo), np.uint64(hi)):
         v = y[i]
         y[i] = F(0.5) * v * (F(1) + scalars.erf(v * F(0.7071067811865476)))
 
@@ -326,7 +331,7 @@ def squeeze_excite(args, c):
         if CO == 0:
             for ch in range(C):
                 v, xr, yr = sv[ch], xn[ch], out[n, ch]
-                for p in range(c0, c1):
+                for p in range(np.uint64(c0), np.uint64(c1)):
                     yr[p] = xr[p] * v
             continue
         for o in range(CO):
