@@ -63,8 +63,8 @@ def _copyto(dst: np.ndarray, src: np.ndarray) -> None:
 
 def fill(dst: np.ndarray, src: np.ndarray,
          copy: Callable[[np.ndarray, np.ndarray], object] = _copyto) -> Iterator[tuple[int, int]]:
-    """Copy src into dst (np.copyto with unsafe casting, or `copy`, which takes the two arrays or pieces of
-    them, flat, and lets the GIL go), yielding the byte range of dst each piece covers, in order, once it is
+    """Copy src into dst (np.copyto with unsafe casting, or `copy`, which takes the two arrays, or flat pieces
+    of them, and lets the GIL go), yielding the byte range of dst each piece covers, in order, once it is
     filled: a large array's pieces are copied by the copy threads at once, a medium one's (SEND_BYTES) one
     after the other here; others, or arrays whose shapes or layouts differ, in one piece. Sizes are the larger
     of the two arrays' (a copy into half floats reads twice the bytes it writes)."""

@@ -59,7 +59,6 @@ def _error(result: int, what: str) -> Exception:
     return cls(f"{what}: VkResult {result}") if cls else RuntimeError(f"{what}: VkResult {result}")
 
 
-
 F16 = np.dtype(np.float16)
 
 
@@ -80,12 +79,17 @@ def fill(view: np.ndarray, value: np.ndarray) -> Iterator[tuple[int, int]]:
     """Write a run's input into its mapped view, yielding the byte ranges filled, in order (copies.fill); into
     half floats through the compiled loop (numpy's own float16 cast takes a value at a time), a large input's
     pieces on the copy threads, as a float32 one's."""
-    loop = jit.jitted("half") if view.dtype == F16 and value.dtype != F16 else None
-    if loop is None:  # (or numba turned off since the record was made: numpy's cast, slow but right)
+    # (with numba turned off since the record was made, numpy's cast: slow, but right)
+    if view.dtype != F16 or value.dtype == F16 or not halves():
         yield from copies.fill(view, value)
         return
     x = np.ascontiguousarray(value, dtype=np.float32)
-    yield from copies.fill(view.view(np.uint16), x, lambda d, s: loop(1, s.reshape(-1), d.reshape(-1)))
+    yield from copies.fill(view.view(np.uint16), x, _round)
+
+
+def _round(dst: np.ndarray, src: np.ndarray) -> None:
+    """Half floats' bits into dst from float32 src, of one shape, on this thread (one bound job of the loop)."""
+    jit.split("half", src.size, src.size, src.reshape(-1), dst.reshape(-1))
 
 
 class Submission:

@@ -98,8 +98,10 @@ def _build(plan: "Plan", exes: list, upload_names: list[str], download_names: li
     staged = not plan.ctx.unified  # the device copies outputs out to host memory
     cast_in: list[Dispatch] = []
     cast_out: list[Dispatch] = []
-    rounded = plan.ctx.direct_inputs and halves()  # the host writes half floats where the shaders read them
-    provisional = plan.fp16 and bool(uploads) and plan.ctx.direct_inputs and not rounded and halves_pending()
+    # fp16: the host writes half floats where the shaders read them, or float32 for casts on the device
+    direct_halves = plan.fp16 and bool(uploads) and plan.ctx.direct_inputs
+    rounded = direct_halves and halves()
+    provisional = direct_halves and not rounded and halves_pending()
     if plan.fp16 and uploads and not rounded:
         size, offsets = _host_layout(plan, [shape for *_, shape in uploads])
         stage = plan.ctx.input_buffer(size)
