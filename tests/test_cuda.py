@@ -1134,9 +1134,7 @@ async def test_inputs_of_any_layout_reach_the_device(split, monkeypatch):
         for src in (r(2, 8, 40, 37), r(2, 37, 40, 8).transpose(0, 3, 2, 1)):
             be.queue.copy_in(host, src, dst)
             be.stream.synchronize()
-            back = np.empty_like(host)
-            cupy.cuda.runtime.memcpy(back.ctypes.data, dst, back.nbytes, cupy.cuda.runtime.memcpyDeviceToHost)
-            np.testing.assert_array_equal(back, src)
+            np.testing.assert_array_equal(cupy.asnumpy(dst), src)
 
 
 @needs_gpu
@@ -1205,6 +1203,83 @@ async def test_device_inputs_stay_on_the_device(source, precision, monkeypatch):
         got = await s.run({"x": dev})  # host outputs: the input still goes device to device
         assert H2D not in kinds
         np.testing.assert_array_equal(got["y"], want["y"])
+
+
+def rounding_case(seed: int) -> np.ndarray:
+    """float32 values whose rounding to half floats is easy to get wrong: ties to even, overflow, subnormals."""
+    x = np.random.default_rng(seed).standard_normal((1, 4, 64, 64)).astype(np.float32) * 10 ** seed
+    x.flat[:7] = [1 + 2 ** -11, 1 + 3 * 2 ** -11, 70000.0, -1e-8, -(2 ** -25) * 3, np.inf, 65520.0]
+    return x
+
+
+def rounded_abs(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # 70000 and 65520 overflow half floats, on purpose
+        return np.abs(x.astype(np.float16)).astype(np.float32)  # Abs is exact in half floats
+
+
+@needs_gpu
+@pytest.mark.anyio
+@pytest.mark.parametrize("numba", ["wait", "0"])
+async def test_fp16_inputs_rounded_on_the_host_or_cast_on_the_device(numba, monkeypatch):
+    """fp16 storage: the host rounds float32 inputs to half floats itself with the CPU backend's compiled loop
+    (half the bytes over the bus, straight into the device's view, no cast kernel), or, without numba, sends
+    float32 for a cast on the device. Both give the outputs of the inputs rounded to half floats, run after run,
+    and so does a float32 input already on the device."""
+    import cupy
+
+    from aiomnn import copies
+    from aiomnn.backends.cpu import halves
+
+    monkeypatch.setenv("AIOMNN_NUMBA", numba)
+    # in pieces on two copy threads, as a large input is on a host of 4 cores or more
+    monkeypatch.setattr(copies, "SPLIT_BYTES", 8 << 10)
+    monkeypatch.setattr(copies, "PIECE_MIN", 4 << 10)
+    monkeypatch.setattr(copies, "THREADS", 2)
+    if numba == "wait" and not halves.ready():
+        pytest.skip("numba cannot round to half floats on this CPU")
+    data, _ = make_model("Abs", {"x": r(1, 4, 64, 64)}, ["y"])
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(precision="low", tuning="none"))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(cfg) as s:
+        for seed in range(3):
+            x = rounding_case(seed)
+            np.testing.assert_array_equal((await s.run({"x": x}))["y"], rounded_abs(x))
+            np.testing.assert_array_equal((await s.run({"x": cupy.asarray(x)}))["y"], rounded_abs(x))
+        (run,) = s.pipeline.main.plan.runs.values()
+        (_, host, dst), = run.inputs
+        assert host.dtype == dst.dtype == (np.float16 if numba == "wait" else np.float32)
+        assert not run.provisional
+
+
+@needs_gpu
+@pytest.mark.anyio
+async def test_fp16_inputs_made_again_once_the_rounding_compiles(monkeypatch):
+    """A run made while the host's rounding to half floats still compiles casts its inputs on the device; the
+    first run after the compile is done makes and records it again, sending half floats."""
+    from aiomnn.backends.cpu import halves, jit
+
+    monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+    if not halves.ready():
+        pytest.skip("numba cannot round to half floats on this CPU")
+    compiled = jit.jitted
+    monkeypatch.setattr(jit, "jitted", lambda name: None if name == "half" else compiled(name))
+    monkeypatch.setattr(jit, "pending", lambda: True)
+    data, _ = make_model("Abs", {"x": r(1, 4, 16, 16)}, ["y"])
+    x = rounding_case(0)[:, :, :16, :16].copy()
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(precision="low", tuning="none"))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(cfg) as s:
+        plan = s.pipeline.main.plan
+        (first,) = plan.runs.values()
+        assert first.provisional and first.inputs[0][1].dtype == np.float32
+        for _ in range(2):
+            np.testing.assert_array_equal((await s.run({"x": x}))["y"], rounded_abs(x))
+            assert list(plan.runs.values()) == [first]  # still compiling: the same run
+        monkeypatch.setattr(jit, "jitted", compiled)
+        monkeypatch.setattr(jit, "pending", lambda: False)
+        for _ in range(2):
+            np.testing.assert_array_equal((await s.run({"x": x}))["y"], rounded_abs(x))
+        (again,) = plan.runs.values()
+        assert again is not first and not again.provisional and again.inputs[0][1].dtype == np.float16
+        assert again.graph is not None
 
 
 @needs_gpu

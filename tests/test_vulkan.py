@@ -769,7 +769,7 @@ async def test_inputs_go_straight_into_mappable_device_memory(precision, monkeyp
     the host writes a run's inputs where the shaders read them (fp16: as half floats, or where the host cannot
     round to them, into the float32 area the casts read): no staging copy and no pieces, however large the
     input; its outputs are still copied out."""
-    from aiomnn.backends.vulkan.queue import halves
+    from aiomnn.backends.cpu import halves
     from aiomnn import copies
 
     monkeypatch.setenv("AIOMNN_VULKAN_FORCE_STAGING", "1")
@@ -794,7 +794,7 @@ async def test_inputs_go_straight_into_mappable_device_memory(precision, monkeyp
             be = s.pipeline.main
             rec = be.plan.records[s.pipeline.segments[0]]
             assert be.plan.io_host is be.plan.io_dev and rec.slots[0].sends == {}
-            assert rec.upload_bytes == x.nbytes // (2 if precision == "low" and halves() else 1)
+            assert rec.upload_bytes == x.nbytes // (2 if precision == "low" and halves.ready() else 1)
     finally:
         info.close()
 
@@ -807,7 +807,7 @@ async def test_fp16_inputs_rounded_on_the_host_or_cast_on_the_device(numba, monk
     numba, writes float32 for a cast on the device. Both give the outputs of the inputs rounded to half floats,
     ties to even and overflow among them, run after run."""
     from aiomnn import copies
-    from aiomnn.backends.vulkan.queue import halves
+    from aiomnn.backends.cpu import halves
 
     monkeypatch.setenv("AIOMNN_NUMBA", numba)
     # in pieces on two copy threads, as a large input is on a host of 4 cores or more
@@ -820,7 +820,7 @@ async def test_fp16_inputs_rounded_on_the_host_or_cast_on_the_device(numba, monk
     try:
         if not info.runtimes[ForwardType.VULKAN].ctx.direct_inputs:
             pytest.skip("this GPU's device memory is not mapped for inputs")
-        if numba == "wait" and not halves():
+        if numba == "wait" and not halves.ready():
             pytest.skip("numba cannot round to half floats on this CPU")
         shape = (1, 4, 64, 64)
         net = aiomnn.Interpreter.from_bytes(abs_model(shape))
@@ -850,14 +850,14 @@ async def test_fp16_inputs_recorded_again_once_the_rounding_compiles(monkeypatch
     """A segment recorded while the host's rounding to half floats still compiles casts its inputs on the
     device; the first run after the compile is done records it again, writing half floats."""
     from aiomnn.backends.cpu import jit
-    from aiomnn.backends.vulkan.queue import halves
+    from aiomnn.backends.cpu import halves
 
     monkeypatch.setenv("AIOMNN_NUMBA", "wait")
     config = aiomnn.ScheduleConfig(type="vulkan", backend_config=aiomnn.BackendConfig(tuning="none",
                                                                                       precision="low"))
     info = aiomnn.create_runtime(config)
     try:
-        if not info.runtimes[ForwardType.VULKAN].ctx.direct_inputs or not halves():
+        if not info.runtimes[ForwardType.VULKAN].ctx.direct_inputs or not halves.ready():
             pytest.skip("no mapped device memory for inputs, or no rounding to half floats on this CPU")
         compiled = jit.jitted
         monkeypatch.setattr(jit, "jitted", lambda name: None if name == "half" else compiled(name))

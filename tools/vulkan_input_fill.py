@@ -8,7 +8,7 @@ device memory the host maps where the GPU has a resizable BAR, else host memory)
   threads);
 - f16 copy: np.copyto of half as many bytes (the floor of writing half floats);
 - f16: float32 rounded to half floats by the CPU backend's loop `half`, written straight into the buffer by
-  backends/vulkan/queue.fill as a run does with fp16 storage (a large input's pieces on the copy threads);
+  backends/cpu/halves.fill as a run does with fp16 storage (a large input's pieces on the copy threads);
 - f16 cached: the same loop into cached host memory (numpy's), the rounding's own cost.
 numpy's own float16 cast is left out: it is scalar (about 4 ns a value on the dev VM).
 """
@@ -24,7 +24,7 @@ import numpy as np
 from aiomnn import copies
 from aiomnn.backends.cpu import jit
 from aiomnn.backends.vulkan.device import Context, physical_devices
-from aiomnn.backends.vulkan.queue import fill
+from aiomnn.backends.cpu import halves
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from gpu import time_sync  # noqa: E402
@@ -57,7 +57,7 @@ def main() -> None:
         cached = np.empty(n, np.uint16)
         row = [median_us(lambda: list(copies.fill(f32, x)), args.reps),
                median_us(lambda: np.copyto(f16, half.view(np.uint16)), args.reps)]
-        row.append(median_us(lambda: list(fill(f16.view(np.float16), x)), args.reps))
+        row.append(median_us(lambda: list(halves.fill(f16.view(np.float16), x)), args.reps))
         row.append(median_us(lambda: jit.split("half", n, n, x, cached), args.reps))
         ok = np.array_equal(cached, half.view(np.uint16)) and np.array_equal(f16, half.view(np.uint16))
         print(f"| {mb} | " + " | ".join(f"{v:.0f}" for v in row) + f" | {'same as numpy' if ok else 'DIFFERS'} |")

@@ -16,7 +16,9 @@ Resize, in the pipeline's order:
 
 A run (submit): the queue copies the inputs to the device, launches the graph (every kernel), copies each output
 into a pinned block of cupy's pool that becomes the caller's array (no host copy after the run:
-memory.HandedOver), and completes the Fence when the stream reaches its end (queue.WAIT_MODES).
+memory.HandedOver), and completes the Fence when the stream reaches its end (queue.WAIT_MODES). A segment made
+while the host's rounding to half floats compiled (fp16) is made and recorded again at its first run after the
+compile (binding.remake): a one-off wait for the stream, on the caller's thread.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from aiomnn.fence import Fence
 from aiomnn.graph import Node
 from aiomnn.memory import Block
 
+from ..cpu import halves
 from . import binding, runs
 from .ops import OPS, Raster
 from .ops.base import CudaOp, Decline
@@ -59,6 +62,8 @@ class CudaBackend(Backend):
         self.rt = runtime
         self.half = config.precision == "low"
         self.t_dtype = F16 if self.half else F32
+        if self.half:
+            halves.ready()  # the host's rounding to half floats starts compiling, to be ready when runs are made
         # One queue for the backends of a session's kept plans (sibling): when each plan had its own stream and
         # waiter thread, alternating shapes cost 4-29% more a run than a repeated shape on the H200.
         self.queue = queue or Queue(runtime)
@@ -150,6 +155,8 @@ class CudaBackend(Backend):
         fence = Fence()
         queue = self.queue
         with self.rt.device:
+            if run.provisional and not halves.pending():
+                run = binding.remake(self.plan, run, self.profile is None)
             for name, host, dst in run.inputs:
                 queue.copy_in(host, values[name], dst)
             values.update(queue.launch(run, fence, device, self.profile is not None))

@@ -89,6 +89,17 @@ def bind(plan: Plan, record: bool = True, graph: bool = True) -> None:
     }
 
 
+def remake(plan: Plan, run: runs.Run, graph: bool = True) -> runs.Run:
+    """A segment's run made and recorded again, in the plan's place of the old one (runs.Run.provisional: its
+    inputs now go as half floats, without the casts)."""
+    mine = {o for s in plan.steps if s.exe is not None for o in s.outs if o}
+    with cupy.cuda.using_allocator(plan.rt.pool.malloc):
+        new = runs.make(plan, run.steps, mine)
+        runs.record(plan, new, graph)
+    plan.runs[id(run.steps[0].exe)] = new
+    return new
+
+
 def separate_buffer(plan: Plan, name: str, t: Tensor) -> None:
     """A buffer of its own for a value outside the arena, zeroed, and its view."""
     n = plan.dev_nbytes(t)

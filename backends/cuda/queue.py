@@ -30,6 +30,8 @@ from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
 from aiomnn.poll import Poller, Timing
 
+from ..cpu import halves
+
 if TYPE_CHECKING:
     from .runs import Run
     from .runtime import CudaRuntime
@@ -61,30 +63,35 @@ class Queue:
         self._events: list = []  # blocking-sync events the waiter is done with, to record again
         self._blas = None
 
-    def copy_in(self, host: np.ndarray, src: Any, dst: int) -> None:
-        """An input to the device, ahead of the graph on the stream.
+    def copy_in(self, host: np.ndarray, src: Any, dst: "cupy.ndarray") -> None:
+        """An input to the device array dst, ahead of the graph on the stream, through its pinned buffer host (of
+        dst's dtype: half floats where the host rounds to them, cpu/halves.py).
 
-        A large one: the copy threads fill its pinned buffer piece by piece (copies.fill), and each piece
+        A large one: the copy threads fill the pinned buffer piece by piece (halves.fill), and each piece
         goes to the device as soon as it is filled, so the host copies run in parallel and overlap the
-        transfer. Others go straight from the caller's array: the driver copies pageable memory through
-        its own staging buffers, overlapping that copy with the transfer, and returns once the array has
-        been read, which measured quicker than filling a pinned buffer and sending it (det's and
+        transfer. Others of dst's dtype go straight from the caller's array: the driver copies pageable memory
+        through its own staging buffers, overlapping that copy with the transfer, and returns once the array
+        has been read, which measured quicker than filling a pinned buffer and sending it (det's and
         YOLOv8n's inputs). An array of another layout or dtype goes through the pinned buffer."""
         if not host.size:
             return
-        stream = self.stream.ptr
+        stream, ptr = self.stream.ptr, dst.data.ptr
         if isinstance(src, cupy.ndarray):  # a device input (aiomnn.feeds): copied on the device, after what made it
             self.after_default_stream()
-            cupy.cuda.runtime.memcpyAsync(dst, src.data.ptr, host.nbytes, DEFAULT, stream)
+            if src.dtype == dst.dtype:
+                cupy.cuda.runtime.memcpyAsync(ptr, src.data.ptr, host.nbytes, DEFAULT, stream)
+            else:  # a float32 input where the device stores half floats: cast on the stream
+                with self.stream:
+                    cupy.copyto(dst, src.reshape(dst.shape), casting="unsafe")
             return
         src = np.asarray(src)
         if not copies.large(host.nbytes) and src.dtype == host.dtype and src.shape == host.shape \
                 and src.flags.c_contiguous:
-            cupy.cuda.runtime.memcpyAsync(dst, src.ctypes.data, host.nbytes, H2D, stream)
+            cupy.cuda.runtime.memcpyAsync(ptr, src.ctypes.data, host.nbytes, H2D, stream)
             return
         base = host.ctypes.data
-        for a, b in copies.fill(host, src):
-            cupy.cuda.runtime.memcpyAsync(dst + a, base + a, b - a, H2D, stream)
+        for a, b in halves.fill(host, src):
+            cupy.cuda.runtime.memcpyAsync(ptr + a, base + a, b - a, H2D, stream)
 
     def launch(self, run: Run, fence: Fence, device: bool = False, timed: bool = False) -> dict[str, Any]:
         """Start the run and return its outputs, to read once the fence completes: host arrays the caller

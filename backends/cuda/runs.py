@@ -1,9 +1,9 @@
 """A CUDA segment's run: what the backend records at resize from its plan, and the queue launches at each run
 (queue.py: Queue.launch).
 
-make     a segment's Run from its steps: the inputs' pinned buffers and copies in, every step's
-         launches (and fused epilogues), and the outputs' copies out (casts where the device
-         stores fp16).
+make     a segment's Run from its steps: the inputs' pinned buffers and copies in (in half floats, or cast on
+         the device, where it stores fp16), every step's launches (and fused epilogues), and the outputs'
+         copies out (casts where the device stores fp16).
 record   one eager warm-up, then stream capture of the launches into a CUDA graph.
 profile  a profiled run's events, one per step, from the CUDA events queue.launch_timed recorded.
 """
@@ -22,6 +22,7 @@ import numpy as np
 from aiomnn.poll import Timing
 from aiomnn.profile import OpEvent
 
+from ..cpu import halves
 from . import grouping, kernels
 from .fused import Raw
 from .program import launcher
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from .plan import Plan, Step
 
 log = logging.getLogger("aiomnn")
+F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 #: How often a segment's graph capture is tried before its launches run one by one.
 CAPTURE_TRIES = 3
@@ -45,8 +47,10 @@ class Run:
 
     steps: list[Step]
     # Inputs, copied to the device by submit, before the graph (Queue.copy_in): (name, pinned host view, device
-    # address).
-    inputs: list[tuple[str, np.ndarray, int]] = field(default_factory=list)
+    # array).
+    inputs: list[tuple[str, np.ndarray, Any]] = field(default_factory=list)
+    # Made with the device's casts while the host's rounding to half floats compiled: made again once it is done.
+    provisional: bool = False
     # (name, device array in its host dtype): each output, copied to the host after the graph, or to a
     # fresh device array when the caller wants it there (the names in `on_device`).
     outputs: list[tuple[str, Any]] = field(default_factory=list)
@@ -82,11 +86,9 @@ def make(plan: Plan, steps: list[Step], mine: set[str]) -> Run:
             needs.append(x)
     fns: list[Callable[[], None]] = []
     for x in needs:
-        dev, stage = _staged(plan, run, x)
-        host = _pinned(run, stage)
-        run.inputs.append((x, host, stage.data.ptr))  # copied by submit, before the graph
-        if host.size and stage is not dev:
-            fns.append(_cast_fn(plan, stage, dev))
+        cast = _input(plan, run, x)
+        if cast is not None:
+            fns.append(cast)
     first = len(fns)
     for s in steps:
         a = len(fns)
@@ -114,6 +116,25 @@ def make(plan: Plan, steps: list[Step], mine: set[str]) -> Run:
                 fns.append(_cast_fn(plan, dev, stage))
     run.fns = fns
     return run
+
+
+def _input(plan: Plan, run: Run, name: str) -> Callable[[], None] | None:
+    """An input's pinned host buffer and the device array submit copies it into (run.inputs), and the launch that
+    casts it where the device stores another dtype. Where the device stores half floats and the host rounds float32
+    to them (cpu/halves.py), the pinned buffer holds half floats that go straight to the device's view: half the
+    bytes over the bus, no cast. While the rounding compiles the run casts on the device, and is made again
+    once the compile is done (binding.remake)."""
+    t = plan.tensors[name]
+    dev = plan.views.get(name)
+    if dev is not None and dev.size and dev.dtype == F16 and np.dtype(t.dtype) == F32:
+        if halves.ready():
+            run.inputs.append((name, _pinned(run, dev), dev))
+            return None
+        run.provisional = halves.pending()
+    dev, stage = _staged(plan, run, name)
+    host = _pinned(run, stage)
+    run.inputs.append((name, host, stage))
+    return _cast_fn(plan, stage, dev) if host.size and stage is not dev else None
 
 
 def _staged(plan: Plan, run: Run, name: str) -> tuple[Any, Any]:

@@ -42,10 +42,10 @@ from aiomnn.graph import Node
 from aiomnn.memory import Block
 from aiomnn.offered import Offered
 
+from ..cpu import halves
 from . import buffers, ops, segments
 from .fusion import plan_fusions
 from .plan import Plan
-from .queue import halves, halves_pending
 from .record import Record
 
 if TYPE_CHECKING:
@@ -122,9 +122,9 @@ class VulkanBackend(Backend):
         """The segment's recorded command buffers, recorded now if they were not yet."""
         plan = self.plan
         rec = plan.records.get(segment)
-        if rec is not None and rec.provisional and not halves_pending():
+        if rec is not None and rec.provisional and not halves.pending():
             rec.provisional = False
-            if halves():  # ready now: the inputs go as half floats, without the casts (its old slots stay unused)
+            if halves.ready():  # ready now: the inputs go as half floats, without the casts (its old slots stay unused)
                 rec = None
         if rec is None:
             rec = plan.records[segment] = segments.record(plan, segment, self.profile is not None)

@@ -26,10 +26,10 @@ from aiomnn import places
 from aiomnn.backend import Execution, Tensor
 from aiomnn.memory import Arena, Block, SharedArena, StorageType
 
+from ..cpu import halves
 from . import buffers
 from .memory import Loc, align_up
 from .profile import Timestamps
-from .queue import halves
 
 if TYPE_CHECKING:
     from .record import Record
@@ -52,7 +52,7 @@ class Plan:
         self.align = align
         self.dry = dry  # launches only (for tuning): no weight uploads, no device memory
         if fp16 and self.ctx.direct_inputs and not dry:
-            halves()  # the host's rounding to half floats starts compiling, to be ready when segments record
+            halves.ready()  # the host's rounding to half floats starts compiling, to be ready when segments record
         # Where each value lives.
         self.locs: dict[str, Loc] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}

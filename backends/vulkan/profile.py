@@ -16,7 +16,7 @@ import vulkan as vk
 from aiomnn.errors import BackendError
 from aiomnn.profile import OpEvent, Profile
 
-from .queue import fill
+from ..cpu import halves
 from .record import COMPUTE, SHADER_RW, TRANSFER, TRANSFER_RW, barrier, bind
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def profile(backend: "VulkanBackend", segment: "Segment", values: dict[str, Any]
         return []
     rec = backend.record_of(segment)
     for name, view, shape in rec.uploads:
-        for _ in fill(view, values[name]):
+        for _ in halves.fill(view, values[name]):
             pass
     # One whole run first: it brings the inputs in (fp16 casts them on the device) and warms up.
     backend.queue.wait_value(backend.queue.submit(rec.slot().sub, lambda err: None))

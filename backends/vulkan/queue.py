@@ -31,7 +31,7 @@ import functools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import vulkan as vk
@@ -42,7 +42,7 @@ from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
 from aiomnn.poll import Poller, Timing
 
-from ..cpu import jit
+from ..cpu import halves
 
 if TYPE_CHECKING:
     from .profile import Timestamps
@@ -57,39 +57,6 @@ _WAIT_NS = 100_000_000  # the waiter wakes this often to notice a close
 def _error(result: int, what: str) -> Exception:
     cls = vk.exception_codes.get(result)
     return cls(f"{what}: VkResult {result}") if cls else RuntimeError(f"{what}: VkResult {result}")
-
-
-F16 = np.dtype(np.float16)
-
-
-def halves() -> bool:
-    """Whether the host rounds inputs to half floats itself, writing half the bytes over the bus (the CPU
-    backend's compiled loop `half`): not while it compiles (asked for here), nor where numba or the CPU's
-    instruction is missing. Otherwise fp16 storage takes float32 inputs and casts them on the device."""
-    return jit.jitted("half") is not None
-
-
-def halves_pending() -> bool:
-    """Whether halves() may yet turn true: numba is compiling (a segment recorded with casts meanwhile is
-    recorded again once it is done: VulkanBackend.record_of)."""
-    return jit.pending()
-
-
-def fill(view: np.ndarray, value: np.ndarray) -> Iterator[tuple[int, int]]:
-    """Write a run's input into its mapped view, yielding the byte ranges filled, in order (copies.fill); into
-    half floats through the compiled loop (numpy's own float16 cast takes a value at a time), a large input's
-    pieces on the copy threads, as a float32 one's."""
-    # (with numba turned off since the record was made, numpy's cast: slow, but right)
-    if view.dtype != F16 or value.dtype == F16 or not halves():
-        yield from copies.fill(view, value)
-        return
-    x = np.ascontiguousarray(value, dtype=np.float32)
-    yield from copies.fill(view.view(np.uint16), x, _round)
-
-
-def _round(dst: np.ndarray, src: np.ndarray) -> None:
-    """Half floats' bits into dst from float32 src, of one shape, on this thread (one bound job of the loop)."""
-    jit.split("half", src.size, src.size, src.reshape(-1), dst.reshape(-1))
 
 
 class Submission:
@@ -204,7 +171,7 @@ class Queue:
                     raise BackendError(f"input {name!r} has shape {v.shape}, the plan has {shape}")
                 sends = slot.sends.get(name, ())
                 i = 0
-                for _, filled in fill(view, v):
+                for _, filled in halves.fill(view, v):
                     while i < len(sends) and sends[i][0] <= filled:
                         self.send(sends[i][1])
                         i += 1

@@ -7,7 +7,7 @@ record    a segment's Record: the prediction when it matches, else recorded now.
 A Record's command buffer copies the inputs in where the device has memory of
 its own that the host cannot map (large inputs in pieces submitted ahead of it),
 or casts them from float32 with fp16 storage (unless the host writes them as half
-floats into mapped device memory: queue.halves), runs the dispatches in waves
+floats into mapped device memory: cpu/halves.py), runs the dispatches in waves
 (record.waves), and copies the outputs out to a readback area the host reads:
 the record's own, or, where host memory can be imported, each slot's own, whose
 arrays go to the caller.
@@ -24,9 +24,10 @@ import vulkan as vk
 from aiomnn import copies
 from aiomnn.errors import BackendError
 
+from ..cpu import halves
 from .buffers import buffer_of, host_view, write_descriptors
 from .memory import Loc, align_up
-from .queue import Submission, halves, halves_pending
+from .queue import Submission
 from .record import (COMPUTE, HOST, SHADER_RW, TRANSFER, TRANSFER_RW, Dispatch, Record, Slot, barrier,
                      record as record_cmds, record_timed)
 
@@ -100,8 +101,8 @@ def _build(plan: "Plan", exes: list, upload_names: list[str], download_names: li
     cast_out: list[Dispatch] = []
     # fp16: the host writes half floats where the shaders read them, or float32 for casts on the device
     direct_halves = plan.fp16 and bool(uploads) and plan.ctx.direct_inputs
-    rounded = direct_halves and halves()
-    provisional = direct_halves and not rounded and halves_pending()
+    rounded = direct_halves and halves.ready()
+    provisional = direct_halves and not rounded and halves.pending()
     if plan.fp16 and uploads and not rounded:
         size, offsets = _host_layout(plan, [shape for *_, shape in uploads])
         stage = plan.ctx.input_buffer(size)

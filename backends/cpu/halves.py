@@ -1,0 +1,48 @@
+"""float32 inputs rounded to half floats on the host, for the GPU backends whose devices store fp16: half the bytes
+over the bus and no cast on the device. The rounding is the compiled loop `half` (loops.py); numpy's own
+float16 cast takes a value at a time.
+
+ready()     whether the host rounds: the loop is compiled (asking starts its compile). Not while it compiles,
+            nor where numba or the CPU's instruction is missing; the device casts float32 inputs then.
+pending()   whether ready() may yet turn true (numba is compiling): a GPU segment recorded with the device's
+            casts meanwhile is recorded again once it is done.
+fill(dst, src)  aiomnn.copies.fill, rounding where dst holds half floats and src does not.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from aiomnn import copies
+
+from . import jit
+
+F16 = np.dtype(np.float16)
+
+
+def ready() -> bool:
+    """Whether the host rounds float32 to half floats itself (asking starts the loop's compile)."""
+    return jit.jitted("half") is not None
+
+
+def pending() -> bool:
+    """Whether ready() may yet turn true: numba is compiling."""
+    return jit.pending()
+
+
+def fill(dst: np.ndarray, src: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Copy src into dst, yielding the byte ranges of dst filled, in order (copies.fill); into half floats through
+    the compiled loop, a large input's pieces on the copy threads as a float32 one's are."""
+    # (with numba turned off since the plan was made: numpy's cast, slow but right)
+    if dst.dtype != F16 or src.dtype == F16 or not ready():
+        yield from copies.fill(dst, src)
+        return
+    x = np.ascontiguousarray(src, dtype=np.float32)
+    yield from copies.fill(dst.view(np.uint16), x, _round)
+
+
+def _round(dst: np.ndarray, src: np.ndarray) -> None:
+    """Half floats' bits into dst from float32 src, of one shape, on this thread (one bound job of the loop)."""
+    jit.split("half", src.size, src.size, src.reshape(-1), dst.reshape(-1))
