@@ -17,8 +17,7 @@ again first.
 
 Some sources are also built with extra defines (EXTRA): matmul.comp's register-blocked tiles,
 matmul_<TM>x<TN>.spv (and its _fp16), and conv_gemm.comp's, conv_gemm_<BM>x<BN>.spv, kernels of their
-own (program.REG_TILE_LOCAL, program.CONV_REG_LOCAL); conv_coop.comp's splits, conv_coop_s<S>_fp16.spv
-(program.COOP_SPLITS).
+own (program.REG_TILE_LOCAL, program.CONV_REG_LOCAL).
 """
 
 from __future__ import annotations
@@ -47,8 +46,6 @@ EXTRA = {stem: {f"_{wy * rm}x{wx * rn}": [f"-DWX={wx}", f"-DWY={wy}", f"-DRM={rm
                 for wx, wy, rm, rn in tiles}
          for stem, tiles in {"matmul": ((16, 16, 8, 4), (16, 16, 4, 8), (16, 16, 8, 8), (16, 8, 8, 4)),
                              "conv_gemm": ((16, 8, 4, 4), (16, 8, 4, 8), (16, 8, 8, 4), (16, 16, 4, 8))}.items()}
-#: conv_coop's sum split S ways (launch.COOP_SPLITS), S a constant of the build: conv_coop_s<S>.
-EXTRA["conv_coop"] = {f"_s{s}": [f"-DSPLIT={s}"] for s in (2, 4, 8, 16)}
 #: Sources built only with float16 storage (they multiply half floats): NAME_fp16.spv alone.
 FP16_ONLY = {"matmul_coop", "conv_coop"}
 #: GLSL as a dialect of the unary table's expressions (aiomnn/expressions.py); tanh_, erf_, sigmoid_ and

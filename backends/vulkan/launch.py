@@ -8,8 +8,7 @@ Work says what a kernel iterates over:
                    in half floats where the device has cooperative matrices, matmul_coop's tensor cores.
   Convolution      an implicit-GEMM convolution (conv_gemm): a tile shape (or one of the register-blocked
                    tiles, CONV_REG_TILES) and how many ways to split the sum; or, for few output channels,
-                   conv_narrow; or, in half floats where the device has cooperative matrices, conv_coop's
-                   64 x 64 tile on the tensor cores, its sum split as conv_gemm's.
+                   conv_narrow; or, in half floats where the device has cooperative matrices, conv_coop.
   Blocks(n, l)     one workgroup of l invocations per item (se: an image), not tuned.
 
 Each Work's `cost` ranks what to tune first where a model has more ops than are tuned: multiply-adds for
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiomnn import narrow as narrow_conv
 
-from .program import CONV_REG_LOCAL, COOP_LOCAL, COOP_SPLITS, REG_TILE_LOCAL, SHADER_DIR
+from .program import CONV_REG_LOCAL, COOP_LOCAL, REG_TILE_LOCAL, SHADER_DIR
 
 if TYPE_CHECKING:
     from .device import Context
@@ -121,7 +120,7 @@ def shader_hash(kernel: str) -> str:
     except (OSError, ValueError):
         return "unknown"
     tiles = {"matmul": [reg_kernel(t) for t in REG_TILES] + ["matmul_coop"],
-             "conv_gemm": [conv_reg_kernel(t) for t in CONV_REG_TILES] + list(COOP_KERNELS.values())}
+             "conv_gemm": [conv_reg_kernel(t) for t in CONV_REG_TILES] + ["conv_coop"]}
     names = [kernel] + tiles.get(kernel, [])
     text = "|".join(f"{files.get(k + '.spv', {}).get('spv')}|{files.get(k + '_fp16.spv', {}).get('spv')}"
                     for k in names)
@@ -133,9 +132,6 @@ ROW_SIZES = (64, 128, 256, 32)
 #: conv_gemm's tiles, (output channels, pixels): the workgroup is (pixels / 4, channels / 4), and its splits.
 CONV_TILES = ((64, 64), (32, 64), (64, 32), (32, 32), (16, 64), (16, 128), (32, 128), (64, 128))
 CONV_SPLITS = (1, 2, 4, 8, 16, 32, 64)
-#: conv_coop's tile (output channels, pixels: coop.glsl's TM x TN), and the ways its builds split the sum.
-COOP_TILE = (64, 64)
-COOP_KERNELS = {1: "conv_coop", **{s: name for name, s in COOP_SPLITS.items()}}
 #: Without tuning: 32 x 64 tiles (16 x 128 for 16 channels or fewer), and the sum split until there are this
 #: many workgroups (three per multiprocessor of a large GPU), each slice at least CONV_SLICE deep.
 CONV_BUSY = 384
@@ -186,17 +182,16 @@ class Launch:
             # Half floats on tensor cores where the device has cooperative matrices (matmul_coop).
             return ["coop"] if self.valid(["coop"]) else "tiled"
         if isinstance(w, Convolution):
-            coop = ["coop", *COOP_TILE, self._conv_split("coop", COOP_TILE)]
-            if w.m >= 32 and self.valid(coop):  # half floats on tensor cores (conv_coop)
-                return coop
+            if w.m >= 32 and self.valid(["coop"]):  # half floats on tensor cores (conv_coop)
+                return ["coop"]
             return self._gemm_default()
         return 64
 
-    def _coop_grid(self, split: int = 1) -> tuple[int, int, int]:
+    def _coop_grid(self) -> tuple[int, int, int]:
         """matmul_coop's and conv_coop's workgroups: 64 x 64 tiles of the columns and rows, for each matrix of a
-        batch (a group of a convolution, its sum split `split` ways)."""
+        batch (a group of a convolution)."""
         w = self.work
-        return -(-w.n // 64), -(-w.m // 64), w.batch if isinstance(w, Matmul) else w.groups * split
+        return -(-w.n // 64), -(-w.m // 64), w.batch if isinstance(w, Matmul) else w.groups
 
     def _gemm_default(self) -> list:
         """conv_gemm's default choice: 32 x 64 tiles (16 x 128 for 16 channels or fewer), split as _conv_split
@@ -214,10 +209,8 @@ class Launch:
         elif isinstance(w, Blocks):
             options = [w.local]
         elif isinstance(w, Convolution):
-            # In half floats with cooperative matrices, conv_coop first, split as the default would split it, in half
-            # as many, twice and four times as many (a small map's deep conv at batch 1 is a few of its tiles); where
-            # it may run, conv_narrow's likeliest shapes (aiomnn/narrow.py; the others last). Then conv_gemm's
-            # default tile (the
+            # In half floats with cooperative matrices, conv_coop first; where it may run, conv_narrow's likeliest
+            # shapes (aiomnn/narrow.py; the others last). Then conv_gemm's default tile (the
             # default without them) and its neighbours: split in half as many, twice or four times as many (a
             # small map's deep conv at batch 1 is a few tiles, which the default's CONV_SLICE-deep slices leave
             # too few workgroups). Then the register-blocked tiles at least half full of outputs, best fitting
@@ -233,9 +226,7 @@ class Launch:
             reg = [["greg", *t, s] for t in tiles
                    for s in sorted(CONV_SPLITS, key=lambda s: abs(s.bit_length() - split[t].bit_length()))]
             narrow = [["narrow", *shape] for shape in narrow_conv.SHAPES] if w.narrow else []
-            cs = self._conv_split("coop", COOP_TILE)
-            coop = [["coop", *COOP_TILE, s] for s in (cs, cs // 2, 2 * cs, 4 * cs)]
-            options = coop + narrow[:3] + [["gemm", dm, dn, ds], ["gemm", dm, dn, ds // 2],
+            options = [["coop"]] + narrow[:3] + [["gemm", dm, dn, ds], ["gemm", dm, dn, ds // 2],
                                                  ["gemm", dm, dn, 2 * ds], ["gemm", dm, dn, 4 * ds]]
             options += [["greg", *t, split[t]] for t in early]
             if early:
@@ -266,12 +257,10 @@ class Launch:
             if choice & (choice - 1) or choice > self.ctx.max_invocations:
                 return False
             return choice <= 256 if isinstance(w, Rows) else True
-        if choice == ["coop"] and isinstance(w, Matmul):
-            return self._coop_runs(self._coop_grid())
+        if choice == ["coop"] and isinstance(w, (Matmul, Convolution)):
+            return (self.fp16 and self.ctx.coop and COOP_LOCAL[0] <= self.ctx.max_invocations
+                    and all(g <= c for g, c in zip(self._coop_grid(), self.ctx.max_groups)))
         if isinstance(w, Convolution):
-            if isinstance(choice, list) and choice[:1] == ["coop"]:
-                return (len(choice) == 4 and tuple(choice[1:3]) == COOP_TILE and choice[3] in COOP_KERNELS
-                        and choice[3] <= w.splits and self._coop_runs(self._coop_grid(choice[3])))
             if isinstance(choice, list) and choice[:1] == ["narrow"]:
                 return (bool(w.narrow) and tuple(choice[1:]) in narrow_conv.SHAPES
                         and narrow_conv.X * choice[1] * choice[2] <= self.ctx.max_invocations
@@ -319,8 +308,8 @@ class Launch:
             if choice[0] == "narrow":
                 groups = narrow_conv.work_groups(*w.narrow, choice[1])
                 return "conv_narrow", (narrow_conv.X, choice[1], choice[2]), (groups, 1, 1)
-            if choice[0] == "coop":
-                return COOP_KERNELS[choice[3]], COOP_LOCAL, self._coop_grid(choice[3])
+            if choice == ["coop"]:
+                return "conv_coop", COOP_LOCAL, self._coop_grid()
             bm, bn, s = choice[1:]
             groups = (-(-w.n // bn), -(-w.m // bm), w.groups * s)
             if choice[0] == "greg":
@@ -339,14 +328,8 @@ class Launch:
         s = choice[1]
         return "matmul_direct", (s, s, 1), (-(-w.n // (4 * s)), -(-w.m // (4 * s)), w.batch)
 
-    def _coop_runs(self, grid: tuple[int, int, int]) -> bool:
-        """Whether matmul_coop or conv_coop runs here with this grid: half floats, a device with cooperative
-        matrices, their workgroup and grid within its limits."""
-        return (self.fp16 and bool(self.ctx.coop) and COOP_LOCAL[0] <= self.ctx.max_invocations
-                and all(g <= c for g, c in zip(grid, self.ctx.max_groups)))
-
     def _conv_split(self, kind: str, tile: tuple[int, int]) -> int:
-        """How many ways a conv_gemm tile ("gemm" or "greg") or conv_coop's ("coop") splits the sum by default: doubled while the grid
+        """How many ways a conv_gemm tile ("gemm" or "greg") splits the sum by default: doubled while the grid
         has fewer than CONV_BUSY workgroups and each slice stays at least CONV_SLICE deep."""
         w = self.work
         tiles = -(-w.m // tile[0]) * -(-w.n // tile[1]) * w.groups

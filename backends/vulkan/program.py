@@ -52,10 +52,6 @@ FIXED_LOCAL.update(REG_TILE_LOCAL)
 COOP_LOCAL = (128, 1, 1)
 KERNEL_BINDINGS.update(matmul_coop=KERNEL_BINDINGS["matmul"], conv_coop=KERNEL_BINDINGS["conv_gemm"])
 FIXED_LOCAL.update(matmul_coop=COOP_LOCAL, conv_coop=COOP_LOCAL)
-#: conv_coop with its sum split S ways, S a constant of each build (conv_coop_s<S>, launch.COOP_SPLITS).
-COOP_SPLITS = {f"conv_coop_s{s}": s for s in (2, 4, 8, 16)}
-KERNEL_BINDINGS.update(dict.fromkeys(COOP_SPLITS, KERNEL_BINDINGS["conv_gemm"]))
-FIXED_LOCAL.update(dict.fromkeys(COOP_SPLITS, COOP_LOCAL))
 #: conv_gemm's register-blocked tiles (launch.CONV_REG_TILES: output channels x pixels), the same way.
 CONV_REG_LOCAL = {"conv_gemm_32x64": (16, 8, 1), "conv_gemm_32x128": (16, 8, 1), "conv_gemm_64x64": (16, 8, 1),
                   "conv_gemm_64x128": (16, 16, 1)}
@@ -68,7 +64,7 @@ PUSH_BYTES = 128  # the minimum every device guarantees
 #: `layout(constant_id = 16 + i)` in the push block's order and have no push block.
 SPECIALIZED = {"conv", "conv_dw", "conv_gemm", "conv_narrow", "convt", "convt_tile", "matmul", "matmul_direct",
                "matmul_small", "se", "attention", "matmul_coop", "conv_coop", "resize", *REG_TILE_LOCAL,
-               *CONV_REG_LOCAL, *COOP_SPLITS}
+               *CONV_REG_LOCAL}
 PUSH_ID = 16
 
 
