@@ -4,8 +4,10 @@
 # precisions (numpy in and out), and a profile of YOLOv8n b1 on Vulkan fp16 summed by op type. Through the device
 # tool:
 #     run(command="bash tools/fp16_check.sh", carry=[".cache/lc", ".models"], timeout_s=600)
-# STEPS picks and orders the parts (default "tests table profile"); MODELS and BATCHES the tables' rows (default
-# det,yolov8n,rec,cls and 1,8); N the timed runs a case.
+# STEPS picks and orders the parts (default "tests table profile"; also ab: CUDA fp16 with the inputs rounded on the
+# host against AIOMNN_NUMBA=0, where numba is off and the device casts them, in turns, two rounds; whole models on the
+# device, so nothing else of the run leans on numba); MODELS and BATCHES the tables' rows (default det,yolov8n,rec,cls
+# and 1,8; ab: det,yolov8n,rec and 8); N the timed runs a case.
 set -u
 source tools/gpu_setup.sh >/dev/null 2>&1
 export AIOMNN_MODELS=$PWD/.models
@@ -27,6 +29,15 @@ for step in ${STEPS:-tests table profile}; do
           --backends cuda,vulkan --precisions fp32,fp16 --n "${N:-15}" --no-torch --skip-extra \
           > "$OUT/table_b$b.md" 2>&1
         grep "^|" "$OUT/table_b$b.md" | head -24
+      done ;;
+    ab)
+      for round in 1 2; do
+        for numba in 0 background; do
+          echo "== round $round, AIOMNN_NUMBA=$numba"
+          AIOMNN_NUMBA=$numba timeout 200 python3 benchmarks/gpu.py --models "${MODELS:-det,yolov8n,rec}" \
+            --batches "${BATCHES:-8}" --backends cuda --precisions fp16 --n "${N:-15}" --no-torch --skip-extra \
+            2>&1 | grep "^| [a-z]" | head -4
+        done
       done ;;
     profile)
       TOP=16 CASES='yolov8n:images=1x3x320x320:vulkan:low' timeout 150 bash tools/gpu_profiles.sh
