@@ -5,13 +5,13 @@ float16 cast takes a value at a time.
 ready()     whether the host rounds: the loop is compiled (asking starts its compile). Not while it compiles,
             nor where numba or the CPU's instruction is missing; the device casts float32 inputs then.
 pending()   whether ready() may yet turn true (numba is compiling): a GPU segment recorded with the device's
-            casts meanwhile is recorded again once it is done.
+            casts meanwhile is marked provisional, and recorded again once it is done (settled).
 fill(dst, src)  aiomnn.copies.fill, rounding where dst holds half floats and src does not.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -30,6 +30,16 @@ def ready() -> bool:
 def pending() -> bool:
     """Whether ready() may yet turn true: numba is compiling."""
     return jit.pending()
+
+
+def settled(made: Any) -> bool:
+    """Whether `made` (a GPU segment's recorded run, marked `provisional` where it was recorded with the device's
+    casts while the rounding compiled) is to be recorded again now: once the compile has ended its mark is
+    cleared, and it is, where the host rounds now."""
+    if not made.provisional or jit.pending():
+        return False
+    made.provisional = False
+    return ready()
 
 
 def fill(dst: np.ndarray, src: np.ndarray) -> Iterator[tuple[int, int]]:

@@ -155,7 +155,7 @@ class CudaBackend(Backend):
         fence = Fence()
         queue = self.queue
         with self.rt.device:
-            if run.provisional and not halves.pending():
+            if halves.settled(run):
                 run = binding.remake(self.plan, run, self.profile is None)
             for name, host, dst in run.inputs:
                 queue.copy_in(host, values[name], dst)

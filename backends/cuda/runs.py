@@ -25,6 +25,7 @@ from aiomnn.profile import OpEvent
 from ..cpu import halves
 from . import grouping, kernels
 from .fused import Raw
+from .plan import F16, F32
 from .program import launcher
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from .plan import Plan, Step
 
 log = logging.getLogger("aiomnn")
-F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 
 #: How often a segment's graph capture is tried before its launches run one by one.
 CAPTURE_TRIES = 3

@@ -122,10 +122,8 @@ class VulkanBackend(Backend):
         """The segment's recorded command buffers, recorded now if they were not yet."""
         plan = self.plan
         rec = plan.records.get(segment)
-        if rec is not None and rec.provisional and not halves.pending():
-            rec.provisional = False
-            if halves.ready():  # ready now: the inputs go as half floats, without the casts (its old slots stay unused)
-                rec = None
+        if rec is not None and halves.settled(rec):  # the inputs go as half floats now (its old slots stay unused)
+            rec = None
         if rec is None:
             rec = plan.records[segment] = segments.record(plan, segment, self.profile is not None)
         return rec
