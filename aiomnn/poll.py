@@ -12,18 +12,29 @@ A run that turned out to finish while the waiter slept is found late once; its e
 POLL_LEAD_S and then doubling for each further early finish in a row, and while runs finish early the waiter
 also looks in three times on its way to the poll, so that a run that was slow once (a busy GPU, a clock coming
 back up after an idle spell) costs a few late wake-ups, not hundreds.
+
+Where the waiter may hand the poll to the event loop (`near`: aiomnn.fence.Looks), it does so that much
+earlier than the poll would start as the loop takes to start looking (learned, as the oversleep is), and
+waits for the loop's verdict: the loop completes the fence itself, without a thread waking it. Where the
+loop's looks stop without seeing the end (a deadline, an error), the waiter blocks in the driver as before.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from .fence import Looks
 
 #: The waiter starts polling this long before the work is expected to finish, and polls at most POLL_S.
 POLL_LEAD_S = 100e-6
 POLL_S = 400e-6
 _LATE_MAX = 16  # the shrink after early finishes doubles at most this many times
 _OVERSLEEP_MAX = 1e-3  # the most a sleep is assumed to overrun
+_HANDOFF_MAX = 1e-3  # the most the loop is assumed to take to start looking
+#: How much longer than its poll the waiter waits for a busy loop's verdict before blocking in the driver itself.
+LOOKS_GRACE_S = 2e-3
 
 
 class Timing:
@@ -43,12 +54,16 @@ class Poller:
     def __init__(self, step: float = 0.0) -> None:
         self.step = step
         self.oversleep = 0.0  # how much longer than asked a sleep lasts, as seen
+        self.handoff = 0.0  # how long the loop takes to start looking once asked, as seen
+        self.seen = 0.0  # perf_counter() when the last wait saw its work finished
 
-    def wait(self, timing: Timing, began: float, done: Callable[[], bool], block: Callable[[], bool]) -> bool:
+    def wait(self, timing: Timing, began: float, done: Callable[[], bool], block: Callable[[], bool],
+             near: Callable[[float], Looks | None] | None = None) -> bool:
         """Return once done() holds, or block() (the driver's wait) returned: True once the work has finished,
         False where block() gave up (a timeout, to look for a close). Learns timing.expect. done() and block()
-        raise the device's errors."""
-        poll_from = began + timing.expect - POLL_LEAD_S
+        raise the device's errors. near(until), where given, starts the event loop's looks until `until` (None
+        where the loop cannot look)."""
+        poll_from = began + timing.expect - POLL_LEAD_S - (self.handoff if near is not None else 0.0)
         now = time.perf_counter()
         if now < poll_from:
             pieces = 4 if timing.late else 1  # it finished early last time: look in on the way too
@@ -62,18 +77,39 @@ class Poller:
             return self._early(timing, began)
         timing.late = 0
         end = time.perf_counter() + POLL_S
+        looks = near(end + self.handoff) if near is not None else None
+        if looks is not None:
+            return self._from_loop(looks, timing, began, block)
         while True:
             if self.step:
                 self.sleep(self.step)
             if done():  # the poll caught the finish
-                timing.expect = time.perf_counter() - began
-                return True
+                return self._caught(timing, began, time.perf_counter())
             if time.perf_counter() > end:
-                if not block():
-                    return False
-                # Late by the driver's wake-up: early finds shrink that back.
-                timing.expect = time.perf_counter() - began
-                return True
+                return self._blocked(timing, began, block)
+
+    def _from_loop(self, looks: Looks, timing: Timing, began: float, block: Callable[[], bool]) -> bool:
+        """The loop's verdict: the end it saw (a first look that saw it counts as early), or the driver's wait
+        where it saw none. Learns how long the loop takes to start looking."""
+        looks.wait(max(0.0, looks.until - time.perf_counter()) + LOOKS_GRACE_S)
+        if looks.first:
+            self.handoff = min(max(0.0, self.handoff + (looks.first - looks.handed - self.handoff) / 4), _HANDOFF_MAX)
+        if looks.found:
+            if looks.count == 1:
+                return self._early(timing, began, looks.found)
+            return self._caught(timing, began, looks.found)
+        return self._blocked(timing, began, block)
+
+    def _caught(self, timing: Timing, began: float, at: float) -> bool:
+        timing.expect = at - began
+        self.seen = at
+        return True
+
+    def _blocked(self, timing: Timing, began: float, block: Callable[[], bool]) -> bool:
+        if not block():
+            return False
+        # Late by the driver's wake-up: early finds shrink that back.
+        return self._caught(timing, began, time.perf_counter())
 
     def sleep(self, seconds: float) -> None:
         """(A test replaces it with a virtual clock's.)"""
@@ -89,11 +125,11 @@ class Poller:
         over = time.perf_counter() - start - want
         self.oversleep = min(max(0.0, self.oversleep + (over - self.oversleep) / 8), _OVERSLEEP_MAX)
 
-    @staticmethod
-    def _early(timing: Timing, began: float) -> bool:
-        """The work was found finished at the first look: it took at most this long; poll earlier next time,
-        by POLL_LEAD_S and then twice as much more for each further early finish in a row."""
-        elapsed = time.perf_counter() - began
+    def _early(self, timing: Timing, began: float, at: float = 0.0) -> bool:
+        """The work was found finished at the first look (at `at`, or now): it took at most this long; poll
+        earlier next time, by POLL_LEAD_S and then twice as much more for each further early finish in a row."""
+        self.seen = at or time.perf_counter()
+        elapsed = self.seen - began
         timing.expect = max(0.0, min(timing.expect, elapsed) - POLL_LEAD_S * (1 << timing.late))
         timing.late = min(timing.late + 1, _LATE_MAX)
         return True

@@ -499,7 +499,7 @@ async def await_lag(n=500):
     net = aiomnn.Interpreter.from_bytes(m.SerializeToString())
     x = {"x": np.ones((1, 16), np.float32)}
     res = {}
-    for mode in ("hostfunc", "thread"):
+    for mode in ("hostfunc", "thread", "loop"):
         os.environ["AIOMNN_CUDA_WAIT"] = mode
         async with await net.create_session(ScheduleConfig(type="cuda", backend_config=BackendConfig(tuning="none"))) as s:
             await s.run(x)

@@ -402,7 +402,7 @@ def test_waiter_follows_the_shared_schedule(monkeypatch, cuda_queue):
 
     class W(cw.Waiter):
         def __init__(self):
-            self.finish, self.last_completion, self._query, self.blocks = 0.0, 0.0, True, 0
+            self.finish, self.last_completion, self._query, self.blocks, self.looks = 0.0, 0.0, True, 0, False
             self.poller = poll.Poller()
             self.poller.sleep = lambda seconds: setattr(clock, "t", clock.t + seconds + 30e-6)
 
@@ -915,7 +915,7 @@ async def test_declined_op_runs_on_cpu_between_gpu_segments():
     assert summary["declined"] == {"Where": 1} and summary["segments"] == 2, summary
 
 
-@pytest.fixture(params=["hostfunc", "thread"])
+@pytest.fixture(params=["hostfunc", "thread", "loop"])
 def wait_mode(request, monkeypatch):
     """A test run under each way the CUDA backend waits for the GPU (AIOMNN_CUDA_WAIT)."""
     monkeypatch.setenv("AIOMNN_CUDA_WAIT", request.param)

@@ -1,13 +1,20 @@
 """The schedule GPU waiter threads follow (aiomnn.poll), on a virtual clock so that a busy machine's scheduling
 cannot move the times: sleeps overshoot by 30 us, a look at the device costs 2 us, and the driver's blocking
 wait wakes 150 us late. CUDA's waiter and Vulkan's queue wait this way (their own tests: test_cuda.py,
-test_vulkan.py)."""
+test_vulkan.py). Last, the event loop's own looks (aiomnn.fence.Looks) on real loops."""
 
 from __future__ import annotations
 
+import threading
+import time as clock_time
 from types import SimpleNamespace
 
+import anyio
+import pytest
+import sniffio
+
 from aiomnn import poll
+from aiomnn.fence import Fence
 
 
 def virtual(monkeypatch):
@@ -89,3 +96,119 @@ def test_a_driver_wait_that_gives_up_learns_nothing(monkeypatch):
 
     assert not p.wait(timing, clock.t, never, lambda: False)
     assert timing.expect == expect
+
+
+def test_the_loop_polls_the_last_stretch_and_the_handoff_is_learned(monkeypatch):
+    """With `near`, the waiter hands the poll to the event loop (aiomnn.fence.Looks) that much before the poll
+    would start as the loop takes to start looking (80 us here, learned): the loop's looks, 5 us apart, see
+    each finish within a look, and the driver's late wake-up is paid once, for the first run only."""
+    clock = SimpleNamespace(t=0.0, finish=0.0, blocks=0, looks=0)
+    monkeypatch.setattr(poll, "time", SimpleNamespace(perf_counter=lambda: clock.t))
+    p = poll.Poller()
+    p.sleep = lambda seconds: setattr(clock, "t", clock.t + seconds + 30e-6)
+    wake = 80e-6
+
+    def done() -> bool:
+        clock.t += 2e-6
+        return clock.t >= clock.finish
+
+    def block() -> bool:
+        clock.blocks += 1
+        clock.t = max(clock.t, clock.finish + 150e-6)
+        return True
+
+    def near(until: float):
+        """The loop's looks on the virtual clock: the first `wake` after the hand-off, then every 5 us."""
+        looks = SimpleNamespace(handed=clock.t, first=clock.t + wake, found=0.0, count=0, until=until)
+        t = looks.first
+        while True:
+            looks.count += 1
+            clock.looks += 1
+            if t >= clock.finish:
+                looks.found = t
+                break
+            if t >= until:
+                break
+            t += 5e-6
+        looks.wait = lambda timeout: setattr(clock, "t", max(clock.t, t)) or True
+        return looks
+
+    timing, delays, last = poll.Timing(), [], 0.0
+    for _ in range(12):
+        clock.t += 1e-3
+        sent_at = clock.t
+        clock.finish = sent_at + 800e-6
+        assert p.wait(timing, max(sent_at, last), done, block, near)
+        delays.append(p.seen - clock.finish)
+        last = p.seen
+    assert clock.blocks == 1 and delays[0] > 100e-6, delays  # nothing learned yet: the driver's wake-up
+    assert max(delays[3:]) < 6e-6, delays  # then seen by a look of the loop
+    assert 60e-6 < p.handoff < 85e-6, p.handoff
+    looks = clock.looks
+    clock.t += 1e-3
+    clock.finish = clock.t + 800e-6
+    p.wait(timing, clock.t, done, block, near)
+    assert clock.looks - looks < 40, clock.looks - looks  # the loop looked only over the last stretch
+
+
+def test_a_loop_that_cannot_look_leaves_the_poll_to_the_thread(monkeypatch):
+    """near() returning None (trio, a closed loop): the thread polls, as without near."""
+    clock = SimpleNamespace(t=0.0)
+    monkeypatch.setattr(poll, "time", SimpleNamespace(perf_counter=lambda: clock.t))
+    p = poll.Poller()
+    p.sleep = lambda seconds: setattr(clock, "t", clock.t + seconds)
+    finish = 300e-6
+
+    def done() -> bool:
+        clock.t += 2e-6
+        return clock.t >= finish
+
+    asked = []
+    assert p.wait(poll.Timing(), 0.0, done, lambda: False, lambda until: asked.append(until))
+    assert asked and finish <= p.seen < finish + 5e-6
+
+
+def _looks_from_a_thread(fence: Fence, check, until_s: float):
+    """fence.looks(check, ...) asked from another thread, as a waiter asks it."""
+    got = []
+    t = threading.Thread(target=lambda: got.append(fence.looks(check, clock_time.perf_counter() + until_s)))
+    t.start()
+    t.join()
+    return got[0]
+
+
+@pytest.mark.anyio
+async def test_the_loop_looks_on_its_own_thread_and_completes_the_fence(anyio_backend):
+    """Asked from a waiter thread, the loop looks (on its own thread) until the work is done and completes the
+    fence there; the thread learns when it was seen. Under trio there are no looks (None): the thread polls."""
+    fence, finish, where = Fence(), clock_time.perf_counter() + 3e-3, set()
+
+    def check() -> bool:
+        where.add(threading.get_ident())
+        return clock_time.perf_counter() >= finish
+
+    looks = _looks_from_a_thread(fence, check, 1.0)
+    if sniffio.current_async_library() == "trio":
+        assert looks is None
+        return
+    await fence.wait()
+    assert looks.wait(1.0)
+    assert looks.found >= finish and looks.count > 1 and looks.first >= looks.handed
+    assert where == {threading.get_ident()}
+
+
+@pytest.mark.anyio
+async def test_the_looks_stop_at_an_error_or_the_deadline_and_leave_the_fence_to_the_thread(anyio_backend):
+    """A look that cannot tell (None: the device's error) or the deadline stops the looks without completing
+    the fence; the thread's own signal completes it."""
+    if sniffio.current_async_library() == "trio":
+        pytest.skip("trio's loop does not look (Fence.looks is None)")
+    for check, until_s in ((lambda: None, 1.0), (lambda: False, 2e-3)):
+        fence = Fence()
+        looks = _looks_from_a_thread(fence, check, until_s)
+        while not looks.wait(0):
+            await anyio.sleep(1e-3)
+        assert not looks.found and not fence.done
+        threading.Thread(target=fence.signal).start()
+        await fence.wait()
+

@@ -31,6 +31,8 @@ from aiomnn.memory import HandedOver, Lease, handed
 from aiomnn.poll import Poller, Timing
 
 from ..cpu import halves
+from . import kernels
+from .program import BLOCK
 
 if TYPE_CHECKING:
     from .runs import Run
@@ -40,13 +42,17 @@ log = logging.getLogger("aiomnn")
 
 H2D, D2H, D2D, DEFAULT = 1, 2, 3, 4  # cudaMemcpyKind (DEFAULT: from the pointers, across devices too)
 #: How a run's completion reaches the event loop (AIOMNN_CUDA_WAIT):
-#: "thread" (default): a waiter thread per backend (Waiter) sleeps until shortly before the
-#:     run is expected to finish, polls its event, falls back to cudaEventSynchronize on a
-#:     blocking-sync event, then signals the Fence;
+#: "loop" (default): a waiter thread per backend (Waiter) sleeps until shortly before the
+#:     run is expected to finish, then the event loop itself polls the run's event between its
+#:     other callbacks and completes the Fence on the spot (aiomnn.fence.Looks); where the loop's
+#:     looks end without the finish, the thread waits in cudaEventSynchronize on a blocking-sync
+#:     event, then signals the Fence;
+#: "thread": the same, with the thread polling, and signalling the Fence (the loop is woken);
 #: "hostfunc": cudaLaunchHostFunc after the run's copies signals the Fence from a driver thread.
 #: The waiter thread woke the awaiting task sooner than a host function, under uvloop and
-#: asyncio alike, and it does not hold the stream while a driver thread waits for the GIL.
-WAIT_MODES = ("thread", "hostfunc")
+#: asyncio alike, and it does not hold the stream while a driver thread waits for the GIL; the
+#: loop's own looks save the loop's wake-up (75-130 us a run, RESULTS.md, session 44).
+WAIT_MODES = ("loop", "thread", "hostfunc")
 
 
 class Queue:
@@ -56,12 +62,13 @@ class Queue:
         self.rt = runtime
         with runtime.device:
             self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.wait_mode = os.environ.get("AIOMNN_CUDA_WAIT", "thread")
+        self.wait_mode = os.environ.get("AIOMNN_CUDA_WAIT", "loop")
         if self.wait_mode not in WAIT_MODES:
             raise BackendError(f"AIOMNN_CUDA_WAIT must be one of {WAIT_MODES}, not {self.wait_mode!r}")
         self._waiter: Waiter | None = None
         self._events: list = []  # blocking-sync events the waiter is done with, to record again
         self._blas = None
+        self._after: Any = None  # the event after_default_stream records
 
     def copy_in(self, host: np.ndarray, src: Any, dst: "cupy.ndarray") -> None:
         """An input to the device array dst, ahead of the graph on the stream, through its pinned buffer host (of
@@ -80,7 +87,14 @@ class Queue:
             self.after_default_stream()
             if src.dtype == dst.dtype:
                 cupy.cuda.runtime.memcpyAsync(ptr, src.data.ptr, host.nbytes, DEFAULT, stream)
-            else:  # a float32 input where the device stores half floats: cast on the stream
+            elif src.flags.c_contiguous and src.dtype.name == "float32" and dst.dtype.name == "float16":
+                # A float32 input where the device stores half floats: cast on the stream, by the cast kernel
+                # the device's own casts use (cupy.copyto took about 100 us of the host's time for it).
+                n = int(dst.size)
+                cast = self.rt.programs.kernel(kernels.cast_source("float32", "float16"), False, "cast")
+                with self.stream:
+                    cast((max(1, min(-(-n // BLOCK), 1 << 20)),), (BLOCK,), (src, dst, np.uint32(n)))
+            else:
                 with self.stream:
                     cupy.copyto(dst, src.reshape(dst.shape), casting="unsafe")
             return
@@ -146,13 +160,14 @@ class Queue:
     def after_default_stream(self) -> None:
         """Order the stream after the work queued so far on the default stream: where torch and cupy make
         arrays by default, and where DLPack hands a device input over (aiomnn.feeds)."""
-        event = cupy.cuda.Event(disable_timing=True)
-        event.record(cupy.cuda.Stream.null)
-        self.stream.wait_event(event)
+        if self._after is None:  # one event, recorded again each time: the wait takes its state at the call
+            self._after = cupy.cuda.Event(disable_timing=True)
+        self._after.record(cupy.cuda.Stream.null)
+        self.stream.wait_event(self._after)
 
     def _wait_thread(self) -> Waiter:
         if self._waiter is None:
-            self._waiter = Waiter()
+            self._waiter = Waiter(looks=self.wait_mode == "loop")
         return self._waiter
 
     def blas(self):
@@ -226,8 +241,9 @@ def _driver_query() -> Callable[[int], int] | None:
 class Waiter:
     """The thread that completes a backend's fences, in launch order (one stream)."""
 
-    def __init__(self, name: str = "aiomnn-cuda-wait") -> None:
+    def __init__(self, name: str = "aiomnn-cuda-wait", looks: bool = False) -> None:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self.looks = looks  # the last stretch polled by the event loop (Fence.looks)
         self._query = _driver_query()
         self._primed = False
         #: perf_counter() when the waiter last saw a run complete (a run queued behind it starts then).
@@ -253,12 +269,12 @@ class Waiter:
                 return
             event, fence, timing, sent_at, done = item
             try:
-                self._wait(event, timing, sent_at)
+                self._wait(event, timing, sent_at, fence)
             except BaseException as exc:
                 self.last_completion = time.perf_counter()
                 fence.signal(error=exc if isinstance(exc, BackendError) else BackendError(f"cuda: {exc}"))
                 continue
-            self.last_completion = time.perf_counter()
+            self.last_completion = self.poller.seen
             if done is not None:
                 try:
                     done(event)
@@ -266,10 +282,22 @@ class Waiter:
                     log.exception("cuda: returning an event failed")
             fence.signal()
 
-    def _wait(self, event: Any, timing: Timing, sent_at: float) -> None:
-        """Return once the event has completed (raise on a CUDA error); learn timing.expect."""
+    def _wait(self, event: Any, timing: Timing, sent_at: float, fence: Fence | None = None) -> None:
+        """Return once the event has completed (raise on a CUDA error); learn timing.expect. With looks, the
+        event loop polls the last stretch and completes `fence` itself."""
         began = max(sent_at, self.last_completion)  # it runs after what was queued before it
-        self.poller.wait(timing, began, lambda: self._done(event), lambda: self._block(event))
+        near = None
+        query = self._query
+        if self.looks and fence is not None and query is not None and self._primed:
+            ptr = event.ptr
+
+            def check() -> bool | None:  # on the loop's thread: an error is left to this thread's wait
+                r = query(ptr)
+                return True if r == 0 else False if r == _NOT_READY else None
+
+            def near(until: float):
+                return fence.looks(check, until)
+        self.poller.wait(timing, began, lambda: self._done(event), lambda: self._block(event), near)
 
     # What the waiter asks of the device (a test replaces them) ------------
     def _done(self, event: Any) -> bool:

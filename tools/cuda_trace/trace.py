@@ -96,7 +96,7 @@ def cases():
     yield "device_input", device_input, {}
     yield "device_input:device", device_input, {"device": True}
     yield "device_input:fp16", device_input, {"precision": "low", "device": True}
-    for wait in ("thread", "hostfunc"):
+    for wait in ("loop", "thread", "hostfunc"):
         for prec in ("normal", "low"):
             yield f"mixed:{wait}:{prec}", tc.mixed_model, {"wait": wait, "precision": prec}
             yield f"mixed:{wait}:{prec}:device", tc.mixed_model, {"wait": wait, "precision": prec, "device": True}
