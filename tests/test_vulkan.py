@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
+import sniffio
 from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
@@ -677,6 +678,47 @@ async def test_staged_and_fence_paths(knobs, monkeypatch):
                 np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
     finally:
         info.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("knobs", [(), ("AIOMNN_VULKAN_NO_TIMELINE",), ("AIOMNN_VULKAN_FORCE_STAGING",)])
+async def test_the_event_loop_completes_runs_it_saw_end(knobs, monkeypatch):
+    """The waiter hands a run's last stretch to the event loop (aiomnn.fence.Looks), whose look that sees the end
+    runs the completion there: outputs lent or copied, the fence set. Here the looks go on for as long as a run
+    on this device may take (poll.POLL_S raised), so that they, not the waiter, see the runs end; every output
+    is the CPU's, and lent outputs are given back once dropped. Under trio the waiter does it all."""
+    import gc
+
+    from aiomnn import fence, poll
+    from aiomnn.memory import handed
+
+    for knob in knobs:
+        monkeypatch.setenv(knob, "1")
+    monkeypatch.setattr(poll, "POLL_S", 2.0)
+    seen = []
+    look = fence.Looks.look
+
+    def counted(self):
+        look(self)
+        if self.found:
+            seen.append(self.found)
+    monkeypatch.setattr(fence.Looks, "look", counted)
+    data = chain_model(4, (1, 16, 64, 64))
+    xs = [r(1, 16, 64, 64, seed=i) for i in range(8)]
+    wants = [(await run(data, {"x": x}, CPU))[0]["y"] for x in xs]
+    gc.collect()
+    before = handed.bytes
+    info = aiomnn.create_runtime(CONFIG)
+    try:
+        async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, info) as s:
+            for x, want in zip(xs, wants):
+                np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=1e-5, atol=1e-5)
+        trio = sniffio.current_async_library() == "trio"
+        assert (len(seen) == 0) if trio else (len(seen) >= 2), len(seen)
+    finally:
+        info.close()
+    gc.collect()
+    assert handed.bytes == before
 
 
 @pytest.mark.anyio

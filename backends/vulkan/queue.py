@@ -16,7 +16,11 @@ How the waiter waits: it follows the schedule shared with CUDA's waiter
 (aiomnn.poll): sleep until shortly before the submission is expected to finish
 (each Submission keeps its Timing), poll the progress, then block in the driver,
 which on NVIDIA wakes late enough to slow a small model's runs. The driver's wait
-gives up every _WAIT_NS, to notice a close.
+gives up every _WAIT_NS, to notice a close. A run's last stretch is polled by the
+event loop itself (aiomnn.fence.Looks), which then completes the run there: its
+outputs lent or copied and its Fence set without a thread waking the loop. Only
+runs whose outputs are never copied in pieces on the copy threads (copies.large)
+complete on the loop; the others, and any work without a Fence, on the waiter.
 
 Runs after an idle spell are slower for a reason outside the waiter: the GPU
 lowers its clock when idle, and runs stay slow until it comes back up. CUDA
@@ -104,8 +108,13 @@ class Submission:
 Callback = Callable[[BaseException | None], None]
 
 
-def _call(ready: list[tuple[int, Submission, Callback]], err: BaseException | None) -> None:
-    for _, _, cb in ready:
+#: A pending submission: its queue value, the Submission, its callback, and the aiomnn Fence of a run whose
+#: completion the event loop may run (None: on the waiter thread only).
+Pending = tuple[int, Submission, Callback, Fence | None]
+
+
+def _call(ready: list[Pending], err: BaseException | None) -> None:
+    for _, _, cb, _ in ready:
         try:
             cb(err)
         except BaseException:  # a callback's failure must not kill the waiter
@@ -118,7 +127,7 @@ class Queue:
         self.handle = handle
         self.timeline = timeline
         self._cond = threading.Condition(threading.Lock())
-        self._pending: collections.deque[tuple[int, Submission, Callback]] = collections.deque()
+        self._pending: collections.deque[Pending] = collections.deque()
         self.submitted = 0
         self.completed = 0
         self.closed = False
@@ -132,14 +141,16 @@ class Queue:
                 "sType": vk.VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO, "semaphoreCount": 1,
                 "pSemaphores": self._wait_sems, "pValues": self._wait_values})
             self._counter = ffi.new("uint64_t*")
+            self._looked = ffi.new("uint64_t*")  # the event loop's looks read the counter here
         #: perf_counter() when the waiter last saw work complete (for measuring wake-up lag).
         self.last_completion = 0.0
         self.poller = Poller()
         self._thread = threading.Thread(target=self._wait_loop, name="aiomnn-vulkan-waiter", daemon=True)
         self._thread.start()
 
-    def submit(self, sub: Submission, callback: Callback) -> int:
-        """Submit a recorded command buffer; callback(error) runs on the waiter thread when it completes."""
+    def submit(self, sub: Submission, callback: Callback, fence: Fence | None = None) -> int:
+        """Submit a recorded command buffer; callback(error) runs when it completes: on the waiter thread, or
+        with `fence` (the run's, which the callback completes) on the event loop where its looks saw it."""
         with self._cond:
             if self.closed:
                 raise RuntimeError("the Vulkan queue is closed")
@@ -155,7 +166,7 @@ class Queue:
                 raise _error(r, "vkQueueSubmit")
             self.submitted = sub.value = value
             sub.sent_at = time.perf_counter()
-            self._pending.append((value, sub, callback))
+            self._pending.append((value, sub, callback, fence))
             self._cond.notify()
         return value
 
@@ -177,7 +188,8 @@ class Queue:
                         i += 1
             if stamps is not None:
                 stamps.last = slot
-            self.submit(slot.sub, functools.partial(_finish, rec, slot, values, fence))
+            light = not any(copies.large(view.nbytes) for _, view in slot.downloads)
+            self.submit(slot.sub, functools.partial(_finish, rec, slot, values, fence), fence if light else None)
         except BaseException as exc:
             fence.signal(error=exc)
 
@@ -229,9 +241,10 @@ class Queue:
                     self._cond.wait()
                 if not self._pending:
                     return
-                value, sub = self._pending[0][:2]
+                value, sub, _, fence = head = self._pending[0]
+                del head, _  # the callback holds the run's outputs: this frame must not keep them
             err: BaseException | None = None
-            r = self._wait(value, sub)
+            r = self._wait(value, sub, fence)
             if r == vk.VK_SUCCESS and self.timeline:
                 if lib.vkGetSemaphoreCounterValue(self.device, self.semaphore, self._counter) == vk.VK_SUCCESS:
                     value = max(value, int(self._counter[0]))
@@ -239,31 +252,44 @@ class Queue:
                 continue
             if r != vk.VK_SUCCESS:
                 err = _error(r, "waiting for the GPU")
-            now = time.perf_counter()
-            with self._cond:
-                ready = []
-                while self._pending and (err is not None or self._pending[0][0] <= value):
-                    ready.append(self._pending.popleft())
-                if err is None:
-                    self.completed = max(self.completed, value)
-                else:
-                    self.completed = self.submitted  # the device is lost: nothing more will finish
-                self.last_completion = now
-                self._cond.notify_all()
-            _call(ready, err)
-            del ready  # what the callbacks hold (a run's outputs) must not wait here for the next completion
+            self._complete(value, err, self.poller.seen if err is None else time.perf_counter())
 
-    def _wait(self, value: int, sub: Submission) -> int:
+    def _complete(self, value: int, err: BaseException | None, seen: float) -> None:
+        """Run the callbacks of what completed up to `value` (everything pending, with an error), seen done at
+        `seen`; on the waiter thread, or on the event loop where its looks saw the end (then again on the
+        thread, which finds those callbacks gone)."""
+        with self._cond:
+            ready = []
+            while self._pending and (err is not None or self._pending[0][0] <= value):
+                ready.append(self._pending.popleft())
+            if err is None:
+                self.completed = max(self.completed, value)
+            else:
+                self.completed = self.submitted  # the device is lost: nothing more will finish
+            self.last_completion = max(self.last_completion, seen)
+            self._cond.notify_all()
+        _call(ready, err)
+        del ready  # what the callbacks hold (a run's outputs) must not wait here for the next completion
+
+    def _wait(self, value: int, sub: Submission, fence: Fence | None = None) -> int:
         """Wait until `value` (sub's submission) completes, for at most about _WAIT_NS (aiomnn.poll's schedule);
-        the VkResult: success, a timeout, or the device's error."""
+        the VkResult: success, a timeout, or the device's error. With `fence`, the event loop looks over the
+        last stretch and runs the completion itself."""
         result = [vk.VK_SUCCESS]
 
         def block() -> bool:
             result[0] = self._block(value, sub, _WAIT_NS)
             return result[0] == vk.VK_SUCCESS
 
+        near = None
+        if fence is not None:
+            def found() -> None:
+                self._complete(value, None, time.perf_counter())
+
+            def near(until: float):
+                return fence.looks(lambda: self._looked_done(value, sub), until, found)
         began = max(sub.sent_at, self.last_completion)  # it runs after what was queued before it
-        self.poller.wait(sub.timing, began, lambda: self._done(value, sub), block)
+        self.poller.wait(sub.timing, began, lambda: self._done(value, sub), block, near)
         return result[0]
 
     # What the waiter asks of the device (a test replaces them) --------------------------------
@@ -272,6 +298,15 @@ class Queue:
             ok = lib.vkGetSemaphoreCounterValue(self.device, self.semaphore, self._counter) == vk.VK_SUCCESS
             return ok and self._counter[0] >= value
         return lib.vkGetFenceStatus(self.device, sub.fence) == vk.VK_SUCCESS
+
+    def _looked_done(self, value: int, sub: Submission) -> bool | None:
+        """_done for the event loop's looks (their own counter): None on the device's error, which the waiter
+        thread's own wait then reports."""
+        if self.timeline:
+            r = lib.vkGetSemaphoreCounterValue(self.device, self.semaphore, self._looked)
+            return self._looked[0] >= value if r == vk.VK_SUCCESS else None
+        r = lib.vkGetFenceStatus(self.device, sub.fence)
+        return True if r == vk.VK_SUCCESS else False if r == vk.VK_NOT_READY else None
 
     def _block(self, value: int, sub: Submission, timeout_ns: int) -> int:
         if self.timeline:
