@@ -76,7 +76,7 @@ class Fence:
         look (trio, a closed loop)."""
         if self._loop is None:
             return None
-        looks = Looks(self, check, until, found)
+        looks = Looks(self, self._loop, check, until, found)
         try:
             self._loop.call_soon_threadsafe(looks.look)
         except RuntimeError:
@@ -110,11 +110,11 @@ class Looks:
     work done completes the fence on the spot. The looks stop at `until`, at an error, or where the fence was
     completed otherwise; the waiting thread learns which from wait() and the marks."""
 
-    __slots__ = ("_fence", "_check", "until", "_found", "_verdict", "handed", "first", "found", "count")
+    __slots__ = ("_fence", "_loop", "_check", "until", "_found", "_verdict", "handed", "first", "found", "count")
 
-    def __init__(self, fence: Fence, check: Callable[[], bool | None], until: float,
+    def __init__(self, fence: Fence, loop: Any, check: Callable[[], bool | None], until: float,
                  found: Callable[[], None] | None = None) -> None:
-        self._fence, self._check, self.until, self._found = fence, check, until, found
+        self._fence, self._loop, self._check, self.until, self._found = fence, loop, check, until, found
         self._verdict = threading.Event()
         self.handed = time.perf_counter()  # when the thread asked
         self.first = 0.0  # when the loop first looked
@@ -146,7 +146,7 @@ class Looks:
         elif ok is None or now >= self.until:
             self._verdict.set()
         else:
-            fence._loop.call_soon(self.look)
+            self._loop.call_soon(self.look)
 
     def wait(self, timeout: float) -> bool:
         """On the waiting thread: until the looks stop (True), at most timeout seconds (False: the loop was

@@ -20,7 +20,6 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
-import sniffio
 from onnx import TensorProto, helper, numpy_helper
 
 import aiomnn
@@ -684,17 +683,20 @@ async def test_staged_and_fence_paths(knobs, monkeypatch):
 @pytest.mark.parametrize("knobs", [(), ("AIOMNN_VULKAN_NO_TIMELINE",), ("AIOMNN_VULKAN_FORCE_STAGING",)])
 async def test_the_event_loop_completes_runs_it_saw_end(knobs, monkeypatch):
     """The waiter hands a run's last stretch to the event loop (aiomnn.fence.Looks), whose look that sees the end
-    runs the completion there: outputs lent or copied, the fence set. Here the looks go on for as long as a run
-    on this device may take (poll.POLL_S raised), so that they, not the waiter, see the runs end; every output
-    is the CPU's, and lent outputs are given back once dropped. Under trio the waiter does it all."""
+    runs the completion there: outputs lent or copied, the fence set. Here the waiter's own looks never see an
+    end (on the H200 these small runs had ended before the waiter first looked, so it completed them itself)
+    and the loop's go on for as long as a run on this device may take (poll.POLL_S raised): the loop sees every
+    end. Every output is the CPU's, and lent outputs are given back once dropped."""
     import gc
 
     from aiomnn import fence, poll
+    from aiomnn.backends.vulkan import queue as vk_queue
     from aiomnn.memory import handed
 
     for knob in knobs:
         monkeypatch.setenv(knob, "1")
     monkeypatch.setattr(poll, "POLL_S", 2.0)
+    monkeypatch.setattr(vk_queue.Queue, "_done", lambda self, value, sub: False)
     seen = []
     look = fence.Looks.look
 
@@ -713,8 +715,7 @@ async def test_the_event_loop_completes_runs_it_saw_end(knobs, monkeypatch):
         async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, info) as s:
             for x, want in zip(xs, wants):
                 np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=1e-5, atol=1e-5)
-        trio = sniffio.current_async_library() == "trio"
-        assert (len(seen) == 0) if trio else (len(seen) >= 2), len(seen)
+        assert len(seen) >= len(xs), len(seen)
     finally:
         info.close()
     gc.collect()
