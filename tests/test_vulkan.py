@@ -686,7 +686,8 @@ async def test_the_event_loop_completes_runs_it_saw_end(knobs, monkeypatch):
     runs the completion there: outputs lent or copied, the fence set. Here the waiter's own looks never see an
     end (on the H200 these small runs had ended before the waiter first looked, so it completed them itself)
     and the loop's go on for as long as a run on this device may take (poll.POLL_S raised): the loop sees every
-    end. Every output is the CPU's, and lent outputs are given back once dropped."""
+    end. Every output is the CPU's, with two sessions' runs interleaved on one queue too, and lent outputs are
+    given back once dropped."""
     import gc
 
     from aiomnn import fence, poll
@@ -712,10 +713,19 @@ async def test_the_event_loop_completes_runs_it_saw_end(knobs, monkeypatch):
     before = handed.bytes
     info = aiomnn.create_runtime(CONFIG)
     try:
-        async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG, info) as s:
+        net = aiomnn.Interpreter.from_bytes(data)
+        async with await net.create_session(CONFIG, info) as s, await net.create_session(CONFIG, info) as t:
             for x, want in zip(xs, wants):
                 np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=1e-5, atol=1e-5)
-        assert len(seen) >= len(xs), len(seen)
+            assert len(seen) >= len(xs), len(seen)
+
+            async def serve(session, order):  # two sessions of one queue, their runs interleaved
+                for i in order:
+                    np.testing.assert_allclose((await session.run({"x": xs[i]}))["y"], wants[i], rtol=1e-5,
+                                               atol=1e-5)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(serve, s, range(8))
+                tg.start_soon(serve, t, reversed(range(8)))
     finally:
         info.close()
     gc.collect()
