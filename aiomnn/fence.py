@@ -60,11 +60,11 @@ class Fence:
             if self._done:
                 return
             self.result, self.error, self._done = result, error, True
-        if threading.get_ident() == self._home:
-            self._event.set()
-            return
         try:
-            self._schedule(self._event.set)
+            if threading.get_ident() == self._home:
+                self._event.set()
+            else:
+                self._schedule(self._event.set)
         except RuntimeError:
             pass  # the loop is gone; nobody is waiting any more
 
