@@ -103,8 +103,8 @@ class Fence:
 class Looks:
     """The last stretch of a wait for a device, looked at from the event loop's thread.
 
-    A thread that completes a fence wakes the loop, and on these machines that wake-up took 75-130 us a run
-    (the selector's sleep ended through its self-pipe, the task resumed after). A waiter that expects its work
+    A thread that completes a fence wakes the loop (the selector's sleep ended through its self-pipe, the task
+    resumed after), a cost paid on every run (benchmarks/RESULTS.md, session 44). A waiter that expects its work
     to end soon hands the last stretch to the loop instead: each pass of the loop looks once (check(), one
     query of the device), between the loop's other callbacks, so the loop never waits; the look that sees the
     work done completes the fence on the spot. The looks stop at `until`, at an error, or where the fence was

@@ -51,7 +51,7 @@ H2D, D2H, D2D, DEFAULT = 1, 2, 3, 4  # cudaMemcpyKind (DEFAULT: from the pointer
 #: "hostfunc": cudaLaunchHostFunc after the run's copies signals the Fence from a driver thread.
 #: The waiter thread woke the awaiting task sooner than a host function, under uvloop and
 #: asyncio alike, and it does not hold the stream while a driver thread waits for the GIL; the
-#: loop's own looks save the loop's wake-up (75-130 us a run, RESULTS.md, session 44).
+#: loop's own looks save the loop's wake-up (benchmarks/RESULTS.md, session 44).
 WAIT_MODES = ("loop", "thread", "hostfunc")
 
 
@@ -69,6 +69,7 @@ class Queue:
         self._events: list = []  # blocking-sync events the waiter is done with, to record again
         self._blas = None
         self._after: Any = None  # the event after_default_stream records
+        self._cast: Any = None  # the float32 -> half floats kernel for device inputs (made on first use)
 
     def copy_in(self, host: np.ndarray, src: Any, dst: "cupy.ndarray") -> None:
         """An input to the device array dst, ahead of the graph on the stream, through its pinned buffer host (of
@@ -88,12 +89,13 @@ class Queue:
             if src.dtype == dst.dtype:
                 cupy.cuda.runtime.memcpyAsync(ptr, src.data.ptr, host.nbytes, DEFAULT, stream)
             elif src.flags.c_contiguous and src.dtype.name == "float32" and dst.dtype.name == "float16":
-                # A float32 input where the device stores half floats: cast on the stream, by the cast kernel
-                # the device's own casts use (cupy.copyto took about 100 us of the host's time for it).
+                # A float32 input where the device stores half floats: cast on the stream by the kernel the
+                # device's own casts use, a cheaper call than cupy.copyto (benchmarks/RESULTS.md, session 44).
                 n = int(dst.size)
-                cast = self.rt.programs.kernel(kernels.cast_source("float32", "float16"), False, "cast")
+                if self._cast is None:
+                    self._cast = self.rt.programs.kernel(kernels.cast_source("float32", "float16"), False, "cast")
                 with self.stream:
-                    cast((max(1, min(-(-n // BLOCK), 1 << 20)),), (BLOCK,), (src, dst, np.uint32(n)))
+                    self._cast((max(1, min(-(-n // BLOCK), 1 << 20)),), (BLOCK,), (src, dst, np.uint32(n)))
             else:
                 with self.stream:
                     cupy.copyto(dst, src.reshape(dst.shape), casting="unsafe")

@@ -188,8 +188,7 @@ class Queue:
                         i += 1
             if stamps is not None:
                 stamps.last = slot
-            light = not any(copies.large(view.nbytes) for _, view in slot.downloads)
-            self.submit(slot.sub, functools.partial(_finish, rec, slot, values, fence), fence if light else None)
+            self.submit(slot.sub, functools.partial(_finish, rec, slot, values, fence), fence if slot.light else None)
         except BaseException as exc:
             fence.signal(error=exc)
 
@@ -241,8 +240,8 @@ class Queue:
                     self._cond.wait()
                 if not self._pending:
                     return
-                value, sub, _, fence = head = self._pending[0]
-                del head, _  # the callback holds the run's outputs: this frame must not keep them
+                value, sub, _, fence = self._pending[0]
+                del _  # the callback holds the run's outputs: this frame must not keep them
             err: BaseException | None = None
             r = self._wait(value, sub, fence)
             if r == vk.VK_SUCCESS and self.timeline:

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import vulkan as vk
 
+from aiomnn import copies
+
 from .program import CONV_REG_LOCAL
 from .queue import Submission
 
@@ -38,12 +40,14 @@ class Slot:
     A slot with a readback of its own (`handover`) lends its outputs to the caller as they are (the
     queue's _finish), and is not used again until every array of that run is gone (`lent`). `sends`
     holds, per large input, the untracked submissions that copy its pieces to the device, each with the
-    end of its byte range (Queue.start sends each once the host has filled it)."""
+    end of its byte range (Queue.start sends each once the host has filled it). A `light` slot's outputs are
+    never copied in pieces on the copy threads, so the event loop may complete its runs (Queue.submit)."""
 
-    __slots__ = ("sub", "downloads", "handover", "sends", "lent")
+    __slots__ = ("sub", "downloads", "handover", "sends", "lent", "light")
 
     def __init__(self, sub: Submission, downloads: list, handover: bool, sends: dict[str, list]):
         self.sub, self.downloads, self.handover, self.sends, self.lent = sub, downloads, handover, sends, False
+        self.light = not any(copies.large(view.nbytes) for _, view in downloads)
 
     @property
     def pending(self) -> bool:
