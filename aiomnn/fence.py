@@ -68,17 +68,21 @@ class Fence:
         except RuntimeError:
             pass  # the loop is gone; nobody is waiting any more
 
-    def looks(self, check: Callable[[], bool | None], until: float,
-              found: Callable[[], None] | None = None) -> Looks | None:
+    def looks(self, check: Callable[[], bool | None], until: float, found: Callable[[], None] | None = None,
+              stopped: Callable[[], None] | None = None) -> Looks | None:
         """From another thread: look at the work from the loop's own thread from now until it is done or until
         `until` (perf_counter), and there complete the fence (or call found(), which completes it). check() says
-        whether the work is done (None: it cannot tell, an error: the looks stop). None where the loop cannot
-        look (trio, a closed loop)."""
+        whether the work is done (None: it cannot tell, an error: the looks stop). stopped(), where given, runs on
+        the loop where the looks stop without seeing the end. From the loop's own thread the looks start at its
+        next pass. None where the loop cannot look (trio, a closed loop)."""
         if self._loop is None:
             return None
-        looks = Looks(self, self._loop, check, until, found)
+        looks = Looks(self, self._loop, check, until, found, stopped)
         try:
-            self._loop.call_soon_threadsafe(looks.look)
+            if threading.get_ident() == self._home:
+                self._loop.call_soon(looks.look)
+            else:
+                self._loop.call_soon_threadsafe(looks.look)
         except RuntimeError:
             return None  # the loop is gone
         return looks
@@ -110,11 +114,13 @@ class Looks:
     work done completes the fence on the spot. The looks stop at `until`, at an error, or where the fence was
     completed otherwise; the waiting thread learns which from wait() and the marks."""
 
-    __slots__ = ("_fence", "_loop", "_check", "until", "_found", "_verdict", "handed", "first", "found", "count")
+    __slots__ = ("_fence", "_loop", "_check", "until", "_found", "_stopped", "_verdict", "handed", "first", "found",
+                 "count")
 
     def __init__(self, fence: Fence, loop: Any, check: Callable[[], bool | None], until: float,
-                 found: Callable[[], None] | None = None) -> None:
-        self._fence, self._loop, self._check, self.until, self._found = fence, loop, check, until, found
+                 found: Callable[[], None] | None = None, stopped: Callable[[], None] | None = None) -> None:
+        self._fence, self._loop, self._check, self.until = fence, loop, check, until
+        self._found, self._stopped = found, stopped
         self._verdict = threading.Event()
         self.handed = time.perf_counter()  # when the thread asked
         self.first = 0.0  # when the loop first looked
@@ -144,7 +150,11 @@ class Looks:
             finally:
                 self._verdict.set()
         elif ok is None or now >= self.until:
-            self._verdict.set()
+            try:
+                if self._stopped is not None:
+                    self._stopped()
+            finally:
+                self._verdict.set()
         else:
             self._loop.call_soon(self.look)
 

@@ -84,7 +84,7 @@ class Poller:
             if self.step:
                 self.sleep(self.step)
             if done():  # the poll caught the finish
-                return self._caught(timing, began, time.perf_counter())
+                return self.caught(timing, began, time.perf_counter())
             if time.perf_counter() > end:
                 return self._blocked(timing, began, block)
 
@@ -97,11 +97,13 @@ class Poller:
         if looks.found:
             if looks.count == 1:
                 return self._early(timing, began, looks.found)
-            return self._caught(timing, began, looks.found)
+            return self.caught(timing, began, looks.found)
         return self._blocked(timing, began, block)
 
-    def _caught(self, timing: Timing, began: float, at: float) -> bool:
+    def caught(self, timing: Timing, began: float, at: float) -> bool:
+        """The work was seen finished at `at`, after it had been looked at a while: it takes that long."""
         timing.expect = at - began
+        timing.late = 0
         self.seen = at
         return True
 
@@ -109,7 +111,7 @@ class Poller:
         if not block():
             return False
         # Late by the driver's wake-up: early finds shrink that back.
-        return self._caught(timing, began, time.perf_counter())
+        return self.caught(timing, began, time.perf_counter())
 
     def sleep(self, seconds: float) -> None:
         """(A test replaces it with a virtual clock's.)"""

@@ -40,6 +40,7 @@ import numpy as np
 
 import aiomnn
 from aiomnn import models
+from aiomnn.backends.cpu import jit
 from aiomnn.config import BackendConfig, ScheduleConfig
 from aiomnn.models import MODELS, sample_feeds
 from aiomnn.pipeline import Pipeline
@@ -257,6 +258,7 @@ def time_sync(fn, n, warmup=WARMUP):
 
 
 async def time_async(fn, n, warmup=WARMUP):
+    await asyncio.to_thread(jit.wait)  # as time_in_turns
     for _ in range(warmup):
         await fn()
     out = []
@@ -317,7 +319,10 @@ async def open_aiomnn(stack, name, shape, backend, precision, tuning, cache_dir)
 
 
 async def time_in_turns(runs: dict, n: int) -> dict:
-    """Median ms of each contender (name -> async run), at least n timed runs each, timed in turns (TURN)."""
+    """Median ms of each contender (name -> async run), at least n timed runs each, timed in turns (TURN). First
+    numba's background compiles end: the CPU backup's kernels compile while a GPU session serves, and a compile
+    holds the GIL, slowing the GPU runs' host work by a quarter (benchmarks/RESULTS.md, session 45)."""
+    await asyncio.to_thread(jit.wait)
     samples = {k: [] for k in runs}
     order = list(runs)
     for r in range(max(1, -(-n // TURN))):

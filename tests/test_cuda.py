@@ -9,6 +9,7 @@ in fp16 (precision="low").
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import subprocess
 import sys
@@ -423,6 +424,67 @@ def test_waiter_follows_the_shared_schedule(monkeypatch, cuda_queue):
         delays.append(clock.t - w.finish)
         w.last_completion = clock.t
     assert w.blocks == 1 and max(delays[2:]) < 10e-6, delays
+
+
+def test_the_loop_watches_short_runs_from_their_submit(cuda_queue):
+    """With the loop's looks, a run the waiter expects to be short is looked at by the event loop from its
+    submit to its end (Waiter.watch): the first run primes the thread and teaches it the run's length, the later
+    ones complete on the loop without an item for the thread; one slower than expected goes to the thread after
+    the looks' deadline and still completes, the next ones too (the thread learned the slow length and unlearns
+    it as it sees them end early), and once the thread has seen them short again the loop watches them again. A run expected to be long, or one
+    submitted while the thread has something to wait for, goes to the thread."""
+    from types import SimpleNamespace
+
+    from aiomnn.fence import Fence
+    from aiomnn.poll import Timing
+
+    cw = cuda_queue
+    finish: dict[int, float] = {}
+
+    def query(ptr: int) -> int:
+        return 0 if time.perf_counter() >= finish[ptr] else cw._NOT_READY
+
+    class W(cw.Waiter):
+        def __init__(self):
+            super().__init__(looks=True)
+            self._query, self.items = query, 0
+
+        def _wait(self, event, timing, sent_at, fence=None):
+            self.items += 1
+            self._primed = True
+            return super()._wait(event, timing, sent_at, fence)
+
+        def _block(self, event) -> bool:
+            while time.perf_counter() < finish[event.ptr]:
+                time.sleep(1e-4)
+            return True
+
+    async def main():
+        w, timing, returned, watched = W(), Timing(), [], []
+        try:
+            for i, length in enumerate([1e-3] * 4 + [4e-3] + [1e-3] * 4):
+                event, fence = SimpleNamespace(ptr=i), Fence()
+                finish[i] = time.perf_counter() + length
+                sent_at = time.perf_counter()
+                if w.watch(event, fence, timing, sent_at, returned.append):
+                    watched.append(i)
+                else:
+                    w.put(event, fence, timing, sent_at, returned.append)
+                await fence.wait()
+                assert time.perf_counter() >= finish[i]
+            assert watched[:4] == [1, 2, 3, 4] and 5 not in watched and watched[-1] == 8, watched
+            assert w.items == 9 - len(watched) + 1, (watched, w.items)  # the unwatched ones, and the slow one
+            assert [e.ptr for e in returned] == list(range(9))
+            assert 1e-3 <= timing.expect < 3e-3, timing.expect
+            timing.expect = 2 * cw.LOOK_ALL_S
+            assert not w.watch(SimpleNamespace(ptr=9), Fence(), timing, time.perf_counter(), returned.append)
+            timing.expect = 1e-3
+            w._puts += 1  # as if an item were queued
+            assert not w.watch(SimpleNamespace(ptr=9), Fence(), timing, time.perf_counter(), returned.append)
+        finally:
+            w.close()
+
+    asyncio.run(main())
 
 
 def test_waiter_reports_errors_and_goes_on(cuda_queue):

@@ -6,10 +6,11 @@ the graph's launch, and the whole
 await. What is left of the await after the submit and the device span is the wait: the device starting late, and
 the waiter waking the event loop; the marks split the await: the session's work before the submit, from
 the submit to the waiter finding the run done, from there to the awaiting task resuming, and the session's
-work after. With --device the input is a cupy array and the outputs stay on the device.
+work after. With --device the input is a cupy array and the outputs stay on the device. Timing starts once
+numba's background compiles have ended (unless --compiling): a compile holds the GIL.
 
     python tools/cuda_run_phases.py [--model rec] [--shapes 1x3x48x160,1x3x48x320] [--precision normal]
-                                    [--device] [--runs 60] [--tuning none]
+                                    [--device] [--runs 60] [--tuning none] [--compiling]
 
 Prints the median of each phase in microseconds for each shape, repeated and (with two shapes) alternating.
 """
@@ -25,6 +26,7 @@ import numpy as np
 
 import aiomnn
 from aiomnn import models
+from aiomnn.backends.cpu import jit
 from aiomnn.backends.cuda import queue as cuda_queue
 from aiomnn.backends.cuda.backend import CudaBackend
 from aiomnn.fence import Fence
@@ -55,6 +57,15 @@ def _marked_waits() -> None:
         wait(self, *args)
         _at["found"] = self.poller.seen  # by the thread's poll, the loop's looks or after the driver's wait
     cuda_queue.Waiter._wait = found
+    from aiomnn import poll
+
+    caught = getattr(poll.Poller, "caught", None)  # an older tree's Poller has none
+
+    def caught_at(self, timing, began, at):  # the loop's looks from the submit end here, not in _wait
+        _at["found"] = at
+        return caught(self, timing, began, at)
+    if caught is not None:
+        poll.Poller.caught = caught_at
     fence_wait = Fence.wait
 
     async def resumed(self):
@@ -71,7 +82,7 @@ _ends: dict[str, int] = {}  # how the waits ended: caught by a poll or a look, e
 def _counted_ends() -> None:
     from aiomnn import poll
 
-    for name in ("_caught", "_early", "_blocked"):
+    for name in ("caught" if hasattr(poll.Poller, "caught") else "_caught", "_early", "_blocked"):
         def wrap(fn, name=name):
             def counted(self, *args):
                 _ends[name] = _ends.get(name, 0) + 1
@@ -151,6 +162,9 @@ async def main(a) -> None:
         await s.wait_async_resize()
         for f in feeds * 5:
             await s.run(f, device_outputs=a.device)
+        compiling = jit.pending()
+        if not a.compiling:  # a compile holds the GIL: the host's work of a run slows by a quarter meanwhile
+            await asyncio.to_thread(jit.wait)
         repeated = [[await phases(s, f, a.device) for _ in range(a.runs)] for f in feeds]
         alternating: list[list] = [[] for _ in feeds]
         if len(feeds) > 1:
@@ -158,7 +172,8 @@ async def main(a) -> None:
                 for i, f in enumerate(feeds):
                     alternating[i].append(await phases(s, f, a.device))
     where = "device" if a.device else "numpy"
-    print(f"{a.model} {a.precision} {where} in and out; the waits ended: {_ends} (_caught counts the driver's too)")
+    compiling = f"numba compiled in the background: {compiling} at the start, {jit.pending()} at the end"
+    print(f"{a.model} {a.precision} {where} in and out; {compiling}; the waits ended: {_ends} (caught counts the driver's and the loop's from the submit too)")
     print("| shape | case | await us | submit us | of it: copies in | graph launch | device us | graph us | rest us "
           "| to submit | submit to found | found to resumed | resumed to returned |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -180,5 +195,6 @@ if __name__ == "__main__":
     p.add_argument("--precision", default="normal", choices=["normal", "low", "high"])
     p.add_argument("--device", action="store_true", help="cupy in, outputs left on the device")
     p.add_argument("--runs", type=int, default=60)
+    p.add_argument("--compiling", action="store_true", help="time while numba still compiles in the background")
     p.add_argument("--tuning", default="none", choices=["none", "fast", "normal", "heavy"])
     asyncio.run(main(p.parse_args()))
