@@ -17,6 +17,7 @@ Where the waiter may hand the poll to the event loop (`near`: aiomnn.fence.Looks
 earlier than the poll would start as the loop takes to start looking (learned, as the oversleep is), and
 waits for the loop's verdict: the loop completes the fence itself, without a thread waking it. Where the
 loop's looks stop without seeing the end (a deadline, an error), the waiter blocks in the driver as before.
+Short work the loop looks at from its submit on (LOOK_ALL_S), and no thread wakes at all.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ _OVERSLEEP_MAX = 1e-3  # the most a sleep is assumed to overrun
 _HANDOFF_MAX = 1e-3  # the most the loop is assumed to take to start looking
 #: How much longer than its poll the waiter waits for a busy loop's verdict before blocking in the driver itself.
 LOOKS_GRACE_S = 2e-3
+#: Work expected to take at most this long, submitted while its waiter has nothing else to wait for, is looked
+#: at by the event loop from its submit to its end (until its expectation and POLL_S have passed), and the
+#: waiter thread is not woken at all; the loop's thread spins that long, between its other callbacks, a
+#: core's worth of CPU for the run's length: bounded here. Where the looks stop without the end, the waiter
+#: takes the work after all. (CUDA's Waiter.watch, Vulkan's Queue.submit.)
+LOOK_ALL_S = 2e-3
 
 
 class Timing:

@@ -181,7 +181,7 @@ def _looks_from_a_thread(fence: Fence, check, until_s: float):
 async def test_the_loop_looks_on_its_own_thread_and_completes_the_fence(anyio_backend):
     """Asked from a waiter thread, the loop looks (on its own thread) until the work is done and completes the
     fence there; the thread learns when it was seen. Under trio there are no looks (None): the thread polls."""
-    fence, finish, where = Fence(), clock_time.perf_counter() + 3e-3, set()
+    fence, finish, where = Fence(), clock_time.perf_counter() + 50e-3, set()
 
     def check() -> bool:
         where.add(threading.get_ident())

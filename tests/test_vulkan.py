@@ -733,6 +733,51 @@ async def test_the_event_loop_completes_runs_it_saw_end(knobs, monkeypatch):
 
 
 @pytest.mark.anyio
+async def test_the_event_loop_watches_short_runs_from_their_submit(monkeypatch):
+    """A run expected to be short (poll.LOOK_ALL_S, raised here so that any run on this device is), submitted
+    while the waiter thread has nothing to wait for, is looked at by the event loop from its submit to its end:
+    the thread waits for none of them once it has seen the first (the looks' deadline, past the expectation by
+    poll.POLL_S, raised too: runs on a CPU device vary). Where the loop's looks never see the end (made so for
+    one run), they stop at that deadline and the thread completes the run after all."""
+    from aiomnn import poll
+    from aiomnn.backends.vulkan import queue as vk_queue
+
+    monkeypatch.setattr(poll, "LOOK_ALL_S", 10.0)
+    monkeypatch.setattr(poll, "POLL_S", 0.3)
+    waits, blind = [], []
+    wait, looked_done = vk_queue.Queue._wait, vk_queue.Queue._looked_done
+
+    def counted(self, value, sub, fence=None):
+        waits.append(value)
+        return wait(self, value, sub, fence)
+
+    def looked(self, value, sub):
+        return False if value in blind else looked_done(self, value, sub)
+    monkeypatch.setattr(vk_queue.Queue, "_wait", counted)
+    monkeypatch.setattr(vk_queue.Queue, "_looked_done", looked)
+    data = chain_model(4, (1, 16, 64, 64))
+    xs = [r(1, 16, 64, 64, seed=i) for i in range(6)]
+    wants = [(await run(data, {"x": x}, CPU))[0]["y"] for x in xs]
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(CONFIG) as s:
+        for x, want in zip(xs[:2], wants):
+            np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=1e-5, atol=1e-5)
+        queue = s.pipeline.main.queue
+        assert queue.submitted and min(t.expect for t in [sub.timing for sub in _subs(s)]) > 0
+        before = len(waits)
+        for x, want in zip(xs[2:], wants[2:]):
+            np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=1e-5, atol=1e-5)
+        assert len(waits) == before, waits  # the loop watched all four
+        blind.append(queue.submitted + 1)
+        np.testing.assert_allclose((await s.run({"x": xs[0]}))["y"], wants[0], rtol=1e-5, atol=1e-5)
+        assert waits[-1] == blind[0], (waits, blind)  # the thread took it once the looks stopped
+
+
+def _subs(session):
+    """The Submissions of a Vulkan session's recorded slots."""
+    return [slot.sub for rec in session.pipeline.main.plan.records.values() for slot in rec.slots]
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("precision", ["normal", "low"])
 @pytest.mark.parametrize("limit", [None, 0])
 async def test_staged_outputs_are_handed_over_up_to_a_limit(limit, precision, monkeypatch):

@@ -28,7 +28,8 @@ from aiomnn import copies
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
-from aiomnn.poll import POLL_S, Poller, Timing
+from aiomnn import poll
+from aiomnn.poll import Poller, Timing
 
 from ..cpu import halves
 from . import kernels
@@ -46,7 +47,7 @@ H2D, D2H, D2D, DEFAULT = 1, 2, 3, 4  # cudaMemcpyKind (DEFAULT: from the pointer
 #:     run is expected to finish, then the event loop itself polls the run's event between its
 #:     other callbacks and completes the Fence on the spot (aiomnn.fence.Looks); where the loop's
 #:     looks end without the finish, the thread waits in cudaEventSynchronize on a blocking-sync
-#:     event, then signals the Fence. A run expected within LOOK_ALL_S the loop polls from its
+#:     event, then signals the Fence. A run expected within poll.LOOK_ALL_S the loop polls from its
 #:     submit on (Waiter.watch), and no thread wakes at all;
 #: "thread": the same, with the thread polling, and signalling the Fence (the loop is woken);
 #: "hostfunc": cudaLaunchHostFunc after the run's copies signals the Fence from a driver thread.
@@ -230,10 +231,6 @@ def launch_timed(stream: Any, run: Run) -> None:
 _NOT_READY = 600  # CUDA_ERROR_NOT_READY (cudaErrorNotReady is 600 too)
 #: Sleep between polls where only cupy's query (which holds the GIL) is there.
 _CUPY_POLL_STEP_S = 20e-6
-#: With the loop's looks, a run expected to take at most this long is looked at by the event loop from its
-#: submit to its end (Waiter.watch): the waiter thread is not woken at all. The loop's thread spins that long
-#: (between its other callbacks), a core's worth of CPU for the run's length: bounded here.
-LOOK_ALL_S = 2e-3
 
 
 def _driver_query() -> Callable[[int], int] | None:
@@ -260,6 +257,7 @@ class Waiter:
         self.last_completion = 0.0
         self.poller = Poller(0.0 if self._query is not None else _CUPY_POLL_STEP_S)
         self._puts = self._ends = 0  # items put (by the submitting thread) and waited for (by this one)
+        self._last: Fence | None = None  # the fence of the latest item put
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -268,18 +266,21 @@ class Waiter:
         """Wait for `event` (recorded after the run launched at `sent_at`), then signal `fence`.
         `done(event)` runs first once the event has completed without error (to reuse it)."""
         self._puts += 1
+        self._last = fence
         self._q.put((event, fence, timing, sent_at, done))
 
     def watch(self, event: Any, fence: Fence, timing: Timing, sent_at: float,
               done: Callable[[Any], None]) -> bool:
         """From the event loop's thread, with the loop's looks: where this thread has nothing to wait for and the
-        run is expected to end within LOOK_ALL_S, the loop looks at it from now until its end and completes its
+        run is expected to end within poll.LOOK_ALL_S, the loop looks at it from now until its end and completes its
         fence (done(event) first), so that no thread wakes, neither the loop nor this one. Where the looks stop
         without the end (a run slower than expected, an error), the run is put to this thread after all. False
         where this thread should wait for it (put)."""
-        query, expect = self._query, timing.expect
-        if not (self.looks and self._primed and query is not None and 0.0 < expect <= LOOK_ALL_S
-                and self._puts == self._ends):
+        query, expect, last = self._query, timing.expect, self._last
+        # Idle: everything put has been waited for, or has ended (the loop saw the latest end; this thread may
+        # still be finishing its part of it).
+        idle = self._puts == self._ends or (last is not None and last.done)
+        if not (self.looks and self._primed and query is not None and 0.0 < expect <= poll.LOOK_ALL_S and idle):
             return False
         began = max(sent_at, self.last_completion)
         ptr = event.ptr
@@ -294,7 +295,7 @@ class Waiter:
             done(event)
             fence.signal()
 
-        looks = fence.looks(check, began + expect + POLL_S, found, lambda: self.put(event, fence, timing, sent_at,
+        looks = fence.looks(check, began + expect + poll.POLL_S, found, lambda: self.put(event, fence, timing, sent_at,
                                                                                       done))
         return looks is not None
 

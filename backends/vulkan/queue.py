@@ -21,6 +21,8 @@ event loop itself (aiomnn.fence.Looks), which then completes the run there: its
 outputs lent or copied and its Fence set without a thread waking the loop. Only
 runs whose outputs are never copied in pieces on the copy threads (copies.large)
 complete on the loop; the others, and any work without a Fence, on the waiter.
+Such a run expected to be short (aiomnn.poll.LOOK_ALL_S) the loop looks at from
+its submit on, and the waiter thread is not woken at all.
 
 Runs after an idle spell are slower for a reason outside the waiter: the GPU
 lowers its clock when idle, and runs stay slow until it comes back up. CUDA
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import vulkan as vk
 
-from aiomnn import copies
+from aiomnn import copies, poll
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
@@ -126,7 +128,10 @@ class Queue:
         self.device = device
         self.handle = handle
         self.timeline = timeline
-        self._cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # what completed: for wait_value
+        self._wake = threading.Condition(lock)  # work for the waiter thread
+        self._watched = 0  # the value of the run the event loop watches from its submit (_watch); 0: none
         self._pending: collections.deque[Pending] = collections.deque()
         self.submitted = 0
         self.completed = 0
@@ -150,7 +155,9 @@ class Queue:
 
     def submit(self, sub: Submission, callback: Callback, fence: Fence | None = None) -> int:
         """Submit a recorded command buffer; callback(error) runs when it completes: on the waiter thread, or
-        with `fence` (the run's, which the callback completes) on the event loop where its looks saw it."""
+        with `fence` (the run's, which the callback completes) on the event loop where its looks saw it. Such a
+        run, expected within poll.LOOK_ALL_S and submitted while the waiter thread has nothing to wait for, the
+        loop looks at from now on (_watch); the thread is woken only where those looks stop without its end."""
         with self._cond:
             if self.closed:
                 raise RuntimeError("the Vulkan queue is closed")
@@ -166,9 +173,38 @@ class Queue:
                 raise _error(r, "vkQueueSubmit")
             self.submitted = sub.value = value
             sub.sent_at = time.perf_counter()
+            # Everything before it completed (the thread may still be finishing its own part of the last one).
+            watch = fence is not None and not self._pending and 0.0 < sub.timing.expect <= poll.LOOK_ALL_S
             self._pending.append((value, sub, callback, fence))
-            self._cond.notify()
+            if watch:
+                self._watched = value
+            else:
+                self._wake.notify()
+        if watch and not self._watch(value, sub, fence):
+            self._unwatch()
         return value
+
+    def _watch(self, value: int, sub: Submission, fence: Fence) -> bool:
+        """The event loop looks at a run from its submit to its end and completes it there; False where it
+        cannot (trio)."""
+        began = max(sub.sent_at, self.last_completion)
+
+        def found() -> None:
+            self.poller.caught(sub.timing, began, looks.found)
+            self._complete(value, None, looks.found)
+            self._unwatch()
+
+        looks = fence.looks(lambda: self._looked_done(value, sub), began + sub.timing.expect + poll.POLL_S, found,
+                            self._unwatch)
+        return looks is not None
+
+    def _unwatch(self) -> None:
+        """The loop's watch has ended: the waiter thread takes what is pending (the watched run itself, where
+        the looks stopped without its end)."""
+        with self._cond:
+            self._watched = 0
+            if self._pending:
+                self._wake.notify()
 
     def start(self, rec: "Record", values: dict[str, Any], fence: Fence, stamps: "Timestamps | None") -> None:
         """Run a segment's recorded commands: copy its inputs from `values` into mapped memory and submit a free
@@ -236,8 +272,8 @@ class Queue:
     def _wait_loop(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self.closed:
-                    self._cond.wait()
+                while (not self._pending or self._pending[0][0] == self._watched) and not self.closed:
+                    self._wake.wait()
                 if not self._pending:
                     return
                 value, sub, _, fence = self._pending[0]
@@ -247,6 +283,8 @@ class Queue:
             if r == vk.VK_SUCCESS and self.timeline:
                 if lib.vkGetSemaphoreCounterValue(self.device, self.semaphore, self._counter) == vk.VK_SUCCESS:
                     value = max(value, int(self._counter[0]))
+                    if self._watched:  # read after the counter: a run the loop watches is the loop's to complete
+                        value = min(value, self._watched - 1)
             if r == vk.VK_TIMEOUT:
                 continue
             if r != vk.VK_SUCCESS:
@@ -319,6 +357,7 @@ class Queue:
         with self._cond:
             self.closed = True
             self._cond.notify_all()
+            self._wake.notify_all()
         self._thread.join(timeout=5)
         if self.semaphore is not None:
             vk.vkDestroySemaphore(self.device, self.semaphore, None)
