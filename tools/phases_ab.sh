@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two trees' CUDA runs on the lent GPU machine, in turns: the working tree against an older one unpacked into
 # _before (git archive REV | tar -x -C _before). The CUDA tests of the waits, then where a run's time goes
-# (tools/cuda_run_phases.py, each tree its own process, cupy in and outputs on the device), then the CUDA
+# (tools/cuda_run_phases.py, each tree its own process, cupy in and outputs on the device), then the
 # tables (benchmarks/gpu.py through tools/ab_trees.sh). Through the device tool:
 #     run(command="bash tools/phases_ab.sh", carry=[".cache/lc", ".models"], timeout_s=600)
 # STEPS picks among tests, phases and tables (all three unless said); CASES: model:shape:precision for the
@@ -15,6 +15,9 @@ exec > >(tee "${OUT:-/tmp}/phases_ab.txt") 2>&1
 steps=${STEPS:-tests phases tables}
 [[ $steps == *tests* ]] && timeout 150 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -x \
   -k "wait_modes or waiter or watches or fp16_inputs or device_inputs or device_outputs" 2>&1 | tail -2
+[[ $steps == *tests* ]] && timeout 150 python3 -m pytest tests/test_vulkan.py tests/test_poll.py -q \
+  -p no:cacheprovider -k "watches or event_loop_completes or staged_and_fence or handed_over or looks" 2>&1 \
+  | grep -E "^(FAILED|ERROR)|passed|failed" | head -8
 [[ $steps == *phases* ]] && for case in ${CASES:-yolov8n:1x3x320x320:low yolov8n:8x3x320x320:low yolov8n:8x3x320x320:normal rec:8x3x48x320:low}; do
   IFS=: read -r model shape precision <<< "$case"
   for tree in _before .; do
