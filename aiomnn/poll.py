@@ -47,11 +47,12 @@ LOOK_ALL_S = 2e-3
 class Timing:
     """What the waiter learned about one piece of recorded work: seconds from its start to its completion."""
 
-    __slots__ = ("expect", "late")
+    __slots__ = ("expect", "late", "known")
 
     def __init__(self) -> None:
         self.expect = 0.0
         self.late = 0  # early finishes in a row (found only after the sleep: late for the caller)
+        self.known = False  # seen finished once: expect is a measure (early finds may shrink it to 0)
 
 
 class Poller:
@@ -111,6 +112,7 @@ class Poller:
         """The work was seen finished at `at`, after it had been looked at a while: it takes that long."""
         timing.expect = at - began
         timing.late = 0
+        timing.known = True
         self.seen = at
         return True
 
@@ -141,4 +143,5 @@ class Poller:
         elapsed = self.seen - began
         timing.expect = max(0.0, min(timing.expect, elapsed) - POLL_LEAD_S * (1 << timing.late))
         timing.late = min(timing.late + 1, _LATE_MAX)
+        timing.known = True
         return True

@@ -762,7 +762,7 @@ async def test_the_event_loop_watches_short_runs_from_their_submit(monkeypatch):
         for x, want in zip(xs[:2], wants):
             np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=1e-5, atol=1e-5)
         queue = s.pipeline.main.queue
-        assert queue.submitted and min(t.expect for t in [sub.timing for sub in _subs(s)]) > 0
+        assert queue.submitted and any(sub.timing.known for sub in _subs(s))
         before = len(waits)
         for x, want in zip(xs[2:], wants[2:]):
             np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=1e-5, atol=1e-5)

@@ -280,7 +280,8 @@ class Waiter:
         # Idle: everything put has been waited for, or has ended (the loop saw the latest end; this thread may
         # still be finishing its part of it).
         idle = self._puts == self._ends or (last is not None and last.done)
-        if not (self.looks and self._primed and query is not None and 0.0 < expect <= poll.LOOK_ALL_S and idle):
+        if not (self.looks and self._primed and query is not None and timing.known and expect <= poll.LOOK_ALL_S
+                and idle):
             return False
         began = max(sent_at, self.last_completion)
         ptr = event.ptr

@@ -174,7 +174,8 @@ class Queue:
             self.submitted = sub.value = value
             sub.sent_at = time.perf_counter()
             # Everything before it completed (the thread may still be finishing its own part of the last one).
-            watch = fence is not None and not self._pending and 0.0 < sub.timing.expect <= poll.LOOK_ALL_S
+            watch = fence is not None and not self._pending and sub.timing.known \
+                and sub.timing.expect <= poll.LOOK_ALL_S
             self._pending.append((value, sub, callback, fence))
             if watch:
                 self._watched = value
