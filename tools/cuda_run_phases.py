@@ -10,7 +10,11 @@ work after. With --device the input is a cupy array and the outputs stay on the 
 numba's background compiles have ended (unless --compiling): a compile holds the GIL.
 
     python tools/cuda_run_phases.py [--model rec] [--shapes 1x3x48x160,1x3x48x320] [--precision normal]
-                                    [--device] [--runs 60] [--tuning none] [--compiling]
+                                    [--device] [--runs 60] [--tuning none] [--compiling] [--parts]
+
+With --parts, each call the submit makes is timed on the host's clock too (the copies in, the launch, the
+pool's malloc, memcpyAsync, Event.record, the waiter's watch and put...), summed per run, and their medians printed
+after: the parts nest (the copies in hold memcpyAsync calls), so read each against the whole submit.
 
 Prints the median of each phase in microseconds for each shape, repeated and (with two shapes) alternating.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections import defaultdict
 
 import cupy
 import numpy as np
@@ -122,7 +127,11 @@ def _timed_graph():
     return wrapped
 
 
+_part_rows: dict[str, list[float]] = defaultdict(list)
+
+
 async def phases(session, feeds, device: bool) -> tuple[float, ...]:
+    _parts.clear()
     _marks.clear()
     _graph.clear()
     _host.clear()
@@ -136,6 +145,8 @@ async def phases(session, feeds, device: bool) -> tuple[float, ...]:
             break
         await asyncio.sleep(1e-4)
     (t0, t1, start, end), = _marks
+    for k, v in _parts.items():
+        _part_rows[k].append(v)
     end.synchronize()
     span = cupy.cuda.get_elapsed_time(start, end) * 1e-3
     graph = sum(cupy.cuda.get_elapsed_time(a, b) for a, b in _graph) * 1e-3
@@ -144,7 +155,39 @@ async def phases(session, feeds, device: bool) -> tuple[float, ...]:
             (_at["resumed"] - _at["found"]) * 1e6, (done - _at["resumed"]) * 1e6)
 
 
+_parts: dict[str, float] = defaultdict(float)  # host seconds of each part of the submit, this run
+
+
+def _timed_parts() -> None:
+    """Each call the submit makes, timed into _parts."""
+    from aiomnn.backends.cuda import runtime
+
+    def timed(owner, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        def part(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _parts[label] += time.perf_counter() - t
+        setattr(owner, name, part)
+
+    for owner, name, label in ((CudaBackend, "submit", "submit (whole)"), (cuda_queue.Queue, "copy_in", "copy_in"),
+                               (cuda_queue.Queue, "launch", "launch"), (cuda_queue.Queue, "_to_host", "_to_host"),
+                               (cuda_queue.Queue, "after_default_stream", "after_default_stream"),
+                               (cuda_queue.Waiter, "watch", "watch"), (cuda_queue.Waiter, "put", "put"),
+                               (runtime.CudaRuntime, "malloc", "malloc"),
+                               (cupy.cuda.runtime, "memcpyAsync", "memcpyAsync"),
+                               (cupy.cuda, "alloc_pinned_memory", "alloc_pinned_memory"),
+                               (cuda_queue.halves, "settled", "halves.settled"),
+                               (cupy.cuda.Event, "record", "Event.record")):
+        timed(owner, name, label)
+
+
 async def main(a) -> None:
+    if a.parts:
+        _timed_parts()
     CudaBackend.submit = _timed_submit(CudaBackend.submit)
     _marked_waits()
     _counted_ends()
@@ -186,6 +229,10 @@ async def main(a) -> None:
             marks = " | ".join(f"{v:.0f}" for v in med[6:])
             print(f"| {'x'.join(map(str, shape))} | {case} | {total:.0f} | {submit:.0f} | {copies:.0f} | {launch:.0f} "
                   f"| {device:.0f} | {graph:.0f} | {total - submit - device:.0f} | {marks} |", flush=True)
+    if _part_rows:
+        print(f"\nthe submit's parts, host us a run, medians of every run above\n| part | us |\n|---|---|")
+        for k, v in sorted(_part_rows.items(), key=lambda kv: -np.median(kv[1])):
+            print(f"| {k} | {np.median(v) * 1e6:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
@@ -196,5 +243,6 @@ if __name__ == "__main__":
     p.add_argument("--device", action="store_true", help="cupy in, outputs left on the device")
     p.add_argument("--runs", type=int, default=60)
     p.add_argument("--compiling", action="store_true", help="time while numba still compiles in the background")
+    p.add_argument("--parts", action="store_true", help="time each call the submit makes, too")
     p.add_argument("--tuning", default="none", choices=["none", "fast", "normal", "heavy"])
     asyncio.run(main(p.parse_args()))
