@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
+from . import cores
 from .backend import Backend
 from .config import AUTO_ORDER, BackendConfig, ForwardType, ScheduleConfig
 from .errors import AiomnnError, BackendError, ClosedError, ForkError
@@ -296,12 +297,6 @@ def create_runtime(configs: Iterable[ScheduleConfig] | ScheduleConfig | None = N
             runtimes[t] = create_one(t, config)
     if ForwardType.CPU not in runtimes:
         runtimes[ForwardType.CPU] = create_one(ForwardType.CPU, configs[0] if configs else ScheduleConfig())
-    threads = next((c.num_threads for c in configs if c.num_threads), None) or default_threads()
+    threads = next((c.num_threads for c in configs if c.num_threads), None) or cores.count()
     return RuntimeInfo(runtimes, runtimes[ForwardType.CPU], threads)
 
-
-def default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)

@@ -427,16 +427,16 @@ def test_waiter_follows_the_shared_schedule(monkeypatch, cuda_queue):
 
 
 def test_the_loop_watches_short_runs_from_their_submit(cuda_queue, monkeypatch):
-    """With the loop's looks, a run the waiter expects to be short is looked at by the event loop from its
-    submit to its end (Waiter.watch): the first runs prime the thread and teach it the run's length (the loop
-    may resume the task before the thread has learned it), the later ones complete on the loop without an item
-    for the thread; one slower than expected goes to the thread after
-    the looks' deadline and still completes, the next ones on the thread too (it learned the slow length, and
-    unlearns it as it sees them end early), and once it has seen them short again the loop watches them again. A run expected to be long, or one
-    submitted while the thread has something to wait for, goes to the thread."""
+    """With the loop's looks, a run the waiter expects to be short is looked at by the event loop from its submit to its
+    end (Waiter.watch): the first runs prime the thread and teach it the run's length (the loop may resume the task
+    before the thread has learned it), the later ones complete on the loop without an item for the thread; one slower
+    than expected goes to the thread after the looks' deadline and still completes, the next ones on the thread too
+    (it learned the slow length, and unlearns it as it sees them end early), and once it has seen them short again
+    the loop watches them again. A run expected to be long, one submitted while the thread has something to wait for,
+    or one while CPU runs hold every core (aiomnn.cores), goes to the thread."""
     from types import SimpleNamespace
 
-    from aiomnn import poll
+    from aiomnn import cores, poll
     from aiomnn.fence import Fence
     from aiomnn.poll import Timing
 
@@ -486,6 +486,10 @@ def test_the_loop_watches_short_runs_from_their_submit(cuda_queue, monkeypatch):
             timing.expect = 2 * poll.LOOK_ALL_S
             assert not w.watch(SimpleNamespace(ptr=9), Fence(), timing, time.perf_counter(), returned.append)
             timing.expect = 1e-3
+            with cores.HELD.hold(cores.count()):  # CPU runs hold every core: the loop's core is theirs
+                assert not cores.HELD.spare()
+                assert not w.watch(SimpleNamespace(ptr=9), Fence(), timing, time.perf_counter(), returned.append)
+            assert cores.HELD.spare()
             w.put(SimpleNamespace(ptr=10), Fence(), Timing(), time.perf_counter(), returned.append)
             finish[10] = time.perf_counter() + 0.5  # an item queued, its run not ended
             assert not w.watch(SimpleNamespace(ptr=9), Fence(), timing, time.perf_counter(), returned.append)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from aiomnn import cores
 from aiomnn.backend import Backend, Execution, Tensor, all_empty
 from aiomnn.config import ForwardType
 from aiomnn.errors import AiomnnError, BackendError, ModelError
@@ -151,7 +152,8 @@ class CpuBackend(Backend):
         replay = self._replays.get(segment) if replaying else None
         # The crew's workers awake from step to step (stepping aside while helpers share a step's numpy work);
         # IEEE results (inf * 0 is nan), never a NumPy warning.
-        with jit.crew_held(pool.threads) as aside, pool.running(aside), np.errstate(all="ignore"):
+        with cores.HELD.hold(pool.threads), jit.crew_held(pool.threads) as aside, pool.running(aside), \
+                np.errstate(all="ignore"):
             if replay is not None:
                 self._replay(replay, values, yield_at)
                 return

@@ -17,9 +17,10 @@ import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, Callable
 
+from aiomnn import cores
 from aiomnn.config import BackendConfig, ForwardType, ScheduleConfig
 from aiomnn.errors import ClosedError
-from aiomnn.runtime import Device, Runtime, default_threads
+from aiomnn.runtime import Device, Runtime
 
 from . import blas
 from .backend import CpuBackend
@@ -34,7 +35,7 @@ class CpuRuntime(Runtime):
 
     def __init__(self, config: ScheduleConfig, device: Device):
         super().__init__(config, device)
-        self.num_threads = config.num_threads or default_threads()
+        self.num_threads = config.num_threads or cores.count()
         # The pool's size caps the CPU work in flight across every session of this runtime.
         nice = 0 if config.backend_config.power == "high" else WORKER_NICE
         self.executor = Workers(self.num_threads, nice)

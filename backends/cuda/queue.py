@@ -24,11 +24,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import cupy
 import numpy as np
 
-from aiomnn import copies
+from aiomnn import copies, cores, poll
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
-from aiomnn import poll
 from aiomnn.poll import Poller, Timing
 
 from ..cpu import halves
@@ -271,8 +270,8 @@ class Waiter:
 
     def watch(self, event: Any, fence: Fence, timing: Timing, sent_at: float,
               done: Callable[[Any], None]) -> bool:
-        """From the event loop's thread, with the loop's looks: where this thread has nothing to wait for and the
-        run is expected to end within poll.LOOK_ALL_S, the loop looks at it from now until its end and completes its
+        """From the event loop's thread, with the loop's looks: where this thread has nothing to wait for, the
+        run is expected to end within poll.LOOK_ALL_S and a core is spare (aiomnn.cores), the loop looks at it from now until its end and completes its
         fence (done(event) first), so that no thread wakes, neither the loop nor this one. Where the looks stop
         without the end (a run slower than expected, an error), the run is put to this thread after all. False
         where this thread should wait for it (put)."""
@@ -281,7 +280,7 @@ class Waiter:
         # still be finishing its part of it).
         idle = self._puts == self._ends or (last is not None and last.done)
         if not (self.looks and self._primed and query is not None and timing.known and expect <= poll.LOOK_ALL_S
-                and idle):
+                and idle and cores.HELD.spare()):
             return False
         began = max(sent_at, self.last_completion)
         ptr = event.ptr

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import vulkan as vk
 
-from aiomnn import copies, poll
+from aiomnn import copies, cores, poll
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
@@ -156,8 +156,8 @@ class Queue:
     def submit(self, sub: Submission, callback: Callback, fence: Fence | None = None) -> int:
         """Submit a recorded command buffer; callback(error) runs when it completes: on the waiter thread, or
         with `fence` (the run's, which the callback completes) on the event loop where its looks saw it. Such a
-        run, expected within poll.LOOK_ALL_S and submitted while the waiter thread has nothing to wait for, the
-        loop looks at from now on (_watch); the thread is woken only where those looks stop without its end."""
+        run, expected within poll.LOOK_ALL_S and submitted while the waiter thread has nothing to wait for and a
+        core is spare (aiomnn.cores), the loop looks at from now on (_watch); the thread is woken only where those looks stop without its end."""
         with self._cond:
             if self.closed:
                 raise RuntimeError("the Vulkan queue is closed")
@@ -175,7 +175,7 @@ class Queue:
             sub.sent_at = time.perf_counter()
             # Everything before it completed (the thread may still be finishing its own part of the last one).
             watch = fence is not None and not self._pending and sub.timing.known \
-                and sub.timing.expect <= poll.LOOK_ALL_S
+                and sub.timing.expect <= poll.LOOK_ALL_S and cores.HELD.spare()
             self._pending.append((value, sub, callback, fence))
             if watch:
                 self._watched = value
