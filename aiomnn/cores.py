@@ -3,7 +3,8 @@
 The event loop polls a short GPU run from its submit to its end (aiomnn.poll.LOOK_ALL_S), a core kept busy that
 long. Beside CPU runs that use every core, that core is theirs: a CPU session beside a GPU session watched so ran
 a quarter slower than beside one whose waiter thread slept (benchmarks/RESULTS.md, session 45). So the CPU backend
-holds its threads' cores for each run (HELD.hold), and the GPU backends watch only while one is spare.
+holds its threads' cores for each run (HELD.hold), and the GPU backends have the loop look at a run (from its
+submit, or over its last stretch) only while one is spare.
 """
 
 from __future__ import annotations

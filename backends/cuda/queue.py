@@ -331,7 +331,7 @@ class Waiter:
         began = max(sent_at, self.last_completion)  # it runs after what was queued before it
         near = None
         query = self._query
-        if self.looks and fence is not None and query is not None and self._primed:
+        if self.looks and fence is not None and query is not None and self._primed and cores.HELD.spare():
             ptr = event.ptr
 
             def check() -> bool | None:  # on the loop's thread: an error is left to this thread's wait

@@ -320,7 +320,7 @@ class Queue:
             return result[0] == vk.VK_SUCCESS
 
         near = None
-        if fence is not None:
+        if fence is not None and cores.HELD.spare():  # the loop's looks take a core (aiomnn.cores)
             def found() -> None:
                 self._complete(value, None, time.perf_counter())
 
