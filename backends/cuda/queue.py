@@ -271,8 +271,9 @@ class Waiter:
     def watch(self, event: Any, fence: Fence, timing: Timing, sent_at: float,
               done: Callable[[Any], None]) -> bool:
         """From the event loop's thread, with the loop's looks: where this thread has nothing to wait for, the
-        run is expected to end within poll.LOOK_ALL_S and a core is spare (aiomnn.cores), the loop looks at it from now until its end and completes its
-        fence (done(event) first), so that no thread wakes, neither the loop nor this one. Where the looks stop
+        run is expected to end within poll.LOOK_ALL_S and a core is spare (aiomnn.cores), the loop looks at it
+        from now until its end and completes its fence (done(event) first), so that no thread wakes, neither the
+        loop nor this one. Where the looks stop
         without the end (a run slower than expected, an error), the run is put to this thread after all. False
         where this thread should wait for it (put)."""
         query, expect, last = self._query, timing.expect, self._last

@@ -157,7 +157,8 @@ class Queue:
         """Submit a recorded command buffer; callback(error) runs when it completes: on the waiter thread, or
         with `fence` (the run's, which the callback completes) on the event loop where its looks saw it. Such a
         run, expected within poll.LOOK_ALL_S and submitted while the waiter thread has nothing to wait for and a
-        core is spare (aiomnn.cores), the loop looks at from now on (_watch); the thread is woken only where those looks stop without its end."""
+        core is spare (aiomnn.cores), the loop looks at from now on (_watch); the thread is woken only where
+        those looks stop without its end."""
         with self._cond:
             if self.closed:
                 raise RuntimeError("the Vulkan queue is closed")
