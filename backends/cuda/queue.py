@@ -273,9 +273,8 @@ class Waiter:
         """From the event loop's thread, with the loop's looks: where this thread has nothing to wait for, the
         run is expected to end within poll.LOOK_ALL_S and a core is spare (aiomnn.cores), the loop looks at it
         from now until its end and completes its fence (done(event) first), so that no thread wakes, neither the
-        loop nor this one. Where the looks stop
-        without the end (a run slower than expected, an error), the run is put to this thread after all. False
-        where this thread should wait for it (put)."""
+        loop nor this one. Where the looks stop without the end (a run slower than expected, an error), the run
+        is put to this thread after all. False where this thread should wait for it (put)."""
         query, expect, last = self._query, timing.expect, self._last
         # Idle: everything put has been waited for, or has ended (the loop saw the latest end; this thread may
         # still be finishing its part of it).
