@@ -37,10 +37,10 @@ _HANDOFF_MAX = 1e-3  # the most the loop is assumed to take to start looking
 #: How much longer than its poll the waiter waits for a busy loop's verdict before blocking in the driver itself.
 LOOKS_GRACE_S = 2e-3
 #: Work expected to take at most this long, submitted while its waiter has nothing else to wait for and a core is
-#: spare (aiomnn.cores), is looked at by the event loop from its submit to its end (until its expectation and POLL_S have passed), and the
-#: waiter thread is not woken at all; the loop's thread spins that long, between its other callbacks, a
-#: core's worth of CPU for the run's length: bounded here. Where the looks stop without the end, the waiter
-#: takes the work after all. (CUDA's Waiter.watch, Vulkan's Queue.submit.)
+#: spare (aiomnn.cores), is looked at by the event loop from its submit to its end (at most until its expectation
+#: and POLL_S have passed), and the waiter thread is not woken at all; the loop's thread spins that long, between
+#: its other callbacks, a core's worth of CPU for the run's length: bounded here. Where the looks stop without
+#: the end, the waiter takes the work after all. (CUDA's Waiter.watch, Vulkan's Queue.submit.)
 LOOK_ALL_S = 2e-3
 
 

@@ -1,9 +1,8 @@
 """Where a CUDA run's time goes: the host's submit, the device's span, the graph alone, and the rest of the await.
 
 For each run: the host's submit (inputs copied in, graph and output copies queued), the device's span (timing
-events around what submit queued), the graph's own span (events around the graph's launch alone), the host's time in the inputs' copies and
-the graph's launch, and the whole
-await. What is left of the await after the submit and the device span is the wait: the device starting late, and
+events around what submit queued), the graph's own span (events around the graph's launch alone), the host's time
+in the inputs' copies and the graph's launch, and the whole await. What is left of the await after the submit and the device span is the wait: the device starting late, and
 the waiter waking the event loop; the marks split the await: the session's work before the submit, from
 the submit to the waiter finding the run done, from there to the awaiting task resuming, and the session's
 work after. With --device the input is a cupy array and the outputs stay on the device. Timing starts once
@@ -216,7 +215,8 @@ async def main(a) -> None:
                     alternating[i].append(await phases(s, f, a.device))
     where = "device" if a.device else "numpy"
     compiling = f"numba compiled in the background: {compiling} at the start, {jit.pending()} at the end"
-    print(f"{a.model} {a.precision} {where} in and out; {compiling}; the waits ended: {_ends} (caught counts the driver's and the loop's from the submit too)")
+    print(f"{a.model} {a.precision} {where} in and out; {compiling}; the waits ended: {_ends} "
+          "(caught counts the driver's and the loop's from the submit too)")
     print("| shape | case | await us | submit us | of it: copies in | graph launch | device us | graph us | rest us "
           "| to submit | submit to found | found to resumed | resumed to returned |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

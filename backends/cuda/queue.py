@@ -295,8 +295,10 @@ class Waiter:
             done(event)
             fence.signal()
 
-        looks = fence.looks(check, began + expect + poll.POLL_S, found, lambda: self.put(event, fence, timing, sent_at,
-                                                                                      done))
+        def stopped() -> None:
+            self.put(event, fence, timing, sent_at, done)
+
+        looks = fence.looks(check, began + expect + poll.POLL_S, found, stopped)
         return looks is not None
 
     def close(self) -> None:
