@@ -43,7 +43,12 @@ class BackendConfig:
     """Per-backend hints, after MNN's BackendConfig.
 
     precision: "normal" (fp32), "high" (fp32, no fast-math) or "low" (fp16 where supported).
-    memory/power: hints kept for parity with MNN; backends may ignore them.
+    memory: "low" has Vulkan reuse the smallest freed range that fits (not the one freed longest ago, which lets
+        independent dispatches overlap); otherwise a hint kept for parity with MNN.
+    power: "high" keeps the CPU workers at normal priority, never yielding their cores; "low" keeps the event
+        loop from polling GPU runs (CUDA and Vulkan wake it from their waiter thread instead: an idle loop,
+        a run's end reaching the task later by the wake-up); "normal" has the loop poll short runs while a
+        core is spare (aiomnn.cores).
     tuning: how many candidates GPU tuning tries ("none" disables tuning).
     device_id: which device of the backend's kind to use.
     memory_limit: refuse a plan whose activations exceed this many bytes.

@@ -1005,6 +1005,29 @@ async def test_wait_modes(wait_mode):
 
 @needs_gpu
 @pytest.mark.anyio
+async def test_low_power_keeps_the_loop_from_polling_runs(monkeypatch):
+    """BackendConfig(power="low"): the loop's looks ("loop", the default) give way to the waiter thread's own
+    ("thread"); the event loop looks at no run, and the outputs are right."""
+    from aiomnn import fence
+
+    monkeypatch.delenv("AIOMNN_CUDA_WAIT", raising=False)
+    looked = []
+    look = fence.Looks.look
+    monkeypatch.setattr(fence.Looks, "look", lambda self: (looked.append(1), look(self)))
+    data, feeds = fused_block()
+    want = await oracle(data, feeds)
+    cfg = aiomnn.ScheduleConfig(type="cuda", backend_config=aiomnn.BackendConfig(tuning="none", power="low"))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(cfg) as s:
+        for _ in range(6):
+            got = await s.run(feeds)
+        assert s.pipeline.main.queue.wait_mode == "thread"
+    for k, w in want.items():
+        np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=1e-4)
+    assert not looked
+
+
+@needs_gpu
+@pytest.mark.anyio
 async def test_sessions_run_concurrently_on_one_runtime():
     import anyio
 

@@ -772,6 +772,26 @@ async def test_the_event_loop_watches_short_runs_from_their_submit(monkeypatch):
         assert waits[-1] == blind[0], (waits, blind)  # the thread took it once the looks stopped
 
 
+@pytest.mark.anyio
+async def test_low_power_keeps_the_loop_from_polling_runs(monkeypatch):
+    """BackendConfig(power="low"): the waiter thread completes every run (its outputs the CPU's), and the event
+    loop looks at none, neither from the submit nor over the last stretch."""
+    from aiomnn import fence, poll
+
+    monkeypatch.setattr(poll, "LOOK_ALL_S", 10.0)  # as the watch test: any run here would be watched
+    looked = []
+    look = fence.Looks.look
+    monkeypatch.setattr(fence.Looks, "look", lambda self: (looked.append(1), look(self)))
+    data = chain_model(4, (1, 16, 64, 64))
+    xs = [r(1, 16, 64, 64, seed=i) for i in range(4)]
+    wants = [(await run(data, {"x": x}, CPU))[0]["y"] for x in xs]
+    config = replace(CONFIG, backend_config=replace(CONFIG.backend_config, power="low"))
+    async with await aiomnn.Interpreter.from_bytes(data).create_session(config) as s:
+        for x, want in zip(xs, wants):
+            np.testing.assert_allclose((await s.run({"x": x}))["y"], want, rtol=1e-5, atol=1e-5)
+    assert not looked
+
+
 def _subs(session):
     """The Submissions of a Vulkan session's recorded slots."""
     return [slot.sub for rec in session.pipeline.main.plan.records.values() for slot in rec.slots]

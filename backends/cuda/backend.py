@@ -66,7 +66,7 @@ class CudaBackend(Backend):
             halves.ready()  # the host's rounding to half floats starts compiling, to be ready when runs are made
         # One queue for the backends of a session's kept plans (sibling): when each plan had its own stream and
         # waiter thread, alternating shapes cost 4-29% more a run than a repeated shape on the H200.
-        self.queue = queue or Queue(runtime)
+        self.queue = queue or Queue(runtime, looks=config.power != "low")
         self.stream = self.queue.stream
         self._created: list[Step] = []
         self._created_nodes: set[int] = set()

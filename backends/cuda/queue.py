@@ -60,13 +60,17 @@ WAIT_MODES = ("loop", "thread", "hostfunc")
 class Queue:
     """A backend's stream and the runs it submits there, in order."""
 
-    def __init__(self, runtime: CudaRuntime):
+    def __init__(self, runtime: CudaRuntime, looks: bool = True):
+        """looks=False (BackendConfig(power="low")): the event loop never polls this queue's runs ("loop" waits
+        as "thread")."""
         self.rt = runtime
         with runtime.device:
             self.stream = cupy.cuda.Stream(non_blocking=True)
         self.wait_mode = os.environ.get("AIOMNN_CUDA_WAIT", "loop")
         if self.wait_mode not in WAIT_MODES:
             raise BackendError(f"AIOMNN_CUDA_WAIT must be one of {WAIT_MODES}, not {self.wait_mode!r}")
+        if self.wait_mode == "loop" and not looks:
+            self.wait_mode = "thread"
         self._waiter: Waiter | None = None
         self._events: list = []  # blocking-sync events the waiter is done with, to record again
         self._blas = None

@@ -73,6 +73,7 @@ class VulkanBackend(Backend):
         self.dry = dry  # plans launches only (for tuning): no weight uploads, no device memory
         self.ctx = runtime.ctx
         self.queue = runtime.queue
+        self.looks = config.power != "low"  # the event loop may poll this backend's runs (queue.py)
         self.fp16 = config.precision == "low" and self.ctx.storage16
         self.align = max(64, self.ctx.min_offset_align)
         self.oldest = config.memory != "low" and config.memory_limit is None  # Arena's reuse rule
@@ -134,9 +135,9 @@ class VulkanBackend(Backend):
             rec = self.record_of(segment)
             stamps = self.plan.timestamps if self.profile is not None else None
             if rec.upload_bytes >= OFFLOAD_BYTES:
-                offload(self.runtime.submitter, self.queue.start, rec, values, fence, stamps)
+                offload(self.runtime.submitter, self.queue.start, rec, values, fence, stamps, self.looks)
             else:
-                self.queue.start(rec, values, fence, stamps)
+                self.queue.start(rec, values, fence, stamps, self.looks)
         except BaseException as exc:
             fence.signal(error=exc)
         return fence

@@ -208,10 +208,12 @@ class Queue:
             if self._pending:
                 self._wake.notify()
 
-    def start(self, rec: "Record", values: dict[str, Any], fence: Fence, stamps: "Timestamps | None") -> None:
+    def start(self, rec: "Record", values: dict[str, Any], fence: Fence, stamps: "Timestamps | None",
+              looks: bool = True) -> None:
         """Run a segment's recorded commands: copy its inputs from `values` into mapped memory and submit a free
         slot; its outputs go into `values` and `fence` is signalled once it completes (errors go to the fence).
-        With profiling, `stamps` learns the slot, to read its timestamps after."""
+        With profiling, `stamps` learns the slot, to read its timestamps after. looks=False (BackendConfig(power=
+        "low")): the event loop does not poll this run; the waiter thread completes it."""
         try:
             slot = rec.slot()
             for name, view, shape in rec.uploads:
@@ -226,7 +228,8 @@ class Queue:
                         i += 1
             if stamps is not None:
                 stamps.last = slot
-            self.submit(slot.sub, functools.partial(_finish, rec, slot, values, fence), fence if slot.light else None)
+            self.submit(slot.sub, functools.partial(_finish, rec, slot, values, fence),
+                        fence if slot.light and looks else None)
         except BaseException as exc:
             fence.signal(error=exc)
 
