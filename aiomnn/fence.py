@@ -20,6 +20,8 @@ from typing import Any, Callable
 import anyio
 import sniffio
 
+from . import cores
+
 
 def _running_loop() -> Any:
     """The asyncio loop running here, or trio's token."""
@@ -111,8 +113,9 @@ class Looks:
     resumed after), a cost paid on every run (benchmarks/RESULTS.md, session 44). A waiter that expects its work
     to end soon hands the last stretch to the loop instead: each pass of the loop looks once (check(), one
     query of the device), between the loop's other callbacks, so the loop never waits; the look that sees the
-    work done completes the fence on the spot. The looks stop at `until`, at an error, or where the fence was
-    completed otherwise; the waiting thread learns which from wait() and the marks."""
+    work done completes the fence on the spot. The looks stop at `until`, at an error, where CPU runs come to
+    hold every core (the loop's among them: aiomnn.cores), or where the fence was completed otherwise; the
+    waiting thread learns which from wait() and the marks."""
 
     __slots__ = ("_fence", "_loop", "_check", "until", "_found", "_stopped", "_verdict", "handed", "first", "found",
                  "count")
@@ -149,7 +152,7 @@ class Looks:
                     self._found()
             finally:
                 self._verdict.set()
-        elif ok is None or now >= self.until:
+        elif ok is None or now >= self.until or not cores.HELD.spare():
             try:
                 if self._stopped is not None:
                     self._stopped()

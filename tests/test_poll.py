@@ -212,3 +212,25 @@ async def test_the_looks_stop_at_an_error_or_the_deadline_and_leave_the_fence_to
         threading.Thread(target=fence.signal).start()
         await fence.wait()
 
+
+@pytest.mark.anyio
+async def test_the_looks_stop_where_cpu_runs_come_to_hold_every_core(anyio_backend):
+    """The loop's looks take a core: where CPU runs come to hold every one (aiomnn.cores), the next look stops
+    them without completing the fence, and stopped() hands the work back (here: a thread signals the fence)."""
+    from aiomnn import cores
+
+    if sniffio.current_async_library() == "trio":
+        pytest.skip("trio's loop does not look (Fence.looks is None)")
+    fence, stops = Fence(), []
+
+    def stopped() -> None:
+        stops.append(clock_time.perf_counter())
+        threading.Thread(target=fence.signal).start()
+
+    looks = fence.looks(lambda: False, clock_time.perf_counter() + 10.0, stopped=stopped)
+    await anyio.sleep(5e-3)
+    assert looks.count > 1 and not stops  # looking, a core spare
+    with cores.HELD.hold(cores.count()), anyio.fail_after(1.0):  # not at the deadline, 10 s on
+        await fence.wait()
+    assert len(stops) == 1 and not looks.found
+
