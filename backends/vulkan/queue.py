@@ -194,15 +194,14 @@ class Queue:
         def found() -> None:
             self.poller.caught(sub.timing, began, looks.found)
             self._complete(value, None, looks.found)
-            self._unwatch()
 
         looks = fence.looks(lambda: self._looked_done(value, sub), began + sub.timing.expect + poll.POLL_S, found,
                             self._unwatch)
         return looks is not None
 
     def _unwatch(self) -> None:
-        """The loop's watch has ended: the waiter thread takes what is pending (the watched run itself, where
-        the looks stopped without its end)."""
+        """The loop's watch has ended without the end of its run (or could not start): the waiter thread takes
+        what is pending, the watched run first. (A watched run that completes ends its watch in _complete.)"""
         with self._cond:
             self._watched = 0
             if self._pending:
@@ -310,6 +309,10 @@ class Queue:
                 self.completed = self.submitted  # the device is lost: nothing more will finish
             self.last_completion = max(self.last_completion, seen)
             self._cond.notify_all()
+            if self._watched and self._watched <= self.completed:  # the watched run is done, however it ended
+                self._watched = 0
+                if self._pending:
+                    self._wake.notify()
         _call(ready, err)
         del ready  # what the callbacks hold (a run's outputs) must not wait here for the next completion
 
