@@ -11,6 +11,9 @@ source tools/gpu_setup.sh >/dev/null 2>&1
 export AIOMNN_MODELS=$PWD/.models
 ln -sfn ../backends aiomnn/backends
 ln -sfn ../backends _before/aiomnn/backends
+# Both trees timed by this tree's harness (it waits for numba's background compiles; older ones did not).
+cp benchmarks/gpu.py _before/benchmarks/gpu.py
+cp tools/cuda_run_phases.py _before/tools/cuda_run_phases.py
 exec > >(tee "${OUT:-/tmp}/phases_ab.txt") 2>&1
 steps=${STEPS:-tests phases tables}
 [[ $steps == *tests* ]] && timeout 150 python3 -m pytest tests/test_cuda.py -q -p no:cacheprovider -x \
