@@ -25,8 +25,10 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable
 
+from . import cores
+
 if TYPE_CHECKING:
-    from .fence import Looks
+    from .fence import Fence, Looks
 
 #: The waiter starts polling this long before the work is expected to finish, and polls at most POLL_S.
 POLL_LEAD_S = 100e-6
@@ -55,6 +57,12 @@ class Timing:
         self.known = False  # seen finished once: expect is a measure (early finds may shrink it to 0)
 
 
+def watchable(timing: Timing) -> bool:
+    """Whether the event loop may look at this work from its submit on (LOOK_ALL_S): its length is known and
+    short, and a core is spare (aiomnn.cores). The caller also knows its waiter has nothing else to wait for."""
+    return timing.known and timing.expect <= LOOK_ALL_S and cores.HELD.spare()
+
+
 class Poller:
     """One waiter thread's schedule (its learned oversleep is the thread's own). `step` is the sleep between
     polls: 0 polls again at once, where each look leaves the GIL free."""
@@ -70,7 +78,9 @@ class Poller:
         """Return once done() holds, or block() (the driver's wait) returned: True once the work has finished,
         False where block() gave up (a timeout, to look for a close). Learns timing.expect. done() and block()
         raise the device's errors. near(until), where given, starts the event loop's looks until `until` (None
-        where the loop cannot look)."""
+        where the loop cannot look); not while CPU runs hold every core (the loop's looks take one)."""
+        if near is not None and not cores.HELD.spare():
+            near = None
         poll_from = began + timing.expect - POLL_LEAD_S - (self.handoff if near is not None else 0.0)
         now = time.perf_counter()
         if now < poll_from:
@@ -95,6 +105,19 @@ class Poller:
                 return self.caught(timing, began, time.perf_counter())
             if time.perf_counter() > end:
                 return self._blocked(timing, began, block)
+
+    def watch(self, fence: Fence, timing: Timing, began: float, check: Callable[[], bool | None],
+              complete: Callable[[float], None], stopped: Callable[[], None]) -> bool:
+        """From the submit on, the event loop looks at work that began at `began` (watchable), until its end or
+        its expectation and POLL_S have passed: complete(at) runs on the loop where a look sees the end (the
+        timing learned first), stopped() where the looks stop without it. False where the loop cannot look."""
+        def found() -> None:  # only a look calls it: the looks are there
+            at = looks.found if looks is not None else time.perf_counter()
+            self.caught(timing, began, at)
+            complete(at)
+
+        looks = fence.looks(check, began + timing.expect + POLL_S, found, stopped)
+        return looks is not None
 
     def _from_loop(self, looks: Looks, timing: Timing, began: float, block: Callable[[], bool]) -> bool:
         """The loop's verdict: the end it saw (a first look that saw it counts as early), or the driver's wait

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import cupy
 import numpy as np
 
-from aiomnn import copies, cores, poll
+from aiomnn import copies, poll
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
@@ -279,31 +279,36 @@ class Waiter:
         from now until its end and completes its fence (done(event) first), so that no thread wakes, neither the
         loop nor this one. Where the looks stop without the end (a run slower than expected, an error), the run
         is put to this thread after all. False where this thread should wait for it (put)."""
-        query, expect, last = self._query, timing.expect, self._last
+        last = self._last
         # Idle: everything put has been waited for, or has ended (the loop saw the latest end; this thread may
         # still be finishing its part of it).
         idle = self._puts == self._ends or (last is not None and last.done)
-        if not (self.looks and self._primed and query is not None and timing.known and expect <= poll.LOOK_ALL_S
-                and idle and cores.HELD.spare()):
+        check = self._check(event)
+        if not (self.looks and check is not None and idle and poll.watchable(timing)):
             return False
-        began = max(sent_at, self.last_completion)
-        ptr = event.ptr
 
-        def check() -> bool | None:
-            r = query(ptr)
-            return True if r == 0 else False if r == _NOT_READY else None
-
-        def found() -> None:
-            self.poller.caught(timing, began, looks.found)
-            self.last_completion = looks.found
+        def complete(at: float) -> None:
+            self.last_completion = at
             done(event)
             fence.signal()
 
         def stopped() -> None:
             self.put(event, fence, timing, sent_at, done)
 
-        looks = fence.looks(check, began + expect + poll.POLL_S, found, stopped)
-        return looks is not None
+        return self.poller.watch(fence, timing, max(sent_at, self.last_completion), check, complete, stopped)
+
+    def _check(self, event: Any) -> Callable[[], bool | None] | None:
+        """The event loop's look at `event` (cuEventQuery; None on an error, which this thread's own wait then
+        reports); None where the driver's query is not there or not yet made ready on this thread."""
+        query = self._query
+        if query is None or not self._primed:
+            return None
+        ptr = event.ptr
+
+        def check() -> bool | None:
+            r = query(ptr)
+            return True if r == 0 else False if r == _NOT_READY else None
+        return check
 
     def close(self) -> None:
         """Stop the thread once what was put before has been waited for."""
@@ -336,14 +341,8 @@ class Waiter:
         event loop polls the last stretch and completes `fence` itself."""
         began = max(sent_at, self.last_completion)  # it runs after what was queued before it
         near = None
-        query = self._query
-        if self.looks and fence is not None and query is not None and self._primed and cores.HELD.spare():
-            ptr = event.ptr
-
-            def check() -> bool | None:  # on the loop's thread: an error is left to this thread's wait
-                r = query(ptr)
-                return True if r == 0 else False if r == _NOT_READY else None
-
+        check = self._check(event) if self.looks and fence is not None else None
+        if check is not None:
             def near(until: float):
                 return fence.looks(check, until)
         self.poller.wait(timing, began, lambda: self._done(event), lambda: self._block(event), near)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import vulkan as vk
 
-from aiomnn import copies, cores, poll
+from aiomnn import copies, poll
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
@@ -175,8 +175,7 @@ class Queue:
             self.submitted = sub.value = value
             sub.sent_at = time.perf_counter()
             # Everything before it completed (the thread may still be finishing its own part of the last one).
-            watch = fence is not None and not self._pending and sub.timing.known \
-                and sub.timing.expect <= poll.LOOK_ALL_S and cores.HELD.spare()
+            watch = fence is not None and not self._pending and poll.watchable(sub.timing)
             self._pending.append((value, sub, callback, fence))
             if watch:
                 self._watched = value
@@ -189,15 +188,9 @@ class Queue:
     def _watch(self, value: int, sub: Submission, fence: Fence) -> bool:
         """The event loop looks at a run from its submit to its end and completes it there; False where it
         cannot (trio)."""
-        began = max(sub.sent_at, self.last_completion)
-
-        def found() -> None:
-            self.poller.caught(sub.timing, began, looks.found)
-            self._complete(value, None, looks.found)
-
-        looks = fence.looks(lambda: self._looked_done(value, sub), began + sub.timing.expect + poll.POLL_S, found,
-                            self._unwatch)
-        return looks is not None
+        return self.poller.watch(fence, sub.timing, max(sub.sent_at, self.last_completion),
+                                 lambda: self._looked_done(value, sub), lambda at: self._complete(value, None, at),
+                                 self._unwatch)
 
     def _unwatch(self) -> None:
         """The loop's watch has ended without the end of its run (or could not start): the waiter thread takes
@@ -327,7 +320,7 @@ class Queue:
             return result[0] == vk.VK_SUCCESS
 
         near = None
-        if fence is not None and cores.HELD.spare():  # the loop's looks take a core (aiomnn.cores)
+        if fence is not None:
             def found() -> None:
                 self._complete(value, None, time.perf_counter())
 
