@@ -481,7 +481,12 @@ def test_the_loop_watches_short_runs_from_their_submit(cuda_queue, monkeypatch):
             assert {3, 4, 5} <= set(watched) and not {3, 4} & set(waited), (watched, waited)
             assert 5 in waited and max(watched) > 6, (watched, waited)  # the slow one went on to the thread
             assert set(range(14)) - set(watched) <= set(waited), (watched, waited)
-            assert [e.ptr for e in returned] == list(range(14))
+            # Every event given back once; a run the loop completed over the last stretch may give its event back
+            # from the thread after later runs' (the thread's own part of it comes when it wakes).
+            deadline = time.perf_counter() + 5.0
+            while len(returned) < 14 and time.perf_counter() < deadline:
+                await asyncio.sleep(1e-3)
+            assert sorted(e.ptr for e in returned) == list(range(14))
             assert 1e-3 <= timing.expect < poll.LOOK_ALL_S, timing.expect
             timing.expect = 2 * poll.LOOK_ALL_S
             assert not w.watch(SimpleNamespace(ptr=9), Fence(), timing, time.perf_counter(), returned.append)
