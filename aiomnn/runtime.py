@@ -12,7 +12,7 @@ import importlib
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
@@ -296,7 +296,10 @@ def create_runtime(configs: Iterable[ScheduleConfig] | ScheduleConfig | None = N
         if t not in runtimes:
             runtimes[t] = create_one(t, config)
     if ForwardType.CPU not in runtimes:
-        runtimes[ForwardType.CPU] = create_one(ForwardType.CPU, configs[0] if configs else ScheduleConfig())
+        base = configs[0] if configs else ScheduleConfig()
+        # Its device_id names a device of its own kind (an OpenCL platform's second device), not of the CPU.
+        base = replace(base, backend_config=replace(base.backend_config, device_id=0))
+        runtimes[ForwardType.CPU] = create_one(ForwardType.CPU, base)
     threads = next((c.num_threads for c in configs if c.num_threads), None) or cores.count()
     return RuntimeInfo(runtimes, runtimes[ForwardType.CPU], threads)
 
