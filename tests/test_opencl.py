@@ -7,9 +7,11 @@ fallback to the CPU cannot pass for a working kernel.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -808,3 +810,142 @@ def test_an_unknown_wait_mode_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("AIOMNN_OPENCL_WAIT", "sometimes")
     with pytest.raises(aiomnn.AiomnnError, match="AIOMNN_OPENCL_WAIT"):
         aiomnn.create_runtime(CONFIG).close()
+
+
+def _recording_device() -> int | None:
+    """The device_id of an OpenCL device that records command buffers (PoCL 3.1, Debian's, does; the pip wheel's
+    3.0 does not), None where none does."""
+    from aiomnn.backends.opencl import driver
+    from aiomnn.backends.opencl.runtime import _DEVICES
+
+    devices = probe(ForwardType.OPENCL)
+    picked = [d for d in devices if d.is_gpu] or devices
+    for i, d in enumerate(picked):
+        if driver.EXTENSION in _DEVICES[d].extensions.split():
+            return i
+    return None
+
+
+def _segment_plans(session) -> list:
+    return [seg.backend.plan.segments[id(seg)] for seg in session.pipeline.segments
+            if seg.backend.type is ForwardType.OPENCL]
+
+
+MIXED = Case("mixed", [node("Relu", ["x"], ["a"]), node("Reshape", ["a", "s"], ["r"]),
+                       node("Hardmax", ["r"], ["h"]), node("Sigmoid", ["h"], ["g"]),
+                       node("ReduceSum", ["r", "ax"], ["rs"]), node("Add", ["g", "rs"], ["y"])],
+             {"x": (2, 3, 8)}, {"y": F, "h": F}, "Sigmoid", {"s": _ints(6, 8), "ax": _ints(1)})
+
+
+@pytest.mark.anyio
+async def test_a_run_enqueues_its_kernels_as_one_command_buffer(monkeypatch):
+    """Where the device records command buffers (cl_khr_command_buffer), each OpenCL segment's kernels are recorded
+    once, at its first run, and every run enqueues them with one call: the results are onnxruntime's and the same,
+    bit for bit, as kernel by kernel (AIOMNN_OPENCL_COMMAND_BUFFERS=0). A buffer enqueued again while its last run
+    is pending, where the driver will not take it then, waits for that run."""
+    from aiomnn.backends.opencl import driver
+
+    device = _recording_device()
+    if device is None:
+        pytest.skip("no OpenCL device here records command buffers (Debian's pocl-opencl-icd does)")
+    config = aiomnn.ScheduleConfig(type="opencl", num_threads=2,
+                                   backend_config=aiomnn.BackendConfig(tuning="none", device_id=device))
+    recorded: list[int] = []
+    record = driver.Recorder.record
+
+    def counted(self, launches):
+        recorded.append(len(launches))
+        return record(self, launches)
+
+    monkeypatch.setattr(driver.Recorder, "record", counted)
+    released: list[int] = []
+    release = driver._release
+
+    def counted_release(fn, handle, pid):
+        released.append(handle)
+        release(fn, handle, pid)
+
+    monkeypatch.setattr(driver, "_release", counted_release)
+    net = aiomnn.Interpreter.from_bytes(MIXED.model())
+    ref = ort.InferenceSession(MIXED.model(), providers=["CPUExecutionProvider"])
+    xs = [np.random.default_rng(i).standard_normal((2, 3, 8)).astype(np.float32) for i in range(4)]
+    got = []
+    with aiomnn.create_runtime(config) as info:
+        assert info.runtimes[ForwardType.OPENCL].queue.recorder is not None
+        async with await net.create_session(config, info) as session:
+            for x in xs:
+                got.append(await session.run({"x": x}))
+            plans = _segment_plans(session)
+            assert len(plans) == 2 and all(p.commands is not None for p in plans)  # GPU, CPU (Hardmax), GPU
+            assert recorded == [len(p.launches) for p in plans], recorded  # once each, at the first run
+
+            # The driver of PoCL 3.1 (the extension's 0.9.0) refuses a buffer without simultaneous use while
+            # its last run is pending: enqueue waits for that run's marker and enqueues it again.
+            import pyopencl as cl
+
+            queue = info.runtimes[ForwardType.OPENCL].queue
+            monkeypatch.setattr(queue.recorder, "_properties", None)
+            once = queue.recorder.record(plans[0].launches)
+            assert once is not None
+            for _ in range(3):
+                once.enqueue()
+                once.last = cl.enqueue_marker(queue.cl_queue)
+            queue.cl_queue.finish()
+        del plans, once
+    gc.collect()  # the closed session's buffers, and the one made here, go back on the reaper thread
+    deadline = time.monotonic() + 5
+    while len(released) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(released) == 3, released
+    for x, g in zip(xs, got):
+        want = ref.run(["y", "h"], {"x": x})
+        np.testing.assert_allclose(g["y"], want[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(g["h"], want[1])
+
+    monkeypatch.setenv("AIOMNN_OPENCL_COMMAND_BUFFERS", "0")
+    with aiomnn.create_runtime(config) as info:
+        assert info.runtimes[ForwardType.OPENCL].queue.recorder is None
+        async with await net.create_session(config, info) as session:
+            for x, g in zip(xs, got):
+                one_by_one = await session.run({"x": x})
+                np.testing.assert_array_equal(one_by_one["y"], g["y"])
+            assert all(p.commands is None for p in _segment_plans(session))
+
+
+@pytest.mark.anyio
+async def test_a_refused_recording_enqueues_kernel_by_kernel(runtime):
+    """Where the driver refuses to record a kernel, the segment's runs enqueue its kernels one by one, and their
+    results are still onnxruntime's."""
+    queue = runtime.runtimes[ForwardType.OPENCL].queue
+    if queue.recorder is None:
+        pytest.skip("this OpenCL device records no command buffers (Debian's pocl-opencl-icd does)")
+    refuse = queue.recorder._kernel
+    queue.recorder._kernel = lambda *args: -30  # CL_INVALID_VALUE
+    try:
+        feeds, got, again, on_gpu = await run_case(MIXED, runtime)
+    finally:
+        queue.recorder._kernel = refuse
+    assert "Sigmoid" in on_gpu
+    want = ort.InferenceSession(MIXED.model(), providers=["CPUExecutionProvider"]).run(["y", "h"], feeds)
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(again["y"], got["y"])
+
+
+@pytest.mark.anyio
+async def test_a_device_by_its_id():
+    """BackendConfig(device_id=N) picks the OpenCL platforms' Nth device (Debian's PoCL and the pip wheel's in CI);
+    the CPU runtime that every session falls back on is made beside it all the same."""
+    devices = probe(ForwardType.OPENCL)
+    picked = [d for d in devices if d.is_gpu] or devices
+    if len(picked) < 2:
+        pytest.skip("one OpenCL device here")
+    config = aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(tuning="none", device_id=1))
+    with aiomnn.create_runtime(config) as info:
+        assert info.runtimes[ForwardType.OPENCL].device == picked[1]
+        feeds, got, _, on_gpu = await run_case(CONV[0], info, config)
+    assert CONV[0].op in on_gpu
+    want = ort.InferenceSession(CONV[0].model(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-4, atol=1e-5)
+    bad = aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(device_id=len(picked)))
+    with pytest.raises(aiomnn.AiomnnError, match="device_id"):
+        aiomnn.create_runtime(bad).close()

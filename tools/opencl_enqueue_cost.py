@@ -17,7 +17,7 @@ import numba
 import numpy as np
 import pyopencl as cl
 
-from aiomnn.backends.opencl.queue import _enqueue_kernel, opencl_library
+from aiomnn.backends.opencl.driver import enqueue_kernel as _enqueue_kernel, library as opencl_library
 
 SOURCE = "__kernel void add1(__global float *x) { size_t i = get_global_id(0); x[i] = x[i] + 1.0f; }"
 

@@ -48,6 +48,10 @@ class SegmentPlan:
     launches: list[Launch]
     downloads: list[tuple[str, Block, Tensor, np.dtype]]
     frees: list[str]
+    # The launches as one command buffer (driver.py), recorded by the queue at the first run; None where the
+    # device records none.
+    recorded: bool = False
+    commands: Any = None
 
 
 class Plan:

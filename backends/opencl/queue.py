@@ -8,11 +8,9 @@ thread of ours, but NVIDIA's driver ran it long after the marker had completed (
 run on the device), while clWaitForEvents returned as soon as it had (tools/opencl_phases.py measures both);
 AIOMNN_OPENCL_WAIT=callback keeps the callback.
 
-Kernels are enqueued through ctypes: pyopencl creates an Event for every launch, and on a profiling queue
-each one adds to the driver's cost of the launch. A run needs no per-kernel events, only the marker at its
-end, so the hot path calls clEnqueueNDRangeKernel of the OpenCL library pyopencl itself loaded, with
-event=NULL and the size arrays built once at resize. ctypes also releases the GIL around the call. Where that
-library cannot be found, pyopencl's call is used.
+A run needs no per-kernel events, only the marker at its end: where the device records command buffers, a
+segment's kernels are recorded into one at its first run and each run enqueues it with one call; else they are
+enqueued one by one through ctypes (driver.py), with no event and the size arrays built once at resize.
 """
 
 from __future__ import annotations
@@ -32,47 +30,12 @@ from aiomnn.errors import BackendError
 from aiomnn.fence import Fence, offload
 from aiomnn.memory import HandedOver, Lease, handed
 
-from . import staging
+from . import driver, staging
 
 if TYPE_CHECKING:
     from .plan import SegmentPlan
 
 log = logging.getLogger("aiomnn.opencl")
-
-
-def opencl_library() -> ctypes.CDLL | None:
-    """The OpenCL ICD loader this process already mapped (pyopencl's), where it has clEnqueueNDRangeKernel."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = [line.rsplit(None, 1)[-1] for line in maps]
-    except OSError:
-        return None
-    for path in paths:
-        if path.startswith("/") and os.path.basename(path).startswith("libOpenCL"):
-            try:
-                library = ctypes.CDLL(path)
-                library.clEnqueueNDRangeKernel
-            except (OSError, AttributeError):
-                continue
-            return library
-    return None
-
-
-def _loaded_opencl() -> "ctypes._NamedFuncPointer | None":
-    """clEnqueueNDRangeKernel of the loader pyopencl mapped, typed for the hot path's call."""
-    library = opencl_library()
-    if library is None:
-        return None
-    fn = library.clEnqueueNDRangeKernel
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-                   ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
-    fn.restype = ctypes.c_int32
-    return fn
-
-
-_enqueue_kernel = _loaded_opencl()
-if _enqueue_kernel is None:
-    log.info("enqueueing OpenCL kernels through pyopencl (its library was not found for ctypes)")
 
 
 #: How the end of a run is learned (AIOMNN_OPENCL_WAIT): "thread" (default): the queue's waiter thread blocks in
@@ -104,17 +67,17 @@ class Queue:
         self.waiter = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-wait")
                        if wait_mode == "thread" else None)
         self.staging = staging.Staging(context, device)
+        self.recorder = driver.Recorder.of(self.cl_queue)
 
     def launcher(self, kernel: "cl.Kernel", gws: tuple[int, ...], lws: tuple[int, ...] | None) -> Callable[[], None]:
         """A callable that enqueues this kernel on this queue, with no event; built once at resize."""
         queue = self.cl_queue
-        if _enqueue_kernel is None:
+        fn = driver.enqueue_kernel
+        if fn is None:
             return lambda: cl.enqueue_nd_range_kernel(queue, kernel, gws, lws) and None
         dims = len(gws)
-        g = (ctypes.c_size_t * dims)(*gws)
-        l = (ctypes.c_size_t * dims)(*lws) if lws is not None else None
+        g, l = driver.sizes(gws), driver.sizes(lws)
         q, k = ctypes.c_void_p(queue.int_ptr), ctypes.c_void_p(kernel.int_ptr)
-        fn = _enqueue_kernel
 
         def launch() -> None:
             err = fn(q, k, dims, None, g, l, 0, None, None)
@@ -158,7 +121,10 @@ class Queue:
                     host = host.copy(order="C")
                 held.append((host, cl.enqueue_copy(q, block.memory, host, dst_offset=block.offset,
                                                    is_blocking=False)))
-            if timed is None:
+            commands = self._commands(segment) if timed is None else None
+            if commands is not None:
+                commands.enqueue()
+            elif timed is None:
                 for i, launch in enumerate(segment.launches):
                     launch.enqueue()
                     if i % 32 == 7:  # let the device start while the rest is enqueued
@@ -174,6 +140,8 @@ class Queue:
             for x in segment.frees:
                 values.pop(x, None)
             marker = cl.enqueue_marker(q)
+            if commands is not None:
+                commands.last = marker
 
             def done(status: int) -> None:
                 try:
@@ -197,6 +165,15 @@ class Queue:
         except BaseException as exc:
             fence.signal(error=exc if isinstance(exc, BackendError)
                          else BackendError(f"OpenCL run failed: {type(exc).__name__}: {exc}"))
+
+    def _commands(self, segment: "SegmentPlan") -> "driver.CommandBuffer | None":
+        """The segment's kernels as one command buffer, recorded at its first run (on this thread, where PoCL
+        compiles what it records); None where the device records none or refused these."""
+        if not segment.recorded:
+            segment.recorded = True
+            if self.recorder is not None and segment.launches:
+                segment.commands = self.recorder.record(segment.launches)
+        return segment.commands
 
     def _download_array(self, shape: tuple[int, ...], storage: np.dtype, dtype: np.dtype) -> np.ndarray:
         """Where a download lands: for a large output stored as its own dtype, pinned memory handed to the caller
