@@ -83,3 +83,26 @@ def test_half_loop_rounds_as_numpy_does(monkeypatch):
     nan = np.isnan(x)
     np.testing.assert_array_equal(y[~nan], want[~nan])
     assert np.isnan(y[nan].view(np.float16)).all()
+
+
+def test_widen_loop_gives_every_half_float_as_numpy_does(monkeypatch):
+    """The loop `widen` (half floats' bits to float32, for GPU outputs stored in fp16), over all 65536 of them in
+    pieces split at odd places, and halves.widened, against numpy's cast: subnormals, infinities, signed zeros; NaN
+    stays NaN. Without the loop (numba off), halves.widened is numpy's cast."""
+    from aiomnn.backends.cpu import halves
+
+    monkeypatch.setenv("AIOMNN_NUMBA", "wait")
+    if jit.jitted("widen") is None:
+        pytest.skip("no instruction widens half floats on this CPU")
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    y = np.full(bits.size, np.nan, np.float32)
+    assert jit.split("widen", bits.size, bits.size // 3 + 1, bits, y) is not None
+    want = bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(y.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+    assert np.isnan(y[nan]).all()
+    got = halves.widened(bits.view(np.float16).reshape(256, 256), np.dtype(np.float32))
+    assert got.shape == (256, 256) and got.dtype == np.float32
+    np.testing.assert_array_equal(got.reshape(-1).view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+    monkeypatch.setenv("AIOMNN_NUMBA", "0")
+    np.testing.assert_array_equal(halves.widened(bits.view(np.float16), np.dtype(np.float32)), want)

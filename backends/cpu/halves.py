@@ -1,12 +1,13 @@
 """float32 inputs rounded to half floats on the host, for the GPU backends whose devices store fp16: half the bytes
-over the bus and no cast on the device. The rounding is the compiled loop `half` (loops.py); numpy's own
-float16 cast takes a value at a time.
+over the bus and no cast on the device; and outputs stored in half floats widened to float32. The rounding is the
+compiled loop `half` (loops.py), the widening `widen`; numpy's own float16 casts take a value at a time.
 
 ready()     whether the host rounds: the loop is compiled (asking starts its compile). Not while it compiles,
             nor where numba or the CPU's instruction is missing; the device casts float32 inputs then.
 pending()   whether ready() may yet turn true (numba is compiling): a GPU segment recorded with the device's
             casts meanwhile is marked provisional, and recorded again once it is done (settled).
 fill(dst, src)  aiomnn.copies.fill, rounding where dst holds half floats and src does not.
+widened(x, dtype)  x (half floats) as dtype: float32 through the compiled loop where it is ready, else numpy.
 """
 
 from __future__ import annotations
@@ -56,3 +57,14 @@ def fill(dst: np.ndarray, src: np.ndarray) -> Iterator[tuple[int, int]]:
 def _round(dst: np.ndarray, src: np.ndarray) -> None:
     """Half floats' bits into dst from float32 src, of one shape, on this thread (one bound job of the loop)."""
     jit.split("half", src.size, src.size, src.reshape(-1), dst.reshape(-1))
+
+
+def widened(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """x, half floats, as a new array of dtype: float32 by the compiled loop `widen` (on this thread), other
+    dtypes, or while it compiles, by numpy."""
+    if x.dtype != F16 or np.dtype(dtype) != np.float32 or not x.flags.c_contiguous or not x.size:
+        return x.astype(dtype)
+    out = np.empty(x.shape, np.float32)
+    if jit.split("widen", x.size, x.size, x.reshape(-1).view(np.uint16), out.reshape(-1)) is None:
+        return x.astype(dtype)
+    return out

@@ -66,6 +66,28 @@ def half(args, c):
         y[i] = _half_bits(x[i])
 
 
+@intrinsic
+def _float_of_half(typingctx, bits):
+    """The float32 value of a half float's bits: LLVM's fpext, in vectors where x86 has F16C."""
+    if bits != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+def widen(args, c):
+    """y = x as float32: fields x (half floats' bits, uint16, flat), y (float32, flat). A GPU backend's output
+    stored in half floats, as the caller's float32 array (numpy's own cast takes a value at a time)."""
+    a = fields(args, 2)
+    x, y = array1(a, 0, np.uint16), array1(a, 1, F)
+    lo, hi = share(a, c, x.shape[0])
+    for i in range(np.uint64(lo), np.uint64(hi)):
+        y[i] = _float_of_half(x[i])
+
+
 def activation(args, c):
     """y = act(y) in place, a fused activation's code (scalars.activate, with alpha and beta): the unary ops that
     have one, on float32. Fields y (flat), act, alpha, beta."""
@@ -395,6 +417,7 @@ SIGNATURES: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
     "conv_channels": (tiles.channels, (_IN, _UIN, _IN3, _IN, _OUT, _UIN, _UIN, _I, _I, _F, _F, _OUT2,
                                        _array(2, False, types.uint64))),
     "half": (half, (_IN, _array(1, False, types.uint16))),
+    "widen": (widen, (_array(1, True, types.uint16), _OUT)),
     "dense": (tiles.dense, (_IN2, _IN3, _IN, _OUT2, _I, _F, _F, _I, _OUT2, _array(2, False, types.uint64))),
 }
 #: Compiled with LLVM's SLP vectorizer, which packs a tile's scalar sums into vectors (numba leaves it off).
@@ -407,7 +430,7 @@ def compile(name: str) -> Any:  # noqa: A001  (the one entry point, called by ji
     fn, values = SIGNATURES[name]
     if name in ("gemm", "attention", "squeeze_excite"):
         _link_blas()
-    if name == "half":
+    if name in ("half", "widen"):
         _check_half()
     _compile_crew()
     piece = _compiled_piece(fn, name in SLP)
@@ -448,7 +471,7 @@ def _compiled_piece(fn: Callable[..., Any], slp: bool) -> Any:
 
 
 def _check_half() -> None:
-    """Raise unless this CPU rounds to half floats in an instruction (x86 with F16C, 64-bit Arm): elsewhere LLVM
+    """Raise unless this CPU rounds to half floats, and widens them, in an instruction (x86 with F16C, 64-bit Arm): elsewhere LLVM
     would call a runtime function that numba does not link, and the process would abort when the code is linked."""
     import platform
 

@@ -30,6 +30,7 @@ from aiomnn.errors import BackendError
 from aiomnn.fence import Fence, offload
 from aiomnn.memory import HandedOver, Lease, handed
 
+from ..cpu import halves
 from . import driver, staging
 
 if TYPE_CHECKING:
@@ -116,9 +117,11 @@ class Queue:
                 if staging.staged_upload(host.size * np.dtype(storage).itemsize):
                     staging.upload(q, self.staging, block.memory, block.offset, host, np.dtype(storage), pinned)
                     continue
-                host = np.asarray(host, dtype=storage)
-                if not host.flags.c_contiguous:
-                    host = host.copy(order="C")
+                if host.dtype != storage or not host.flags.c_contiguous:
+                    cast = np.empty(host.shape, storage)
+                    for _ in halves.fill(cast, host):  # half floats rounded by the compiled loop
+                        pass
+                    host = cast
                 held.append((host, cl.enqueue_copy(q, block.memory, host, dst_offset=block.offset,
                                                    is_blocking=False)))
             commands = self._commands(segment) if timed is None else None
@@ -150,7 +153,7 @@ class Queue:
                     if status < 0:
                         raise BackendError(f"OpenCL run failed with status {status}")
                     for name, host, dtype in results:
-                        values[name] = host if host.dtype == dtype else host.astype(dtype)
+                        values[name] = host if host.dtype == dtype else halves.widened(host, dtype)
                     held.clear()
                     fence.signal()
                 except BaseException as exc:  # errors raised here would be lost on either thread: hand them over

@@ -22,6 +22,8 @@ import pyopencl as cl
 
 from aiomnn import copies
 
+from ..cpu import halves
+
 #: Free pinned bytes kept for reuse; more are unmapped and released (and all of them by the runtime's gc()).
 KEEP_BYTES = 256 << 20
 
@@ -113,7 +115,7 @@ def upload(queue: "cl.CommandQueue", staging: Staging, memory: "cl.Buffer", offs
     pinned = staging.take(nbytes)
     held.append(pinned)
     dst = pinned.host[:nbytes].view(dtype).reshape(src.shape)
-    for a, b in copies.fill(dst, src):
+    for a, b in halves.fill(dst, src):  # half floats rounded by the compiled loop, where dst holds them
         cl.enqueue_copy(queue, memory, pinned.host[a:b], dst_offset=offset + a, is_blocking=False)
         queue.flush()  # let the device take this piece while the next is filled
     return pinned
