@@ -108,16 +108,22 @@ class Poller:
 
     def watch(self, fence: Fence, timing: Timing, began: float, check: Callable[[], bool | None],
               complete: Callable[[float], None], stopped: Callable[[], None]) -> bool:
-        """From the submit on, the event loop looks at work that began at `began` (watchable), until its end or
-        its expectation and POLL_S have passed: complete(at) runs on the loop where a look sees the end (the
-        timing learned first), stopped() where the looks stop without it. False where the loop cannot look."""
-        def found() -> None:  # only a look calls it: the looks are there
-            at = looks.found if looks is not None else time.perf_counter()
+        """From the submit on (from the loop's thread or another), the event loop looks at work that began at
+        `began` (watchable), until its end or its expectation and POLL_S have passed: complete(at) runs on the loop
+        where a look sees the end (the timing learned first), stopped() where the looks stop without it. False
+        where the loop cannot look."""
+        made: list[Looks] = []  # from another thread, a look may see the end before fence.looks returns
+
+        def found() -> None:
+            at = made[0].found if made else time.perf_counter()
             self.caught(timing, began, at)
             complete(at)
 
         looks = fence.looks(check, began + timing.expect + POLL_S, found, stopped)
-        return looks is not None
+        if looks is None:
+            return False
+        made.append(looks)
+        return True
 
     def _from_loop(self, looks: Looks, timing: Timing, began: float, block: Callable[[], bool]) -> bool:
         """The loop's verdict: the end it saw (a first look that saw it counts as early), or the driver's wait

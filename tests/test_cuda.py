@@ -395,7 +395,7 @@ def test_waiter_follows_the_shared_schedule(monkeypatch, cuda_queue):
     shortly before a run it has learned, polls its event, and catches the finish, not the driver's wake-up."""
     from types import SimpleNamespace
 
-    from aiomnn import poll
+    from aiomnn import poll, waiter
 
     cw = cuda_queue
     clock = SimpleNamespace(t=0.0)
@@ -407,11 +407,11 @@ def test_waiter_follows_the_shared_schedule(monkeypatch, cuda_queue):
             self.poller = poll.Poller()
             self.poller.sleep = lambda seconds: setattr(clock, "t", clock.t + seconds + 30e-6)
 
-        def _done(self, event) -> bool:
+        def done(self, event) -> bool:
             clock.t += 2e-6
             return clock.t >= self.finish
 
-        def _block(self, event) -> bool:
+        def block(self, event) -> bool:
             self.blocks += 1
             clock.t = max(clock.t, self.finish + 150e-6)
             return True
@@ -420,7 +420,7 @@ def test_waiter_follows_the_shared_schedule(monkeypatch, cuda_queue):
     for _ in range(8):
         clock.t += 1e-3
         w.finish = clock.t + 800e-6
-        w._wait(None, timing, clock.t)
+        w._wait(waiter._Run(None, None, timing, clock.t, None))
         delays.append(clock.t - w.finish)
         w.last_completion = clock.t
     assert w.blocks == 1 and max(delays[2:]) < 10e-6, delays
@@ -454,12 +454,12 @@ def test_the_loop_watches_short_runs_from_their_submit(cuda_queue, monkeypatch):
             super().__init__(looks=True)
             self._query, self.waited = query, []
 
-        def _wait(self, event, timing, sent_at, fence=None):
-            self.waited.append(event.ptr)
+        def _wait(self, run):
+            self.waited.append(run.mark.ptr)
             self._primed = True
-            return super()._wait(event, timing, sent_at, fence)
+            return super()._wait(run)
 
-        def _block(self, event) -> bool:
+        def block(self, event) -> bool:
             while time.perf_counter() < finish[event.ptr]:
                 time.sleep(1e-4)
             return True
@@ -515,7 +515,7 @@ def test_waiter_reports_errors_and_goes_on(cuda_queue):
     cw = cuda_queue
 
     class Failing(cw.Waiter):
-        def _done(self, event) -> bool:
+        def done(self, event) -> bool:
             if event == "bad":
                 raise RuntimeError("cudaErrorIllegalAddress")
             return True

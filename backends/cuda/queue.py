@@ -14,21 +14,19 @@ Waiter   one thread per backend that learns when each run finished and signals i
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
-import queue
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import cupy
 import numpy as np
 
-from aiomnn import copies, poll
+from aiomnn import copies
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence
 from aiomnn.memory import HandedOver, Lease, handed
-from aiomnn.poll import Poller, Timing
+from aiomnn.poll import Timing
+from aiomnn.waiter import Waiter as WaiterThread
 
 from ..cpu import halves
 from . import kernels
@@ -37,8 +35,6 @@ from .program import BLOCK
 if TYPE_CHECKING:
     from .runs import Run
     from .runtime import CudaRuntime
-
-log = logging.getLogger("aiomnn")
 
 H2D, D2H, D2D, DEFAULT = 1, 2, 3, 4  # cudaMemcpyKind (DEFAULT: from the pointers, across devices too)
 #: How a run's completion reaches the event loop (AIOMNN_CUDA_WAIT):
@@ -248,56 +244,20 @@ def _driver_query() -> Callable[[int], int] | None:
     return fn
 
 
-class Waiter:
-    """The thread that completes a backend's fences, in launch order (one stream)."""
+class Waiter(WaiterThread):
+    """The thread that completes a backend's fences, in launch order (one stream): it looks at each run's
+    blocking-sync event through the driver's cuEventQuery (outside the GIL), or through cupy where that cannot be
+    loaded (its query holds the GIL, so the poller sleeps between polls), and blocks in cudaEventSynchronize."""
 
     def __init__(self, name: str = "aiomnn-cuda-wait", looks: bool = False) -> None:
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self.looks = looks  # the last stretch polled by the event loop (Fence.looks)
         self._query = _driver_query()
-        self._primed = False
-        #: perf_counter() when the waiter last saw a run complete (a run queued behind it starts then).
-        self.last_completion = 0.0
-        self.poller = Poller(0.0 if self._query is not None else _CUPY_POLL_STEP_S)
-        self._puts = self._ends = 0  # items put (by the submitting thread) and waited for (by this one)
-        self._last: Fence | None = None  # the fence of the latest item put
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self._primed = False  # a runtime call on this thread first makes the device's context current here
+        super().__init__(name, looks, 0.0 if self._query is not None else _CUPY_POLL_STEP_S)
 
-    def put(self, event: Any, fence: Fence, timing: Timing, sent_at: float,
-            done: Callable[[Any], None] | None = None) -> None:
-        """Wait for `event` (recorded after the run launched at `sent_at`), then signal `fence`.
-        `done(event)` runs first once the event has completed without error (to reuse it)."""
-        self._puts += 1
-        self._last = fence
-        self._q.put((event, fence, timing, sent_at, done))
+    def failure(self, exc: BaseException) -> BackendError:
+        return exc if isinstance(exc, BackendError) else BackendError(f"cuda: {exc}")
 
-    def watch(self, event: Any, fence: Fence, timing: Timing, sent_at: float,
-              done: Callable[[Any], None]) -> bool:
-        """From the event loop's thread, with the loop's looks: where this thread has nothing to wait for, the
-        run is expected to end within poll.LOOK_ALL_S and a core is spare (aiomnn.cores), the loop looks at it
-        from now until its end and completes its fence (done(event) first), so that no thread wakes, neither the
-        loop nor this one. Where the looks stop without the end (a run slower than expected, an error), the run
-        is put to this thread after all. False where this thread should wait for it (put)."""
-        last = self._last
-        # Idle: everything put has been waited for, or has ended (the loop saw the latest end; this thread may
-        # still be finishing its part of it).
-        idle = self._puts == self._ends or (last is not None and last.done)
-        check = self._check(event)
-        if not (self.looks and check is not None and idle and poll.watchable(timing)):
-            return False
-
-        def complete(at: float) -> None:
-            self.last_completion = at
-            done(event)
-            fence.signal()
-
-        def stopped() -> None:
-            self.put(event, fence, timing, sent_at, done)
-
-        return self.poller.watch(fence, timing, max(sent_at, self.last_completion), check, complete, stopped)
-
-    def _check(self, event: Any) -> Callable[[], bool | None] | None:
+    def check(self, event: Any) -> Callable[[], bool | None] | None:
         """The event loop's look at `event` (cuEventQuery; None on an error, which this thread's own wait then
         reports); None where the driver's query is not there or not yet made ready on this thread."""
         query = self._query
@@ -305,50 +265,12 @@ class Waiter:
             return None
         ptr = event.ptr
 
-        def check() -> bool | None:
+        def look() -> bool | None:
             r = query(ptr)
             return True if r == 0 else False if r == _NOT_READY else None
-        return check
+        return look
 
-    def close(self) -> None:
-        """Stop the thread once what was put before has been waited for."""
-        self._q.put(None)
-
-    def _loop(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            event, fence, timing, sent_at, done = item
-            try:
-                self._wait(event, timing, sent_at, fence)
-            except BaseException as exc:
-                self.last_completion = time.perf_counter()
-                fence.signal(error=exc if isinstance(exc, BackendError) else BackendError(f"cuda: {exc}"))
-                continue
-            finally:
-                self._ends += 1
-            self.last_completion = self.poller.seen
-            if done is not None:
-                try:
-                    done(event)
-                except BaseException:  # pragma: no cover - a pool that cannot take it back
-                    log.exception("cuda: returning an event failed")
-            fence.signal()
-
-    def _wait(self, event: Any, timing: Timing, sent_at: float, fence: Fence | None = None) -> None:
-        """Return once the event has completed (raise on a CUDA error); learn timing.expect. With looks, the
-        event loop polls the last stretch and completes `fence` itself."""
-        began = max(sent_at, self.last_completion)  # it runs after what was queued before it
-        near = None
-        check = self._check(event) if self.looks and fence is not None else None
-        if check is not None:
-            def near(until: float):
-                return fence.looks(check, until)
-        self.poller.wait(timing, began, lambda: self._done(event), lambda: self._block(event), near)
-
-    # What the waiter asks of the device (a test replaces them) ------------
-    def _done(self, event: Any) -> bool:
+    def done(self, event: Any) -> bool:
         q = self._query
         if q is not None and self._primed:
             r = q(event.ptr)
@@ -360,10 +282,10 @@ class Waiter:
             # (its synchronize raises a CUDA error), and polls go through cupy from now on.
             self._query = None
             self.poller.step = _CUPY_POLL_STEP_S
-            return self._block(event)
-        self._primed = True  # a runtime call first: it makes the device's context current here
+            return self.block(event)
+        self._primed = True
         return bool(event.done)
 
-    def _block(self, event: Any) -> bool:
+    def block(self, event: Any) -> bool:
         event.synchronize()
         return True
