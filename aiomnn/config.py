@@ -46,7 +46,7 @@ class BackendConfig:
     memory: "low" has Vulkan reuse the smallest freed range that fits (not the one freed longest ago, which lets
         independent dispatches overlap); otherwise a hint kept for parity with MNN.
     power: "high" keeps the CPU workers at normal priority, never yielding their cores; "low" keeps the event
-        loop from polling GPU runs (CUDA and Vulkan wake it from their waiter thread instead: an idle loop,
+        loop from polling GPU runs (CUDA, OpenCL and Vulkan wake it from their waiter thread instead: an idle loop,
         a run's end reaching the task later by the wake-up); "normal" has the loop poll short runs while a
         core is spare (aiomnn.cores).
     tuning: how many candidates GPU tuning tries ("none" disables tuning).

@@ -785,10 +785,11 @@ async def test_real_model_matches_onnxruntime(name, shape, runtime, precision, t
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("mode", ["thread", "callback"])
+@pytest.mark.parametrize("mode", ["loop", "thread", "callback"])
 async def test_wait_modes(mode, monkeypatch):
-    """A run's end is learned by the queue's waiter thread (clWaitForEvents) or by the marker's callback
-    (AIOMNN_OPENCL_WAIT): both hand over onnxruntime's results, run after run, and close cleanly."""
+    """A run's end is learned by the event loop's looks at its marker, by the queue's waiter thread (polls, then
+    clWaitForEvents) or by the marker's callback (AIOMNN_OPENCL_WAIT): each hands over onnxruntime's results, run
+    after run, and closes cleanly."""
     monkeypatch.setenv("AIOMNN_OPENCL_WAIT", mode)
     info = aiomnn.create_runtime(CONFIG)
     try:
@@ -949,3 +950,43 @@ async def test_a_device_by_its_id():
     bad = aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(device_id=len(picked)))
     with pytest.raises(aiomnn.AiomnnError, match="device_id"):
         aiomnn.create_runtime(bad).close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("how", ["loop", "thread", "low power"])
+async def test_the_event_loop_ends_short_runs_itself(how, monkeypatch):
+    """With the loop's looks (the default), once the waiter has learned how long a short run takes, the event loop
+    looks at its marker from the submit on and ends it itself: the results handed over on the loop's thread, no
+    thread waking it. AIOMNN_OPENCL_WAIT=thread, or BackendConfig(power="low"), leaves every run to the waiter
+    thread. The results are onnxruntime's either way."""
+    import threading
+
+    from aiomnn.backends.opencl import queue as clqueue
+
+    if how == "thread":
+        monkeypatch.setenv("AIOMNN_OPENCL_WAIT", "thread")
+    config = aiomnn.ScheduleConfig(type="opencl", backend_config=aiomnn.BackendConfig(
+        tuning="none", power="low" if how == "low power" else "normal"))
+    ended_on: list[str] = []
+    hand = clqueue.Ending.hand
+
+    def handed(run):
+        ended_on.append(threading.current_thread().name)
+        hand(run)
+
+    monkeypatch.setattr(clqueue.Ending, "hand", handed)
+    case = CONV[0]
+    net = aiomnn.Interpreter.from_bytes(case.model())
+    ref = ort.InferenceSession(case.model(), providers=["CPUExecutionProvider"])
+    with aiomnn.create_runtime(config) as info:
+        async with await net.create_session(config, info) as session:
+            for i in range(30):
+                x = np.random.default_rng(i).standard_normal((1, 3, 10, 11)).astype(np.float32)
+                got = await session.run({"x": x})
+                np.testing.assert_allclose(got["y"], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    assert len(ended_on) == 30
+    on_loop = ended_on.count(threading.current_thread().name)
+    if how == "loop":
+        assert on_loop >= 10, ended_on  # the first runs teach the waiter; a busy host sends some to it
+    else:
+        assert on_loop == 0, ended_on

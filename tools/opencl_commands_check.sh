@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# OpenCL's command buffers on the lent GPU machine: whether the driver records them (tools/opencl_command_buffer.py:
-# a chain of small dependent kernels one by one and recorded, on a profiling queue and a plain one), the OpenCL
-# tests that use them, then the tables with them and without (AIOMNN_OPENCL_COMMAND_BUFFERS=0), in turns, CUDA
-# beside both. Through the device tool:
+# OpenCL's command buffers and the event loop's looks on the lent GPU machine: whether the driver records command
+# buffers (tools/opencl_command_buffer.py: a chain of small dependent kernels one by one and recorded, on a
+# profiling queue and a plain one), the OpenCL tests that use them, then the tables as shipped, without command
+# buffers (AIOMNN_OPENCL_COMMAND_BUFFERS=0) and without the loop's looks (AIOMNN_OPENCL_WAIT=thread), in turns,
+# CUDA beside each. Through the device tool:
 #     run(command="bash tools/opencl_commands_check.sh", carry=[".cache/lc", ".models"], timeout_s=600)
 # STEPS picks among probe, tests and tables (all three unless said); MODELS, BATCHES, ROUNDS the tables'.
 # Everything printed goes to $OUT/opencl_commands.txt as well.
@@ -15,14 +16,16 @@ steps=${STEPS:-probe tests tables}
 [[ $steps == *probe* ]] && PYTHONPATH=$PWD timeout 90 python3 tools/opencl_command_buffer.py --kernels 100 \
   --sizes 4096,262144 --runs 30
 [[ $steps == *tests* ]] && timeout 200 python3 -m pytest tests/test_opencl.py -q -p no:cacheprovider \
-  -k "command_buffer or kernel_by_kernel or wait_modes or concurrent or cpu_fallback" 2>&1 | tail -3
+  -k "command_buffer or kernel_by_kernel or wait_modes or concurrent or cpu_fallback or ends_short_runs" 2>&1 | tail -3
 if [[ $steps == *tables* ]]; then
-  for r in $(seq "${ROUNDS:-2}"); do
-    for commands in 1 0; do
-      echo "== round $r, AIOMNN_OPENCL_COMMAND_BUFFERS=$commands"
-      AIOMNN_OPENCL_COMMAND_BUFFERS=$commands timeout 150 python3 benchmarks/gpu.py --models "${MODELS:-cls,yolov8n,rec}" \
-        --batches "${BATCHES:-1,8}" --backends cuda,opencl --precisions fp32 --n 15 --no-torch --skip-extra 2>&1 \
-        | grep "^|"
+  # (command buffers, wait mode): both on as shipped, then each taken off alone.
+  for r in $(seq "${ROUNDS:-1}"); do
+    for way in 1:loop 0:loop 1:thread; do
+      commands=${way%%:*} wait=${way##*:}
+      echo "== round $r, AIOMNN_OPENCL_COMMAND_BUFFERS=$commands AIOMNN_OPENCL_WAIT=$wait"
+      AIOMNN_OPENCL_COMMAND_BUFFERS=$commands AIOMNN_OPENCL_WAIT=$wait timeout 170 python3 benchmarks/gpu.py \
+        --models "${MODELS:-cls,yolov8n,rec}" --batches "${BATCHES:-1,8}" --backends cuda,opencl --precisions fp32 \
+        --n 15 --no-torch --skip-extra 2>&1 | grep "^|"
     done
   done
 fi

@@ -17,7 +17,8 @@ OpenCL profiling events (device), and the median of each phase over the runs is 
   time, taken as the moment it was enqueued; `clock check` prints how far the two placements disagree;
 - completion: from the marker's end (device) to the moment the run's completion is seen on the host (the
   queue's waiter thread back from clWaitForEvents, or the marker's completion callback running, by
-  AIOMNN_OPENCL_WAIT), to the fence's signal, to the awaiting coroutine resuming and to `run()` returning; and
+  AIOMNN_OPENCL_WAIT; where the event loop's looks saw it, AIOMNN_OPENCL_WAIT=loop, the default, only the
+  fence's signal is marked), to the fence's signal, to the awaiting coroutine resuming and to `run()` returning; and
   from `_enqueue`'s end on the host to that moment, which needs no clock relation.
 
 The instrumentation wraps what queue.py calls (its `cl` module, its `Fence`, the queue's `submit` and

@@ -45,6 +45,7 @@ class OpenclBackend(Backend):
             log.info("precision='low': %s has no cl_khr_fp16; computing in fp32", runtime.device.name)
         self.ctx = OpContext(half, precise=config.precision != "low")
         self._timed: list | None = None  # with profiling on, the last segment's kernel events
+        self.looks = config.power != "low"  # the event loop may look at this backend's runs (queue.py)
         # The fusion plan (fusion.plan_fusions) reads who makes and who reads each value from the ops offered.
         self.offered = Offered()
         self._new_plan({})
@@ -103,7 +104,7 @@ class OpenclBackend(Backend):
     def submit(self, segment: "Segment", values: dict[str, Any], device: bool = False) -> Fence:
         """Enqueue the segment on the runtime's submit thread; the fence completes when the device is done."""
         self._timed = None if self.profile is None else []  # with an event per kernel, read in profile_segment
-        return self.runtime.queue.submit(self.plan.segment(segment), values, self._timed)
+        return self.runtime.queue.submit(self.plan.segment(segment), values, self._timed, self.looks)
 
     def profile_segment(self, segment: "Segment", began_ns: int, ended_ns: int) -> None:
         """One event per op that launched kernels: the device time of its kernels, from their profiling

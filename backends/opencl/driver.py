@@ -4,6 +4,8 @@ library          the OpenCL ICD loader this process already mapped (pyopencl's).
 enqueue_kernel   clEnqueueNDRangeKernel, typed: a run enqueues its kernels with no event (pyopencl makes one for
                  every launch, and on a profiling queue each adds to the driver's cost), and ctypes lets the GIL
                  go around the call.
+status           an event's execution status (clGetEventInfo), read without the GIL: what the waiter and the
+                 event loop's looks ask of a run's marker.
 Recorder         a queue's command buffers (cl_khr_command_buffer), where the device offers them: a segment's
                  kernels recorded once, then enqueued with one call a run. NVIDIA's driver spends about 8 us
                  enqueueing each kernel and the device keeps up with it, so a run of small kernels is paced by its
@@ -67,6 +69,21 @@ enqueue_kernel = (None if _LIBRARY is None else
                   _typed(_LIBRARY, "clEnqueueNDRangeKernel", _i32, _vp, _vp, _u32, _vp, _vp, _vp, _u32, _vp, _vp))
 if enqueue_kernel is None:
     log.info("enqueueing OpenCL kernels through pyopencl (its library was not found for ctypes)")
+_event_info = (None if _LIBRARY is None else
+               _typed(_LIBRARY, "clGetEventInfo", _i32, _vp, _u32, ctypes.c_size_t, _vp, _vp))
+_EXECUTION_STATUS = 0x11D3  # CL_EVENT_COMMAND_EXECUTION_STATUS
+#: Whether status() reads without the GIL (else through pyopencl, which holds it).
+has_status = _event_info is not None
+
+
+def status(event: "cl.Event") -> int:
+    """The event's execution status: 0 (CL_COMPLETE) once its command has ended, a negative error code where it
+    failed, positive before."""
+    if _event_info is None:
+        return int(event.command_execution_status)
+    value = _i32()
+    err = _event_info(_vp(event.int_ptr), _EXECUTION_STATUS, 4, ctypes.byref(value), None)
+    return err if err else value.value
 
 
 def sizes(values: tuple[int, ...] | None) -> Any:

@@ -18,7 +18,7 @@ arguments set in `finish`, once the plan's memory exists.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,6 +28,7 @@ from aiomnn import places
 from aiomnn.backend import Tensor
 from aiomnn.errors import BackendError
 from aiomnn.memory import Arena, Block, SharedArena, StorageType
+from aiomnn.poll import Timing
 
 from .ops.base import ClExecution, Const, In, Launch, OpContext, Out, Scratch
 from .ops.layout import contiguous_copy
@@ -52,6 +53,7 @@ class SegmentPlan:
     # device records none.
     recorded: bool = False
     commands: Any = None
+    timing: Timing = field(default_factory=Timing)  # how long its runs take, as the queue's waiter saw them
 
 
 class Plan:

@@ -1,11 +1,14 @@
 """The OpenCL queue: enqueueing a segment's recorded work, and the Fence that its completion signals.
 
 One in-order command queue per runtime, and one thread that enqueues every submission on it, in order, so
-the event loop never waits on the driver. A run ends with a marker. By default a waiter thread of the queue
-blocks in clWaitForEvents on each run's marker, in the order they were enqueued (the queue completes them in
-that order), then hands the results over and signals the Fence. The marker's completion callback would need no
-thread of ours, but NVIDIA's driver ran it long after the marker had completed (at times longer than the whole
-run on the device), while clWaitForEvents returned as soon as it had (tools/opencl_phases.py measures both);
+the event loop never waits on the driver. A run ends with a marker. By default the queue's waiter thread
+(aiomnn.waiter, shared with CUDA) sleeps until shortly before a run is expected to end, then the event loop looks
+at its marker between its other callbacks and, seeing it complete, hands the results over and completes the
+Fence there, so that no thread wakes the loop; a run expected to be short the loop looks at from its submit on.
+Where the loop's looks stop without the end, the thread blocks in clWaitForEvents (in the order the runs were
+enqueued, which the queue completes them in). The marker's completion callback would need no thread of ours, but
+NVIDIA's driver ran it long after the marker had completed (at times longer than the whole run on the device),
+while clWaitForEvents returned as soon as it had (tools/opencl_phases.py measures both);
 AIOMNN_OPENCL_WAIT=callback keeps the callback.
 
 A run needs no per-kernel events, only the marker at its end: where the device records command buffers, a
@@ -29,6 +32,7 @@ import pyopencl as cl
 from aiomnn.errors import BackendError
 from aiomnn.fence import Fence, offload
 from aiomnn.memory import HandedOver, Lease, handed
+from aiomnn.waiter import Waiter as WaiterThread
 
 from ..cpu import halves
 from . import driver, staging
@@ -39,34 +43,102 @@ if TYPE_CHECKING:
 log = logging.getLogger("aiomnn.opencl")
 
 
-#: How the end of a run is learned (AIOMNN_OPENCL_WAIT): "thread" (default): the queue's waiter thread blocks in
-#: clWaitForEvents on each run's marker, in order; "callback": the marker's completion callback, on a thread
-#: pyopencl starts for it.
-WAIT_MODES = ("thread", "callback")
+#: How the end of a run is learned (AIOMNN_OPENCL_WAIT): "loop" (default): the queue's waiter thread (Waiter) hands
+#: each run's last stretch to the event loop's looks at its marker, and blocks in clWaitForEvents where they stop
+#: without the end; "thread": the waiter thread alone, which polls, then blocks, and wakes the loop; "callback":
+#: the marker's completion callback, on a thread pyopencl starts for it.
+WAIT_MODES = ("loop", "thread", "callback")
+#: Where the driver's status query cannot be called outside the GIL, the waiter sleeps between its polls.
+_PYOPENCL_POLL_STEP_S = 20e-6
 
 
-def _wait_then(marker: "cl.Event", done: Callable[[int], None]) -> None:
-    """On the waiter thread: wait for a run's marker, then complete the run as its callback would."""
+class Ending:
+    """A run enqueued, up to its marker: what its end gives back and hands over (Waiter.over, Ending.hand)."""
+
+    __slots__ = ("marker", "held", "pinned", "results", "values", "give", "looks")
+
+    def __init__(self, marker: "cl.Event", held: list, pinned: list, results: list, values: dict[str, Any],
+                 give: Callable[[Any], None], looks: bool):
+        self.marker, self.held, self.pinned, self.results, self.values = marker, held, pinned, results, values
+        self.give = give
+        # The event loop may end it: its looks are wanted (BackendConfig.power) and its results need no cast.
+        self.looks = looks and all(host.dtype == dtype for _, host, dtype in results)
+
+    def hand(self) -> None:
+        """The run's results into its values, as the pipeline reads them (half floats widened)."""
+        results, self.results = self.results, []  # the caller's arrays are the caller's alone from now on
+        for name, host, dtype in results:
+            self.values[name] = host if host.dtype == dtype else halves.widened(host, dtype)
+
+    def give_back(self) -> None:
+        """The staging buffers of its uploads, once its commands are over, failed or not, and the host arrays of
+        its transfers."""
+        self.held = []
+        pinned, self.pinned = self.pinned, []
+        for buffer in pinned:
+            self.give(buffer)
+
+
+class Waiter(WaiterThread):
+    """The queue's waiter thread: it looks at each run's marker (its execution status, read without the GIL where
+    driver.py has the library), and blocks in clWaitForEvents."""
+
+    def __init__(self, looks: bool):
+        super().__init__("aiomnn-opencl-wait", looks, 0.0 if driver.has_status else _PYOPENCL_POLL_STEP_S)
+
+    def failure(self, exc: BaseException) -> BackendError:
+        return exc if isinstance(exc, BackendError) else BackendError(f"OpenCL run failed: {type(exc).__name__}: {exc}")
+
+    def done(self, run: Ending) -> bool:
+        code = driver.status(run.marker)
+        if code < 0:
+            raise BackendError(f"OpenCL run failed with status {code}")
+        return code == 0
+
+    def block(self, run: Ending) -> bool:
+        try:
+            run.marker.wait()
+        except cl.Error as exc:  # a command of the run failed
+            raise BackendError(f"OpenCL run failed: {exc}") from exc
+        return True
+
+    def check(self, run: Ending) -> Callable[[], bool | None] | None:
+        if not run.looks:
+            return None
+        marker = run.marker
+
+        def look() -> bool | None:
+            code = driver.status(marker)
+            return True if code == 0 else None if code < 0 else False
+        return look
+
+    def over(self, run: Ending) -> None:
+        run.give_back()
+
+
+def _called_back(run: Ending, status: int, fence: Fence) -> None:
+    """The marker's completion callback (AIOMNN_OPENCL_WAIT=callback), on pyopencl's thread: errors raised here
+    would be lost, so they go to the fence."""
     try:
-        marker.wait()
-    except cl.Error as exc:  # a command of the run failed: done() hands the error to the fence
-        code = getattr(exc, "code", None)
-        done(code if isinstance(code, int) and code < 0 else -1)
-        return
-    done(cl.command_execution_status.COMPLETE)
+        run.give_back()
+        if status < 0:
+            raise BackendError(f"OpenCL run failed with status {status}")
+        run.hand()
+        fence.signal()
+    except BaseException as exc:
+        fence.signal(error=exc)
 
 
 class Queue:
     """A runtime's command queue (with profiling, for profile runs), its submit thread and its waiter thread."""
 
     def __init__(self, context: "cl.Context", device: "cl.Device"):
-        wait_mode = os.environ.get("AIOMNN_OPENCL_WAIT", "thread")
+        wait_mode = os.environ.get("AIOMNN_OPENCL_WAIT", "loop")
         if wait_mode not in WAIT_MODES:
             raise BackendError(f"AIOMNN_OPENCL_WAIT must be one of {WAIT_MODES}, not {wait_mode!r}")
         self.cl_queue = cl.CommandQueue(context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.submitter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-submit")
-        self.waiter = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiomnn-opencl-wait")
-                       if wait_mode == "thread" else None)
+        self.waiter = Waiter(looks=wait_mode == "loop") if wait_mode != "callback" else None
         self.staging = staging.Staging(context, device)
         self.recorder = driver.Recorder.of(self.cl_queue)
 
@@ -88,26 +160,29 @@ class Queue:
         launch.keep = (queue, kernel, g, l)  # type: ignore[attr-defined]  # the handles must outlive the callable
         return launch
 
-    def submit(self, segment: "SegmentPlan", values: dict[str, Any], timed: list | None) -> Fence:
+    def submit(self, segment: "SegmentPlan", values: dict[str, Any], timed: list | None, looks: bool = True) -> Fence:
         """Enqueue the segment on the submit thread; the fence completes when the device is done and its results
-        are in `values`. With `timed`, each kernel is enqueued with an event, appended to it (profiling).
+        are in `values`. With `timed`, each kernel is enqueued with an event, appended to it (profiling). looks=False
+        (BackendConfig(power="low")): the event loop does not look at the run.
 
         Enqueueing is cheap on a GPU driver, but PoCL compiles a kernel the first time it is
         enqueued, so it never happens on the event loop.
         """
         fence = Fence()
         try:
-            offload(self.submitter, self._enqueue, segment, values, fence, timed)
+            offload(self.submitter, self._enqueue, segment, values, fence, timed, looks)
         except RuntimeError:  # the executor is shut down
             fence.signal(error=BackendError("the OpenCL runtime is closed"))
         return fence
 
-    def _enqueue(self, segment: "SegmentPlan", values: dict[str, Any], fence: Fence, timed: list | None) -> None:
+    def _enqueue(self, segment: "SegmentPlan", values: dict[str, Any], fence: Fence, timed: list | None,
+                 looks: bool) -> None:
         """Write the host values the segment needs, enqueue its kernels, read back what the rest of the pipeline
-        needs, and signal the fence once one marker after them has completed (on the waiter thread, or from the
-        marker's callback); any failure signals it with the error."""
+        needs, and signal the fence once one marker after them has completed (the waiter's, or the marker's
+        callback); any failure signals it with the error."""
         try:
             q = self.cl_queue
+            sent_at = time.perf_counter()
             held: list[Any] = []  # host arrays and their transfer events, alive until the run completes
             pinned: list[staging.Pinned] = []  # staging buffers of the uploads, given back when the run completes
             for name, block, t, storage in segment.uploads:
@@ -145,26 +220,14 @@ class Queue:
             marker = cl.enqueue_marker(q)
             if commands is not None:
                 commands.last = marker
-
-            def done(status: int) -> None:
-                try:
-                    for buffer in pinned:  # the run's commands are over, failed or not
-                        self.staging.give(buffer)
-                    if status < 0:
-                        raise BackendError(f"OpenCL run failed with status {status}")
-                    for name, host, dtype in results:
-                        values[name] = host if host.dtype == dtype else halves.widened(host, dtype)
-                    held.clear()
-                    fence.signal()
-                except BaseException as exc:  # errors raised here would be lost on either thread: hand them over
-                    fence.signal(error=exc)
-
-            if self.waiter is not None:
-                q.flush()
-                self.waiter.submit(_wait_then, marker, done)
-            else:
-                marker.set_callback(cl.command_execution_status.COMPLETE, done)
-                q.flush()
+            run = Ending(marker, held, pinned, results, values, self.staging.give, looks)
+            waiter = self.waiter
+            q.flush()
+            if waiter is None:
+                marker.set_callback(cl.command_execution_status.COMPLETE,
+                                    lambda status: _called_back(run, status, fence))
+            elif not waiter.watch(run, fence, segment.timing, sent_at, Ending.hand):
+                waiter.put(run, fence, segment.timing, sent_at, Ending.hand)
         except BaseException as exc:
             fence.signal(error=exc if isinstance(exc, BackendError)
                          else BackendError(f"OpenCL run failed: {type(exc).__name__}: {exc}"))
@@ -198,7 +261,8 @@ class Queue:
         the process, "terminate called without an active exception")."""
         self.submitter.shutdown(wait=True, cancel_futures=True)
         if self.waiter is not None:
-            self.waiter.shutdown(wait=True)
+            self.waiter.close()
+            self.waiter.join()
         try:
             self.cl_queue.finish()
         except cl.Error:
