@@ -99,7 +99,7 @@ def main() -> None:
             mf = cl.mem_flags
             a = cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=host)
             b = cl.Buffer(ctx, mf.READ_WRITE, host.nbytes)
-            forth, back = program.advance, cl.Kernel(program, "advance")
+            forth, back = cl.Kernel(program, "advance"), cl.Kernel(program, "advance")
             forth.set_args(b, a)
             back.set_args(a, b)
             kernels = [ctypes.c_void_p((forth if i % 2 == 0 else back).int_ptr) for i in range(args.kernels)]
