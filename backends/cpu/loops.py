@@ -471,8 +471,9 @@ def _compiled_piece(fn: Callable[..., Any], slp: bool) -> Any:
 
 
 def _check_half() -> None:
-    """Raise unless this CPU rounds to half floats, and widens them, in an instruction (x86 with F16C, 64-bit Arm): elsewhere LLVM
-    would call a runtime function that numba does not link, and the process would abort when the code is linked."""
+    """Raise unless this CPU rounds to half floats, and widens them, in an instruction (x86 with F16C, 64-bit
+    Arm): elsewhere LLVM would call a runtime function that numba does not link, and the process would abort when
+    the code is linked."""
     import platform
 
     import llvmlite.binding as ll

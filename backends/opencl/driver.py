@@ -5,7 +5,7 @@ enqueue_kernel   clEnqueueNDRangeKernel, typed: a run enqueues its kernels with 
                  every launch, and on a profiling queue each adds to the driver's cost), and ctypes lets the GIL
                  go around the call.
 status           an event's execution status (clGetEventInfo), read without the GIL: what the waiter and the
-                 event loop's looks ask of a run's marker.
+                 event loop's looks ask of a run's marker, again and again.
 Recorder         a queue's command buffers (cl_khr_command_buffer), where the device offers them: a segment's
                  kernels recorded once, then enqueued with one call a run. NVIDIA's driver spends about 8 us
                  enqueueing each kernel and the device keeps up with it, so a run of small kernels is paced by its
@@ -76,14 +76,19 @@ _EXECUTION_STATUS = 0x11D3  # CL_EVENT_COMMAND_EXECUTION_STATUS
 has_status = _event_info is not None
 
 
-def status(event: "cl.Event") -> int:
-    """The event's execution status: 0 (CL_COMPLETE) once its command has ended, a negative error code where it
-    failed, positive before."""
+def status(event: "cl.Event") -> Callable[[], int]:
+    """The event's execution status, read each call: 0 (CL_COMPLETE) once its command has ended, a negative error
+    code where it failed, positive before. The handle and the answer's buffer are made once, for a waiter's polls
+    and the event loop's looks."""
     if _event_info is None:
-        return int(event.command_execution_status)
-    value = _i32()
-    err = _event_info(_vp(event.int_ptr), _EXECUTION_STATUS, 4, ctypes.byref(value), None)
-    return err if err else value.value
+        return lambda: int(event.command_execution_status)
+    handle, value = _vp(event.int_ptr), _i32()
+    where = ctypes.byref(value)
+
+    def read() -> int:
+        err = _event_info(handle, _EXECUTION_STATUS, 4, where, None)
+        return err if err else value.value
+    return read
 
 
 def sizes(values: tuple[int, ...] | None) -> Any:

@@ -55,11 +55,12 @@ _PYOPENCL_POLL_STEP_S = 20e-6
 class Ending:
     """A run enqueued, up to its marker: what its end gives back and hands over (Waiter.over, Ending.hand)."""
 
-    __slots__ = ("marker", "held", "pinned", "results", "values", "give", "looks")
+    __slots__ = ("marker", "status", "held", "pinned", "results", "values", "give", "looks")
 
     def __init__(self, marker: "cl.Event", held: list, pinned: list, results: list, values: dict[str, Any],
                  give: Callable[[Any], None], looks: bool):
         self.marker, self.held, self.pinned, self.results, self.values = marker, held, pinned, results, values
+        self.status = driver.status(marker)  # the marker's status, read by each poll and look
         self.give = give
         # The event loop may end it: its looks are wanted (BackendConfig.power) and its results need no cast.
         self.looks = looks and all(host.dtype == dtype for _, host, dtype in results)
@@ -90,7 +91,7 @@ class Waiter(WaiterThread):
         return exc if isinstance(exc, BackendError) else BackendError(f"OpenCL run failed: {type(exc).__name__}: {exc}")
 
     def done(self, run: Ending) -> bool:
-        code = driver.status(run.marker)
+        code = run.status()
         if code < 0:
             raise BackendError(f"OpenCL run failed with status {code}")
         return code == 0
@@ -105,10 +106,10 @@ class Waiter(WaiterThread):
     def check(self, run: Ending) -> Callable[[], bool | None] | None:
         if not run.looks:
             return None
-        marker = run.marker
+        status = run.status
 
         def look() -> bool | None:
-            code = driver.status(marker)
+            code = status()
             return True if code == 0 else None if code < 0 else False
         return look
 
