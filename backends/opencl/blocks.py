@@ -111,8 +111,9 @@ def se_at(st: Steps, i: int, taken: set[int]) -> Group | None:
                 return None
     (n1, w1, b1, c1, act1), (n2, w2, b2, _, act2) = convs
 
-    def weights(nd, arr, b, co) -> list:
-        wk = Const(("conv", nd.name, id(arr), "oihw"), lambda: np.ascontiguousarray(arr, dtype=np.float32), floats=True)
+    def weights(nd, arr, b, co) -> list:  # the pointwise conv's (co, ci) matrix transposed: blocks.cl reads it so
+        wk = Const(("conv", nd.name, id(arr), "io"),
+                   lambda: np.ascontiguousarray(arr.reshape(co, -1).T, dtype=np.float32), floats=True)
         if b is None:
             return [wk, Const(("zeros", co), lambda: np.zeros(co, np.float32), floats=True)]
         bias = np.asarray(b.const, dtype=np.float32).reshape(-1)

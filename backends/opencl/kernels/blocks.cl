@@ -3,7 +3,8 @@
  *
  * se:        a squeeze-and-excitation block's squeeze, per image n: the mean of each of C channels over its HW
  *            values (LANES work items a channel, reading consecutive values), then h = ACT1(W1 mean + b1) (C1
- *            values), then the gate s = ACT2(W2 h + b2) (C values). GATE 0 stores s as (N, C, 1, 1); GATE 1
+ *            values), then the gate s = ACT2(W2 h + b2) (C values); W1 and W2 come transposed, so that the
+ *            work items of one output read consecutive weights. GATE 0 stores s as (N, C, 1, 1); GATE 1
  *            applies it, y = x * s (N, C, H, W), and GATE 2 adds x too, y = x + x * s. `part` holds C x LANES
  *            floats, `hid` C1. Built with -DLOCAL, -DACT1, -DACT2 and -DGATE.
  * layernorm: the LayerNorm exporters spell out, per row of n values: (x - mean) / sqrt(mean((x - mean)^2) + eps)
@@ -43,17 +44,15 @@ void se(BUF(const T, x), BUF(const T, w1), BUF(const T, b1), BUF(const T, w2), B
         part[c * LANES] = s / HW;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int h = lid; h < C1; h += LOCAL) {
-        const __global T* wr = w1 + h * C;
+    for (int h = lid; h < C1; h += LOCAL) {  /* w1 is W1 transposed, C x C1: neighbours read neighbours */
         float s = LD(b1, h);
-        for (int c = 0; c < C; ++c) s += LD(wr, c) * part[c * LANES];
+        for (int c = 0; c < C; ++c) s += LD(w1, c * C1 + h) * part[c * LANES];
         hid[h] = activate(s, ACT1, a1a, a1b);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int c = lid; c < C; c += LOCAL) {
-        const __global T* wr = w2 + c * C1;
+    for (int c = lid; c < C; c += LOCAL) {  /* w2 is W2 transposed, C1 x C */
         float s = LD(b2, c);
-        for (int h = 0; h < C1; ++h) s += LD(wr, h) * hid[h];
+        for (int h = 0; h < C1; ++h) s += LD(w2, h * C + c) * hid[h];
 #if GATE == 0
         ST(y, n * C + c, activate(s, ACT2, a2a, a2b));
 #else
