@@ -7,10 +7,11 @@ enqueue_kernel   clEnqueueNDRangeKernel, typed: a run enqueues its kernels with 
 status           an event's execution status (clGetEventInfo), read without the GIL: what the waiter and the
                  event loop's looks ask of a run's marker, again and again.
 Recorder         a queue's command buffers (cl_khr_command_buffer), where the device offers them: a segment's
-                 kernels recorded once, then enqueued with one call a run. NVIDIA's driver spends about 8 us
-                 enqueueing each kernel and the device keeps up with it, so a run of small kernels is paced by its
-                 enqueues (benchmarks/RESULTS.md, session 28), which a compiled enqueue loop did not change
-                 (session 33). AIOMNN_OPENCL_COMMAND_BUFFERS=0 enqueues kernel by kernel.
+                 kernels recorded once, then enqueued with one call a run (PoCL 3.1 and later record them).
+                 NVIDIA's driver spends about 8 us enqueueing each kernel and the device keeps up with it, so a run
+                 of small kernels is paced by its enqueues (benchmarks/RESULTS.md, session 28), which a compiled
+                 enqueue loop did not change (session 33); its driver 580 offers no command buffers (session 47).
+                 AIOMNN_OPENCL_COMMAND_BUFFERS=0 enqueues kernel by kernel.
 CommandBuffer    one recorded, finalized command buffer, released when collected.
 """
 
